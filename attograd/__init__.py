@@ -1,0 +1,10 @@
+"""attograd: a small, fast, hackable deep learning framework."""
+from attograd import uop as _uop  # installs the symbolic rules on UOp
+from attograd.dtype import dtypes, DType
+from attograd.helpers import Context, GlobalCounters, DEBUG, getenv
+from attograd.runtime.device import Device
+from attograd.tensor import Tensor
+from attograd.uop.ops import UOp, Ops
+
+__all__ = ["Tensor", "dtypes", "DType", "Device", "Context", "GlobalCounters", "UOp", "Ops"]
+__version__ = "0.1.0"

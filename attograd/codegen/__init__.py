@@ -1,0 +1,13 @@
+"""Kernel AST -> source text: lower, linearize, render. A pure function of its inputs
+(DESIGN invariant 1: same AST, same source)."""
+from __future__ import annotations
+from attograd.uop.ops import UOp, Ops
+from attograd.codegen.lower import lower
+from attograd.codegen.linearize import linearize
+from attograd.renderer import Renderer, kernel_name
+
+def to_program(ast: UOp, renderer: Renderer) -> tuple[str, str, list[UOp]]:
+  """(function name, source, linear uops) for a kernel AST."""
+  uops = linearize(lower(ast))
+  name = kernel_name(uops)
+  return name, renderer.render(name, uops), uops

@@ -1,0 +1,33 @@
+"""Lowered kernel graph -> a straight list of UOps with explicit loop ends (DESIGN §3.5)."""
+from __future__ import annotations
+import heapq
+from attograd.uop.ops import UOp, Ops
+
+def linearize(sink: UOp) -> list[UOp]:
+  """Order nodes so that loops nest. A loop opens only when everything its body needs from
+  outside it is done (an accumulator's init, an earlier sibling loop), and opens as late as possible."""
+  order = list(sink.toposort)
+  position = {u: i for i, u in enumerate(order)}
+  deps: dict[UOp, set[UOp]] = {u: set(u.src) for u in order}
+  end_of = {u.src[1]: u for u in order if u.op is Ops.END}
+  def in_body(u: UOp, r: UOp) -> bool:
+    # inside loop r: depends on r, or lives in a loop whose END is itself inside r
+    return any(x is r or (x in end_of and r in end_of[x].live_ranges) for x in u.live_ranges)
+  for r, end in end_of.items():
+    deps[r] |= {u for u in end.toposort if u is not end and not in_body(u, r)}
+  users: dict[UOp, list[UOp]] = {u: [] for u in order}
+  for u, ds in deps.items():
+    for d in ds: users[d].append(u)
+  waiting = {u: len(ds) for u, ds in deps.items()}
+  def key(u: UOp) -> tuple[int, int]: return (1, u.arg[0]) if u.op is Ops.RANGE else (0, position[u])
+  ready = [(key(u), position[u], u) for u in order if waiting[u] == 0]
+  heapq.heapify(ready)
+  out: list[UOp] = []
+  while ready:
+    _, _, u = heapq.heappop(ready)
+    out.append(u)
+    for v in users[u]:
+      waiting[v] -= 1
+      if waiting[v] == 0: heapq.heappush(ready, (key(v), position[v], v))
+  assert len(out) == len(order), "kernel graph has a cycle"
+  return out

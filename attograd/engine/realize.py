@@ -1,0 +1,73 @@
+"""Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
+from __future__ import annotations
+import time
+from dataclasses import dataclass
+from typing import Any
+from attograd.dtype import dtypes
+from attograd.helpers import DEBUG, GlobalCounters, colored, prod
+from attograd.uop.ops import UOp, Ops, GroupOp, sym_infer
+from attograd.runtime.device import Device, Buffer
+from attograd.codegen import to_program
+from attograd.schedule.schedule import ScheduleItem
+
+@dataclass
+class CompiledKernel:
+  name: str
+  src: str
+  program: Any
+  ops: int             # arithmetic ops per run, for GFLOPS at DEBUG>=1
+  variables: list[UOp]
+
+def count_ops(uops: list[UOp]) -> int:
+  """ALU ops executed, multiplying by the trip count of each enclosing loop."""
+  total = 0
+  for u in uops:
+    if u.op in GroupOp.ALU and u.dtype != dtypes.bool and not dtypes.is_int(u.dtype):
+      total += prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 for r in u.live_ranges)
+  return total
+
+_kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
+def get_kernel(ast: UOp, device: str) -> CompiledKernel:
+  if (ck := _kernel_cache.get((ast, device))) is not None: return ck
+  dev = Device[device]
+  st = time.perf_counter()
+  name, src, uops = to_program(ast, dev.renderer)
+  if DEBUG >= 3: print(ast)
+  if DEBUG >= 5:
+    for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
+  if DEBUG >= 4: print(src)
+  prog = dev.runtime(name, dev.compiler.compile(src))
+  if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
+  ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, count_ops(uops), [u for u in uops if u.op is Ops.DEFINE_VAR])
+  return ck
+
+# the runtime Buffer behind each BUFFER node (by node identity; a node lives as long as a tensor uses it)
+import weakref
+buffers: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+
+def buffer_of(u: UOp) -> Buffer:
+  if (b := buffers.get(u)) is None:
+    _, device, size = u.arg
+    b = buffers[u] = Buffer(device, size, u.dtype)
+  return b
+
+def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None) -> None:
+  for si in schedule:
+    bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
+    if si.ast.op is Ops.COPY:
+      name, ops = f"copy {bufs[1].device} -> {bufs[0].device}", 0
+      st = time.perf_counter()
+      bufs[0].copyin(bufs[1].as_bytes())
+    else:
+      ck = get_kernel(si.ast, bufs[0].device)
+      name, ops = ck.name, ck.ops
+      st = time.perf_counter()
+      ck.program([b._buf for b in bufs], [int(var_vals[v]) for v in ck.variables] if var_vals else [])
+    et = time.perf_counter() - st
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += ops
+    GlobalCounters.global_mem += sum(b.nbytes for b in bufs)
+    GlobalCounters.time_sum += et
+    if DEBUG >= 1:
+      print(f"*** {bufs[0].device:6s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'cyan')} "
+            f"arg {len(bufs):2d} tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) * 1e-9:8.2f} GFLOPS")

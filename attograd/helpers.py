@@ -1,0 +1,104 @@
+"""Small utilities shared by every layer. Imports nothing of attograd."""
+from __future__ import annotations
+import contextlib, functools, hashlib, math, os, pathlib, sys, time
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
+
+def prod(xs: Iterable[Any], start: Any = 1) -> Any: return functools.reduce(lambda a, b: a * b, xs, start)
+def all_same(xs: Sequence[Any]) -> bool: return all(x == xs[0] for x in xs)
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
+def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
+def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
+def ceildiv(a: int, b: int) -> int: return -(-a // b)
+def strides_for_shape(shape: Sequence[int]) -> tuple[int, ...]:
+  out, acc = [], 1
+  for s in reversed(shape): out.append(acc if s != 1 else 0); acc *= s
+  return tuple(reversed(out))
+
+# ***** environment switches, also settable in code through Context *****
+
+class ContextVar:
+  """An integer switch read once from the environment (DEBUG=2) and overridable with Context."""
+  _all: dict[str, ContextVar] = {}
+  def __init__(self, key: str, default: int):
+    self.key, self.value = key, int(os.getenv(key, default))
+    ContextVar._all[key] = self
+  def __bool__(self) -> bool: return bool(self.value)
+  def __ge__(self, x: int) -> bool: return self.value >= x
+  def __gt__(self, x: int) -> bool: return self.value > x
+  def __lt__(self, x: int) -> bool: return self.value < x
+  def __le__(self, x: int) -> bool: return self.value <= x
+  def __int__(self) -> int: return self.value
+  def __repr__(self) -> str: return f"{self.key}={self.value}"
+
+DEBUG, NOOPT, JIT, CACHELEVEL = ContextVar("DEBUG", 0), ContextVar("NOOPT", 0), ContextVar("JIT", 1), ContextVar("CACHELEVEL", 2)
+
+@contextlib.contextmanager
+def Context(**kwargs: int) -> Iterator[None]:
+  """with Context(DEBUG=4): ... temporarily sets switches."""
+  unknown = [k for k in kwargs if k not in ContextVar._all]
+  if unknown: raise KeyError(f"unknown Context switch(es) {unknown}; known: {sorted(ContextVar._all)}")
+  old = {k: ContextVar._all[k].value for k in kwargs}
+  for k, v in kwargs.items(): ContextVar._all[k].value = int(v)
+  try: yield
+  finally:
+    for k, v in old.items(): ContextVar._all[k].value = v
+
+def getenv(key: str, default: Any = 0) -> Any: return type(default)(os.getenv(key, default))
+
+# ***** counters of work done, reported at DEBUG>=1 *****
+
+class GlobalCounters:
+  kernel_count: int = 0
+  global_ops: int = 0
+  global_mem: int = 0
+  time_sum: float = 0.0
+  mem_used: int = 0
+  @staticmethod
+  def reset() -> None: GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum = 0, 0, 0, 0.0
+
+# ***** disk cache for compiled programs *****
+
+def cache_dir() -> pathlib.Path:
+  base = os.getenv("ATTOGRAD_CACHE") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attograd")
+  path = pathlib.Path(base); path.mkdir(parents=True, exist_ok=True)
+  return path
+
+def content_hash(*parts: str | bytes) -> str:
+  h = hashlib.sha256()
+  for p in parts: h.update(p.encode() if isinstance(p, str) else p); h.update(b"\0")
+  return h.hexdigest()
+
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
+  """Write a file so that no reader ever sees half of it: write aside, then rename."""
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  try:
+    tmp.write_bytes(data); os.replace(tmp, path)
+  finally:
+    if tmp.exists(): tmp.unlink()
+
+def colored(s: str, color: str | None) -> str:
+  codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36}
+  return f"\u001b[{codes[color]}m{s}\u001b[0m" if color and sys.stdout.isatty() else s
+
+class Timer:
+  def __init__(self): self.st = time.perf_counter()
+  def elapsed(self) -> float: return time.perf_counter() - self.st
+
+def float_to_bf16_bits(x: float) -> int:
+  """float -> bfloat16 bits with round-to-nearest-even, NaN kept NaN."""
+  import struct
+  bits = struct.unpack("<I", struct.pack("<f", x))[0]
+  if math.isnan(x): return 0x7fc0
+  return ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) & 0xffff
+
+def bf16_bits_to_float(b: int) -> float:
+  import struct
+  return struct.unpack("<f", struct.pack("<I", (b & 0xffff) << 16))[0]
+
+def unwrap(x: T | None) -> T:
+  assert x is not None
+  return x
+
+def to_function_name(s: str) -> str: return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in s)

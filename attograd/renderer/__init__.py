@@ -1,0 +1,14 @@
+"""Renderers turn a linear list of UOps into source text. They hold no optimization logic."""
+from __future__ import annotations
+from attograd.uop.ops import UOp, Ops
+
+class Renderer:
+  device: str = ""
+  def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
+
+def kernel_name(uops: list[UOp]) -> str:
+  """A readable, deterministic name: r_ for reductions, E_ for elementwise, then the loop sizes."""
+  ranges = [u for u in uops if u.op is Ops.RANGE]
+  kind = "r" if any(r.arg[1] == "reduce" for r in ranges) else "E"
+  sizes = "_".join(str(r.src[0].arg) if r.src[0].op is Ops.CONST else "n" for r in ranges)
+  return f"{kind}_{sizes}" if sizes else kind

@@ -1,0 +1,131 @@
+"""C source from linear UOps (the CPU backend). Subclasses for other C-like languages override
+the type names, the function signature and the few ops that are spelled differently."""
+from __future__ import annotations
+import math
+from typing import Callable
+from attograd.dtype import DType, PtrDType, dtypes
+from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.renderer import Renderer
+
+def _float_literal(x: float, suffix: str) -> str:
+  if math.isnan(x): return "NAN"
+  if math.isinf(x): return "INFINITY" if x > 0 else "-INFINITY"
+  return f"{x!r}{suffix}" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0{suffix}"
+
+class CStyleRenderer(Renderer):
+  device = "CPU"
+  types: dict[DType, str] = {
+    dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+    dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
+    dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short",
+    dtypes.float32: "float", dtypes.float64: "double"}
+  prelude = "#include <math.h>\n#include <stdint.h>\n" \
+    "static inline float bf16_to_f32(unsigned short x) { union { unsigned int u; float f; } v; v.u = (unsigned int)x << 16; return v.f; }\n" \
+    "static inline unsigned short f32_to_bf16(float f) { union { unsigned int u; float f; } v; v.f = f;\n" \
+    "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n"
+  func_prefix = ""
+
+  def dt(self, dtype: DType) -> str:
+    if isinstance(dtype, PtrDType): return self.dt(dtype.base) + "*"
+    return self.types[dtype.scalar()]
+
+  def const(self, value, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+      lit = _float_literal(float(value), "f" if dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16) else "")
+      if dtype == dtypes.bfloat16: return f"f32_to_bf16({lit})"
+      return f"(({self.dt(dtype)}){lit})" if dtype == dtypes.float16 else lit
+    if dtypes.is_bool(dtype): return "1" if value else "0"
+    if dtype == dtypes.uint64: return f"{value}ull"
+    if dtype == dtypes.int64: return f"{value}ll" if value != dtypes.min(dtypes.int64) else "(-9223372036854775807ll-1)"
+    if dtype == dtypes.int32 and value == dtypes.min(dtypes.int32): return "(-2147483647-1)"
+    if dtype == dtypes.uint32: return f"{value}u"
+    return str(value)
+
+  def math_fn(self, name: str, dtype: DType) -> str: return name + ("f" if dtype != dtypes.float64 else "")
+
+  def alu(self, op: Ops, dtype: DType, a: list[str], src: tuple[UOp, ...]) -> str:
+    sd = src[0].dtype
+    if op is Ops.NEG: return f"(!{a[0]})" if dtypes.is_bool(dtype) else f"(-{a[0]})"
+    if op is Ops.EXP2: return f"{self.math_fn('exp2', dtype)}({a[0]})"
+    if op is Ops.LOG2: return f"{self.math_fn('log2', dtype)}({a[0]})"
+    if op is Ops.SIN: return f"{self.math_fn('sin', dtype)}({a[0]})"
+    if op is Ops.SQRT: return f"{self.math_fn('sqrt', dtype)}({a[0]})"
+    if op is Ops.TRUNC: return f"{self.math_fn('trunc', dtype)}({a[0]})"
+    if op is Ops.RECIP: return f"(1/{a[0]})"
+    if op is Ops.MAX:
+      if dtypes.is_float(dtype): return f"(({a[0]}!={a[0]}||{a[0]}>{a[1]})?{a[0]}:{a[1]})"  # NaN propagates, as in torch
+      return f"(({a[0]}>{a[1]})?{a[0]}:{a[1]})"
+    if op in (Ops.IDIV, Ops.MOD):
+      sym = "/" if op is Ops.IDIV else "%"
+      if src[1].op is Ops.CONST and src[1].arg not in (0, -1): return f"({a[0]}{sym}{a[1]})"
+      # integer division by zero traps in C; attograd defines x/0 = x%0 = 0 (and INT_MIN/-1 wraps)
+      return f"({a[1]}==0?0:{a[1]}==-1?({sym == '/' and f'(-{a[0]})' or '0'}):({a[0]}{sym}{a[1]}))"
+    if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
+    if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
+    if op is Ops.SHL or op is Ops.SHR:
+      return f"({a[0]}{'<<' if op is Ops.SHL else '>>'}{a[1]})"
+    sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
+           Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}[op]
+    return f"({a[0]}{sym}{a[1]})"
+
+  def cast(self, x: str, frm: DType, to: DType) -> str:
+    if frm == dtypes.bfloat16: return self.cast(f"bf16_to_f32({x})", dtypes.float32, to)
+    if to == dtypes.bfloat16: return f"f32_to_bf16({self.cast(x, frm, dtypes.float32)})"
+    if dtypes.is_bool(to): return f"({x}!=0)"
+    return f"(({self.dt(to)})({x}))"
+
+  def bitcast(self, x: str, frm: DType, to: DType) -> str:
+    return f"((union {{ {self.dt(frm)} a; {self.dt(to)} b; }}){{.a={x}}}).b"
+
+  def signature(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
+    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
+    return f"{self.func_prefix}void {name}({', '.join(args)})"
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    uses: dict[UOp, int] = {}
+    for u in uops:
+      for s in u.src: uses[s] = uses.get(s, 0) + 1
+    r: dict[UOp, str] = {}
+    lines: list[str] = []
+    depth = 1
+    counter = 0
+    def emit(line: str) -> None: lines.append("  " * depth + line)
+    def var(u: UOp, prefix: str, expr: str) -> None:
+      nonlocal counter
+      r[u] = f"{prefix}{counter}"; counter += 1
+      emit(f"{self.dt(u.dtype)} {r[u]} = {expr};")
+    params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
+    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    for u in uops:
+      op = u.op
+      if op is Ops.PARAM: r[u] = f"data{u.arg}"
+      elif op is Ops.DEFINE_VAR: r[u] = u.arg[0]
+      elif op is Ops.CONST: r[u] = self.const(u.arg, u.dtype)
+      elif op is Ops.SINK or op is Ops.NOOP: pass
+      elif op is Ops.RANGE:
+        r[u] = f"r{u.arg[0]}"
+        emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); depth += 1
+      elif op is Ops.END: depth -= 1; emit("}")
+      elif op is Ops.DEFINE_REG:
+        r[u] = f"acc{u.arg}"; emit(f"{self.dt(u.dtype.base)} {r[u]}[{u.dtype.size}];")
+      elif op is Ops.AFTER: r[u] = r[u.src[0]]
+      elif op is Ops.INDEX: r[u] = f"({r[u.src[0]]}+{r[u.src[1]]})"
+      elif op is Ops.LOAD:
+        idx = u.src[0]
+        expr = f"(*{r[idx]})"
+        if len(idx.src) > 2: expr = f"({r[idx.src[2]]}?{expr}:{self.const(0, u.dtype)})"
+        var(u, "val", expr)
+      elif op is Ops.STORE:
+        idx = u.src[0]
+        line = f"*{r[idx]} = {r[u.src[1]]};"
+        emit(f"if ({r[idx.src[2]]}) {line}" if len(idx.src) > 2 else line)
+      elif op in GroupOp.ALU or op is Ops.CAST or op is Ops.BITCAST:
+        if op is Ops.CAST: expr = self.cast(r[u.src[0]], u.src[0].dtype, u.dtype)
+        elif op is Ops.BITCAST: expr = self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype)
+        else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
+        # single-use pure values are written inline; the rest get a name
+        if uses.get(u, 0) <= 1 and len(expr) < 80: r[u] = expr
+        else: var(u, "alu", expr)
+      else: raise NotImplementedError(f"C renderer can't render {op}")
+    body = "\n".join(lines)
+    return f"{self.prelude}{self.signature(name, params, variables)} {{\n{body}\n}}\n"

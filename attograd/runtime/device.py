@@ -1,0 +1,66 @@
+"""Devices: each owns an allocator, a renderer, a compiler (source -> binary, cached on disk by
+content hash) and a program runner (DESIGN §3.7)."""
+from __future__ import annotations
+import functools, importlib, os
+from typing import Any, Callable
+from attograd.dtype import DType
+from attograd.helpers import ContextVar, getenv
+
+class Allocator:
+  def alloc(self, nbytes: int) -> Any: raise NotImplementedError
+  def copyin(self, dest: Any, src: memoryview) -> None: raise NotImplementedError
+  def copyout(self, dest: memoryview, src: Any) -> None: raise NotImplementedError
+
+class Compiler:
+  def compile(self, src: str) -> bytes: return src.encode()
+
+class Buffer:
+  """Device memory for `size` elements of `dtype`, allocated on first use."""
+  def __init__(self, device: str, size: int, dtype: DType):
+    self.device, self.size, self.dtype = device, size, dtype
+    self._buf: Any = None
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  @property
+  def allocated(self) -> bool: return self._buf is not None
+  def ensure_allocated(self) -> Buffer:
+    if self._buf is None: self._buf = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+    return self
+  def copyin(self, data: memoryview) -> Buffer:
+    assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
+    Device[self.device].allocator.copyin(self.ensure_allocated()._buf, data)
+    return self
+  def as_bytes(self) -> memoryview:
+    out = memoryview(bytearray(self.nbytes))
+    if self.nbytes: Device[self.device].allocator.copyout(out, self.ensure_allocated()._buf)
+    return out
+  def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype}>"
+
+class Compiled:
+  """A backend: what a device needs to turn a kernel into something it can run."""
+  def __init__(self, name: str, allocator: Allocator, renderer: Any, compiler: Compiler, runtime: Callable[[str, bytes], Any]):
+    self.name, self.allocator, self.renderer, self.compiler, self.runtime = name, allocator, renderer, compiler, runtime
+  def synchronize(self) -> None: pass
+
+# one module per device: attograd/runtime/ops_<name>.py defines <Name>Device
+BACKENDS = ("CPU", "PYTHON")
+
+class _Device:
+  @functools.cache
+  def __getitem__(self, name: str) -> Compiled:
+    name = self.canonicalize(name)
+    mod = importlib.import_module(f"attograd.runtime.ops_{name.split(':')[0].lower()}")
+    return getattr(mod, f"{name.split(':')[0].title()}Device")(name)
+  def canonicalize(self, name: str | None) -> str:
+    if name is None: return self.DEFAULT
+    upper = name.upper()
+    base = upper.split(":")[0]
+    if base not in BACKENDS: raise ValueError(f"unknown device {name!r}; available: {', '.join(BACKENDS)}")
+    return base if upper.endswith(":0") else upper
+  @functools.cached_property
+  def DEFAULT(self) -> str:
+    if (dev := os.getenv("DEV")): return self.canonicalize(dev)
+    for b in BACKENDS:
+      if getenv(b, 0) == 1: return b
+    return "CPU"
+Device = _Device()

@@ -1,0 +1,57 @@
+"""CPU device: C source compiled by the system compiler (clang when present, else gcc) into a
+shared library, cached on disk by source hash, and called in-process through ctypes."""
+from __future__ import annotations
+import ctypes, ctypes.util, mmap, os, shutil, subprocess, tempfile, pathlib
+from typing import Any
+from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
+from attograd.runtime.device import Allocator, Compiler, Compiled
+from attograd.renderer.cstyle import CStyleRenderer
+
+class CPUMemory:
+  """Page-aligned, zero-filled memory that kernels may vectorize over, and its address."""
+  __slots__ = ("mem", "addr")
+  def __init__(self, nbytes: int):
+    self.mem = mmap.mmap(-1, nbytes)
+    self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+
+class CPUAllocator(Allocator):
+  def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)
+  def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.mem[:src.nbytes] = src.cast("B")
+  def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.mem[:dest.nbytes]
+
+def find_c_compiler() -> str:
+  for cc in (os.getenv("CC"), "clang", "gcc", "cc"):
+    if cc and shutil.which(cc): return cc
+  raise RuntimeError("the CPU device needs a C compiler: install clang or gcc (apt-get install clang), or set CC")
+
+class CPUCompiler(Compiler):
+  def __init__(self):
+    self.cc = find_c_compiler()
+    self.flags = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-ffp-contract=off", "-lm"]
+  def compile(self, src: str) -> bytes:
+    key = content_hash(src, self.cc, " ".join(self.flags))
+    path = cache_dir() / f"{key}.so"
+    if CACHELEVEL >= 1 and path.exists(): return path.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+      out = pathlib.Path(tmp) / "k.so"
+      proc = subprocess.run([self.cc, *self.flags, "-x", "c", "-", "-o", str(out)], input=src.encode(), capture_output=True)
+      if proc.returncode != 0:
+        raise RuntimeError(f"{self.cc} failed to compile a kernel:\n{proc.stderr.decode()}\n--- source ---\n{src}")
+      lib = out.read_bytes()
+    if CACHELEVEL >= 1: atomic_write(path, lib)
+    return lib
+
+class CPUProgram:
+  def __init__(self, name: str, lib: bytes):
+    # ctypes loads from a path: keep one file per content hash
+    path = cache_dir() / f"{content_hash(lib)}.lib.so"
+    if not path.exists(): atomic_write(path, lib)
+    self.lib = ctypes.CDLL(str(path))
+    self.fxn = getattr(self.lib, name)
+    self.fxn.restype = None
+  def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:
+    self.fxn(*[ctypes.c_void_p(b.addr) for b in bufs], *[ctypes.c_int32(v) for v in vals])
+
+class CpuDevice(Compiled):
+  def __init__(self, name: str):
+    super().__init__(name, CPUAllocator(), CStyleRenderer(), CPUCompiler(), CPUProgram)

@@ -1,0 +1,83 @@
+"""PYTHON device: executes the linear UOps directly. It is slow and it is the reference
+semantics: every other backend must agree with it."""
+from __future__ import annotations
+import math, pickle, struct
+from typing import Any
+from attograd.dtype import DType, PtrDType, dtypes, truncate
+from attograd.helpers import bf16_bits_to_float, float_to_bf16_bits
+from attograd.uop.ops import UOp, Ops, GroupOp, exec_alu
+from attograd.runtime.device import Allocator, Compiler, Compiled
+from attograd.renderer import Renderer
+
+class PythonAllocator(Allocator):
+  def alloc(self, nbytes: int) -> bytearray: return bytearray(nbytes)
+  def copyin(self, dest: bytearray, src: memoryview) -> None: dest[:src.nbytes] = src.cast("B")
+  def copyout(self, dest: memoryview, src: bytearray) -> None: dest.cast("B")[:] = src[:dest.nbytes]
+
+class PythonRenderer(Renderer):
+  """The 'source' is the linear UOp list itself, pickled."""
+  device = "PYTHON"
+  def render(self, name: str, uops: list[UOp]) -> str: return pickle.dumps(uops).hex()
+
+class Memory:
+  """A buffer seen as Python values, converting bfloat16 through its bits."""
+  def __init__(self, raw: bytearray, dtype: DType):
+    self.dtype = dtype
+    self.view = memoryview(raw).cast("H" if dtype == dtypes.bfloat16 else dtype.fmt)
+  def __getitem__(self, i: int) -> Any:
+    v = self.view[i]
+    return bf16_bits_to_float(v) if self.dtype == dtypes.bfloat16 else v
+  def __setitem__(self, i: int, v: Any) -> None:
+    self.view[i] = float_to_bf16_bits(v) if self.dtype == dtypes.bfloat16 else truncate(self.dtype, v)
+
+def bitcast(v: Any, frm: DType, to: DType) -> Any:
+  fmt = lambda d: "H" if d == dtypes.bfloat16 else d.fmt
+  if frm == dtypes.bfloat16: v = float_to_bf16_bits(v)
+  out = struct.unpack(fmt(to), struct.pack(fmt(frm), v))[0]
+  return bf16_bits_to_float(out) if to == dtypes.bfloat16 else out
+
+class PythonProgram:
+  def __init__(self, name: str, lib: bytes):
+    self.uops: list[UOp] = pickle.loads(bytes.fromhex(lib.decode()))
+  def __call__(self, bufs: list[bytearray], vals: list[int]) -> None:
+    uops = self.uops
+    params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
+    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    val: dict[UOp, Any] = {}
+    for p, b in zip(params, bufs): val[p] = Memory(b, p.dtype.base)
+    for v, x in zip(variables, vals): val[v] = x
+    range_at = {u: i for i, u in enumerate(uops) if u.op is Ops.RANGE}
+    pc = 0
+    while pc < len(uops):
+      u = uops[pc]; op = u.op
+      if op is Ops.CONST: val[u] = u.arg
+      elif op is Ops.RANGE:
+        if u not in val or val[u] is None: val[u] = 0
+        if val[u] >= val[u.src[0]]:  # empty loop: skip to after its END
+          depth, pc = 0, pc + 1
+          while not (uops[pc].op is Ops.END and uops[pc].src[1] is u): pc += 1
+          val[u] = None
+      elif op is Ops.END:
+        r = u.src[1]
+        val[r] += 1
+        if val[r] < val[r.src[0]]: pc = range_at[r]; pc += 1; continue
+        val[r] = None
+      elif op is Ops.DEFINE_REG: val[u] = Memory(bytearray(u.dtype.size * u.dtype.base.itemsize), u.dtype.base)
+      elif op is Ops.AFTER: val[u] = val[u.src[0]]
+      elif op is Ops.INDEX: val[u] = (val[u.src[0]], val[u.src[1]], val[u.src[2]] if len(u.src) > 2 else True)
+      elif op is Ops.LOAD:
+        mem, i, ok = val[u.src[0]]
+        val[u] = mem[i] if ok else truncate(u.dtype, 0)
+      elif op is Ops.STORE:
+        mem, i, ok = val[u.src[0]]
+        if ok: mem[i] = val[u.src[1]]
+      elif op is Ops.CAST: val[u] = truncate(u.dtype, val[u.src[0]])
+      elif op is Ops.BITCAST: val[u] = bitcast(val[u.src[0]], u.src[0].dtype, u.dtype)
+      elif op in GroupOp.ALU: val[u] = exec_alu(op, u.dtype, [val[s] for s in u.src])
+      elif op in (Ops.SINK, Ops.NOOP, Ops.PARAM, Ops.DEFINE_VAR): pass
+      else: raise NotImplementedError(f"PYTHON device can't run {op}")
+      pc += 1
+
+class PythonDevice(Compiled):
+  def __init__(self, name: str):
+    super().__init__(name, PythonAllocator(), PythonRenderer(), Compiler(), PythonProgram)

@@ -1,0 +1,100 @@
+"""Tensor graph -> an ordered list of kernels (DESIGN §3.3).
+Deciding where buffers must exist is the scheduler's one decision; everything else is indexing."""
+from __future__ import annotations
+import itertools
+from dataclasses import dataclass
+from attograd.dtype import dtypes
+from attograd.helpers import prod, DEBUG
+from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
+from attograd.uop.symbolic import symbolic
+from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index
+
+@dataclass(frozen=True)
+class ScheduleItem:
+  """One unit of work: a kernel AST over PARAMs (ast.op is SINK) or a COPY, and the BUFFERs
+  it binds, output first."""
+  ast: UOp
+  bufs: tuple[UOp, ...]
+
+_buffer_ids = itertools.count()
+def new_buffer(device: str, size: int, dtype) -> UOp: return UOp(Ops.BUFFER, dtype, (), (next(_buffer_ids), device, size))
+
+def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
+  return buf if shape == buf.shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+
+def is_view_of_buffer(u: UOp) -> bool: return u.base.op is Ops.BUFFER
+def has_real_expand(u: UOp) -> bool: return u.op is Ops.EXPAND and prod(u.src[0].shape) != prod(u.shape)
+
+def realize_points(sink: UOp) -> dict[UOp, None]:
+  """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, and a
+  reduce that would be recomputed for every element of an expand (softmax's x - x.max())."""
+  points: dict[UOp, None] = {}
+  for t in sink.src:
+    if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = None
+  for u in sink.toposort:
+    if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN}: points[u] = None
+    if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
+  # walk down from each realize point; a reduce reached through an expand is realized too
+  seen: set[tuple[UOp, bool]] = set()
+  stack = [(p, False) for p in points]
+  while stack:
+    u, expanded = stack.pop()
+    if (u, expanded) in seen: continue
+    seen.add((u, expanded))
+    for s in u.src:
+      if s.op is Ops.BUFFER or s.op is Ops.DEVICE: continue
+      if s.op is Ops.REDUCE_AXIS and (expanded or has_real_expand(u)) and s not in points:
+        points[s] = None; stack.append((s, False))
+      elif s in points: stack.append((s, False))
+      else: stack.append((s, expanded or has_real_expand(u)))
+  return points
+
+# after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
+kernel_cleanup = PatternMatcher([
+  (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
+  (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
+])
+
+def index_dtype_for(*sizes: int):
+  return dtypes.int64 if max(sizes, default=0) >= 2**31 else dtypes.int32
+
+def kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
+  """The AST that stores `value` (a tensor graph over BUFFERs) contiguously into out_buf, PARAM 0.
+  Returns it and the input BUFFERs in PARAM order (1, 2, ...)."""
+  buf_sizes = [u.arg[2] for u in value.toposort if u.op is Ops.BUFFER]
+  out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg[2]), (), 0)
+  # an assign that reads its own target reads PARAM 0: one pointer per buffer (the C renderer says restrict)
+  ctx = IndexingContext(index_dtype_for(out_buf.arg[2], prod(shape), *buf_sizes), len(shape), {out_buf: out})
+  ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
+  store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
+  sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
+  sink = graph_rewrite(sink, pushdown, ctx)
+  sink = graph_rewrite(sink, symbolic + kernel_cleanup)
+  return sink, [b for b in ctx.params if b is not out_buf]
+
+def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+  """Kernels to run, in order, and what each realized node becomes (a view of its new buffer)."""
+  sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+  points = realize_points(sink)
+  becomes: dict[UOp, UOp] = {}
+  schedule: list[ScheduleItem] = []
+  for u in sink.toposort:
+    if u not in points: continue
+    src = u.substitute(becomes) if becomes else u
+    if u.op is Ops.COPY:
+      out = new_buffer(u.device, u.size, u.dtype)
+      schedule.append(ScheduleItem(src, (out, src.src[0].base)))
+    elif u.op is Ops.ASSIGN:
+      target, value = src.src
+      if not (target.base.op is Ops.BUFFER and target.op in {Ops.BUFFER, Ops.RESHAPE}):
+        raise RuntimeError(f"assign needs a realized, contiguous target; got a view through {target.op}")
+      out = target.base
+      ast, ins = kernel_ast(value, target.shape, out)
+      schedule.append(ScheduleItem(ast, (out, *ins)))
+    else:
+      out = new_buffer(u.device, u.size, u.dtype)
+      ast, ins = kernel_ast(src.src[0] if src.op is Ops.CONTIGUOUS else src, u.shape, out)
+      schedule.append(ScheduleItem(ast, (out, *ins)))
+    becomes[u] = buffer_view(out, u.shape)
+  return schedule, becomes

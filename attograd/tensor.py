@@ -1,0 +1,665 @@
+"""The front end: a lazy Tensor that builds UOps. Shapes, broadcasting, dtype promotion and error
+messages live here; composite ops are written in terms of a few primitive UOps (DESIGN §3.1)."""
+from __future__ import annotations
+import math, struct, weakref
+from typing import Any, Callable, Iterable, Sequence
+from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate
+from attograd.helpers import prod, all_same, argsort, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.runtime.device import Device
+from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
+from attograd.engine.realize import run_schedule, buffer_of
+
+# what realized nodes became, so tensors built before a realize don't recompute it
+_realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
+def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
+
+def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
+  if not isinstance(data, (list, tuple)): return [data], ()
+  if len(data) == 0: return [], (0,)
+  parts = [_flatten_nested(d) for d in data]
+  shapes = [s for _, s in parts]
+  if not all_same(shapes): raise ValueError(f"nested list is not rectangular: rows have shapes {sorted(set(shapes))}")
+  return [x for p, _ in parts for x in p], (len(data), *shapes[0])
+
+def _pack(values: list[Any], dtype: DType) -> bytes:
+  if dtype == dtypes.bfloat16: return struct.pack(f"<{len(values)}H", *(float_to_bf16_bits(float(v)) for v in values))
+  return struct.pack(f"<{len(values)}{dtype.fmt}", *(truncate(dtype, v) for v in values))
+
+def _unpack(raw: memoryview, dtype: DType) -> list[Any]:
+  if dtype == dtypes.bfloat16: return [bf16_bits_to_float(b) for b in raw.cast("H")]
+  return raw.cast(dtype.fmt).tolist()
+
+def _nest(flat: list[Any], shape: tuple[int, ...]) -> Any:
+  if not shape: return flat[0]
+  if len(shape) == 1: return flat
+  step = prod(shape[1:])
+  return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
+  n = ndim + extra
+  if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
+  return axis % max(n, 1)
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+  n = max(len(s) for s in shapes)
+  padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
+  out = []
+  for dims in zip(*padded):
+    sizes = {d for d in dims if d != 1}
+    if len(sizes) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+    out.append(sizes.pop() if sizes else 1)
+  return tuple(out)
+
+class Tensor:
+  """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
+  __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+  training: bool = False
+  _seed: int = 0
+  _rng_counter: int = 0
+
+  def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
+    dtype = to_dtype(dtype) if dtype is not None else None
+    device = Device.canonicalize(device)
+    self.requires_grad, self.grad = requires_grad, None
+    if isinstance(data, UOp): self.uop = data; return
+    if isinstance(data, Tensor): data = data.tolist() if data.device != device else data
+    if isinstance(data, (bool, int, float)):
+      self.uop = _const(data, dtype or dtypes.from_py(data), device); return
+    if type(data).__module__ == "numpy":
+      import numpy as np
+      arr = np.ascontiguousarray(data)
+      src_dtype = _from_numpy_dtype(arr.dtype)
+      self.uop = _buffer_from_bytes(arr.tobytes(), src_dtype, arr.shape, device)
+      if dtype is not None and dtype != src_dtype: self.uop = self.cast(dtype).uop
+      return
+    if isinstance(data, (bytes, bytearray)):
+      self.uop = _buffer_from_bytes(bytes(data), dtypes.uint8, (len(data),), device)
+      if dtype is not None: self.uop = self.cast(dtype).uop
+      return
+    if isinstance(data, (list, tuple)):
+      flat, shape = _flatten_nested(data)
+      for v in flat:
+        if not isinstance(v, (bool, int, float)): raise TypeError(f"can't make a Tensor from a list holding {type(v).__name__}")
+      dtype = dtype or (dtypes.from_py(flat) if flat else dtypes.default_float)
+      self.uop = _buffer_from_bytes(_pack(flat, dtype), dtype, shape, device); return
+    if data is None: self.uop = Tensor.empty(0, device=device, dtype=dtype).uop; return
+    raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+
+  # ***** properties *****
+  @property
+  def shape(self) -> tuple[int, ...]: return self.uop.shape
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def device(self) -> str: return self.uop.device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return prod(self.shape)
+  def element_size(self) -> int: return self.dtype.itemsize
+  def nbytes(self) -> int: return self.numel() * self.element_size()
+  def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+    return self.shape if dim is None else self.shape[_normalize_axis(dim, self.ndim)]
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  def __repr__(self) -> str: return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device}>"
+  __hash__ = object.__hash__
+
+  # ***** running *****
+  def realize(self, *lst: Tensor) -> Tensor:
+    """Run everything these tensors need; afterwards each is a view of device memory."""
+    Tensor.realize_all([self, *lst])
+    return self
+  @staticmethod
+  def realize_all(tensors: Sequence[Tensor]) -> None:
+    todo = []
+    for t in tensors:
+      if _realized and any(u in _realized for u in t.uop.toposort): t.uop = t.uop.substitute(dict(_realized))
+      if not is_view_of_buffer(t.uop): todo.append(t)
+    if not todo: return
+    schedule, becomes = create_schedule([t.uop for t in todo])
+    run_schedule(schedule)
+    for t in todo:
+      old = t.uop
+      t.uop = old.substitute(becomes)
+      _realized[old] = t.uop
+    for k, v in becomes.items(): _realized[k] = v
+  def schedule(self, *lst: Tensor):
+    return create_schedule([t.uop for t in (self, *lst)])[0]
+  def contiguous(self) -> Tensor:
+    u = self.uop
+    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return self
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (u,)))
+  def _raw(self) -> memoryview:
+    from attograd.engine.jit import check_not_capturing
+    check_not_capturing("reading a tensor's value into Python")
+    t = self.contiguous().realize()
+    return buffer_of(t.uop.base).as_bytes()
+  def data(self) -> memoryview: return self._raw()
+  def tolist(self) -> Any:
+    if self.dtype == dtypes.bool: flat = [bool(b) for b in self._raw().cast("B")]
+    else: flat = _unpack(self._raw(), self.dtype)
+    return _nest(flat, self.shape) if self.shape else flat[0]
+  def item(self) -> ConstType:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+    return _unpack(self._raw(), self.dtype)[0] if self.dtype != dtypes.bool else bool(self._raw().cast("B")[0])
+  def numpy(self):
+    import numpy as np
+    if self.dtype == dtypes.bfloat16: raise TypeError("numpy has no bfloat16: call .float() first")
+    return np.frombuffer(bytes(self._raw()), dtype=np.dtype(_NUMPY_NAMES[self.dtype])).reshape(self.shape).copy()
+  def __bool__(self) -> bool:
+    if self.numel() != 1: raise RuntimeError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
+    return bool(self.item())
+  def __float__(self) -> float: return float(self.item())
+  def __int__(self) -> int: return int(self.item())
+  def to(self, device: str | None) -> Tensor:
+    device = Device.canonicalize(device)
+    if device == self.device: return self
+    src = self.contiguous()
+    return self._new(UOp(Ops.COPY, self.dtype, (src.uop, _device_node(device))))
+  def assign(self, x: Tensor | ConstType) -> Tensor:
+    """Write x into this tensor's memory (broadcast and cast to its shape and dtype), like torch's copy_."""
+    x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+    if x.device != self.device: raise ValueError(f"assign from device {x.device} to a tensor on {self.device}")
+    x = x.cast(self.dtype)._broadcast_to(self.shape)
+    if is_view_of_buffer(self.uop): self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+    else: self.uop = x.uop
+    return self
+  def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+  def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def _new(self, u: UOp) -> Tensor: return Tensor(u)
+
+  # ***** creation *****
+  @staticmethod
+  def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+    for s in shape:
+      if not isinstance(s, int) or s < 0: raise ValueError(f"invalid shape {shape}: sizes must be non-negative ints")
+    return tuple(shape)
+  @staticmethod
+  def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    shape = Tensor._shape_arg(shape if isinstance(shape, tuple) else (shape,))
+    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+    t = Tensor(_const(fill_value, dtype, Device.canonicalize(device)), **kw)
+    return t.reshape((1,) * len(shape)).expand(shape) if shape else t
+  @staticmethod
+  def zeros(*shape, dtype=None, device=None, **kw) -> Tensor: return Tensor.full(Tensor._shape_arg(shape), 0, dtype or dtypes.default_float, device, **kw)
+  @staticmethod
+  def ones(*shape, dtype=None, device=None, **kw) -> Tensor: return Tensor.full(Tensor._shape_arg(shape), 1, dtype or dtypes.default_float, device, **kw)
+  @staticmethod
+  def empty(*shape, dtype=None, device=None, **kw) -> Tensor:
+    shape, dtype, device = Tensor._shape_arg(shape), to_dtype(dtype or dtypes.default_float), Device.canonicalize(device)
+    buf = new_buffer(device, prod(shape), dtype)
+    return Tensor(buf if len(shape) == 1 else UOp(Ops.RESHAPE, dtype, (buf,), shape), **kw)
+  @staticmethod
+  def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype=None, device=None, **kw) -> Tensor:
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError("arange step must be nonzero")
+    n = max(0, math.ceil((stop - start) / step))
+    dtype = to_dtype(dtype) if dtype is not None else dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int
+    device = Device.canonicalize(device)
+    idx = Tensor(UOp(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32 if dtype != dtypes.float64 else dtype, (_device_node(device),), n), **kw)
+    return (idx * step + start).cast(dtype) if (start, step) != (0, 1) else idx.cast(dtype)
+  @staticmethod
+  def eye(n: int, m: int | None = None, dtype=None, device=None, **kw) -> Tensor:
+    m = n if m is None else m
+    rows, cols = Tensor.arange(n, device=device).reshape(n, 1), Tensor.arange(m, device=device).reshape(1, m)
+    return (rows == cols).cast(dtype or dtypes.default_float)
+  def full_like(self, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
+    return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device, **kw)
+  def zeros_like(self, **kw) -> Tensor: return self.full_like(0, **kw)
+  def ones_like(self, **kw) -> Tensor: return self.full_like(1, **kw)
+  def empty_like(self, dtype=None, device=None, **kw) -> Tensor: return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device, **kw)
+
+  # ***** random: a counter-based generator, the same numbers on every device *****
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None: Tensor._seed, Tensor._rng_counter = seed, 0
+  @staticmethod
+  def _random_bits(n: int, device: str | None) -> Tensor:
+    """n uint32s: a hash of (seed, counter); the counter advances so calls differ."""
+    key = _lowbias32((Tensor._seed * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF)
+    offset = Tensor._rng_counter
+    Tensor._rng_counter += n
+    x = (Tensor.arange(n, device=device, dtype=dtypes.uint32) + (offset & 0xFFFFFFFF)) ^ key
+    for mul in (0x7FEB352D, 0x846CA68B):
+      x = x ^ (x >> 16)
+      x = x * mul
+    return x ^ (x >> 16)
+  @staticmethod
+  def rand(*shape, dtype=None, device=None, **kw) -> Tensor:
+    shape = Tensor._shape_arg(shape)
+    bits = Tensor._random_bits(prod(shape), device)
+    out = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
+    return Tensor(out.reshape(shape).cast(dtype or dtypes.default_float).uop, **kw)
+  @staticmethod
+  def randn(*shape, dtype=None, device=None, **kw) -> Tensor:
+    shape = Tensor._shape_arg(shape)
+    u = Tensor.rand(2, prod(shape), dtype=dtypes.float32, device=device)
+    z = ((1 - u[0]).log() * -2).sqrt() * (u[1] * (2 * math.pi)).cos()
+    return Tensor(z.reshape(shape).cast(dtype or dtypes.default_float).uop, **kw)
+  @staticmethod
+  def randint(*shape, low: int = 0, high: int = 10, dtype=None, device=None, **kw) -> Tensor:
+    if high <= low: raise ValueError(f"randint needs low < high, got [{low}, {high})")
+    r = Tensor.rand(*shape, dtype=dtypes.float64, device=device)
+    return Tensor(((r * (high - low)).floor() + low).cast(dtype or dtypes.default_int).uop, **kw)
+  def rand_like(self, **kw) -> Tensor: return Tensor.rand(*self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
+  def randn_like(self, **kw) -> Tensor: return Tensor.randn(*self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
+
+  # ***** movement *****
+  def reshape(self, *shape) -> Tensor:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if shape.count(-1) > 1: raise ValueError(f"reshape to {shape}: only one dimension can be -1")
+    if -1 in shape:
+      known = prod(s for s in shape if s != -1)
+      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    if any(not isinstance(s, int) or s < 0 for s in shape): raise ValueError(f"invalid shape {shape}")
+    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
+    if shape == self.shape: return self
+    u = self.uop.src[0] if self.uop.op is Ops.RESHAPE else self.uop  # reshape of a reshape is one reshape
+    return self._new(u if u.shape == shape else UOp(Ops.RESHAPE, self.dtype, (u,), shape))
+  def view(self, *shape) -> Tensor: return self.reshape(*shape)
+  def permute(self, *order) -> Tensor:
+    order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
+    axes = tuple(_normalize_axis(o, self.ndim) for o in order)
+    if sorted(axes) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
+    if axes == tuple(range(self.ndim)): return self
+    return self._new(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
+  def expand(self, *shape) -> Tensor:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if len(shape) < self.ndim: raise ValueError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
+    base = (1,) * (len(shape) - self.ndim) + self.shape
+    new = tuple(b if s == -1 else s for s, b in zip(shape, base))
+    for b, s in zip(base, new):
+      if b != s and b != 1: raise ValueError(f"can't expand shape {self.shape} to {shape}: size {b} is not 1")
+    t = self.reshape(base)
+    return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
+  def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+    if self.shape == shape: return self
+    _broadcast_shape(self.shape, shape)
+    if len(self.shape) > len(shape) or _broadcast_shape(self.shape, shape) != shape:
+      raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
+    return self.expand(shape)
+  def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: ConstType = 0) -> Tensor:
+    """padding per axis as ((before, after), ...), or flat PyTorch style (last axis first)."""
+    if all(isinstance(p, int) for p in padding):
+      if len(padding) % 2 or len(padding) // 2 > self.ndim: raise ValueError(f"padding {padding} doesn't fit a tensor of {self.ndim} dims")
+      pairs = [(0, 0)] * (self.ndim - len(padding) // 2) + [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
+    else:
+      if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis ({self.ndim})")
+      pairs = [(0, 0) if p is None else tuple(p) for p in padding]
+    # negative padding cuts
+    t = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
+    pos = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+    if all(p == (0, 0) for p in pos): return t
+    out = self._new(UOp(Ops.PAD, t.dtype, (t.uop,), pos))
+    if value == 0: return out
+    inside = Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device)._new(UOp(Ops.PAD, dtypes.bool, (Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device).uop,), pos))
+    return inside.where(out, value)
+  def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
+    if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis ({self.ndim})")
+    arg = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
+    for (b, e), s in zip(arg, self.shape):
+      if not 0 <= b <= e <= s: raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
+    if all(a == (0, s) for a, s in zip(arg, self.shape)): return self
+    return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
+  def flip(self, *axis) -> Tensor:
+    axis = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else axis
+    ax = {_normalize_axis(a, self.ndim) for a in axis}
+    if not ax: return self
+    return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in ax for i in range(self.ndim))))
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    order = list(range(self.ndim))
+    a, b = _normalize_axis(dim0, self.ndim), _normalize_axis(dim1, self.ndim)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if self.ndim == 0: return self.reshape(1)
+    s, e = _normalize_axis(start_dim, self.ndim), _normalize_axis(end_dim, self.ndim)
+    return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+  def unflatten(self, dim: int, sizes: tuple[int, ...]) -> Tensor:
+    d = _normalize_axis(dim, self.ndim)
+    return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
+  def squeeze(self, dim: int | None = None) -> Tensor:
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    d = _normalize_axis(dim, self.ndim)
+    return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+  def unsqueeze(self, dim: int) -> Tensor:
+    d = _normalize_axis(dim, self.ndim, extra=1)
+    return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+  def repeat(self, *repeats) -> Tensor:
+    repeats = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
+    if len(repeats) < self.ndim: raise ValueError(f"repeat {repeats} needs at least {self.ndim} counts")
+    base = (1,) * (len(repeats) - self.ndim) + self.shape
+    t = self.reshape(flatten((1, s) for s in base)).expand(flatten(zip(repeats, base)))
+    return t.reshape(tuple(r * s for r, s in zip(repeats, base)))
+
+  def __getitem__(self, index: Any) -> Tensor:
+    """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    idx = list(index) if isinstance(index, tuple) else [index]
+    for i in idx:
+      if isinstance(i, Tensor): raise NotImplementedError("indexing with a Tensor is not supported yet")
+      if not (i is None or i is Ellipsis or isinstance(i, (int, slice))): raise TypeError(f"invalid index {i!r} of type {type(i).__name__}")
+    if idx.count(Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis")
+    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if n_real > self.ndim: raise IndexError(f"too many indices ({n_real}) for a tensor of {self.ndim} dimension(s)")
+    if Ellipsis in idx:
+      e = idx.index(Ellipsis)
+      idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
+    else: idx += [slice(None)] * (self.ndim - n_real)
+    t, dim, out_shape = self, 0, []
+    shrink, flips, steps = [], [], []
+    for i in idx:
+      if i is None: out_shape.append(1); continue
+      size = self.shape[dim]
+      if isinstance(i, int):
+        if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for axis {dim} with size {size}")
+        i %= size
+        shrink.append((i, i + 1)); flips.append(False); steps.append(1)
+      else:
+        start, stop, step = i.indices(size)
+        if step == 0: raise ValueError("slice step cannot be zero")
+        n = len(range(start, stop, step))
+        if step > 0: shrink.append((start, start + max(n - 1, 0) * step + (1 if n else 0))); flips.append(False)
+        else: shrink.append((start + (n - 1) * step if n else 0, start + 1 if n else 0)); flips.append(True)
+        steps.append(abs(step)); out_shape.append(n)
+      dim += 1
+    t = t.shrink(tuple(shrink)).flip(*[d for d, f in enumerate(flips) if f])
+    if any(s != 1 for s in steps):
+      # take every k-th element: pad each axis to a multiple of k, split it as (n, k), keep column 0
+      t = t.pad(tuple((0, (-s) % k) for s, k in zip(t.shape, steps)))
+      padded = t.shape
+      t = t.reshape(flatten((s // k, k) for s, k in zip(padded, steps)))
+      t = t.shrink(tuple(flatten(((0, s // k), (0, 1)) for s, k in zip(padded, steps))))
+    return t.reshape(tuple(out_shape))
+
+  # ***** elementwise *****
+  def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
+    if isinstance(x, Tensor):
+      if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
+      dt = least_upper_dtype(self.dtype, x.dtype)
+    elif isinstance(x, (bool, int, float)):
+      # Python scalars are weak: they don't widen the tensor's dtype within its kind
+      if isinstance(x, float) and not dtypes.is_float(self.dtype): dt = dtypes.default_float
+      elif isinstance(x, int) and not isinstance(x, bool) and dtypes.is_bool(self.dtype): dt = dtypes.default_int
+      else: dt = self.dtype
+      x = Tensor(_const(x, dt, self.device))
+    else: raise TypeError(f"unsupported operand type {type(x).__name__}")
+    dt = out_dtype or dt
+    a, b = self.cast(dt), x.cast(dt)
+    shape = _broadcast_shape(a.shape, b.shape)
+    a, b = a._broadcast_to(shape), b._broadcast_to(shape)
+    return (b, a) if reverse else (a, b)
+  def _alu(self, op: Ops, *src: Tensor) -> Tensor:
+    dt = dtypes.bool if op in GroupOp.Comparison else src[-1].dtype if src else self.dtype
+    return Tensor(UOp(op, dt, (self.uop, *(s.uop for s in src))))
+  def cast(self, dtype: DType | str) -> Tensor:
+    dtype = to_dtype(dtype)
+    return self if self.dtype == dtype else Tensor(UOp(Ops.CAST, dtype, (self.uop,)))
+  def bitcast(self, dtype: DType | str) -> Tensor:
+    dtype = to_dtype(dtype)
+    if dtype.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast from {self.dtype} to {dtype} needs equal item sizes")
+    return self if self.dtype == dtype else Tensor(UOp(Ops.BITCAST, dtype, (self.uop,)))
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+
+  def add(self, x, reverse=False) -> Tensor: return _binop(Ops.ADD, self, x, reverse)
+  def sub(self, x, reverse=False) -> Tensor:
+    if self.dtype == dtypes.bool and (not isinstance(x, Tensor) or x.dtype == dtypes.bool) and isinstance(x, (Tensor, bool)):
+      raise TypeError("subtraction of bool tensors is not supported; use logical_xor or ~")
+    return _binop(Ops.SUB, self, x, reverse)
+  def mul(self, x, reverse=False) -> Tensor: return _binop(Ops.MUL, self, x, reverse)
+  def div(self, x, reverse=False, rounding_mode: str | None = None) -> Tensor:
+    if rounding_mode is None:
+      a, b = self._operands(x, reverse)
+      if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+      return a._alu(Ops.FDIV, b)
+    if rounding_mode == "trunc":
+      a, b = self._operands(x, reverse)
+      return a._alu(Ops.IDIV, b) if dtypes.is_int(a.dtype) else (a._alu(Ops.FDIV, b)).trunc()
+    if rounding_mode == "floor": return self.floor_divide(x, reverse)
+    raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+  def floor_divide(self, x, reverse=False) -> Tensor:
+    a, b = self._operands(x, reverse)
+    if not dtypes.is_int(a.dtype): return a._alu(Ops.FDIV, b).floor()
+    q = a._alu(Ops.IDIV, b)
+    # C truncates; Python and PyTorch floor: step down where the signs differ and it wasn't exact
+    fix = a._alu(Ops.MOD, b).ne(0) & ((a < 0) ^ (b < 0))
+    return q - fix.cast(q.dtype)
+  def mod(self, x, reverse=False) -> Tensor:
+    a, b = self._operands(x, reverse)
+    if not dtypes.is_int(a.dtype): return a - (a / b).floor() * b
+    r = a._alu(Ops.MOD, b)
+    return (r.ne(0) & ((r < 0) ^ (b < 0))).where(r + b, r)
+  def maximum(self, x) -> Tensor: return _binop(Ops.MAX, self, x)
+  def minimum(self, x) -> Tensor:
+    a, b = self._operands(x)
+    return (a < b).where(a, b) if not dtypes.is_float(a.dtype) else -((-a).maximum(-b))
+  def pow(self, x, reverse=False) -> Tensor:
+    if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
+      n, base = int(abs(x)), self if isinstance(x, int) or dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+      acc = base.ones_like() if n == 0 else base
+      for _ in range(n - 1): acc = acc * base
+      return acc.reciprocal() if x < 0 else acc
+    a, b = self._operands(x, reverse)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    mag = (b * a.abs().log2()).exp2()
+    odd = (b - 2 * (b / 2).floor()).eq(1)
+    neg_ok = (b.trunc() == b)
+    out = (a < 0).where(neg_ok.where(odd.where(-mag, mag), math.nan), mag)
+    return (a == 0).where((b == 0).where(1.0, (b < 0).where(math.inf, 0.0)), out).cast(a.dtype)
+  def _logic(self, op: Ops, x, reverse=False) -> Tensor:
+    a, b = self._operands(x, reverse)
+    if dtypes.is_float(a.dtype): raise TypeError(f"{op.name.lower()} needs bool or integer tensors, got {a.dtype}")
+    return a._alu(op, b)
+  def bitwise_and(self, x) -> Tensor: return self._logic(Ops.AND, x)
+  def bitwise_or(self, x) -> Tensor: return self._logic(Ops.OR, x)
+  def bitwise_xor(self, x) -> Tensor: return self._logic(Ops.XOR, x)
+  def logical_not(self) -> Tensor: return self.cast(dtypes.bool)._alu(Ops.CMPNE, Tensor(_const(True, dtypes.bool, self.device))._broadcast_to(self.shape))
+  def bitwise_not(self) -> Tensor:
+    if self.dtype == dtypes.bool: return self.logical_not()
+    if dtypes.is_float(self.dtype): raise TypeError(f"~ needs bool or integer tensors, got {self.dtype}")
+    return self ^ -1 if not dtypes.is_unsigned(self.dtype) else self ^ dtypes.max(self.dtype)
+  def lshift(self, x) -> Tensor: return self._logic(Ops.SHL, x)
+  def rshift(self, x) -> Tensor: return self._logic(Ops.SHR, x)
+  def eq(self, x) -> Tensor: a, b = self._operands(x); return a._alu(Ops.CMPEQ, b)
+  def ne(self, x) -> Tensor: a, b = self._operands(x); return a._alu(Ops.CMPNE, b)
+  def lt(self, x, reverse=False) -> Tensor: a, b = self._operands(x, reverse); return a._alu(Ops.CMPLT, b)
+  def le(self, x) -> Tensor: a, b = self._operands(x); return (b._alu(Ops.CMPLT, a)).logical_not() if not dtypes.is_float(a.dtype) else (a._alu(Ops.CMPLT, b) | a._alu(Ops.CMPEQ, b))
+  def gt(self, x) -> Tensor: return self.lt(x, reverse=True)
+  def ge(self, x) -> Tensor: a, b = self._operands(x); return (a._alu(Ops.CMPLT, b)).logical_not() if not dtypes.is_float(a.dtype) else (b._alu(Ops.CMPLT, a) | a._alu(Ops.CMPEQ, b))
+  def where(self, x: Tensor | ConstType, y: Tensor | ConstType) -> Tensor:
+    cond = self.cast(dtypes.bool)
+    if isinstance(x, Tensor): x, y = x._operands(y)
+    elif isinstance(y, Tensor): y, x = y._operands(x)
+    else:
+      dt = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
+      x, y = Tensor(_const(x, dt, self.device)), Tensor(_const(y, dt, self.device))
+    shape = _broadcast_shape(cond.shape, x.shape, y.shape)
+    return Tensor(UOp(Ops.WHERE, x.dtype, (cond._broadcast_to(shape).uop, x._broadcast_to(shape).uop, y._broadcast_to(shape).uop)))
+
+  __add__ = lambda self, x: self.add(x); __radd__ = lambda self, x: self.add(x, True)
+  __sub__ = lambda self, x: self.sub(x); __rsub__ = lambda self, x: self.sub(x, True)
+  __mul__ = lambda self, x: self.mul(x); __rmul__ = lambda self, x: self.mul(x, True)
+  __truediv__ = lambda self, x: self.div(x); __rtruediv__ = lambda self, x: self.div(x, True)
+  __floordiv__ = lambda self, x: self.floor_divide(x); __rfloordiv__ = lambda self, x: self.floor_divide(x, True)
+  __mod__ = lambda self, x: self.mod(x); __rmod__ = lambda self, x: self.mod(x, True)
+  __pow__ = lambda self, x: self.pow(x); __rpow__ = lambda self, x: self.pow(x, True)
+  __and__ = lambda self, x: self.bitwise_and(x); __rand__ = lambda self, x: self.bitwise_and(x)
+  __or__ = lambda self, x: self.bitwise_or(x); __ror__ = lambda self, x: self.bitwise_or(x)
+  __xor__ = lambda self, x: self.bitwise_xor(x); __rxor__ = lambda self, x: self.bitwise_xor(x)
+  __lshift__ = lambda self, x: self.lshift(x); __rshift__ = lambda self, x: self.rshift(x)
+  __invert__ = lambda self: self.bitwise_not()
+  __neg__ = lambda self: self.neg()
+  __lt__ = lambda self, x: self.lt(x); __gt__ = lambda self, x: self.gt(x)
+  __le__ = lambda self, x: self.le(x); __ge__ = lambda self, x: self.ge(x)
+  __eq__ = lambda self, x: self.eq(x); __ne__ = lambda self, x: self.ne(x)  # type: ignore[assignment]
+  __matmul__ = lambda self, x: self.matmul(x); __rmatmul__ = lambda self, x: x.matmul(self) if isinstance(x, Tensor) else Tensor(x).matmul(self)
+  def __iadd__(self, x): return self.assign(self + x)
+  def __isub__(self, x): return self.assign(self - x)
+  def __imul__(self, x): return self.assign(self * x)
+  def __itruediv__(self, x): return self.assign(self / x)
+
+  # unary math
+  def _float_unary(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+  def neg(self) -> Tensor:
+    if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use ~ or logical_not()")
+    return self._alu(Ops.NEG)
+  def exp2(self) -> Tensor: return self._float_unary()._alu(Ops.EXP2)
+  def log2(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2)
+  def exp(self) -> Tensor: return (self._float_unary() * (1 / math.log(2)))._alu(Ops.EXP2)
+  def log(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2) * math.log(2)
+  def sqrt(self) -> Tensor: return self._float_unary()._alu(Ops.SQRT)
+  def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
+  def reciprocal(self) -> Tensor: return self._float_unary()._alu(Ops.RECIP)
+  def sin(self) -> Tensor: return self._float_unary()._alu(Ops.SIN)
+  def cos(self) -> Tensor: return ((math.pi / 2) - self._float_unary())._alu(Ops.SIN)
+  def tan(self) -> Tensor: return self.sin() / self.cos()
+  def trunc(self) -> Tensor: return self if not dtypes.is_float(self.dtype) else self._alu(Ops.TRUNC)
+  def floor(self) -> Tensor:
+    if not dtypes.is_float(self.dtype): return self
+    t = self.trunc()
+    return (self < t).where(t - 1, t)
+  def ceil(self) -> Tensor:
+    if not dtypes.is_float(self.dtype): return self
+    t = self.trunc()
+    return (self > t).where(t + 1, t)
+  def round(self) -> Tensor:
+    """Round half to even, as PyTorch does."""
+    if not dtypes.is_float(self.dtype): return self
+    f = self.floor()
+    diff = self - f
+    even = (f - 2 * (f * 0.5).floor()).eq(0)
+    return (diff > 0.5).where(f + 1, (diff < 0.5).where(f, even.where(f, f + 1)))
+  def abs(self) -> Tensor:
+    if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool: return self
+    return (self < 0).where(-self, self) if not dtypes.is_float(self.dtype) else self * self.sign()
+  def sign(self) -> Tensor:
+    if self.dtype == dtypes.bool: return self
+    return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype) if not dtypes.is_float(self.dtype) else \
+      (self > 0).where(1.0, (self < 0).where(-1.0, self * 0)).cast(self.dtype)
+  def square(self) -> Tensor: return self * self
+  def relu(self) -> Tensor: return self.maximum(0)
+  def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
+  def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float_unary()).sigmoid() - 1.0
+  def clip(self, min_=None, max_=None) -> Tensor:
+    if min_ is None and max_ is None: raise ValueError("clip needs min or max")
+    t = self if min_ is None else self.maximum(min_)
+    return t if max_ is None else t.minimum(max_)
+  clamp = clip
+  def isnan(self) -> Tensor: return self.ne(self)
+  def isinf(self) -> Tensor: return self.abs().eq(math.inf) if dtypes.is_float(self.dtype) else self.zeros_like(dtype=dtypes.bool)
+  def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
+  def logical_and(self, x) -> Tensor: return self.cast(dtypes.bool) & (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
+  def logical_or(self, x) -> Tensor: return self.cast(dtypes.bool) | (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
+
+  # ***** reductions *****
+  def _axes(self, axis) -> tuple[int, ...]:
+    if axis is None: return tuple(range(self.ndim))
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = tuple(sorted({_normalize_axis(a, self.ndim) for a in axis}))
+    if len(out) != len(axis): raise ValueError(f"axis {axis} has repeated entries")
+    return out
+  def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
+    axes = self._axes(axis)
+    out_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+    if any(self.shape[a] == 0 for a in axes) and op is Ops.MAX:
+      raise ValueError(f"max/min over an empty axis of shape {self.shape} has no identity")
+    ret = self if not axes else Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+    if 0 in self.shape and op is not Ops.MAX: ret = Tensor.full(out_shape, 0 if op is Ops.ADD else 1, dtype=self.dtype, device=self.device)
+    return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    # as in PyTorch, integer and bool sums accumulate in int64 (unsigned in uint64)
+    acc = to_dtype(dtype) if dtype is not None else (dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype.itemsize >= 4 else dtypes.int64) \
+      if not dtypes.is_float(self.dtype) else self.dtype
+    return self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
+  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    acc = to_dtype(dtype) if dtype is not None else dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
+    return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+  def max(self, axis=None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
+  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+    if dtypes.is_float(self.dtype): return -((-self).max(axis, keepdim))
+    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
+    return ~((~self).max(axis, keepdim))  # ~ reverses the order of signed and unsigned ints alike
+  def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+    if not dtypes.is_float(self.dtype):
+      raise TypeError(f"mean of a {self.dtype} tensor: PyTorch needs a floating dtype here too; use .float().mean()")
+    n = prod(self.shape[a] for a in self._axes(axis))
+    s = self.sum(axis, keepdim)
+    return s / n if n else s * math.nan
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    n = prod(self.shape[a] for a in self._axes(axis))
+    sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+    return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
+  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.cast(dtypes.bool).max(axis, keepdim)
+  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
+  def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
+    if axis is None: return self.flatten().argmax(0)
+    a = _normalize_axis(axis, self.ndim)
+    n = self.shape[a]
+    idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
+    hit = (self == self.max(a, keepdim=True)).cast(dtypes.int64) * idx
+    return (n - hit.max(a, keepdim=keepdim)).cast(dtypes.int64)
+  def argmin(self, axis=None, keepdim: bool = False) -> Tensor: return (-self if dtypes.is_float(self.dtype) else ~self).argmax(axis, keepdim)
+
+  # ***** composites *****
+  def matmul(self, x: Tensor) -> Tensor:
+    """PyTorch's matmul: 1-D operands are vectors, leading dims broadcast."""
+    if not isinstance(x, Tensor): raise TypeError(f"matmul with {type(x).__name__}")
+    if self.ndim == 0 or x.ndim == 0: raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
+    a = self.reshape(1, -1) if self.ndim == 1 else self
+    b = x.reshape(-1, 1) if x.ndim == 1 else x
+    if a.shape[-1] != b.shape[-2]:
+      raise ValueError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
+    dt = least_upper_dtype(a.dtype, b.dtype)
+    a, b = a.cast(dt), b.cast(dt)
+    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = _broadcast_shape(a.shape[:-2], b.shape[:-2])
+    prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
+    out = prod_._reduce(Ops.ADD, -1)
+    if self.ndim == 1: out = out.squeeze(-2)
+    if x.ndim == 1: out = out.squeeze(-1)
+    return out
+  dot = matmul
+  def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    out = self @ weight.T if weight.ndim > 1 else self * weight
+    return out + bias if bias is not None else out
+  def softmax(self, axis: int = -1) -> Tensor:
+    e = (self - self.max(axis, keepdim=True)).exp()
+    return e / e.sum(axis, keepdim=True)
+  def log_softmax(self, axis: int = -1) -> Tensor:
+    m = self - self.max(axis, keepdim=True)
+    return m - m.exp().sum(axis, keepdim=True).log()
+
+def _binop(op: Ops, a: Tensor, x: Any, reverse: bool = False) -> Tensor:
+  l, r = a._operands(x, reverse)
+  return l._alu(op, r)
+
+def _lowbias32(x: int) -> int:
+  x ^= x >> 16; x = (x * 0x7FEB352D) & 0xFFFFFFFF
+  x ^= x >> 15; x = (x * 0x846CA68B) & 0xFFFFFFFF
+  return x ^ (x >> 16)
+
+_NUMPY_NAMES = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16", dtypes.uint16: "uint16",
+                dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64", dtypes.uint64: "uint64",
+                dtypes.float16: "float16", dtypes.float32: "float32", dtypes.float64: "float64"}
+def _from_numpy_dtype(npdt) -> DType:
+  for dt, name in _NUMPY_NAMES.items():
+    if npdt.name == name: return dt
+  raise TypeError(f"numpy dtype {npdt} has no attograd equivalent")
+
+def _buffer_from_bytes(raw: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
+  size = prod(shape)
+  buf = new_buffer(device, size, dtype)
+  buffer_of(buf).copyin(memoryview(raw))
+  return buf if shape == (size,) else UOp(Ops.RESHAPE, dtype, (buf,), shape)

@@ -1,0 +1,333 @@
+"""The one IR: UOp, an immutable hash-consed node (op, dtype, src, arg), used at every level
+from tensor graphs to linear kernel programs."""
+from __future__ import annotations
+import functools, math, operator, weakref
+from enum import Enum, auto
+from typing import Any, Callable, Iterator, Sequence
+from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate, least_upper_dtype
+from attograd.helpers import prod, all_same
+
+class Ops(Enum):
+  # tensor level: storage, constants and the movement ops (which never reach a kernel)
+  BUFFER = auto(); DEVICE = auto(); CONST = auto(); IOTA = auto()  # IOTA(n): 0..n-1, arange's primitive
+  RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
+  REDUCE_AXIS = auto(); CONTIGUOUS = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
+  # elementwise ALU, shared by every level
+  NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
+  ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
+  CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
+  WHERE = auto(); MULACC = auto(); CAST = auto(); BITCAST = auto()
+  # kernel level
+  SINK = auto(); PARAM = auto(); DEFINE_VAR = auto(); DEFINE_REG = auto(); RANGE = auto(); END = auto()
+  INDEX = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto(); AFTER = auto(); NOOP = auto()
+  def __repr__(self) -> str: return f"Ops.{self.name}"
+
+class GroupOp:
+  Unary = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
+  Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+            Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+  Ternary = {Ops.WHERE, Ops.MULACC}
+  ALU = Unary | Binary | Ternary
+  Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+  Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+  Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+  Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+  # ops that are a + b with a, b swappable and associative: reassociating them is legal for ints
+  Associative = {Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.MAX}
+
+# ***** Python semantics of every ALU op, with C's truncating division (DESIGN §4.4) *****
+
+def _cdiv(a: int, b: int) -> int:
+  if b == 0: return 0  # C leaves it undefined; the emulator and constant folding agree on 0
+  q = abs(a) // abs(b)
+  return q if (a >= 0) == (b > 0) else -q
+def _cmod(a: int, b: int) -> int: return 0 if b == 0 else a - b * _cdiv(a, b)
+def _safe(f: Callable[[float], float]) -> Callable[[float], float]:
+  def g(x: float) -> float:
+    try: return f(x)
+    except (ValueError, OverflowError): return math.nan
+  return g
+def _exp2(x: float) -> float:
+  try: return 2.0 ** x
+  except OverflowError: return math.inf
+def _log2(x: float) -> float: return -math.inf if x == 0 else math.nan if x < 0 or math.isnan(x) else math.log2(x)
+def _sqrt(x: float) -> float: return math.nan if x < 0 or math.isnan(x) else math.sqrt(x)
+def _recip(x: float) -> float: return (math.copysign(math.inf, x) if x == 0 else 1.0 / x)
+def _fdiv(a: float, b: float) -> float:
+  if b == 0: return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+  return a / b
+def _trunc(x: float) -> float: return x if math.isinf(x) or math.isnan(x) else float(math.trunc(x))
+def _max(a: Any, b: Any) -> Any: return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
+
+python_alu: dict[Ops, Callable[..., Any]] = {
+  Ops.NEG: operator.neg, Ops.EXP2: _exp2, Ops.LOG2: _log2, Ops.SIN: _safe(math.sin), Ops.SQRT: _sqrt,
+  Ops.RECIP: _recip, Ops.TRUNC: _trunc,
+  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _cdiv, Ops.MOD: _cmod,
+  Ops.MAX: _max, Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
+  Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor,
+  Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b,
+  Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c}
+
+def exec_alu(op: Ops, dtype: DType, operands: Sequence[ConstType]) -> ConstType:
+  """One ALU op on Python values, with the result as the dtype would store it."""
+  if dtypes.is_int(dtype) and op is Ops.SHL: return truncate(dtype, operands[0] << (operands[1] % (8 * dtype.itemsize)))
+  try: return truncate(dtype, python_alu[op](*operands))
+  except OverflowError: return math.inf
+
+# ***** the node *****
+
+class UOpMeta(type):
+  ucache: dict[tuple, weakref.ReferenceType] = {}
+  def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    key = (op, dtype, src, arg)
+    if (ref := UOpMeta.ucache.get(key)) is not None and (node := ref()) is not None: return node
+    node = super().__call__(op, dtype, src, arg)
+    UOpMeta.ucache[key] = weakref.ref(node, lambda _, key=key: UOpMeta.ucache.pop(key, None))
+    return node
+
+class UOp(metaclass=UOpMeta):
+  """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
+  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+  def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+  def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
+  def replace(self, **kwargs: Any) -> UOp:
+    new = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
+    return self if new == (self.op, self.dtype, self.src, self.arg) else UOp(*new)
+  def __repr__(self) -> str: return pretty(self)
+  def __bool__(self) -> bool: raise TypeError(f"a UOp has no truth value; use .simplify() and check for CONST (got {self.op})")
+
+  # ***** graph walking *****
+  @functools.cached_property
+  def toposort(self) -> dict[UOp, None]:
+    """Every node this one depends on, children before parents (iterative: graphs can be deep)."""
+    out: dict[UOp, None] = {}
+    stack: list[tuple[UOp, bool]] = [(self, False)]
+    while stack:
+      node, expanded = stack.pop()
+      if node in out: continue
+      if expanded: out[node] = None
+      else:
+        stack.append((node, True))
+        stack.extend((s, False) for s in reversed(node.src) if s not in out)
+    return out
+  def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+    """Replace nodes by identity, rebuilding what depends on them."""
+    new: dict[UOp, UOp] = {}
+    for u in self.toposort:
+      if u in mapping: new[u] = mapping[u]
+      else: new[u] = u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
+    return new[self]
+
+  # ***** constructors *****
+  @staticmethod
+  def const(dtype: DType, value: ConstType) -> UOp:
+    if isinstance(value, UOp): return value
+    return UOp(Ops.CONST, dtype, (), truncate(dtype.scalar(), value))
+  def const_like(self, value: ConstType) -> UOp: return UOp.const(self.dtype, value)
+  @staticmethod
+  def variable(name: str, vmin: int, vmax: int, dtype: DType = dtypes.int32) -> UOp:
+    if not (isinstance(vmin, int) and isinstance(vmax, int) and vmin <= vmax):
+      raise ValueError(f"variable {name!r} needs integer bounds with min <= max, got [{vmin}, {vmax}]")
+    return UOp(Ops.DEFINE_VAR, dtype, (), (name, vmin, vmax))
+  def alu(self, op: Ops, *src: UOp | ConstType, dtype: DType | None = None) -> UOp:
+    srcs = (self, *(s if isinstance(s, UOp) else self.const_like(s) for s in src))
+    if dtype is None: dtype = dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype
+    return UOp(op, dtype, srcs)
+  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+  def bitcast(self, dtype: DType) -> UOp: return UOp(Ops.BITCAST, dtype, (self,))
+  def where(self, a: UOp | ConstType, b: UOp | ConstType) -> UOp:
+    x = a if isinstance(a, UOp) else b.const_like(a) if isinstance(b, UOp) else UOp.const(dtypes.from_py(a), a)
+    y = b if isinstance(b, UOp) else x.const_like(b)
+    return UOp(Ops.WHERE, x.dtype, (self, x, y))
+  def index(self, *idx: UOp) -> UOp: return UOp(Ops.INDEX, self.dtype, (self, *idx))
+  def load(self, *src: UOp, dtype: DType | None = None) -> UOp:
+    return UOp(Ops.LOAD, dtype or (self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype), (self, *src))
+  def store(self, value: UOp) -> UOp: return UOp(Ops.STORE, dtypes.void, (self, value))
+  def end(self, *ranges: UOp) -> UOp:
+    ret = self
+    for r in sorted(ranges, key=lambda r: r.arg, reverse=True): ret = UOp(Ops.END, dtypes.void, (ret, r))
+    return ret
+  def after(self, *deps: UOp) -> UOp: return UOp(Ops.AFTER, self.dtype, (self, *deps))
+  def sink(self, *more: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self, *more))
+
+  # ***** arithmetic (used for symbolic index math and by the front end) *****
+  def _bin(self, op: Ops, x: UOp | ConstType, reverse: bool = False) -> UOp:
+    y = x if isinstance(x, UOp) else self.const_like(x)
+    return (y.alu(op, self) if reverse else self.alu(op, y))
+  def __add__(self, x): return self._bin(Ops.ADD, x)
+  def __radd__(self, x): return self._bin(Ops.ADD, x, True)
+  def __sub__(self, x): return self._bin(Ops.SUB, x)
+  def __rsub__(self, x): return self._bin(Ops.SUB, x, True)
+  def __mul__(self, x): return self._bin(Ops.MUL, x)
+  def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
+  def __floordiv__(self, x): return self._bin(Ops.IDIV, x)  # C truncation, the IR's one division (DESIGN §4.4)
+  def __rfloordiv__(self, x): return self._bin(Ops.IDIV, x, True)
+  def __mod__(self, x): return self._bin(Ops.MOD, x)
+  def __rmod__(self, x): return self._bin(Ops.MOD, x, True)
+  def __truediv__(self, x): return self._bin(Ops.FDIV, x)
+  def __neg__(self): return self.alu(Ops.NEG)
+  def __and__(self, x): return self._bin(Ops.AND, x)
+  def __rand__(self, x): return self._bin(Ops.AND, x, True)
+  def __or__(self, x): return self._bin(Ops.OR, x)
+  def __ror__(self, x): return self._bin(Ops.OR, x, True)
+  def __xor__(self, x): return self._bin(Ops.XOR, x)
+  def __lshift__(self, x): return self._bin(Ops.SHL, x)
+  def __rshift__(self, x): return self._bin(Ops.SHR, x)
+  def __lt__(self, x): return self._bin(Ops.CMPLT, x)
+  def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)
+  def __le__(self, x): return self._bin(Ops.CMPLT, x, True).logical_not()
+  def __ge__(self, x): return self._bin(Ops.CMPLT, x).logical_not()
+  def ne(self, x) -> UOp: return self._bin(Ops.CMPNE, x)
+  def eq(self, x) -> UOp: return self._bin(Ops.CMPEQ, x)
+  def logical_not(self) -> UOp: return self.alu(Ops.CMPNE, True)
+  def maximum(self, x) -> UOp: return self._bin(Ops.MAX, x)
+  def minimum(self, x) -> UOp: return -(-self).maximum(-x if isinstance(x, UOp) else -x)
+  __hash__ = object.__hash__
+
+  # ***** symbolic integers *****
+  @property
+  def is_const(self) -> bool: return self.op is Ops.CONST
+  @functools.cached_property
+  def bounds(self) -> tuple[ConstType, ConstType]: return _bounds(self)
+  @property
+  def vmin(self) -> ConstType: return self.bounds[0]
+  @property
+  def vmax(self) -> ConstType: return self.bounds[1]
+  simplifier: Callable[[UOp], UOp] | None = None  # installed by uop.symbolic (ops must not import it)
+  def simplify(self) -> UOp:
+    assert UOp.simplifier is not None, "import attograd.uop to install the symbolic rules"
+    return UOp.simplifier(self)
+  def variables(self) -> list[UOp]: return sorted((u for u in self.toposort if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+  def render(self) -> str:
+    """Index math as readable text (C semantics), e.g. '((r0*4)+r1)'."""
+    return _render(self)
+
+  @property
+  def live_ranges(self) -> frozenset[UOp]:
+    """The loops this node lives in: RANGEs it depends on, less those closed by an END it depends on."""
+    if "_live" not in self.__dict__:
+      for u in self.toposort:
+        if "_live" in u.__dict__: continue
+        live = frozenset().union(*(s.__dict__["_live"] for s in u.src)) if u.src else frozenset()
+        if u.op is Ops.RANGE: live = live | {u}
+        elif u.op is Ops.END: live = live - {u.src[1]}
+        u.__dict__["_live"] = live
+    return self.__dict__["_live"]
+
+  # ***** tensor level: shape and device *****
+  @functools.cached_property
+  def shape(self) -> tuple[int, ...]: return _shape(self)
+  @property
+  def size(self) -> int: return prod(self.shape)
+  @functools.cached_property
+  def device(self) -> str:
+    if self.op is Ops.DEVICE: return self.arg
+    if self.op is Ops.BUFFER: return self.arg[1]
+    if self.op is Ops.COPY: return self.src[1].arg
+    for s in self.src:
+      if (d := s.device) is not None: return d
+    return None  # type: ignore[return-value]
+  @property
+  def base(self) -> UOp:
+    """The node under any movement ops."""
+    u = self
+    while u.op in GroupOp.Movement: u = u.src[0]
+    return u
+
+def _shape(u: UOp) -> tuple[int, ...]:
+  if u.op is Ops.BUFFER: return (u.arg[2],)
+  if u.op is Ops.IOTA: return (u.arg,)
+  if u.op is Ops.CONST or u.op is Ops.DEVICE: return ()
+  if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
+  if u.op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in u.arg)
+  if u.op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg))
+  if u.op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
+  if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape))
+  if u.op is Ops.ASSIGN: return u.src[0].shape
+  shapes = [s.shape for s in u.src if s.op is not Ops.DEVICE]
+  assert shapes and all_same(shapes), f"{u.op} with mismatched source shapes {shapes}"
+  return shapes[0]
+
+def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
+  dt = u.dtype
+  if u.op is Ops.CONST: return u.arg, u.arg
+  if u.op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2]
+  if u.op is Ops.RANGE: return 0, u.src[0].vmax - 1
+  if not (dtypes.is_int(dt) or dtypes.is_bool(dt)) or dt.count > 1: return dtypes.min(dt), dtypes.max(dt)
+  lo, hi = dtypes.min(dt), dtypes.max(dt)
+  s = u.src
+  if u.op is Ops.ADD: return _clip(s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax, lo, hi)
+  if u.op is Ops.SUB: return _clip(s[0].vmin - s[1].vmax, s[0].vmax - s[1].vmin, lo, hi)
+  if u.op is Ops.MUL:
+    p = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
+    return _clip(min(p), max(p), lo, hi)
+  if u.op is Ops.NEG: return _clip(-s[0].vmax, -s[0].vmin, lo, hi)
+  if u.op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg != 0:
+    q = (_cdiv(s[0].vmin, s[1].arg), _cdiv(s[0].vmax, s[1].arg))
+    return min(q), max(q)
+  if u.op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg != 0:
+    c = abs(s[1].arg)
+    if s[0].vmin >= 0: return (s[0].vmin % c, s[0].vmax % c) if s[0].vmin // c == s[0].vmax // c else (0, c - 1)
+    if s[0].vmax <= 0: return -(c - 1), 0
+    return -(c - 1), c - 1
+  if u.op is Ops.MAX: return max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax)
+  if u.op is Ops.WHERE: return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
+  if u.op is Ops.CAST and (dtypes.is_int(s[0].dtype) or dtypes.is_bool(s[0].dtype)) and lo <= s[0].vmin and s[0].vmax <= hi:
+    return int(s[0].vmin), int(s[0].vmax)
+  if u.op is Ops.AND and dtypes.is_int(dt) and s[1].op is Ops.CONST and s[1].arg >= 0: return 0, s[1].arg
+  if u.op is Ops.SHR and s[1].op is Ops.CONST and s[0].vmin >= 0: return s[0].vmin >> s[1].arg, s[0].vmax >> s[1].arg
+  if dtypes.is_bool(dt):
+    if u.op is Ops.CMPLT:
+      if s[0].vmax < s[1].vmin: return True, True
+      if s[0].vmin >= s[1].vmax: return False, False
+    if u.op is Ops.CMPNE or u.op is Ops.CMPEQ:
+      disjoint = s[0].vmax < s[1].vmin or s[1].vmax < s[0].vmin
+      same = s[0].vmin == s[0].vmax == s[1].vmin == s[1].vmax
+      if disjoint or same: return (disjoint,) * 2 if u.op is Ops.CMPNE else (same,) * 2
+    if u.op is Ops.AND: return s[0].vmin and s[1].vmin, s[0].vmax and s[1].vmax
+    if u.op is Ops.OR: return s[0].vmin or s[1].vmin, s[0].vmax or s[1].vmax
+    return False, True
+  return lo, hi
+
+def _clip(a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
+  # an overflowing intermediate wraps in the dtype: then nothing is known about the value
+  return (a, b) if lo <= a and b <= hi else (lo, hi)
+
+def sym_infer(expr: UOp | int, var_vals: dict[UOp, int]) -> ConstType:
+  """Evaluate a symbolic expression with the given variable values, with C semantics."""
+  if isinstance(expr, int): return expr
+  vals: dict[UOp, ConstType] = {}
+  for u in expr.toposort:
+    if u.op is Ops.CONST: vals[u] = u.arg
+    elif u.op is Ops.DEFINE_VAR:
+      if u not in var_vals: raise KeyError(f"no value given for variable {u.arg[0]!r}")
+      vals[u] = var_vals[u]
+    elif u.op in GroupOp.ALU: vals[u] = exec_alu(u.op, u.dtype, [vals[s] for s in u.src])
+    elif u.op is Ops.CAST: vals[u] = truncate(u.dtype, vals[u.src[0]])
+    else: raise ValueError(f"can't evaluate {u.op} symbolically")
+  return vals[expr]
+
+_infix = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+          Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>", Ops.FDIV: "/"}
+def _render(u: UOp) -> str:
+  if u.op is Ops.CONST: return str(u.arg)
+  if u.op is Ops.DEFINE_VAR: return u.arg[0]
+  if u.op is Ops.RANGE: return f"r{u.arg[0]}"
+  if u.op in _infix: return f"({_render(u.src[0])}{_infix[u.op]}{_render(u.src[1])})"
+  if u.op is Ops.NEG: return f"(-{_render(u.src[0])})"
+  if u.op is Ops.MAX: return f"max({_render(u.src[0])}, {_render(u.src[1])})"
+  if u.op is Ops.WHERE: return f"({_render(u.src[0])}?{_render(u.src[1])}:{_render(u.src[2])})"
+  if u.op is Ops.CAST: return f"({u.dtype.name})({_render(u.src[0])})"
+  return f"<{u.op.name}>"
+
+def pretty(u: UOp, limit: int = 200) -> str:
+  """A readable multi-line dump: shared nodes are printed once and referred to by number."""
+  names: dict[UOp, str] = {}
+  lines = []
+  for i, n in enumerate(u.toposort):
+    names[n] = f"%{i}"
+    srcs = ", ".join(names[s] for s in n.src)
+    lines.append(f"%{i} = {n.op.name} {n.dtype!r} ({srcs}) {n.arg!r}" if n.arg is not None else f"%{i} = {n.op.name} {n.dtype!r} ({srcs})")
+  if len(lines) > limit: lines = lines[:limit // 2] + [f"... {len(lines) - limit} more ..."] + lines[-limit // 2:]
+  return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""The one engine: UPat patterns, PatternMatcher rule sets and graph_rewrite to a fixed point."""
+from __future__ import annotations
+import inspect, itertools
+from typing import Any, Callable, Iterator, Sequence
+from attograd.dtype import DType
+from attograd.uop.ops import UOp, Ops
+
+class UPat:
+  """A pattern over UOps. src as a tuple matches in order, as a list in any order (commutative ops),
+  as a single UPat every source; name binds the matched node for the rule's function."""
+  __slots__ = ("op", "dtype", "src", "arg", "name", "allow_any_len", "required_src_ops")
+  def __init__(self, op: Ops | Sequence[Ops] | set[Ops] | None = None, dtype: DType | Sequence[DType] | None = None,
+               src: UPat | tuple[UPat, ...] | list[UPat] | None = None, arg: Any = None, name: str | None = None,
+               allow_any_len: bool = False):
+    self.op = None if op is None else (frozenset((op,)) if isinstance(op, Ops) else frozenset(op))
+    self.dtype = None if dtype is None else (frozenset((dtype,)) if isinstance(dtype, DType) else frozenset(dtype))
+    self.arg, self.name, self.allow_any_len = arg, name, allow_any_len
+    # src kinds: None (anything), ("seq", pats), ("perm", pats), ("all", pat)
+    if src is None: self.src = None
+    elif isinstance(src, UPat): self.src = ("all", src)
+    elif isinstance(src, list): self.src = ("perm", tuple(src))
+    else: self.src = ("seq", tuple(src))
+    # a cheap test before matching: which ops must appear among the direct sources
+    req = [p.op for p in (self.src[1] if self.src and self.src[0] != "all" else ()) if p.op is not None and len(p.op) == 1]
+    self.required_src_ops = frozenset(next(iter(o)) for o in req)
+
+  @staticmethod
+  def var(name: str | None = None, dtype: DType | Sequence[DType] | None = None) -> UPat: return UPat(dtype=dtype, name=name)
+  @staticmethod
+  def cvar(name: str | None = None, dtype: DType | Sequence[DType] | None = None) -> UPat: return UPat(Ops.CONST, dtype, name=name)
+  @staticmethod
+  def const(dtype: DType | Sequence[DType] | None, value: Any) -> UPat: return UPat(Ops.CONST, dtype, arg=value)
+  def __repr__(self) -> str: return f"UPat({self.op and sorted(o.name for o in self.op)}, name={self.name!r})"
+
+  # building patterns with operators reads like the math it matches: UPat.var("x") + UPat.cvar("c")
+  def _alu(self, op: Ops, *src: UPat) -> UPat:
+    return UPat(op, src=list((self, *src)) if op in _commutative and len(src) == 1 else (self, *src))
+  def __add__(self, x: UPat) -> UPat: return self._alu(Ops.ADD, x)
+  def __sub__(self, x: UPat) -> UPat: return self._alu(Ops.SUB, x)
+  def __mul__(self, x: UPat) -> UPat: return self._alu(Ops.MUL, x)
+  def __floordiv__(self, x: UPat) -> UPat: return self._alu(Ops.IDIV, x)
+  def __mod__(self, x: UPat) -> UPat: return self._alu(Ops.MOD, x)
+  def __lt__(self, x: UPat) -> UPat: return self._alu(Ops.CMPLT, x)
+  def __and__(self, x: UPat) -> UPat: return self._alu(Ops.AND, x)
+  def __or__(self, x: UPat) -> UPat: return self._alu(Ops.OR, x)
+  def maximum(self, x: UPat) -> UPat: return self._alu(Ops.MAX, x)
+  def ne(self, x: UPat) -> UPat: return self._alu(Ops.CMPNE, x)
+
+  def match(self, u: UOp, store: dict[str, UOp]) -> Iterator[dict[str, UOp]]:
+    """Every way the pattern matches u, each as the bindings it makes (extending store)."""
+    if (self.op is not None and u.op not in self.op) or (self.dtype is not None and u.dtype not in self.dtype) or \
+       (self.arg is not None and self.arg != u.arg): return
+    if self.name is not None:
+      if (bound := store.get(self.name)) is not None:
+        if bound is not u: return
+      else: store = {**store, self.name: u}
+    if self.src is None: yield store; return
+    kind, pats = self.src
+    if kind == "all":
+      yield from _match_seq((pats,) * len(u.src), u.src, store); return
+    if len(u.src) < len(pats) or (len(u.src) != len(pats) and not self.allow_any_len): return
+    if kind == "seq": yield from _match_seq(pats, u.src, store)
+    else:
+      for perm in itertools.permutations(pats): yield from _match_seq(perm, u.src, store)
+
+_commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+
+def _match_seq(pats: Sequence[UPat], srcs: Sequence[UOp], store: dict[str, UOp]) -> Iterator[dict[str, UOp]]:
+  if not pats: yield store; return
+  for s in pats[0].match(srcs[0], store): yield from _match_seq(pats[1:], srcs[1:], s)
+
+RuleFn = Callable[..., UOp | None]
+
+class PatternMatcher:
+  """An ordered list of (UPat, function) rules, dispatched on the node's op first so that the
+  cost of a rewrite doesn't grow with the number of rules for other ops."""
+  def __init__(self, rules: Sequence[tuple[UPat, RuleFn]]):
+    self.rules = list(rules)
+    self.by_op: dict[Ops, list[tuple[UPat, RuleFn, bool]]] = {}
+    for pat, fn in self.rules:
+      takes_ctx = "ctx" in inspect.signature(fn).parameters
+      for op in (pat.op if pat.op is not None else Ops):
+        self.by_op.setdefault(op, []).append((pat, fn, takes_ctx))
+  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
+  def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+    src_ops = {s.op for s in u.src}
+    for pat, fn, takes_ctx in self.by_op.get(u.op, ()):
+      if not pat.required_src_ops <= src_ops: continue
+      for store in pat.match(u, {}):
+        ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
+        if ret is not None and ret is not u: return ret
+    return None
+
+class RewriteLoopError(RuntimeError): pass
+
+def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int = 1_000_000) -> UOp:
+  """Rewrite to a fixed point, children first, each node once (memoized). A rule's result is
+  itself rewritten, so rules may produce nodes other rules then simplify."""
+  done: dict[UOp, UOp] = {}
+  # stack items: (node, state, rewritten-to) — 0: visit children, 1: rebuild and apply rules, 2: take result of rewrite
+  stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
+  steps = 0
+  while stack:
+    node, state, other = stack.pop()
+    if state == 0:
+      if node in done: continue
+      stack.append((node, 1, None))
+      stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
+    elif state == 1:
+      if node in done: continue
+      new_src = tuple(done[s] for s in node.src)
+      rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
+      steps += 1
+      if steps > max_steps: raise RewriteLoopError(f"graph_rewrite did not reach a fixed point in {max_steps} steps")
+      ret = pm.rewrite(rebuilt, ctx)
+      if ret is None:
+        done[node] = rebuilt
+        if rebuilt is not node: done.setdefault(rebuilt, rebuilt)
+      elif ret in done: done[node] = done[ret]
+      else:
+        stack.append((node, 2, ret))
+        stack.append((ret, 0, None))
+    else:
+      done[node] = done[other]  # type: ignore[index]
+  return done[sink]
