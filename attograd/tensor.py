@@ -10,8 +10,10 @@ from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
 from attograd.engine.realize import run_schedule, buffer_of
 
-# what realized nodes became, so tensors built before a realize don't recompute it
-_realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# a realized node remembers the buffer view it became (in its own __dict__, so the memo lives
+# exactly as long as the node): tensors built before a realize don't compute it again
+def _realized_views(u: UOp) -> dict[UOp, UOp]:
+  return {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None}
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -117,7 +119,7 @@ class Tensor:
   def realize_all(tensors: Sequence[Tensor]) -> None:
     todo = []
     for t in tensors:
-      if _realized and any(u in _realized for u in t.uop.toposort): t.uop = t.uop.substitute(dict(_realized))
+      if (done := _realized_views(t.uop)): t.uop = t.uop.substitute(done)
       if not is_view_of_buffer(t.uop): todo.append(t)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
@@ -125,8 +127,8 @@ class Tensor:
     for t in todo:
       old = t.uop
       t.uop = old.substitute(becomes)
-      _realized[old] = t.uop
-    for k, v in becomes.items(): _realized[k] = v
+      old.__dict__["realized"] = t.uop
+    for k, v in becomes.items(): k.__dict__["realized"] = v
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:

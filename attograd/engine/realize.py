@@ -1,6 +1,6 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import time
+import time, weakref
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
@@ -41,14 +41,14 @@ def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, count_ops(uops), [u for u in uops if u.op is Ops.DEFINE_VAR])
   return ck
 
-# the runtime Buffer behind each BUFFER node (by node identity; a node lives as long as a tensor uses it)
-import weakref
-buffers: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+# the runtime Buffer behind each BUFFER node: every version of a BUFFER holds it, so memory lives
+# as long as some graph names it; the table only finds it for a new version
+_by_uid: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
 
 def buffer_of(u: UOp) -> Buffer:
-  if (b := buffers.get(u)) is None:
-    _, device, size = u.arg
-    b = buffers[u] = Buffer(device, size, u.dtype)
+  if (b := u.__dict__.get("buffer")) is None:
+    if (b := _by_uid.get(u.arg.uid)) is None: b = _by_uid[u.arg.uid] = Buffer(u.arg.device, u.arg.size, u.dtype)
+    u.__dict__["buffer"] = b
   return b
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None) -> None:

@@ -20,7 +20,7 @@ class IndexingContext:
     self.n_ranges += 1
     return r
   def param(self, buf: UOp) -> UOp:
-    if buf not in self.params: self.params[buf] = UOp(Ops.PARAM, buf.dtype.ptr(buf.arg[2]), (), len(self.params))
+    if buf not in self.params: self.params[buf] = UOp(Ops.PARAM, buf.dtype.ptr(buf.arg.size), (), len(self.params))
     return self.params[buf]
 
 def tindex(x: UOp, gate: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -57,7 +57,7 @@ def push_reduce(red: UOp, gate: UOp, idxs: tuple[UOp, ...], ctx: IndexingContext
   return UOp(Ops.REDUCE, red.dtype, (inner, *new_ranges.values()), op)
 
 def push_load(buf: UOp, gate: UOp, idx: UOp, ctx: IndexingContext) -> UOp:
-  ptr = UOp(Ops.INDEX, buf.dtype.ptr(buf.arg[2]), (ctx.param(buf), idx) + (() if gate.op is Ops.CONST and gate.arg else (gate,)))
+  ptr = UOp(Ops.INDEX, buf.dtype.ptr(buf.arg.size), (ctx.param(buf), idx) + (() if gate.op is Ops.CONST and gate.arg else (gate,)))
   return UOp(Ops.LOAD, buf.dtype, (ptr,))
 
 def tpat(op: Ops | set[Ops]) -> UPat:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from attograd.dtype import dtypes
-from attograd.helpers import prod, DEBUG
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.helpers import prod, dedup
+from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.symbolic import symbolic
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index
@@ -18,7 +18,7 @@ class ScheduleItem:
   bufs: tuple[UOp, ...]
 
 _buffer_ids = itertools.count()
-def new_buffer(device: str, size: int, dtype) -> UOp: return UOp(Ops.BUFFER, dtype, (), (next(_buffer_ids), device, size))
+def new_buffer(device: str, size: int, dtype) -> UOp: return UOp(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_ids), device, size))
 
 def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
   return buf if shape == buf.shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
@@ -54,23 +54,36 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
 kernel_cleanup = PatternMatcher([
   (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
-])
+]) + symbolic
 
 def index_dtype_for(*sizes: int):
   return dtypes.int64 if max(sizes, default=0) >= 2**31 else dtypes.int32
 
+_ast_cache: dict[tuple[UOp, tuple[int, ...], UOp], tuple[UOp, list[int]]] = {}
+
 def kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
   """The AST that stores `value` (a tensor graph over BUFFERs) contiguously into out_buf, PARAM 0.
-  Returns it and the input BUFFERs in PARAM order (1, 2, ...)."""
-  buf_sizes = [u.arg[2] for u in value.toposort if u.op is Ops.BUFFER]
-  out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg[2]), (), 0)
+  Returns it and the input BUFFERs in PARAM order (1, 2, ...). The same graph over other buffers
+  gives the same AST, so it is built once: buffers are renamed to their order of appearance."""
+  bufs = dedup([out_buf] + [u for u in value.toposort if u.op is Ops.BUFFER])
+  anon = {b: b.replace(arg=BufferArg(-i, "", b.arg.size)) for i, b in enumerate(bufs)}
+  key = (value.substitute(anon), shape, anon[out_buf])
+  if (hit := _ast_cache.get(key)) is None:
+    if len(_ast_cache) > 4096: _ast_cache.clear()
+    ast, params = _build_kernel_ast(*key)
+    hit = _ast_cache[key] = (ast, [-p.arg.uid for p in params])
+  return hit[0], [bufs[i] for i in hit[1]]
+
+def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
+  buf_sizes = [u.arg.size for u in value.toposort if u.op is Ops.BUFFER]
+  out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg.size), (), 0)
   # an assign that reads its own target reads PARAM 0: one pointer per buffer (the C renderer says restrict)
-  ctx = IndexingContext(index_dtype_for(out_buf.arg[2], prod(shape), *buf_sizes), len(shape), {out_buf: out})
+  ctx = IndexingContext(index_dtype_for(out_buf.arg.size, prod(shape), *buf_sizes), len(shape), {out_buf: out})
   ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
-  sink = graph_rewrite(sink, symbolic + kernel_cleanup)
+  sink = graph_rewrite(sink, kernel_cleanup)
   return sink, [b for b in ctx.params if b is not out_buf]
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
@@ -89,9 +102,10 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
       target, value = src.src
       if not (target.base.op is Ops.BUFFER and target.op in {Ops.BUFFER, Ops.RESHAPE}):
         raise RuntimeError(f"assign needs a realized, contiguous target; got a view through {target.op}")
-      out = target.base
-      ast, ins = kernel_ast(value, target.shape, out)
-      schedule.append(ScheduleItem(ast, (out, *ins)))
+      ast, ins = kernel_ast(value, target.shape, target.base)
+      schedule.append(ScheduleItem(ast, (target.base, *ins)))
+      a = target.base.arg
+      out = target.base.replace(arg=BufferArg(a.uid, a.device, a.size, a.version + 1))
     else:
       out = new_buffer(u.device, u.size, u.dtype)
       ast, ins = kernel_ast(src.src[0] if src.op is Ops.CONTIGUOUS else src, u.shape, out)

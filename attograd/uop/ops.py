@@ -2,6 +2,7 @@
 from tensor graphs to linear kernel programs."""
 from __future__ import annotations
 import functools, math, operator, weakref
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Callable, Iterator, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate, least_upper_dtype
@@ -21,6 +22,7 @@ class Ops(Enum):
   SINK = auto(); PARAM = auto(); DEFINE_VAR = auto(); DEFINE_REG = auto(); RANGE = auto(); END = auto()
   INDEX = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto(); AFTER = auto(); NOOP = auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
+  __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow Python on the hot path
 
 class GroupOp:
   Unary = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
@@ -73,6 +75,15 @@ def exec_alu(op: Ops, dtype: DType, operands: Sequence[ConstType]) -> ConstType:
   if dtypes.is_int(dtype) and op is Ops.SHL: return truncate(dtype, operands[0] << (operands[1] % (8 * dtype.itemsize)))
   try: return truncate(dtype, python_alu[op](*operands))
   except OverflowError: return math.inf
+
+@dataclass(frozen=True)
+class BufferArg:
+  """What a BUFFER node names: memory `uid` on a device. Writing into it (ASSIGN) makes a new
+  version, so graphs built from the old contents never match graphs over the new ones."""
+  uid: int
+  device: str
+  size: int
+  version: int = 0
 
 # ***** the node *****
 
@@ -223,7 +234,7 @@ class UOp(metaclass=UOpMeta):
   @functools.cached_property
   def device(self) -> str:
     if self.op is Ops.DEVICE: return self.arg
-    if self.op is Ops.BUFFER: return self.arg[1]
+    if self.op is Ops.BUFFER: return self.arg.device
     if self.op is Ops.COPY: return self.src[1].arg
     for s in self.src:
       if (d := s.device) is not None: return d
@@ -236,7 +247,7 @@ class UOp(metaclass=UOpMeta):
     return u
 
 def _shape(u: UOp) -> tuple[int, ...]:
-  if u.op is Ops.BUFFER: return (u.arg[2],)
+  if u.op is Ops.BUFFER: return (u.arg.size,)
   if u.op is Ops.IOTA: return (u.arg,)
   if u.op is Ops.CONST or u.op is Ops.DEVICE: return ()
   if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg

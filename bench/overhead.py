@@ -1,0 +1,50 @@
+"""Python overhead users feel: a tiny op end to end, warm, and import + first op, cold.
+Prints attograd next to torch and numpy measured in the same run (medians); the machine is
+shared and noisy, so only ratios within one run mean anything.
+  warm: new input each call, so the graph is built, scheduled, run and read back for real
+        (kernels come from the compile cache, the result is never a memo of an earlier call)
+  cold: a new process that imports the framework and runs its first tiny op (compiled binaries
+        already on disk, as after the first run on a machine)"""
+from __future__ import annotations
+import statistics, subprocess, sys, time
+
+def median_us(fn, inputs) -> float:
+  times = []
+  for x in inputs:
+    st = time.perf_counter(); fn(x); times.append(time.perf_counter() - st)
+  return statistics.median(times) * 1e6
+
+def warm(n: int = 2000) -> dict[str, float]:
+  from attograd import Tensor
+  import numpy as np, torch
+  data = [[float(i), 2.0, 3.0] for i in range(n + 10)]
+  ours = [Tensor(d).realize() for d in data]
+  theirs = [torch.tensor(d) for d in data]
+  arrays = [np.array(d, dtype=np.float32) for d in data]
+  for x in ours[:10]: (x + 1).tolist()
+  return {"attograd": median_us(lambda x: (x + 1).tolist(), ours[10:]),
+          "torch": median_us(lambda x: (x + 1).tolist(), theirs[10:]),
+          "numpy": median_us(lambda x: (x + 1).tolist(), arrays[10:])}
+
+COLD = {"attograd": "from attograd import Tensor; (Tensor([1.0, 2.0, 3.0]) + 1).tolist()",
+        "torch": "import torch; (torch.tensor([1.0, 2.0, 3.0]) + 1).tolist()",
+        "numpy": "import numpy as np; (np.array([1.0, 2.0, 3.0], dtype=np.float32) + 1).tolist()"}
+
+def cold(runs: int = 5) -> dict[str, float]:
+  out = {}
+  for name, code in COLD.items():
+    subprocess.run([sys.executable, "-c", code], check=True)  # fill disk caches
+    times = []
+    for _ in range(runs):
+      st = time.perf_counter(); subprocess.run([sys.executable, "-c", code], check=True); times.append(time.perf_counter() - st)
+    out[name] = statistics.median(times) * 1e3
+  return out
+
+def main() -> None:
+  w, c = warm(), cold()
+  print(f"{'':10s} {'warm tiny op (us)':>18s} {'cold import+op (ms)':>20s}")
+  for name in ("attograd", "torch", "numpy"): print(f"{name:10s} {w[name]:18.1f} {c[name]:20.1f}")
+  print(f"attograd/torch warm ratio {w['attograd'] / w['torch']:.2f}x, cold ratio {c['attograd'] / c['torch']:.2f}x")
+  print(f"targets: warm <= 200 us: {'ok' if w['attograd'] <= 200 else 'MISSED'}; cold <= 500 ms: {'ok' if c['attograd'] <= 500 else 'MISSED'}")
+
+if __name__ == "__main__": main()

@@ -1,0 +1,82 @@
+"""Shared helpers for the op tests: run the same function on attograd and on torch with the same
+inputs and compare shape, dtype and values."""
+from __future__ import annotations
+from typing import Any, Callable, Sequence
+import numpy as np
+import torch
+from attograd import Tensor, dtypes, DType
+
+DEVICES = ["CPU", "PYTHON"]
+
+TORCH_DTYPES: dict[DType, torch.dtype] = {
+  dtypes.bool: torch.bool, dtypes.int8: torch.int8, dtypes.uint8: torch.uint8, dtypes.int16: torch.int16,
+  dtypes.uint16: torch.uint16, dtypes.int32: torch.int32, dtypes.uint32: torch.uint32, dtypes.int64: torch.int64,
+  dtypes.uint64: torch.uint64, dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16,
+  dtypes.float32: torch.float32, dtypes.float64: torch.float64}
+FROM_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
+ALL_DTYPES = list(TORCH_DTYPES)
+
+def to_torch_dtype(dt: DType) -> torch.dtype: return TORCH_DTYPES[dt]
+
+def random_array(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator, low: float = -2, high: float = 2) -> np.ndarray:
+  """Values in [low, high) of the given kind; floats kept in float64 until cast to their dtype."""
+  if dtype == dtypes.bool: return rng.random(shape) < 0.5
+  if dtypes.is_int(dtype): return rng.integers(int(low), int(high), size=shape, endpoint=False).astype(np.int64)
+  return rng.uniform(low, high, size=shape)
+
+def make_pair(arr: np.ndarray, dtype: DType, device: str) -> tuple[Tensor, torch.Tensor]:
+  """The same values as an attograd Tensor and a torch tensor of `dtype`."""
+  if dtype == dtypes.bfloat16:  # numpy has no bfloat16: both sides round from float32
+    f = np.ascontiguousarray(arr, dtype=np.float32)
+    return Tensor(f, device=device).cast(dtype), torch.from_numpy(f.copy()).to(torch.bfloat16)
+  np_arr = np.ascontiguousarray(arr).astype(torch.empty(0, dtype=TORCH_DTYPES[dtype]).numpy().dtype)
+  return Tensor(np_arr, device=device), torch.from_numpy(np_arr.copy())
+
+def _layout_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+  if layout == "T": return tuple(reversed(shape))
+  if layout == "slice": return tuple(2 * s + 1 for s in shape)
+  return shape
+
+def _apply_layout(x: Any, layout: str, ndim: int) -> Any:
+  """Make a non-contiguous view (same code for both frameworks): reversed axes, or every other element."""
+  if layout == "T": return x.permute(*reversed(range(ndim)))
+  if layout == "slice": return x[tuple(slice(1, None, 2) for _ in range(ndim))]
+  return x
+
+def to_numpy(x: Tensor | torch.Tensor) -> np.ndarray:
+  if isinstance(x, torch.Tensor): return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+  return (x.float() if x.dtype == dtypes.bfloat16 else x).numpy()
+
+def compare(out: Any, ref: Any, atol: float = 1e-6, rtol: float = 1e-5, check_dtype: bool = True) -> None:
+  if isinstance(ref, (tuple, list)):
+    assert isinstance(out, (tuple, list)) and len(out) == len(ref), f"got {out!r}, expected {len(ref)} results"
+    for o, r in zip(out, ref): compare(o, r, atol, rtol, check_dtype)
+    return
+  assert isinstance(out, Tensor), f"expected a Tensor, got {type(out).__name__}"
+  assert out.shape == tuple(ref.shape), f"shape {out.shape} != torch's {tuple(ref.shape)}"
+  if check_dtype: assert out.dtype == FROM_TORCH[ref.dtype], f"dtype {out.dtype} != torch's {ref.dtype}"
+  got, want = to_numpy(out), to_numpy(ref)
+  if want.dtype == np.bool_ or np.issubdtype(want.dtype, np.integer): np.testing.assert_array_equal(got, want)
+  else: np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), atol=atol, rtol=rtol, equal_nan=True)
+
+# a few values every float unary op should see besides random ones
+SPECIAL_FLOATS = [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, 3.0]
+
+def check(fa: Callable[..., Any], ft: Callable[..., Any] | None, shapes: Sequence[tuple[int, ...]], dtype: DType | Sequence[DType] = dtypes.float32,
+          device: str = "CPU", atol: float = 1e-6, rtol: float = 1e-5, low: float = -2, high: float = 2, layout: str = "contig",
+          vals: Sequence[Any] | None = None, check_dtype: bool = True, seed: int = 0) -> None:
+  """fa(*attograd tensors) vs ft(*torch tensors) (ft None: the same function) on random inputs of `shapes`
+  (or the given `vals`), each of `dtype` (one per input, or one for all). `layout` makes the inputs
+  non-contiguous views: "T" (axes reversed) or "slice" (every other element)."""
+  rng = np.random.default_rng(seed)
+  n = len(vals) if vals is not None else len(shapes)
+  dts = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * n
+  ins_a, ins_t = [], []
+  for i in range(n):
+    arr = np.array(vals[i]) if vals is not None else random_array(_layout_shape(tuple(shapes[i]), layout), dts[i], rng, low, high)
+    a, t = make_pair(arr, dts[i], device)
+    if vals is None: a, t = _apply_layout(a, layout, arr.ndim), _apply_layout(t, layout, arr.ndim)
+    ins_a.append(a); ins_t.append(t)
+  out = fa(*ins_a)
+  ref = (ft or fa)(*ins_t)
+  compare(out, ref, atol, rtol, check_dtype)
