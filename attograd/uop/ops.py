@@ -162,6 +162,27 @@ class UOp(metaclass=UOpMeta):
   def after(self, *deps: UOp) -> UOp: return UOp(Ops.AFTER, self.dtype, (self, *deps))
   def sink(self, *more: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self, *more))
 
+  # ***** tensor-level constructors (no checks: the Tensor front end validates) *****
+  def reshape(self, shape: tuple[int, ...]) -> UOp:
+    return self if tuple(shape) == self.shape else UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
+  def expand(self, shape: tuple[int, ...]) -> UOp:
+    return self if tuple(shape) == self.shape else UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+  def permute(self, order: tuple[int, ...]) -> UOp:
+    return self if tuple(order) == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
+  def pad(self, arg: tuple[tuple[int, int], ...]) -> UOp:
+    return self if all(p == (0, 0) for p in arg) else UOp(Ops.PAD, self.dtype, (self,), tuple(arg))
+  def shrink(self, arg: tuple[tuple[int, int], ...]) -> UOp:
+    return self if all(a == (0, s) for a, s in zip(arg, self.shape)) else UOp(Ops.SHRINK, self.dtype, (self,), tuple(arg))
+  def flip(self, axes: tuple[bool, ...]) -> UOp: return self if not any(axes) else UOp(Ops.FLIP, self.dtype, (self,), tuple(axes))
+  def reduce_axis(self, op: Ops, axes: tuple[int, ...]) -> UOp:
+    axes = tuple(a for a in axes if self.shape[a] != 1)
+    return self if not axes else UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, axes))
+  def const_shaped(self, value: ConstType, shape: tuple[int, ...] | None = None) -> UOp:
+    """A tensor-level constant on this node's device, broadcast to shape (default: this node's)."""
+    shape = self.shape if shape is None else shape
+    c = UOp(Ops.CONST, self.dtype, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), truncate(self.dtype, value))
+    return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+
   # ***** arithmetic (used for symbolic index math and by the front end) *****
   def _bin(self, op: Ops, x: UOp | ConstType, reverse: bool = False) -> UOp:
     y = x if isinstance(x, UOp) else self.const_like(x)

@@ -1,0 +1,83 @@
+"""Autograd as rewrite rules (DESIGN §3.2): for each forward op, a rule maps (the op's node,
+the gradient flowing into it) to the gradients of its sources. Gradients are lazy UOps and
+fuse like any other graph."""
+from __future__ import annotations
+import math
+from attograd.dtype import dtypes
+from attograd.helpers import argsort
+from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.patterns import UPat, PatternMatcher
+
+def _c(like: UOp, v: float) -> UOp: return like.const_shaped(v)
+
+def _reduce_to(g: UOp, shape: tuple[int, ...]) -> UOp:
+  """Sum a gradient over the axes an expand broadcast."""
+  return g.reduce_axis(Ops.ADD, tuple(i for i, (s, n) in enumerate(zip(shape, g.shape)) if s != n)).reshape(shape)
+
+def _max_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
+  # ties split the gradient evenly, as torch.maximum does
+  a, b = ret.src
+  half = _c(ctx, 0.5)
+  ga = (a < b).where(_c(ctx, 0), UOp(Ops.CMPEQ, dtypes.bool, (a, b)).where(ctx * half, ctx))
+  gb = (b < a).where(_c(ctx, 0), UOp(Ops.CMPEQ, dtypes.bool, (a, b)).where(ctx * half, ctx))
+  return ga, gb
+
+def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  x = ret.src[0]
+  if ret.arg[0] is Ops.ADD: return (ctx.expand(x.shape),)
+  if ret.arg[0] is Ops.MAX:
+    # like torch.amax: the gradient is shared evenly by every element equal to the max
+    hit = UOp(Ops.CMPEQ, dtypes.bool, (x, ret.expand(x.shape))).cast(ctx.dtype)
+    count = hit.reduce_axis(Ops.ADD, ret.arg[1])
+    return ((ctx / count).expand(x.shape) * hit,)
+  if ret.arg[0] is Ops.MUL: return ((ctx * ret).expand(x.shape) / x,)
+  raise NotImplementedError(f"no gradient for reduce {ret.arg[0]}")
+
+def _pad_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  return (ctx.shrink(tuple((b, b + s) for (b, _), s in zip(ret.arg, ret.src[0].shape))),)
+
+def _shrink_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  return (ctx.pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, ret.src[0].shape))),)
+
+pm_gradient = PatternMatcher([
+  (UPat(Ops.ADD, name="ret"), lambda ctx, ret: (ctx, ctx)),
+  (UPat(Ops.SUB, name="ret"), lambda ctx, ret: (ctx, -ctx)),
+  (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0])),
+  (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / ret.src[1], -ctx * ret / ret.src[1])),
+  (UPat(Ops.NEG, name="ret"), lambda ctx, ret: (-ctx,)),
+  (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * ret * _c(ctx, math.log(2)),)),
+  (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _c(ctx, math.log(2))),)),
+  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * (_c(ctx, math.pi / 2) - ret.src[0]).alu(Ops.SIN),)),
+  (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (ret * _c(ctx, 2)),)),
+  (UPat(Ops.RECIP, name="ret"), lambda ctx, ret: (-ctx * ret * ret,)),
+  (UPat(Ops.TRUNC, name="ret"), lambda ctx, ret: (_c(ctx, 0),)),
+  (UPat(Ops.MAX, name="ret"), _max_grad),
+  (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, ret.src[0].where(ctx, _c(ctx, 0)), ret.src[0].where(_c(ctx, 0), ctx))),
+  (UPat(GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD}, name="ret"),
+   lambda ctx, ret: (None,) * len(ret.src)),
+  (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype) if dtypes.is_float(ret.src[0].dtype) else None,)),
+  (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
+  (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(tuple(argsort(ret.arg))),)),
+  (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (_reduce_to(ctx, ret.src[0].shape),)),
+  (UPat(Ops.PAD, name="ret"), _pad_grad),
+  (UPat(Ops.SHRINK, name="ret"), _shrink_grad),
+  (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(ret.arg),)),
+  (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
+  (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
+  (UPat(Ops.DETACH, name="ret"), lambda ctx, ret: (None,)),
+])
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+  """Gradients of root with respect to each target, by reverse-mode accumulation."""
+  # only walk nodes that lie on a path from root to some target
+  on_path: dict[UOp, bool] = {}
+  for u in root.toposort: on_path[u] = u in targets or (u.op is not Ops.DETACH and any(on_path[s] for s in u.src))
+  grads: dict[UOp, UOp] = {root: root_grad}
+  for u in reversed(list(root.toposort)):
+    if u not in grads or not any(on_path[s] for s in u.src): continue
+    src_grads = pm_gradient.rewrite(u, ctx=grads[u])
+    if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
+    for s, g in zip(u.src, src_grads):
+      if g is None or not on_path[s]: continue
+      grads[s] = grads[s] + g if s in grads else g
+  return {t: grads[t] for t in targets if t in grads}
