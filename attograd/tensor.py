@@ -9,6 +9,9 @@ from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
 from attograd.engine.realize import run_schedule, buffer_of
+from attograd.gradient import compute_gradient
+
+_grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
 # a realized node remembers the buffer view it became (in its own __dict__, so the memo lives
 # exactly as long as the node): tensors built before a realize don't compute it again
@@ -57,38 +60,15 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 class Tensor:
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
-  __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+  __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
   training: bool = False
   _seed: int = 0
   _rng_counter: int = 0
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
-    dtype = to_dtype(dtype) if dtype is not None else None
-    device = Device.canonicalize(device)
-    self.requires_grad, self.grad = requires_grad, None
-    if isinstance(data, UOp): self.uop = data; return
-    if isinstance(data, Tensor): data = data.tolist() if data.device != device else data
-    if isinstance(data, (bool, int, float)):
-      self.uop = _const(data, dtype or dtypes.from_py(data), device); return
-    if type(data).__module__ == "numpy":
-      import numpy as np
-      arr = np.ascontiguousarray(data)
-      src_dtype = _from_numpy_dtype(arr.dtype)
-      self.uop = _buffer_from_bytes(arr.tobytes(), src_dtype, arr.shape, device)
-      if dtype is not None and dtype != src_dtype: self.uop = self.cast(dtype).uop
-      return
-    if isinstance(data, (bytes, bytearray)):
-      self.uop = _buffer_from_bytes(bytes(data), dtypes.uint8, (len(data),), device)
-      if dtype is not None: self.uop = self.cast(dtype).uop
-      return
-    if isinstance(data, (list, tuple)):
-      flat, shape = _flatten_nested(data)
-      for v in flat:
-        if not isinstance(v, (bool, int, float)): raise TypeError(f"can't make a Tensor from a list holding {type(v).__name__}")
-      dtype = dtype or (dtypes.from_py(flat) if flat else dtypes.default_float)
-      self.uop = _buffer_from_bytes(_pack(flat, dtype), dtype, shape, device); return
-    if data is None: self.uop = Tensor.empty(0, device=device, dtype=dtype).uop; return
-    raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+    self.uop: UOp = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
+    self._requires_grad, self.grad = None, None
+    if requires_grad: self.requires_grad = True
 
   # ***** properties *****
   @property
@@ -109,6 +89,38 @@ class Tensor:
     return self.shape[0]
   def __repr__(self) -> str: return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device}>"
   __hash__ = object.__hash__
+
+  # ***** autograd *****
+  @property
+  def requires_grad(self) -> bool | None: return self._requires_grad
+  @requires_grad.setter
+  def requires_grad(self, value: bool | None) -> None:
+    if value and not (dtypes.is_float(self.dtype)): raise TypeError(f"only floating point tensors can require gradients, not {self.dtype}")
+    self._requires_grad = value
+    if value: _grad_tensors.add(self)
+    else: _grad_tensors.discard(self)
+  def requires_grad_(self, value: bool = True) -> Tensor:
+    self.requires_grad = value
+    return self
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+    """Gradients of this tensor with respect to targets, as lazy tensors (nothing is stored)."""
+    if gradient is None:
+      if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
+      gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
+    elif gradient.shape != self.shape: raise ValueError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
+    if (done := _realized_views(self.uop)): self.uop = self.uop.substitute(done)
+    root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
+    grads = compute_gradient(self.uop, root_grad, {t.uop for t in targets})
+    return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
+    if (done := _realized_views(self.uop)): self.uop = self.uop.substitute(done)
+    graph = self.uop.toposort
+    targets = [t for t in list(_grad_tensors) if t.uop in graph]
+    if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
+    for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
+      t.grad = g if t.grad is None else (t.grad + g)
+    return self
 
   # ***** running *****
   def realize(self, *lst: Tensor) -> Tensor:
@@ -261,8 +273,7 @@ class Tensor:
     if any(not isinstance(s, int) or s < 0 for s in shape): raise ValueError(f"invalid shape {shape}")
     if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
     if shape == self.shape: return self
-    u = self.uop.src[0] if self.uop.op is Ops.RESHAPE else self.uop  # reshape of a reshape is one reshape
-    return self._new(u if u.shape == shape else UOp(Ops.RESHAPE, self.dtype, (u,), shape))
+    return self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
   def view(self, *shape) -> Tensor: return self.reshape(*shape)
   def permute(self, *order) -> Tensor:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
@@ -550,7 +561,7 @@ class Tensor:
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype) if not dtypes.is_float(self.dtype) else \
       (self > 0).where(1.0, (self < 0).where(-1.0, self * 0)).cast(self.dtype)
   def square(self) -> Tensor: return self * self
-  def relu(self) -> Tensor: return self.maximum(0)
+  def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
   def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float_unary()).sigmoid() - 1.0
   def clip(self, min_=None, max_=None) -> Tensor:
@@ -659,6 +670,31 @@ def _from_numpy_dtype(npdt) -> DType:
   for dt, name in _NUMPY_NAMES.items():
     if npdt.name == name: return dt
   raise TypeError(f"numpy dtype {npdt} has no attograd equivalent")
+
+def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
+  """The graph node for Tensor(data): a constant, or a buffer filled from Python/numpy data."""
+  if isinstance(data, UOp): return data
+  if isinstance(data, Tensor):
+    t = data.to(device)
+    return (t.cast(dtype) if dtype is not None else t).uop
+  if isinstance(data, (bool, int, float)): return _const(data, dtype or dtypes.from_py(data), device)
+  if type(data).__module__ == "numpy":
+    import numpy as np
+    arr = np.ascontiguousarray(data)
+    src_dtype = _from_numpy_dtype(arr.dtype)
+    u = _buffer_from_bytes(arr.tobytes(), src_dtype, arr.shape, device)
+    return u if dtype is None or dtype == src_dtype else UOp(Ops.CAST, dtype, (u,))
+  if isinstance(data, (bytes, bytearray)):
+    u = _buffer_from_bytes(bytes(data), dtypes.uint8, (len(data),), device)
+    return u if dtype is None or dtype == dtypes.uint8 else UOp(Ops.CAST, dtype, (u,))
+  if isinstance(data, (list, tuple)):
+    flat, shape = _flatten_nested(data)
+    for v in flat:
+      if not isinstance(v, (bool, int, float)): raise TypeError(f"can't make a Tensor from a list holding {type(v).__name__}")
+    dtype = dtype or (dtypes.from_py(flat) if flat else dtypes.default_float)
+    return _buffer_from_bytes(_pack(flat, dtype), dtype, shape, device)
+  if data is None: return _buffer_from_bytes(b"", dtype or dtypes.default_float, (0,), device)
+  raise TypeError(f"can't make a Tensor from {type(data).__name__}")
 
 def _buffer_from_bytes(raw: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
   size = prod(shape)

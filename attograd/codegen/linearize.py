@@ -10,9 +10,14 @@ def linearize(sink: UOp) -> list[UOp]:
   position = {u: i for i, u in enumerate(order)}
   deps: dict[UOp, set[UOp]] = {u: set(u.src) for u in order}
   end_of = {u.src[1]: u for u in order if u.op is Ops.END}
-  def in_body(u: UOp, r: UOp) -> bool:
-    # inside loop r: depends on r, or lives in a loop whose END is itself inside r
-    return any(x is r or (x in end_of and r in end_of[x].live_ranges) for x in u.live_ranges)
+  enclosing: dict[UOp, set[UOp]] = {}
+  def loops_around(x: UOp) -> set[UOp]:
+    # the loops a loop sits in: those still open at its END, and everything around them
+    if x not in enclosing:
+      enclosing[x] = set()
+      for outer in end_of[x].live_ranges: enclosing[x] |= {outer} | loops_around(outer)
+    return enclosing[x]
+  def in_body(u: UOp, r: UOp) -> bool: return any(x is r or r in loops_around(x) for x in u.live_ranges)
   for r, end in end_of.items():
     deps[r] |= {u for u in end.toposort if u is not end and not in_body(u, r)}
   users: dict[UOp, list[UOp]] = {u: [] for u in order}

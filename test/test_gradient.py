@@ -1,0 +1,87 @@
+"""Gradients of differentiable ops against torch: values and shapes, incl. broadcasting,
+reductions and movement ops."""
+import numpy as np
+import pytest
+import torch
+from attograd import Tensor
+
+def _check(fn, *shapes, positive=False, atol=1e-4, rtol=1e-3, seed=0):
+  rng = np.random.default_rng(seed)
+  data = [rng.uniform(0.5, 2.0, s) if positive else rng.standard_normal(s) for s in shapes]
+  data = [d.astype(np.float32) for d in data]
+  ours = [Tensor(d, requires_grad=True) for d in data]
+  theirs = [torch.tensor(d, requires_grad=True) for d in data]
+  fn(*ours).sum().backward()
+  fn(*theirs).sum().backward()
+  for o, t in zip(ours, theirs):
+    assert o.grad is not None and o.grad.shape == tuple(t.grad.shape)
+    np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=atol, rtol=rtol)
+
+UNARY = {
+  "neg": lambda x: -x, "exp": lambda x: x.exp(), "sqrt": lambda x: x.sqrt(), "log": lambda x: x.log(),
+  "sin": lambda x: x.sin(), "cos": lambda x: x.cos(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),
+  "tanh": lambda x: x.tanh(), "reciprocal": lambda x: x.reciprocal(), "square": lambda x: x.square(),
+  "abs": lambda x: x.abs(), "pow3": lambda x: x ** 3, "powf": lambda x: x ** 1.7, "rsqrt": lambda x: x.rsqrt(),
+  "clip": lambda x: x.clip(0.7, 1.5),
+}
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary(name): _check(UNARY[name], (3, 4), positive=name in ("sqrt", "log", "powf", "rsqrt", "reciprocal", "clip"))
+
+BINARY = {
+  "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
+  "maximum": lambda a, b: a.maximum(b), "minimum": lambda a, b: a.minimum(b), "where": lambda a, b: torch.where(a > b, a, b * 2) if isinstance(a, torch.Tensor) else (a > b).where(a, b * 2),
+  "matmul": lambda a, b: a @ b.transpose(-1, -2),
+}
+@pytest.mark.parametrize("name", list(BINARY))
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (1, 4)), ((2, 3, 4), (4,))])
+def test_binary_broadcast(name, shapes):
+  if name == "matmul" and len(shapes[1]) == 1: shapes = ((2, 3, 4), (5, 4))
+  _check(BINARY[name], *shapes, positive=name == "div")
+
+REDUCE = {
+  "sum": lambda x: x.sum(), "sum1": lambda x: x.sum(1), "sum_keep": lambda x: x.sum(0, keepdim=True) * x,
+  "max": lambda x: x.max(), "max1": lambda x: x.amax(1) if isinstance(x, torch.Tensor) else x.max(1),
+  "min0": lambda x: x.amin(0) if isinstance(x, torch.Tensor) else x.min(0), "mean": lambda x: x.mean(1),
+  "var": lambda x: x.var(1), "std": lambda x: x.std(), "prod": lambda x: x.prod(1),
+  "softmax": lambda x: x.softmax(1) * torch.arange(4.) if isinstance(x, torch.Tensor) else x.softmax(1) * Tensor.arange(4.),
+  "log_softmax": lambda x: x.log_softmax(1)[:, 1],
+}
+@pytest.mark.parametrize("name", list(REDUCE))
+def test_reduce(name): _check(REDUCE[name], (3, 4), positive=name == "prod")
+
+MOVEMENT = {
+  "reshape": lambda x: x.reshape(4, 3) * torch.arange(3.) if isinstance(x, torch.Tensor) else x.reshape(4, 3) * Tensor.arange(3.),
+  "permute": lambda x: x.permute(1, 0)[1:], "expand": lambda x: x.reshape(3, 1, 4).expand(3, 2, 4) * 2,
+  "pad": lambda x: torch.nn.functional.pad(x, (1, 2, 0, 1)).exp() if isinstance(x, torch.Tensor) else x.pad((1, 2, 0, 1)).exp(),
+  "shrink": lambda x: x[1:3, ::2] ** 2, "flip": lambda x: x.flip(0) * x, "transpose": lambda x: x.T @ x,
+  "getitem_step": lambda x: x.flip(0)[::2, 1::2].exp(),
+}
+@pytest.mark.parametrize("name", list(MOVEMENT))
+def test_movement(name): _check(MOVEMENT[name], (3, 4))
+
+def test_gradient_is_functional_and_detach_stops():
+  x = Tensor([1., 2., 3.], requires_grad=True)
+  (g,) = (x * x).sum().gradient(x)
+  assert g.tolist() == [2., 4., 6.] and x.grad is None
+  (g,) = (x * x.detach()).sum().gradient(x)
+  assert g.tolist() == [1., 2., 3.]
+
+def test_backward_accumulates():
+  x = Tensor([1., 2.], requires_grad=True)
+  (x * 3).sum().backward()
+  (x * x).sum().backward()
+  assert x.grad.tolist() == [5., 7.]
+
+def test_backward_needs_scalar_and_grad_tensors():
+  x = Tensor([1., 2.], requires_grad=True)
+  with pytest.raises(RuntimeError, match="shape"): (x * 2).backward()
+  with pytest.raises(RuntimeError, match="requir"): Tensor([1., 2.]).sum().backward()
+  with pytest.raises(TypeError, match="floating"): Tensor([1, 2], requires_grad=True)
+
+def test_gradient_of_realized_parameter_after_update():
+  w = Tensor([1., 2.], requires_grad=True)
+  for _ in range(3):
+    w.grad = None
+    (w * w).sum().backward()
+    w.assign(w - 0.25 * w.grad).realize()
+  assert w.tolist() == [0.125, 0.25]
