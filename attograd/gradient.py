@@ -64,6 +64,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(ret.arg),)),
   (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
   (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
+  (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.DETACH, name="ret"), lambda ctx, ret: (None,)),
 ])
 

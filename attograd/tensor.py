@@ -62,6 +62,8 @@ class Tensor:
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
   __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
   training: bool = False
+  @staticmethod
+  def train(mode: bool = True) -> _TrainMode: return _TrainMode(mode)
   _seed: int = 0
   _rng_counter: int = 0
 
@@ -653,6 +655,178 @@ class Tensor:
   def log_softmax(self, axis: int = -1) -> Tensor:
     m = self - self.max(axis, keepdim=True)
     return m - m.exp().sum(axis, keepdim=True).log()
+
+  # ***** nn functional *****
+  def _window_last(self, k: int, stride: int, dilation: int) -> Tensor:
+    """(..., i) -> (..., o, k) sliding windows over the last axis, with movement ops only: repeat the
+    axis k times, lay the copies in rows of length i+dilation so row j starts j*dilation later,
+    then keep every stride-th column."""
+    *lead, i = self.shape
+    o = (i - dilation * (k - 1) - 1) // stride + 1
+    if o <= 0: raise ValueError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
+    keep, nopad = tuple((0, s) for s in lead), ((0, 0),) * len(lead)
+    x = self.pad(nopad + ((0, max(0, o * stride - i - dilation)),))
+    i = x.shape[-1]
+    x = x.reshape(*lead, 1, i).expand(*lead, k, i).reshape(*lead, k * i).pad(nopad + ((0, k * dilation),))
+    x = x.reshape(*lead, k, i + dilation).shrink(keep + ((0, k), (0, o * stride)))
+    x = x.reshape(*lead, k, o, stride).shrink(keep + ((0, k), (0, o), (0, 1))).reshape(*lead, k, o)
+    return x.transpose(-1, -2)
+  def _pool(self, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+    """(..., *spatial) -> (..., *out, *kernel): the windows a conv or pool reduces over."""
+    n, x = len(kernel), self
+    lead = self.ndim - n
+    for a in range(n):
+      # layout (*lead, spatial a.., o0, k0, ..): move spatial axis a to the end and window it there
+      x = x.permute(*range(lead), *range(lead + 1, x.ndim), lead)._window_last(kernel[a], stride[a], dilation[a])
+    # now (..., o0, k0, o1, k1, ...) -> (..., o0, o1, ..., k0, k1, ...)
+    base = x.ndim - 2 * n
+    return x.permute(*range(base), *(base + 2 * a for a in range(n)), *(base + 2 * a + 1 for a in range(n)))
+  @staticmethod
+  def _tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
+    t = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(t) != n or any(not isinstance(x, int) for x in t): raise ValueError(f"{name} {v} must be an int or {n} ints")
+    return t
+  def _conv_padding(self, padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    n = len(kernel)
+    if padding == "valid": return ((0, 0),) * n
+    if padding == "same":
+      total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+      return tuple((t // 2, t - t // 2) for t in total)
+    if isinstance(padding, int): return ((padding, padding),) * n
+    if len(padding) == n: return tuple((p, p) for p in padding)
+    if len(padding) == 2 * n: return tuple((padding[2 * i], padding[2 * i + 1]) for i in range(n))
+    raise ValueError(f"padding {padding} must be 'same', 'valid', an int, {n} ints or {2 * n} ints")
+  def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0) -> Tensor:
+    """Convolution over the trailing spatial axes (1-, 2- or 3-D), PyTorch's layout: x (N, Cin, *S),
+    weight (Cout, Cin/groups, *K)."""
+    n = weight.ndim - 2
+    if self.ndim != n + 2: raise ValueError(f"conv input of shape {self.shape} doesn't match weight of shape {weight.shape}")
+    bs, cin_total, cout, cin = self.shape[0], self.shape[1], weight.shape[0], weight.shape[1]
+    if cin * groups != cin_total or cout % groups:
+      raise ValueError(f"conv of input {self.shape} with weight {weight.shape} and groups={groups}: channels don't match")
+    kernel = weight.shape[2:]
+    stride, dilation = Tensor._tuple(stride, n, "stride"), Tensor._tuple(dilation, n, "dilation")
+    pads = self._conv_padding(padding, kernel, dilation)
+    x = self.pad(((0, 0), (0, 0)) + pads)._pool(kernel, stride, dilation)   # (N, Cin_total, *O, *K)
+    out_sp = x.shape[2:2 + n]
+    x = x.reshape(bs, groups, 1, cin, *out_sp, *kernel)
+    w = weight.reshape(1, groups, cout // groups, cin, *(1,) * n, *kernel)
+    red = (3, *range(4 + n, 4 + 2 * n))
+    out = (x * w)._reduce(Ops.ADD, red).reshape(bs, cout, *out_sp)
+    return out if bias is None else out + bias.reshape(1, cout, *(1,) * n)
+  conv1d = conv3d = conv2d
+  def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0,
+                       output_padding=0) -> Tensor:
+    """The gradient of conv2d as a layer: weight is (Cin, Cout/groups, *K), as in PyTorch."""
+    n = weight.ndim - 2
+    kernel = weight.shape[2:]
+    stride, dilation = Tensor._tuple(stride, n, "stride"), Tensor._tuple(dilation, n, "dilation")
+    padding, output_padding = Tensor._tuple(padding, n, "padding"), Tensor._tuple(output_padding, n, "output_padding")
+    x = self
+    for a, s in enumerate(stride):  # put s-1 zeros between input elements
+      if s == 1: continue
+      ax = 2 + a
+      i = x.shape[ax]
+      x = x.unsqueeze(ax + 1).pad(tuple((0, s - 1) if d == ax + 1 else (0, 0) for d in range(x.ndim + 1)))
+      x = x.reshape(*x.shape[:ax], i * s, *x.shape[ax + 2:])
+      x = x.shrink(tuple((0, (i - 1) * s + 1) if d == ax else None for d in range(x.ndim)))
+    cin, cout_g = weight.shape[:2]
+    w = weight.reshape(groups, cin // groups, cout_g, *kernel).transpose(1, 2).flip(*range(3, 3 + n))
+    w = w.reshape(groups * cout_g, cin // groups, *kernel)
+    pads = tuple(v for k, d, p, op in zip(kernel, dilation, padding, output_padding) for v in (d * (k - 1) - p, d * (k - 1) - p + op))
+    return x.conv2d(w, bias, groups=groups, dilation=dilation, padding=pads)
+  def _pool_pads(self, kernel_size, stride, dilation, padding, ceil_mode: bool):
+    """Pooling geometry: kernel, stride, dilation and per-axis (padding, extra right padding that
+    ceil_mode adds, which PyTorch never counts as part of a window's average)."""
+    n = 2 if isinstance(kernel_size, int) else len(kernel_size)
+    kernel = Tensor._tuple(kernel_size, n, "kernel_size")
+    stride = kernel if stride is None else Tensor._tuple(stride, n, "stride")
+    dilation, padding = Tensor._tuple(dilation, n, "dilation"), Tensor._tuple(padding, n, "padding")
+    extras = []
+    for i, k, s, d, p in zip(self.shape[-n:], kernel, stride, dilation, padding):
+      if 2 * p > k: raise ValueError(f"pool padding {p} must be at most half the kernel size {k}")
+      span = i + 2 * p - d * (k - 1) - 1
+      o = (-(-span // s) if ceil_mode else span // s) + 1
+      if ceil_mode and (o - 1) * s >= i + p: o -= 1  # the last window must start inside the input or left padding
+      extras.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (i + 2 * p)))
+    return kernel, stride, dilation, padding, extras
+  def _pool_padded(self, geometry, fill: ConstType, extra_fill: ConstType) -> Tensor:
+    kernel, stride, dilation, padding, extras = geometry
+    lead = ((0, 0),) * (self.ndim - len(kernel))
+    x = self.pad(lead + tuple((p, p) for p in padding), value=fill).pad(lead + tuple((0, e) for e in extras), value=extra_fill)
+    return x._pool(kernel, stride, dilation)
+  def max_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
+    geometry = self._pool_pads(kernel_size, stride, dilation, padding, ceil_mode)
+    lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
+    return self._pool_padded(geometry, lowest, lowest).max(tuple(range(-len(geometry[0]), 0)))
+  def avg_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    geometry = self._pool_pads(kernel_size, stride, dilation, padding, ceil_mode)
+    n = len(geometry[0])
+    window = tuple(range(-n, 0))
+    total = self._float_unary()._pool_padded(geometry, 0.0, 0.0).sum(window)
+    ones = Tensor.ones(*self.shape[-n:], device=self.device)
+    return total / ones._pool_padded(geometry, 1.0 if count_include_pad else 0.0, 0.0).sum(window)
+  max_pool1d = max_pool3d = max_pool2d
+  avg_pool1d = avg_pool3d = avg_pool2d
+
+  def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
+    y = self - self.mean(axis, keepdim=True)
+    return y * (y.square().mean(axis, keepdim=True) + eps).rsqrt()
+  def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis=1) -> Tensor:
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    shape = tuple(s if i in [a % self.ndim for a in axes] else 1 for i, s in enumerate(self.shape))
+    x = (self - mean.reshape(shape)) * (invstd.reshape(shape) if weight is None else (weight.reshape(shape) * invstd.reshape(shape)))
+    return x + bias.reshape(shape) if bias is not None else x
+  def dropout(self, p: float = 0.5) -> Tensor:
+    if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} must be in [0, 1]")
+    if not Tensor.training or p == 0: return self
+    if p == 1: return self * 0
+    keep = Tensor.rand(*self.shape, device=self.device, dtype=dtypes.float32) >= p
+    return keep.where(self * (1 / (1 - p)), 0)
+  def one_hot(self, num_classes: int = -1) -> Tensor:
+    if dtypes.is_float(self.dtype): raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
+    if num_classes == -1: num_classes = int(self.max().item()) + 1
+    return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int64)
+  def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """Cross entropy of logits (N, C) against class indices Y (N,), as tinygrad names it."""
+    return self.cross_entropy(Y, reduction=reduction, label_smoothing=label_smoothing, ignore_index=ignore_index)
+  def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+    """torch.nn.functional.cross_entropy for logits (N, C, ...) and class indices or probabilities."""
+    if reduction not in ("mean", "sum", "none"): raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    logp = self.log_softmax(1 if self.ndim > 1 else 0)
+    if dtypes.is_float(Y.dtype):  # class probabilities
+      n = self.shape[1 if self.ndim > 1 else 0]
+      target = Y * (1 - label_smoothing) + label_smoothing / n
+      loss = -(logp * target).sum(1 if self.ndim > 1 else 0)
+      return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
+    n = self.shape[1 if self.ndim > 1 else 0]
+    classes = Tensor.arange(n, device=self.device).reshape(*((1, n) + (1,) * (self.ndim - 2) if self.ndim > 1 else (n,)))
+    y = Y.unsqueeze(1) if self.ndim > 1 else Y
+    picked = (classes == y).where(logp, 0).sum(1 if self.ndim > 1 else 0)
+    loss = -(picked * (1 - label_smoothing) + logp.mean(1 if self.ndim > 1 else 0) * label_smoothing)
+    valid = Y.ne(ignore_index)
+    loss = valid.where(loss, 0)
+    if reduction == "none": return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / valid.sum().cast(loss.dtype)
+  def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
+    loss = -(Y * self.clip(1e-12).log() + (1 - Y) * (1 - self).clip(1e-12).log())
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
+    # log(sigmoid(x)) = -softplus(-x), written to stay finite for large |x|
+    loss = self.maximum(0) - self * Y + (1 + (-self.abs()).exp()).log()
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+  def sequential(self, layers: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+    x = self
+    for f in layers: x = f(x)
+    return x
+  def contiguous_backward(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)))
+
+class _TrainMode:
+  """Tensor.train() turns on dropout and batchnorm statistics; as `with Tensor.train():` it restores
+  the previous mode at the end."""
+  def __init__(self, mode: bool): self.prev, Tensor.training = Tensor.training, mode
+  def __enter__(self) -> _TrainMode: return self
+  def __exit__(self, *exc) -> None: Tensor.training = self.prev
 
 def _binop(op: Ops, a: Tensor, x: Any, reverse: bool = False) -> Tensor:
   l, r = a._operands(x, reverse)

@@ -73,7 +73,7 @@ pushdown = PatternMatcher([
   (tpat(Ops.SHRINK), lambda ix, x, gate: tindex(x.src[0], gate, tuple(i + b if b else i for i, (b, _) in zip(I(ix), x.arg)))),
   (tpat(Ops.FLIP), lambda ix, x, gate: tindex(x.src[0], gate, tuple((s - 1) - i if f else i for i, s, f in zip(I(ix), x.shape, x.arg)))),
   (tpat(GroupOp.Elementwise), lambda ix, x, gate: x.replace(src=tuple(tindex(s, gate, I(ix)) for s in x.src))),
-  (tpat({Ops.DETACH, Ops.CONTIGUOUS}), lambda ix, x, gate: tindex(x.src[0], gate, I(ix))),
+  (tpat({Ops.DETACH, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD}), lambda ix, x, gate: tindex(x.src[0], gate, I(ix))),
   (tpat(Ops.CONST), lambda ix, x, gate: UOp.const(x.dtype, x.arg)),
   (tpat(Ops.IOTA), lambda ix, x, gate: I(ix)[0].cast(x.dtype)),
   (tpat(Ops.REDUCE_AXIS), lambda ctx, ix, x, gate: push_reduce(x, gate, I(ix), ctx)),

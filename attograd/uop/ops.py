@@ -12,7 +12,7 @@ class Ops(Enum):
   # tensor level: storage, constants and the movement ops (which never reach a kernel)
   BUFFER = auto(); DEVICE = auto(); CONST = auto(); IOTA = auto()  # IOTA(n): 0..n-1, arange's primitive
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
-  REDUCE_AXIS = auto(); CONTIGUOUS = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
+  REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
   # elementwise ALU, shared by every level
   NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()

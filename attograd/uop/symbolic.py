@@ -41,21 +41,19 @@ def normalize_sum(x: UOp) -> UOp | None:
   return build_sum(x.dtype, terms, const)
 
 def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
-  """x // c and x % c for a constant c > 0, from the terms of x and what bounds say."""
+  """x // c and x % c for a constant c > 0. Each term n*k of x splits as n*(k//c)*c + n*(k%c),
+  so x = c*Q + R; with x >= 0 and R >= 0 truncation is floor division, x//c = Q + R//c and
+  x%c = R%c exactly. Bounds then often decide R//c = 0 and R%c = R."""
   cv = c.arg
   if cv <= 0: return None
   if x.vmin >= 0 and x.vmax < cv: return x if d.op is Ops.MOD else x.const_like(0)
   if x.vmin >= 0 and x.vmin // cv == x.vmax // cv and d.op is Ops.IDIV: return x.const_like(x.vmin // cv)
   terms, const = split_terms(x)
-  quot = [(n, k // cv) for n, k in terms if k % cv == 0]
-  rest = [(n, k) for n, k in terms if k % cv != 0]
-  if len(rest) == len(terms) and (const % cv == 0) == (const == 0): return None
-  qc, rc = (const // cv, const % cv)
-  rest_u = build_sum(x.dtype, rest, rc)
-  # with x >= 0 and the remainder >= 0, truncation is floor division and splitting is exact
-  if x.vmin < 0 or rest_u.vmin < 0: return None
-  if d.op is Ops.MOD: return UOp(Ops.MOD, x.dtype, (rest_u, c))
-  return build_sum(x.dtype, quot + [(UOp(Ops.IDIV, x.dtype, (rest_u, c)), 1)], qc)
+  if all(0 <= k < cv for _, k in terms) and 0 <= const < cv: return None
+  rest = build_sum(x.dtype, [(n, k % cv) for n, k in terms], const % cv)
+  if x.vmin < 0 or rest.vmin < 0: return None
+  if d.op is Ops.MOD: return UOp(Ops.MOD, x.dtype, (rest, c))
+  return build_sum(x.dtype, [(n, k // cv) for n, k in terms] + [(UOp(Ops.IDIV, x.dtype, (rest, c)), 1)], const // cv)
 
 def fold_const(a: UOp) -> UOp: return a.const_like(exec_alu(a.op, a.dtype, [s.arg for s in a.src]))
 
