@@ -13,10 +13,26 @@ from attograd.gradient import compute_gradient
 
 _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
-# a realized node remembers the buffer view it became (in its own __dict__, so the memo lives
-# exactly as long as the node): tensors built before a realize don't compute it again
-def _realized_views(u: UOp) -> dict[UOp, UOp]:
-  return {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None}
+# ***** what realized nodes became *****
+# A realized node remembers the buffer view it became (in its own __dict__, so the memo lives exactly
+# as long as the node): lazy graphs built before the realize read that buffer instead of recomputing.
+# Two rules keep memory from being shared by mistake:
+#  - a tensor being realized gets its own buffer even if an identical node was realized before (only
+#    nodes strictly below it use memos): assigning into one tensor must not change another;
+#  - writing into a buffer (assign) forgets every memo that points at it.
+_memos_on: dict[int, list[weakref.ref]] = {}
+
+def _remember(node: UOp, view: UOp) -> None:
+  node.__dict__["realized"] = view
+  _memos_on.setdefault(view.base.arg.uid, []).append(weakref.ref(node))
+
+def _forget(uid: int) -> None:
+  for ref in _memos_on.pop(uid, ()):
+    if (n := ref()) is not None: n.__dict__.pop("realized", None)
+
+def _with_memos(u: UOp, keep_root: bool = False) -> UOp:
+  done = {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None and not (keep_root and n is u)}
+  return u.substitute(done) if done else u
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -35,6 +51,7 @@ def _pack(values: list[Any], dtype: DType) -> bytes:
 
 def _unpack(raw: memoryview, dtype: DType) -> list[Any]:
   if dtype == dtypes.bfloat16: return [bf16_bits_to_float(b) for b in raw.cast("H")]
+  if dtype == dtypes.float16: return list(struct.unpack(f"<{raw.nbytes // 2}e", raw))  # memoryview.cast has no "e"
   return raw.cast(dtype.fmt).tolist()
 
 def _nest(flat: list[Any], shape: tuple[int, ...]) -> Any:
@@ -110,13 +127,13 @@ class Tensor:
       if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
     elif gradient.shape != self.shape: raise ValueError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
-    if (done := _realized_views(self.uop)): self.uop = self.uop.substitute(done)
+    self.uop = _with_memos(self.uop)
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
     grads = compute_gradient(self.uop, root_grad, {t.uop for t in targets})
     return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
-    if (done := _realized_views(self.uop)): self.uop = self.uop.substitute(done)
+    self.uop = _with_memos(self.uop)
     graph = self.uop.toposort
     targets = [t for t in list(_grad_tensors) if t.uop in graph]
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
@@ -133,16 +150,18 @@ class Tensor:
   def realize_all(tensors: Sequence[Tensor]) -> None:
     todo = []
     for t in tensors:
-      if (done := _realized_views(t.uop)): t.uop = t.uop.substitute(done)
+      t.uop = _with_memos(t.uop, keep_root=True)
       if not is_view_of_buffer(t.uop): todo.append(t)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
     run_schedule(schedule)
+    for k in becomes:
+      if k.op is Ops.ASSIGN: _forget(k.src[0].base.arg.uid)
+    for k, v in becomes.items(): _remember(k, v)
     for t in todo:
-      old = t.uop
-      t.uop = old.substitute(becomes)
-      old.__dict__["realized"] = t.uop
-    for k, v in becomes.items(): k.__dict__["realized"] = v
+      new = t.uop.substitute(becomes)
+      if is_view_of_buffer(new): _remember(t.uop, new)
+      t.uop = new
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
@@ -152,7 +171,7 @@ class Tensor:
   def _raw(self) -> memoryview:
     from attograd.engine.jit import check_not_capturing
     check_not_capturing("reading a tensor's value into Python")
-    t = self.contiguous().realize()
+    t = self.realize().contiguous().realize()  # realize self first: later reads reuse its buffer
     return buffer_of(t.uop.base).as_bytes()
   def data(self) -> memoryview: return self._raw()
   def tolist(self) -> Any:
@@ -181,8 +200,9 @@ class Tensor:
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
     if x.device != self.device: raise ValueError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
-    if is_view_of_buffer(self.uop): self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
-    else: self.uop = x.uop
+    # a tensor with a pending assign keeps writing to the same memory
+    target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop)) if is_view_of_buffer(target) else x.uop
     return self
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
@@ -214,6 +234,7 @@ class Tensor:
   def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype=None, device=None, **kw) -> Tensor:
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError("arange step must be nonzero")
+    if (stop - start) * step < 0: raise ValueError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
     n = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int
     device = Device.canonicalize(device)
@@ -429,8 +450,9 @@ class Tensor:
 
   def add(self, x, reverse=False) -> Tensor: return _binop(Ops.ADD, self, x, reverse)
   def sub(self, x, reverse=False) -> Tensor:
-    if self.dtype == dtypes.bool and (not isinstance(x, Tensor) or x.dtype == dtypes.bool) and isinstance(x, (Tensor, bool)):
-      raise TypeError("subtraction of bool tensors is not supported; use logical_xor or ~")
+    # PyTorch refuses a bool on either side of -, even with a float or int on the other
+    if self.dtype == dtypes.bool or isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype == dtypes.bool):
+      raise TypeError("subtraction with a bool tensor or bool scalar is not supported; use logical_xor, ~ or cast first")
     return _binop(Ops.SUB, self, x, reverse)
   def mul(self, x, reverse=False) -> Tensor: return _binop(Ops.MUL, self, x, reverse)
   def div(self, x, reverse=False, rounding_mode: str | None = None) -> Tensor:
@@ -461,17 +483,31 @@ class Tensor:
     return (a < b).where(a, b) if not dtypes.is_float(a.dtype) else -((-a).maximum(-b))
   def pow(self, x, reverse=False) -> Tensor:
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
+      if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
+        raise ValueError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
       n, base = int(abs(x)), self if isinstance(x, int) or dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
       acc = base.ones_like() if n == 0 else base
       for _ in range(n - 1): acc = acc * base
       return acc.reciprocal() if x < 0 else acc
     a, b = self._operands(x, reverse)
+    if dtypes.is_int(a.dtype): return a._int_pow(b)
     if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
     mag = (b * a.abs().log2()).exp2()
     odd = (b - 2 * (b / 2).floor()).eq(1)
     neg_ok = (b.trunc() == b)
     out = (a < 0).where(neg_ok.where(odd.where(-mag, mag), math.nan), mag)
-    return (a == 0).where((b == 0).where(1.0, (b < 0).where(math.inf, 0.0)), out).cast(a.dtype)
+    out = (a == 0).where((b == 0).where(1.0, (b < 0).where(math.inf, 0.0)), out)
+    # as C's pow (and torch): x**0 and 1**y are 1 even for nan, and (-1)**(+-inf) is 1; log2/exp2 would give nan
+    return ((b == 0) | (a == 1) | ((a == -1) & b.isinf())).where(1.0, out).cast(a.dtype)
+  def _int_pow(self, e: Tensor) -> Tensor:
+    """Exact integer power by repeated squaring, wrapping on overflow as torch's integer pow does.
+    A negative exponent gives 0, except for the bases 1 and -1 (torch's integer semantics too)."""
+    neg = e < 0
+    e, acc, base = neg.where(-e, e), self.ones_like(), self
+    for _ in range(8 * self.dtype.itemsize):
+      acc = (e & 1).ne(0).where(acc * base, acc)
+      base, e = base * base, e >> 1
+    return neg.where((self.abs() == 1).where(acc, 0), acc)
   def _logic(self, op: Ops, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
     if dtypes.is_float(a.dtype): raise TypeError(f"{op.name.lower()} needs bool or integer tensors, got {a.dtype}")
@@ -560,8 +596,7 @@ class Tensor:
     return (self < 0).where(-self, self) if not dtypes.is_float(self.dtype) else self * self.sign()
   def sign(self) -> Tensor:
     if self.dtype == dtypes.bool: return self
-    return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype) if not dtypes.is_float(self.dtype) else \
-      (self > 0).where(1.0, (self < 0).where(-1.0, self * 0)).cast(self.dtype)
+    return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
   def square(self) -> Tensor: return self * self
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
@@ -587,10 +622,11 @@ class Tensor:
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._axes(axis)
     out_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-    if any(self.shape[a] == 0 for a in axes) and op is Ops.MAX:
-      raise ValueError(f"max/min over an empty axis of shape {self.shape} has no identity")
     ret = self if not axes else Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
-    if 0 in self.shape and op is not Ops.MAX: ret = Tensor.full(out_shape, 0 if op is Ops.ADD else 1, dtype=self.dtype, device=self.device)
+    if 0 in self.shape:  # nothing to reduce: the identity (or an empty result); max has one only for bools (any() is False)
+      if op is Ops.MAX and self.dtype != dtypes.bool and any(self.shape[a] == 0 for a in axes):
+        raise ValueError(f"max/min over an empty axis of shape {self.shape} has no identity")
+      ret = Tensor.full(out_shape, 0 if op is Ops.ADD else 1 if op is Ops.MUL else dtypes.min(self.dtype), dtype=self.dtype, device=self.device)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     # as in PyTorch, integer and bool sums accumulate in int64 (unsigned in uint64)
@@ -616,10 +652,14 @@ class Tensor:
     sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
     return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
-  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.cast(dtypes.bool).max(axis, keepdim)
+  def any(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
+    return self.cast(dtypes.bool).max(axis, keepdim)
   def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
   def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
-    if axis is None: return self.flatten().argmax(0)
+    if axis is None:
+      ret = self.flatten().argmax(0)
+      return ret.reshape((1,) * self.ndim) if keepdim else ret
     a = _normalize_axis(axis, self.ndim)
     n = self.shape[a]
     idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
@@ -647,7 +687,7 @@ class Tensor:
     return out
   dot = matmul
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    out = self @ weight.T if weight.ndim > 1 else self * weight
+    out = self @ weight.T  # a 1-D weight is one output feature: x @ w, as in torch
     return out + bias if bias is not None else out
   def softmax(self, axis: int = -1) -> Tensor:
     e = (self - self.max(axis, keepdim=True)).exp()

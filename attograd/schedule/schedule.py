@@ -117,7 +117,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
         ast, ins = kernel_ast(buffer_view(tmp, value.shape), target.shape, target.base)
       schedule.append(ScheduleItem(ast, (target.base, *ins)))
       a = target.base.arg
-      out = target.base.replace(arg=BufferArg(a.uid, a.device, a.size, a.version + 1))
+      out = target.base.replace(arg=BufferArg(a.uid, a.device, a.size, next(_buffer_ids)))
     else:
       out = new_buffer(u.device, u.size, u.dtype)
       ast, ins = kernel_ast(src.src[0] if src.op is Ops.CONTIGUOUS else src, u.shape, out)
