@@ -15,7 +15,7 @@ class Linear:
     bound = 1 / math.sqrt(in_features)  # torch's kaiming_uniform(a=sqrt(5)) comes to this bound
     self.weight = _uniform((out_features, in_features), bound)
     self.bias = _uniform((out_features,), bound) if bias else None
-  def __call__(self, x: Tensor) -> Tensor: return x.linear(self.weight.T, self.bias)
+  def __call__(self, x: Tensor) -> Tensor: return x.linear(self.weight, self.bias)
 
 class Conv2d:
   """Also 1-D and 3-D: the kernel size's length picks the number of spatial axes."""

@@ -35,19 +35,28 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
   for u in sink.toposort:
     if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN}: points[u] = None
     if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
-  # walk down from each realize point; a reduce reached through an expand is realized too
-  seen: set[tuple[UOp, bool]] = set()
-  stack = [(p, False) for p in points]
-  while stack:
-    u, expanded = stack.pop()
-    if (u, expanded) in seen: continue
-    seen.add((u, expanded))
-    for s in u.src:
-      if s.op is Ops.BUFFER or s.op is Ops.DEVICE: continue
-      if s.op is Ops.REDUCE_AXIS and (expanded or has_real_expand(u)) and s not in points:
-        points[s] = None; stack.append((s, False))
-      elif s in points: stack.append((s, False))
-      else: stack.append((s, expanded or has_real_expand(u)))
+  # walk each kernel (from a realize point down to the next ones); a reduce it would recompute per
+  # element of an expand, or that two kernels both read, gets its own buffer. Repeat until stable.
+  while True:
+    readers: dict[UOp, set[UOp]] = {}
+    new: list[UOp] = []
+    for p in points:
+      seen: set[tuple[UOp, bool]] = set()
+      stack = [(p, False)]
+      while stack:
+        u, expanded = stack.pop()
+        if (u, expanded) in seen: continue
+        seen.add((u, expanded))
+        for s in u.src:
+          if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
+          expanded_here = expanded or has_real_expand(u)
+          if s.op is Ops.REDUCE_AXIS:
+            readers.setdefault(s, set()).add(p)
+            if expanded_here: new.append(s); continue
+          stack.append((s, expanded_here))
+    new += [r for r, ps in readers.items() if len(ps) > 1]
+    if not new: break
+    points.update(dict.fromkeys(new))
   return points
 
 # after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
