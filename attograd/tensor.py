@@ -30,8 +30,8 @@ def _forget(uid: int) -> None:
   for ref in _memos_on.pop(uid, ()):
     if (n := ref()) is not None: n.__dict__.pop("realized", None)
 
-def _with_memos(u: UOp, keep_root: bool = False) -> UOp:
-  done = {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None and not (keep_root and n is u)}
+def _with_memos(u: UOp) -> UOp:
+  done = {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None}
   return u.substitute(done) if done else u
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
@@ -149,19 +149,20 @@ class Tensor:
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
     todo = []
-    for t in tensors:
-      t.uop = _with_memos(t.uop, keep_root=True)
-      if not is_view_of_buffer(t.uop): todo.append(t)
+    roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
+    done = {n: v for n in roots.toposort if (v := n.__dict__.get("realized")) is not None and n not in roots.src}
+    if done: roots = roots.substitute(done)
+    for t, u in zip(tensors, roots.src):
+      t.uop = u
+      if not is_view_of_buffer(u): todo.append(t)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
     run_schedule(schedule)
     for k in becomes:
       if k.op is Ops.ASSIGN: _forget(k.src[0].base.arg.uid)
-    for k, v in becomes.items(): _remember(k, v)
-    for t in todo:
-      new = t.uop.substitute(becomes)
-      if is_view_of_buffer(new): _remember(t.uop, new)
-      t.uop = new
+    for k, v in becomes.items():
+      if is_view_of_buffer(v): _remember(k, v)
+    for t in todo: t.uop = becomes[t.uop]
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
@@ -333,8 +334,8 @@ class Tensor:
     if all(p == (0, 0) for p in pos): return t
     out = self._new(UOp(Ops.PAD, t.dtype, (t.uop,), pos))
     if value == 0: return out
-    inside = Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device)._new(UOp(Ops.PAD, dtypes.bool, (Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device).uop,), pos))
-    return inside.where(out, value)
+    inside = Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device).pad(pos)
+    return inside.where(out, Tensor(_const(value, self.dtype, self.device)))  # the value takes the tensor's dtype, as in torch
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
     if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis ({self.ndim})")
     arg = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
@@ -485,7 +486,7 @@ class Tensor:
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
       if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
         raise ValueError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
-      n, base = int(abs(x)), self if isinstance(x, int) or dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+      n, base = int(abs(x)), self._operands(x)[0]  # in the dtype torch gives: a float exponent makes ints float, an int makes bools int
       acc = base.ones_like() if n == 0 else base
       for _ in range(n - 1): acc = acc * base
       return acc.reciprocal() if x < 0 else acc
@@ -597,7 +598,7 @@ class Tensor:
   def sign(self) -> Tensor:
     if self.dtype == dtypes.bool: return self
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
-  def square(self) -> Tensor: return self * self
+  def square(self) -> Tensor: return self.pow(2)  # not self * self: a bool squares to int64, as in torch
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
   def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float_unary()).sigmoid() - 1.0

@@ -1,7 +1,7 @@
 """Tensor graph -> an ordered list of kernels (DESIGN §3.3).
 Deciding where buffers must exist is the scheduler's one decision; everything else is indexing."""
 from __future__ import annotations
-import itertools
+import dataclasses, itertools
 from dataclasses import dataclass
 from attograd.dtype import dtypes
 from attograd.helpers import prod, dedup
@@ -102,14 +102,15 @@ def reads_own_output_elsewhere(ast: UOp) -> bool:
              for u in ast.toposort)
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-  """Kernels to run, in order, and what each realized node becomes (a view of its new buffer)."""
+  """Kernels to run, in order, and what each realize point and each target becomes afterwards
+  (graphs over views of the new buffers). One pass over the graph, children first."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   points = realize_points(sink)
-  becomes: dict[UOp, UOp] = {}
+  rebuilt: dict[UOp, UOp] = {}
   schedule: list[ScheduleItem] = []
   for u in sink.toposort:
-    if u not in points: continue
-    src = u.substitute(becomes) if becomes else u
+    src = u.replace(src=tuple(rebuilt[s] for s in u.src)) if u.src else u
+    if u not in points: rebuilt[u] = src; continue
     if u.op is Ops.COPY:
       out = new_buffer(u.device, u.size, u.dtype)
       schedule.append(ScheduleItem(src, (out, src.src[0].base)))
@@ -125,11 +126,10 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
         schedule.append(ScheduleItem(tmp_ast, (tmp, *tmp_ins)))
         ast, ins = kernel_ast(buffer_view(tmp, value.shape), target.shape, target.base)
       schedule.append(ScheduleItem(ast, (target.base, *ins)))
-      a = target.base.arg
-      out = target.base.replace(arg=BufferArg(a.uid, a.device, a.size, next(_buffer_ids)))
+      out = target.base.replace(arg=dataclasses.replace(target.base.arg, version=next(_buffer_ids)))
     else:
       out = new_buffer(u.device, u.size, u.dtype)
       ast, ins = kernel_ast(src.src[0] if src.op is Ops.CONTIGUOUS else src, u.shape, out)
       schedule.append(ScheduleItem(ast, (out, *ins)))
-    becomes[u] = buffer_view(out, u.shape)
-  return schedule, becomes
+    rebuilt[u] = buffer_view(out, u.shape)
+  return schedule, {u: rebuilt[u] for u in (*points, *targets)}
