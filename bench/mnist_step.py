@@ -1,0 +1,53 @@
+"""Training step time of examples/mnist.py's convnet, attograd against the same model in torch,
+same batch, measured in one run (medians of N steps after warm-up)."""
+from __future__ import annotations
+import os, statistics, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+def time_steps(step, n: int) -> float:
+  times = []
+  for _ in range(n):
+    st = time.perf_counter(); step(); times.append(time.perf_counter() - st)
+  return statistics.median(times) * 1e3
+
+def attograd_step(bs: int):
+  from mnist import ConvNet
+  from attograd import Tensor
+  from attograd.nn import optim
+  from attograd.nn.state import get_parameters
+  Tensor.manual_seed(0)
+  model = ConvNet()
+  opt = optim.Adam(get_parameters(model), lr=1e-3)
+  x, y = Tensor.randn(bs, 1, 28, 28).realize(), Tensor.randint(bs, high=10).realize()
+  def step():
+    with Tensor.train():
+      opt.zero_grad()
+      loss = model(x).cross_entropy(y).backward()
+      loss.realize(*opt.schedule_step())
+    return loss.item()
+  return step
+
+def torch_step(bs: int):
+  import torch
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3),
+                              torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(400, 10))
+  opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+  x, y = torch.randn(bs, 1, 28, 28), torch.randint(0, 10, (bs,))
+  def step():
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+  return step
+
+def main() -> None:
+  bs, n = int(os.getenv("BS", 128)), int(os.getenv("STEPS", 20))
+  ours, theirs = attograd_step(bs), torch_step(bs)
+  for _ in range(3): ours(), theirs()   # compile, warm caches
+  a, t = time_steps(ours, n), time_steps(theirs, n)
+  print(f"mnist convnet training step, batch {bs}, median of {n}")
+  print(f"  attograd {a:8.2f} ms\n  torch    {t:8.2f} ms\n  attograd/torch {a / t:.2f}x ({'faster' if a < t else 'slower'})")
+
+if __name__ == "__main__": main()
