@@ -58,7 +58,9 @@ class CStyleRenderer(Renderer):
     if op in (Ops.IDIV, Ops.MOD):
       sym = "/" if op is Ops.IDIV else "%"
       if src[1].op is Ops.CONST and src[1].arg not in (0, -1): return f"({a[0]}{sym}{a[1]})"
-      # integer division by zero traps in C; attograd defines x/0 = x%0 = 0 (and INT_MIN/-1 wraps)
+      # integer division by zero traps in C; attograd defines x/0 = x%0 = 0. INT_MIN/-1 traps too:
+      # for signed types x/-1 is -x (wrapping) and x%-1 is 0
+      if dtypes.is_unsigned(dtype): return f"({a[1]}==0?0:({a[0]}{sym}{a[1]}))"
       return f"({a[1]}==0?0:{a[1]}==-1?({sym == '/' and f'(-{a[0]})' or '0'}):({a[0]}{sym}{a[1]}))"
     if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
     if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
@@ -123,6 +125,8 @@ class CStyleRenderer(Renderer):
         if op is Ops.CAST: expr = self.cast(r[u.src[0]], u.src[0].dtype, u.dtype)
         elif op is Ops.BITCAST: expr = self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype)
         else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
+        # C computes 8- and 16-bit integer math in int: wrap the result back into its type
+        if dtypes.is_int(u.dtype) and u.dtype.itemsize < 4 and op is not Ops.WHERE: expr = f"(({self.dt(u.dtype)}){expr})"
         # single-use pure values are written inline; the rest get a name
         if uses.get(u, 0) <= 1 and len(expr) < 80: r[u] = expr
         else: var(u, "alu", expr)

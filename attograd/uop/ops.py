@@ -79,11 +79,13 @@ def exec_alu(op: Ops, dtype: DType, operands: Sequence[ConstType]) -> ConstType:
 @dataclass(frozen=True)
 class BufferArg:
   """What a BUFFER node names: memory `uid` on a device. Writing into it (ASSIGN) makes a new
-  version, so graphs built from the old contents never match graphs over the new ones."""
+  version, so graphs built from the old contents never match graphs over the new ones. `offset`
+  places the buffer at a byte offset of storage the device already holds (a tensor inside a file on DISK)."""
   uid: int
   device: str
   size: int
   version: int = 0
+  offset: int = 0
 
 # ***** the node *****
 
@@ -220,12 +222,23 @@ class UOp(metaclass=UOpMeta):
   # ***** symbolic integers *****
   @property
   def is_const(self) -> bool: return self.op is Ops.CONST
-  @functools.cached_property
-  def bounds(self) -> tuple[ConstType, ConstType]: return _bounds(self)
+  @property
+  def bounds(self) -> tuple[ConstType, ConstType]:
+    if "_range" not in self.__dict__:
+      # children first and iteratively: graphs can be deeper than Python's recursion limit
+      for u in self.toposort:
+        if "_range" not in u.__dict__: u.__dict__["_range"] = _range_info(u)
+    return self.__dict__["_range"][:2]
   @property
   def vmin(self) -> ConstType: return self.bounds[0]
   @property
   def vmax(self) -> ConstType: return self.bounds[1]
+  @property
+  def exact(self) -> bool:
+    """No integer operation in this expression wraps around, for any value in bounds: rules that
+    reason about magnitudes (division, comparisons) may only use expressions that are exact."""
+    self.bounds
+    return self.__dict__["_range"][2]
   simplifier: Callable[[UOp], UOp] | None = None  # installed by uop.symbolic (ops must not import it)
   def simplify(self) -> UOp:
     assert UOp.simplifier is not None, "import attograd.uop to install the symbolic rules"
@@ -281,12 +294,19 @@ def _shape(u: UOp) -> tuple[int, ...]:
   assert shapes and all_same(shapes), f"{u.op} with mismatched source shapes {shapes}"
   return shapes[0]
 
-def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
+def _range_info(u: UOp) -> tuple[ConstType, ConstType, bool]:
+  """(vmin, vmax, exact) of a node from those of its sources."""
+  exact = all(x.__dict__["_range"][2] for x in u.src if "_range" in x.__dict__)
+  lo, hi, fits = _bounds(u)
+  return lo, hi, exact and fits
+
+def _bounds(u: UOp) -> tuple[ConstType, ConstType, bool]:
+  """vmin, vmax and whether the integer result never wrapped."""
   dt = u.dtype
-  if u.op is Ops.CONST: return u.arg, u.arg
-  if u.op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2]
-  if u.op is Ops.RANGE: return 0, u.src[0].vmax - 1
-  if not (dtypes.is_int(dt) or dtypes.is_bool(dt)) or dt.count > 1: return dtypes.min(dt), dtypes.max(dt)
+  if u.op is Ops.CONST: return u.arg, u.arg, True
+  if u.op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2], True
+  if u.op is Ops.RANGE: return 0, u.src[0].vmax - 1, True
+  if not (dtypes.is_int(dt) or dtypes.is_bool(dt)) or dt.count > 1: return dtypes.min(dt), dtypes.max(dt), True
   lo, hi = dtypes.min(dt), dtypes.max(dt)
   s = u.src
   if u.op is Ops.ADD: return _clip(s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax, lo, hi)
@@ -295,9 +315,15 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
     p = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
     return _clip(min(p), max(p), lo, hi)
   if u.op is Ops.NEG: return _clip(-s[0].vmax, -s[0].vmin, lo, hi)
+  if u.op is Ops.CAST and (dtypes.is_int(s[0].dtype) or dtypes.is_bool(s[0].dtype)):
+    return _clip(int(s[0].vmin), int(s[0].vmax), lo, hi)
+  return (*_bounds_no_wrap(u, lo, hi), True)
+
+def _bounds_no_wrap(u: UOp, lo: ConstType, hi: ConstType) -> tuple[ConstType, ConstType]:
+  dt, s = u.dtype, u.src
   if u.op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg != 0:
     q = (_cdiv(s[0].vmin, s[1].arg), _cdiv(s[0].vmax, s[1].arg))
-    return min(q), max(q)
+    return _clip(min(q), max(q), lo, hi)[:2]
   if u.op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg != 0:
     c = abs(s[1].arg)
     if s[0].vmin >= 0: return (s[0].vmin % c, s[0].vmax % c) if s[0].vmin // c == s[0].vmax // c else (0, c - 1)
@@ -305,8 +331,6 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
     return -(c - 1), c - 1
   if u.op is Ops.MAX: return max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax)
   if u.op is Ops.WHERE: return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
-  if u.op is Ops.CAST and (dtypes.is_int(s[0].dtype) or dtypes.is_bool(s[0].dtype)) and lo <= s[0].vmin and s[0].vmax <= hi:
-    return int(s[0].vmin), int(s[0].vmax)
   if u.op is Ops.AND and dtypes.is_int(dt) and s[1].op is Ops.CONST and s[1].arg >= 0: return 0, s[1].arg
   if u.op is Ops.SHR and s[1].op is Ops.CONST and s[0].vmin >= 0: return s[0].vmin >> s[1].arg, s[0].vmax >> s[1].arg
   if dtypes.is_bool(dt):
@@ -322,9 +346,9 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
     return False, True
   return lo, hi
 
-def _clip(a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
-  # an overflowing intermediate wraps in the dtype: then nothing is known about the value
-  return (a, b) if lo <= a and b <= hi else (lo, hi)
+def _clip(a: int, b: int, lo: int, hi: int) -> tuple[int, int, bool]:
+  # an overflowing result wraps in the dtype: then nothing is known about the value
+  return (a, b, True) if lo <= a and b <= hi else (lo, hi, False)
 
 def sym_infer(expr: UOp | int, var_vals: dict[UOp, int]) -> ConstType:
   """Evaluate a symbolic expression with the given variable values, with C semantics."""

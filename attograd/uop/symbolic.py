@@ -46,12 +46,13 @@ def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
   x%c = R%c exactly. Bounds then often decide R//c = 0 and R%c = R."""
   cv = c.arg
   if cv <= 0: return None
+  if not x.exact: return None  # the rules below reason about magnitudes, which wraparound breaks
   if x.vmin >= 0 and x.vmax < cv: return x if d.op is Ops.MOD else x.const_like(0)
   if x.vmin >= 0 and x.vmin // cv == x.vmax // cv and d.op is Ops.IDIV: return x.const_like(x.vmin // cv)
   terms, const = split_terms(x)
   if all(0 <= k < cv for _, k in terms) and 0 <= const < cv: return None
   rest = build_sum(x.dtype, [(n, k % cv) for n, k in terms], const % cv)
-  if x.vmin < 0 or rest.vmin < 0: return None
+  if x.vmin < 0 or rest.vmin < 0 or not (x.exact and rest.exact): return None
   if d.op is Ops.MOD: return UOp(Ops.MOD, x.dtype, (rest, c))
   return build_sum(x.dtype, [(n, k // cv) for n, k in terms] + [(UOp(Ops.IDIV, x.dtype, (rest, c)), 1)], const // cv)
 
@@ -96,15 +97,17 @@ symbolic = PatternMatcher([
   (UPat(Ops.ADD, dtype=INT_TYPES, name="s"), lambda s: r if (r := normalize_sum(s)) is not s else None),
   # division and remainder by constants
   (UPat((Ops.IDIV, Ops.MOD), dtype=INT_TYPES, src=(ix, c1), name="d"), lambda x, c1, d: fold_divmod(x, c1, d)),
-  (UPat(Ops.IDIV, src=(UPat(Ops.MUL, src=(ix, c1)), c2)),
-   lambda x, c1, c2: (x * (c1.arg // c2.arg) if c1.arg % c2.arg == 0 else x // (c2.arg // c1.arg) if c2.arg % c1.arg == 0 else None)
-     if c1.arg > 0 and c2.arg > 0 else None),
+  (UPat(Ops.IDIV, src=(UPat(Ops.MUL, src=(ix, c1), name="m"), c2)),
+   lambda x, c1, c2, m: (x * (c1.arg // c2.arg) if c1.arg % c2.arg == 0 else x // (c2.arg // c1.arg) if c2.arg % c1.arg == 0 else None)
+     if c1.arg > 0 and c2.arg > 0 and m.exact else None),
   (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(ix, c1)), c2)), lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 else None),
   (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(ix, c1)), c2)), lambda x, c1, c2: x % c2 if c2.arg != 0 and c1.arg % c2.arg == 0 else None),
   # comparisons against constants move the constants to one side
-  (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, dtype=INT_TYPES, src=(x, c1)), c2)), lambda x, c1, c2: x < (c2.arg - c1.arg)),
-  (UPat(Ops.CMPLT, src=(UPat(Ops.MUL, dtype=INT_TYPES, src=(x, c1)), c2)),
-   lambda x, c1, c2: x < -(-c2.arg // c1.arg) if c1.arg > 0 else None),
+  (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, dtype=INT_TYPES, src=(x, c1), name="a"), c2)),
+   lambda x, c1, c2, a: x < (c2.arg - c1.arg) if a.exact and x.dtype.scalar() == a.dtype and
+     dtypes.min(a.dtype) <= c2.arg - c1.arg <= dtypes.max(a.dtype) else None),
+  (UPat(Ops.CMPLT, src=(UPat(Ops.MUL, dtype=INT_TYPES, src=(x, c1), name="m"), c2)),
+   lambda x, c1, c2, m: x < -(-c2.arg // c1.arg) if c1.arg > 0 and m.exact else None),
 ])
 
 def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)

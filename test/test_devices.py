@@ -1,0 +1,123 @@
+"""Devices: the PYTHON emulator (the reference semantics) and CPU agree; copies between them;
+the CPU compiler's disk cache; DEBUG=4 shows the source."""
+import os, pathlib, re, subprocess, sys
+import numpy as np
+import pytest
+from attograd import Tensor, GlobalCounters
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+rng = np.random.default_rng(1)
+
+def on_both(f, *arrays):
+  """f applied to the arrays as tensors on CPU and on PYTHON: (cpu result, python result) as numpy."""
+  return tuple(f(*[Tensor(x, device=d) for x in arrays]).numpy() for d in ("CPU", "PYTHON"))
+
+def check(f, *arrays, want=None, exact=False):
+  cpu, py = on_both(f, *arrays)
+  assert cpu.shape == py.shape and cpu.dtype == py.dtype
+  cmp = np.testing.assert_equal if exact else lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+  cmp(cpu, py)
+  if want is not None: cmp(py, want)
+
+na, nb = rng.standard_normal((5, 6)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+ia, ib = rng.integers(-50, 50, (4, 6)).astype(np.int32), rng.integers(-7, 8, (4, 6)).astype(np.int32)
+ib[ib == 0] = 3
+
+def test_elementwise():
+  check(lambda x: (x * 2 + 1).relu() - x.exp() / (x.abs() + 1), na, want=np.maximum(na * 2 + 1, 0) - np.exp(na) / (np.abs(na) + 1))
+  check(lambda x: (x > 0).where(x.sqrt(), -x), na, want=np.where(na > 0, np.sqrt(np.abs(na)), -na))
+  check(lambda x: x.cast("int32") + (x < 0), na, want=na.astype(np.int32) + (na < 0), exact=True)
+
+def test_reduce():
+  check(lambda x: x.sum(1), na, want=na.sum(1))
+  check(lambda x: x.max(0) + x.min(1).sum(), na, want=na.max(0) + na.min(1).sum())
+  check(lambda x: x.argmax(1), na, want=na.argmax(1), exact=True)
+  check(lambda x: x.softmax(0), na, want=np.exp(na) / np.exp(na).sum(0))
+  check(lambda x: x.sum(), ia, want=ia.sum(), exact=True)
+
+def test_matmul():
+  check(lambda x, y: x @ y, na, nb, want=na @ nb)
+  check(lambda x, y: (x @ y).relu().sum(0), na, nb, want=np.maximum(na @ nb, 0).sum(0))
+
+def test_movement_chains():
+  want = np.pad(na, ((1, 2), (3, 0)))[::-1][1:7, 2:8][:, ::-2]
+  check(lambda x: x.pad(((1, 2), (3, 0))).flip(0).shrink(((1, 7), (2, 8)))[:, ::-2], na, want=want, exact=True)
+  check(lambda x: x.T.reshape(3, 10).permute(1, 0)[::3] + 1, na, want=na.T.reshape(3, 10).T[::3] + 1, exact=True)
+  check(lambda x: x.reshape(5, 1, 6).expand(5, 2, 6).reshape(10, 6).flip(1), na, want=np.repeat(na, 2, 0)[:, ::-1], exact=True)
+
+def test_int_division():
+  check(lambda x, y: x // y, ia, ib, want=ia // ib, exact=True)  # floor, as numpy and torch
+  check(lambda x, y: x % y, ia, ib, want=ia % ib, exact=True)
+  check(lambda x, y: x.div(y, rounding_mode="trunc"), ia, ib, want=np.trunc(ia / ib).astype(np.int32), exact=True)
+  check(lambda x: x // 4 + x % -3, ia, want=ia // 4 + ia % -3, exact=True)
+  check(lambda x: (x.reshape(24) // 5).reshape(6, 4)[::2], ia, want=(ia.reshape(24) // 5).reshape(6, 4)[::2], exact=True)
+
+u8, two = np.array([0, 10, 100, 128, 200, 255], np.uint8), np.full(6, 2, np.uint8)
+i8, hundred = np.array([100, 127, -128, 5], np.int8), np.full(4, 100, np.int8)
+@pytest.mark.parametrize("f, x, y, want", [  # like C on the stored type, numpy and torch: results wrap
+  pytest.param(lambda x, y: (x * y) // y, u8, two, (u8 * two) // two, id="u8 (x*y)//y"),
+  pytest.param(lambda x, y: (x * y) > y * 100, u8, two, (u8 * two) > two * np.uint8(100), id="u8 x*y>y*100"),
+  pytest.param(lambda x, y: (x + y) < y * 0, i8, hundred, (i8 + hundred) < 0, id="i8 x+y<0"),
+])
+def test_narrow_ints_wrap(f, x, y, want): check(f, x, y, want=want, exact=True)
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_unsigned_division_by_max_value(dtype):
+  big = np.iinfo(dtype).max
+  x, m = np.array([5, big, 7, 0], dtype), np.full(4, big, dtype)
+  check(lambda a, b: a // b, x, m, want=x // m, exact=True)
+  check(lambda a, b: a % b, x, m, want=x % m, exact=True)
+
+def test_random_numbers_are_the_same_on_every_device():
+  def draw(device):
+    Tensor.manual_seed(3)
+    return [t.numpy() for t in (Tensor.rand(5, device=device), Tensor.randn(3, device=device), Tensor.randint(4, high=100, device=device))]
+  for cpu, py in zip(draw("CPU"), draw("PYTHON")): np.testing.assert_allclose(cpu, py, rtol=1e-6)
+
+def test_copy_between_devices():
+  x = Tensor(na, device="CPU")
+  y = x.to("PYTHON")
+  assert y.device == "PYTHON" and x.device == "CPU" and x.to("cpu") is x
+  np.testing.assert_equal(y.numpy(), na)
+  z = (y * 2).to("CPU") + x
+  assert z.device == "CPU"
+  np.testing.assert_allclose(z.numpy(), na * 3, rtol=1e-6)
+  GlobalCounters.reset()
+  w = (x.T + 1).to("PYTHON").realize()  # a lazy view is computed, then copied
+  assert GlobalCounters.kernel_count == 2
+  np.testing.assert_allclose(w.numpy(), na.T + 1, rtol=1e-6)
+
+# ***** CPU compiler: disk cache and DEBUG output, each in a fresh process *****
+
+CACHE_SCRIPT = """
+import subprocess
+import attograd.runtime.ops_cpu as cpu
+calls = []
+real = cpu.subprocess.run
+cpu.subprocess.run = lambda *a, **k: calls.append(a) or real(*a, **k)
+from attograd import Tensor
+x = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]])
+print((x * 3 + 17.25).sum(1).tolist(), (x.T @ x).max().item())
+print("compiles", len(calls))
+"""
+
+def run_python(script: str, **env) -> str:
+  out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  return out.stdout
+
+def test_cpu_compiler_caches_on_disk(tmp_path):
+  first = run_python(CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")
+  files = sorted(p.name for p in tmp_path.iterdir())
+  assert any(f.endswith(".so") for f in files), files
+  assert int(re.search(r"compiles (\d+)", first).group(1)) >= 2
+  second = run_python(CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")
+  assert re.search(r"compiles (\d+)", second).group(1) == "0", "the second process compiled again"
+  assert first == second.replace("compiles 0", re.search(r"compiles \d+", first).group(0))
+  assert sorted(p.name for p in tmp_path.iterdir()) == files  # nothing new on disk
+
+def test_debug4_prints_source(tmp_path):
+  out = run_python("from attograd import Tensor\nx = Tensor([1.0, 2.0, 3.0])\n(x + 1).realize(); x.sum().realize()",
+                   DEBUG="4", ATTOGRAD_CACHE=str(tmp_path))
+  assert "void " in out
+  assert len(re.findall(r"^void \w+\(", out, re.M)) == 2, out  # one function per kernel

@@ -1,0 +1,91 @@
+"""Fusion: how many kernels a graph becomes (GlobalCounters), and that the fused result is right."""
+import numpy as np
+import pytest
+from attograd import Tensor, GlobalCounters
+
+rng = np.random.default_rng(0)
+def rand(*shape): return rng.standard_normal(shape).astype(np.float32)
+def tensors(*arrays): return [Tensor(a).realize() for a in arrays]  # inputs realized before counting
+
+def run(t):
+  """(kernels run, value) for realizing t (a view of a realized buffer needs .contiguous() to run anything)."""
+  GlobalCounters.reset()
+  t.realize()
+  k = GlobalCounters.kernel_count
+  return k, t.numpy()
+
+def check(t, want, kernels, atol=1e-5):
+  k, got = run(t)
+  np.testing.assert_allclose(got, want, atol=atol, rtol=1e-5)
+  assert k == kernels, f"expected {kernels} kernel(s), ran {k}"
+
+def test_elementwise_is_one_kernel():
+  na, nb, nc = rand(8, 5), rand(8, 5), rand(8, 5)
+  a, b, c = tensors(na, nb, nc)
+  check((a + b) * c, (na + nb) * nc, 1)
+  check(((a + b) * c - a / (b.abs() + 1)).relu().exp(), np.exp(np.maximum((na + nb) * nc - na / (np.abs(nb) + 1), 0)), 1)
+
+def test_broadcast_is_one_kernel():
+  nr, nc = rand(6, 1), rand(1, 7)
+  r, c = tensors(nr, nc)
+  check(r * c + r, nr * nc + nr, 1)
+
+def test_elementwise_then_reduce_is_one_kernel():
+  na, nb, nc = rand(8, 5), rand(8, 5), rand(8, 5)
+  a, b, c = tensors(na, nb, nc)
+  check(((a + b) * c).sum(1), ((na + nb) * nc).sum(1), 1)
+  check(((a + b) * c).sum(), ((na + nb) * nc).sum(), 1, atol=1e-4)
+  check((a * b).max(0), (na * nb).max(0), 1)
+
+def test_permute_contiguous_is_one_kernel():
+  na = rand(5, 7)
+  (a,) = tensors(na)
+  check(a.permute(1, 0).contiguous(), na.T, 1)
+  check((a.reshape(5, 7, 1).permute(2, 1, 0) * 2).contiguous(), na.T[None] * 2, 1)
+
+def test_matmul_relu_is_one_kernel():
+  na, nb = rand(6, 9), rand(9, 4)
+  a, b = tensors(na, nb)
+  check((a @ b).relu(), np.maximum(na @ nb, 0), 1, atol=1e-4)
+  assert GlobalCounters.global_ops >= 2 * 6 * 9 * 4
+
+def test_reshape_expand_sum_has_no_copy_kernel():
+  na = rand(4, 3)
+  (a,) = tensors(na)
+  check(a.reshape(12, 1).expand(12, 5).sum(), na.sum() * 5, 1, atol=1e-4)
+  check(a.reshape(4, 1, 3).expand(4, 6, 3).sum(1), na * 6, 1, atol=1e-4)
+
+def test_movement_chain_is_one_kernel():
+  na = rand(5, 6)
+  (a,) = tensors(na)
+  want = np.pad(na, ((1, 2), (0, 3)))[::-1, 1:8][1:6, ::2]
+  check(a.pad(((1, 2), (0, 3))).flip(0).shrink(((0, 8), (1, 8)))[1:6, ::2].contiguous(), want, 1)
+
+def test_softmax_kernels():
+  na = rand(6, 10)
+  (a,) = tensors(na)
+  e = np.exp(na - na.max(1, keepdims=True))
+  k, got = run(a.softmax(1))
+  np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), atol=1e-6, rtol=1e-5)
+  assert k <= 3, f"softmax ran {k} kernels"
+
+def test_realized_tensor_runs_nothing():
+  na, nb = rand(3, 4), rand(3, 4)
+  a, b = tensors(na, nb)
+  t = (a + b).realize()
+  k, got = run(t)
+  assert k == 0
+  np.testing.assert_allclose(got, na + nb)
+  GlobalCounters.reset()
+  (t * 2).realize()  # t is a buffer now: a + b is not recomputed
+  assert GlobalCounters.kernel_count == 1
+
+def test_two_outputs_realized_together():
+  na, nb = rand(3, 4), rand(3, 4)
+  a, b = tensors(na, nb)
+  x, y = a + b, (a * b).sum(0)
+  GlobalCounters.reset()
+  Tensor.realize(x, y)
+  assert GlobalCounters.kernel_count == 2
+  np.testing.assert_allclose(x.numpy(), na + nb, rtol=1e-6)
+  np.testing.assert_allclose(y.numpy(), (na * nb).sum(0), rtol=1e-5, atol=1e-6)
