@@ -30,6 +30,8 @@ _kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
 def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   if (ck := _kernel_cache.get((ast, device))) is not None: return ck
   dev = Device[device]
+  if dev.renderer is None:
+    raise RuntimeError(f"{device} stores bytes and can't run kernels: move the tensor to a compute device first, e.g. t.to('CPU')")
   st = time.perf_counter()
   name, src, uops = to_program(ast, dev.renderer)
   if DEBUG >= 3: print(ast)
@@ -47,7 +49,7 @@ _by_uid: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary(
 
 def buffer_of(u: UOp) -> Buffer:
   if (b := u.__dict__.get("buffer")) is None:
-    if (b := _by_uid.get(u.arg.uid)) is None: b = _by_uid[u.arg.uid] = Buffer(u.arg.device, u.arg.size, u.dtype)
+    if (b := _by_uid.get(u.arg.uid)) is None: b = _by_uid[u.arg.uid] = Buffer(u.arg.device, u.arg.size, u.dtype, u.arg.offset)
     u.__dict__["buffer"] = b
   return b
 

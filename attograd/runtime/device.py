@@ -10,21 +10,28 @@ class Allocator:
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError
   def copyin(self, dest: Any, src: memoryview) -> None: raise NotImplementedError
   def copyout(self, dest: memoryview, src: Any) -> None: raise NotImplementedError
+  def alloc_at(self, nbytes: int, offset: int) -> Any:
+    """Memory at a fixed byte offset of storage the device already holds (a window into a file on
+    DISK). Devices that only hand out fresh memory have no such thing."""
+    raise RuntimeError(f"{type(self).__name__} can't place a buffer at byte offset {offset}")
 
 class Compiler:
   def compile(self, src: str) -> bytes: return src.encode()
 
 class Buffer:
-  """Device memory for `size` elements of `dtype`, allocated on first use."""
-  def __init__(self, device: str, size: int, dtype: DType):
-    self.device, self.size, self.dtype = device, size, dtype
+  """Device memory for `size` elements of `dtype`, allocated on first use; a nonzero `offset` names
+  bytes the device already holds (alloc_at) instead of fresh memory."""
+  def __init__(self, device: str, size: int, dtype: DType, offset: int = 0):
+    self.device, self.size, self.dtype, self.offset = device, size, dtype, offset
     self._buf: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def allocated(self) -> bool: return self._buf is not None
   def ensure_allocated(self) -> Buffer:
-    if self._buf is None: self._buf = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+    if self._buf is None:
+      a = Device[self.device].allocator
+      self._buf = a.alloc_at(max(self.nbytes, 1), self.offset) if self.offset else a.alloc(max(self.nbytes, 1))
     return self
   def copyin(self, data: memoryview) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
@@ -34,16 +41,18 @@ class Buffer:
     out = memoryview(bytearray(self.nbytes))
     if self.nbytes: Device[self.device].allocator.copyout(out, self.ensure_allocated()._buf)
     return out
-  def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype}>"
+  def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype}" + (f" at byte {self.offset}>" if self.offset else ">")
 
 class Compiled:
-  """A backend: what a device needs to turn a kernel into something it can run."""
+  """A backend: what a device needs to turn a kernel into something it can run. A storage-only
+  device (DISK) has renderer None: it holds bytes and runs no kernels."""
   def __init__(self, name: str, allocator: Allocator, renderer: Any, compiler: Compiler, runtime: Callable[[str, bytes], Any]):
     self.name, self.allocator, self.renderer, self.compiler, self.runtime = name, allocator, renderer, compiler, runtime
   def synchronize(self) -> None: pass
 
 # one module per device: attograd/runtime/ops_<name>.py defines <Name>Device
-BACKENDS = ("CPU", "PYTHON")
+# DISK:<path> is storage only: a file seen as bytes, read by copying to a compute device
+BACKENDS = ("CPU", "PYTHON", "DISK")
 
 class _Device:
   @functools.cache
@@ -53,14 +62,15 @@ class _Device:
     return getattr(mod, f"{name.split(':')[0].title()}Device")(name)
   def canonicalize(self, name: str | None) -> str:
     if name is None: return self.DEFAULT
-    upper = name.upper()
-    base = upper.split(":")[0]
+    # only the backend is case-insensitive: what follows the colon may be a file path (DISK:/a/B.bin)
+    base, _, rest = name.partition(":")
+    base = base.upper()
     if base not in BACKENDS: raise ValueError(f"unknown device {name!r}; available: {', '.join(BACKENDS)}")
-    return base if upper.endswith(":0") else upper
+    return base if rest in ("", "0") else f"{base}:{rest if base == 'DISK' else rest.upper()}"
   @functools.cached_property
   def DEFAULT(self) -> str:
     if (dev := os.getenv("DEV")): return self.canonicalize(dev)
     for b in BACKENDS:
-      if getenv(b, 0) == 1: return b
+      if b != "DISK" and getenv(b, 0) == 1: return b  # DISK runs no kernels, it can't be the default
     return "CPU"
 Device = _Device()
