@@ -194,8 +194,12 @@ class Tensor:
   def to(self, device: str | None) -> Tensor:
     device = Device.canonicalize(device)
     if device == self.device: return self
-    src = self.contiguous()
-    return self._new(UOp(Ops.COPY, self.dtype, (src.uop, _device_node(device))))
+    if is_view_of_buffer(self.uop):
+      # a view moves as its memory plus the same movement ops on the other side: no kernel runs
+      # here, which matters for storage-only devices (DISK) and for views that cover little
+      base = self.uop.base
+      return self._new(self.uop.substitute({base: UOp(Ops.COPY, self.dtype, (base, _device_node(device)))}))
+    return self._new(UOp(Ops.COPY, self.dtype, (self.contiguous().uop, _device_node(device))))
   def assign(self, x: Tensor | ConstType) -> Tensor:
     """Write x into this tensor's memory (broadcast and cast to its shape and dtype), like torch's copy_."""
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
