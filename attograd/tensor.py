@@ -16,19 +16,13 @@ _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # ***** what realized nodes became *****
 # A realized node remembers the buffer view it became (in its own __dict__, so the memo lives exactly
 # as long as the node): lazy graphs built before the realize read that buffer instead of recomputing.
-# Two rules keep memory from being shared by mistake:
-#  - a tensor being realized gets its own buffer even if an identical node was realized before (only
-#    nodes strictly below it use memos): assigning into one tensor must not change another;
-#  - writing into a buffer (assign) forgets every memo that points at it.
-_memos_on: dict[int, list[weakref.ref]] = {}
+# A tensor being realized gets its own buffer even if an identical node was realized before (only
+# nodes strictly below it use memos), so no two tensors share memory by accident.
+def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = view
 
-def _remember(node: UOp, view: UOp) -> None:
-  node.__dict__["realized"] = view
-  _memos_on.setdefault(view.base.arg.uid, []).append(weakref.ref(node))
-
-def _forget(uid: int) -> None:
-  for ref in _memos_on.pop(uid, ()):
-    if (n := ref()) is not None: n.__dict__.pop("realized", None)
+# tensors with an assign not yet realized: every realize flushes them, so writes land in order and
+# a chain of assigns (a running mean updated each step) never grows into an ever longer graph
+_pending_assigns: weakref.WeakSet = weakref.WeakSet()
 
 def _with_memos(u: UOp) -> UOp:
   done = {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None}
@@ -148,6 +142,8 @@ class Tensor:
     return self
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
+    tensors = list({id(t): t for t in (*tensors, *_pending_assigns)}.values())
+    _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
     done = {n: v for n in roots.toposort if (v := n.__dict__.get("realized")) is not None and n not in roots.src}
@@ -158,8 +154,6 @@ class Tensor:
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
     run_schedule(schedule)
-    for k in becomes:
-      if k.op is Ops.ASSIGN: _forget(k.src[0].base.arg.uid)
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
     for t in todo: t.uop = becomes[t.uop]
@@ -201,13 +195,16 @@ class Tensor:
       return self._new(self.uop.substitute({base: UOp(Ops.COPY, self.dtype, (base, _device_node(device)))}))
     return self._new(UOp(Ops.COPY, self.dtype, (self.contiguous().uop, _device_node(device))))
   def assign(self, x: Tensor | ConstType) -> Tensor:
-    """Write x into this tensor's memory (broadcast and cast to its shape and dtype), like torch's copy_."""
+    """Give this tensor x's values (broadcast and cast to its shape and dtype), like torch's copy_.
+    The write lands at the next realize of anything, in new memory: tensors computed from the old
+    values keep them, even if they are still lazy (views made before the write see the old values too)."""
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
     if x.device != self.device: raise ValueError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
-    # a tensor with a pending assign keeps writing to the same memory
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
-    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop)) if is_view_of_buffer(target) else x.uop
+    if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
+    _pending_assigns.add(self)
     return self
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
@@ -423,12 +420,11 @@ class Tensor:
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     if isinstance(x, Tensor):
       if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
-      dt = least_upper_dtype(self.dtype, x.dtype)
+      # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
+      dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
+        _weak_promote(self.dtype, x.dtype) if x.ndim == 0 else _weak_promote(x.dtype, self.dtype)
     elif isinstance(x, (bool, int, float)):
-      # Python scalars are weak: they don't widen the tensor's dtype within its kind
-      if isinstance(x, float) and not dtypes.is_float(self.dtype): dt = dtypes.default_float
-      elif isinstance(x, int) and not isinstance(x, bool) and dtypes.is_bool(self.dtype): dt = dtypes.default_int
-      else: dt = self.dtype
+      dt = _weak_promote(self.dtype, dtypes.from_py(x))  # Python scalars are weak
       x = Tensor(_const(x, dt, self.device))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
@@ -598,7 +594,8 @@ class Tensor:
     return (diff > 0.5).where(f + 1, (diff < 0.5).where(f, even.where(f, f + 1)))
   def abs(self) -> Tensor:
     if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool: return self
-    return (self < 0).where(-self, self) if not dtypes.is_float(self.dtype) else self * self.sign()
+    # floats: max(x, -x) keeps NaN and gives the gradient 0 at 0, as torch does
+    return (self < 0).where(-self, self) if not dtypes.is_float(self.dtype) else self.maximum(-self)
   def sign(self) -> Tensor:
     if self.dtype == dtypes.bool: return self
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
@@ -872,6 +869,12 @@ class _TrainMode:
   def __init__(self, mode: bool): self.prev, Tensor.training = Tensor.training, mode
   def __enter__(self) -> _TrainMode: return self
   def __exit__(self, *exc) -> None: Tensor.training = self.prev
+
+def _weak_promote(strong: DType, weak: DType) -> DType:
+  """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):
+  it doesn't widen the other dtype within its kind (bool < int < float), only lifts it to a higher kind."""
+  kind = lambda t: 2 if dtypes.is_float(t) else 1 if dtypes.is_int(t) else 0
+  return strong if kind(weak) <= kind(strong) else least_upper_dtype(strong, weak)
 
 def _binop(op: Ops, a: Tensor, x: Any, reverse: bool = False) -> Tensor:
   l, r = a._operands(x, reverse)

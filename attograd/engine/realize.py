@@ -43,14 +43,9 @@ def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, count_ops(uops), [u for u in uops if u.op is Ops.DEFINE_VAR])
   return ck
 
-# the runtime Buffer behind each BUFFER node: every version of a BUFFER holds it, so memory lives
-# as long as some graph names it; the table only finds it for a new version
-_by_uid: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
-
 def buffer_of(u: UOp) -> Buffer:
-  if (b := u.__dict__.get("buffer")) is None:
-    if (b := _by_uid.get(u.arg.uid)) is None: b = _by_uid[u.arg.uid] = Buffer(u.arg.device, u.arg.size, u.dtype, u.arg.offset)
-    u.__dict__["buffer"] = b
+  """The runtime Buffer behind a BUFFER node, held by the node: memory lives as long as a graph names it."""
+  if (b := u.__dict__.get("buffer")) is None: b = u.__dict__["buffer"] = Buffer(u.arg.device, u.arg.size, u.dtype, u.arg.offset)
   return b
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None) -> None:

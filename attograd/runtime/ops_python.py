@@ -19,16 +19,23 @@ class PythonRenderer(Renderer):
   device = "PYTHON"
   def render(self, name: str, uops: list[UOp]) -> str: return pickle.dumps(uops).hex()
 
+def _f16_from_bits(b: int) -> float: return struct.unpack("<e", struct.pack("<H", b))[0]
+def _f16_to_bits(v: float) -> int: return struct.unpack("<H", struct.pack("<e", truncate(dtypes.float16, v)))[0]
+# 16-bit floats live as their bits: memoryview has no bfloat16 and can't cast to "e"
+_FROM_BITS = {dtypes.bfloat16: bf16_bits_to_float, dtypes.float16: _f16_from_bits}
+_TO_BITS = {dtypes.bfloat16: float_to_bf16_bits, dtypes.float16: _f16_to_bits}
+
 class Memory:
-  """A buffer seen as Python values, converting bfloat16 through its bits."""
+  """A buffer seen as Python values."""
   def __init__(self, raw: bytearray, dtype: DType):
-    self.dtype = dtype
-    self.view = memoryview(raw).cast("H" if dtype == dtypes.bfloat16 else dtype.fmt)
+    self.dtype, self.from_bits, self.to_bits = dtype, _FROM_BITS.get(dtype), _TO_BITS.get(dtype)
+    raw = memoryview(raw)
+    raw = raw[:len(raw) - len(raw) % dtype.itemsize]  # an empty buffer still holds one byte
+    self.view = raw.cast("H" if self.from_bits else dtype.fmt)
   def __getitem__(self, i: int) -> Any:
-    v = self.view[i]
-    return bf16_bits_to_float(v) if self.dtype == dtypes.bfloat16 else v
+    return self.from_bits(self.view[i]) if self.from_bits else self.view[i]
   def __setitem__(self, i: int, v: Any) -> None:
-    self.view[i] = float_to_bf16_bits(v) if self.dtype == dtypes.bfloat16 else truncate(self.dtype, v)
+    self.view[i] = self.to_bits(v) if self.to_bits else truncate(self.dtype, v)
 
 def bitcast(v: Any, frm: DType, to: DType) -> Any:
   fmt = lambda d: "H" if d == dtypes.bfloat16 else d.fmt

@@ -95,12 +95,6 @@ def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple
   sink = graph_rewrite(sink, kernel_cleanup)
   return sink, [b for b in ctx.params if b is not out_buf]
 
-def reads_own_output_elsewhere(ast: UOp) -> bool:
-  """Does the kernel load from PARAM 0 at any address other than the one it stores to?"""
-  stores = {u.src[0] for u in ast.toposort if u.op is Ops.STORE}
-  return any(u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM and u.src[0].src[0].arg == 0 and u.src[0] not in stores
-             for u in ast.toposort)
-
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each realize point and each target becomes afterwards
   (graphs over views of the new buffers). One pass over the graph, children first."""
@@ -115,18 +109,11 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
       out = new_buffer(u.device, u.size, u.dtype)
       schedule.append(ScheduleItem(src, (out, src.src[0].base)))
     elif u.op is Ops.ASSIGN:
+      # the new value goes to new memory: graphs built before the assign still read the old values
       target, value = src.src
-      if not (target.base.op is Ops.BUFFER and target.op in {Ops.BUFFER, Ops.RESHAPE}):
-        raise RuntimeError(f"assign needs a realized, contiguous target; got a view through {target.op}")
-      ast, ins = kernel_ast(value, target.shape, target.base)
-      if reads_own_output_elsewhere(ast):
-        # a.assign(a.flip(0)) would read elements it already overwrote: compute aside, then copy in
-        tmp = new_buffer(u.device, value.size, value.dtype)
-        tmp_ast, tmp_ins = kernel_ast(value, value.shape, tmp)
-        schedule.append(ScheduleItem(tmp_ast, (tmp, *tmp_ins)))
-        ast, ins = kernel_ast(buffer_view(tmp, value.shape), target.shape, target.base)
-      schedule.append(ScheduleItem(ast, (target.base, *ins)))
-      out = target.base.replace(arg=dataclasses.replace(target.base.arg, version=next(_buffer_ids)))
+      out = new_buffer(u.device, u.size, u.dtype)
+      ast, ins = kernel_ast(value, target.shape, out)
+      schedule.append(ScheduleItem(ast, (out, *ins)))
     else:
       out = new_buffer(u.device, u.size, u.dtype)
       ast, ins = kernel_ast(src.src[0] if src.op is Ops.CONTIGUOUS else src, u.shape, out)

@@ -78,13 +78,11 @@ def exec_alu(op: Ops, dtype: DType, operands: Sequence[ConstType]) -> ConstType:
 
 @dataclass(frozen=True)
 class BufferArg:
-  """What a BUFFER node names: memory `uid` on a device. Writing into it (ASSIGN) makes a new
-  version, so graphs built from the old contents never match graphs over the new ones. `offset`
-  places the buffer at a byte offset of storage the device already holds (a tensor inside a file on DISK)."""
+  """What a BUFFER node names: memory `uid` on a device. `offset` places the buffer at a byte offset
+  of storage the device already holds (a tensor inside a file on DISK)."""
   uid: int
   device: str
   size: int
-  version: int = 0
   offset: int = 0
 
 # ***** the node *****
