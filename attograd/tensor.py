@@ -81,7 +81,7 @@ class Tensor:
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
     self.uop: UOp = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
     self._requires_grad, self.grad = None, None
-    if requires_grad: self.requires_grad = True
+    if requires_grad is not None: self.requires_grad = requires_grad
 
   # ***** properties *****
   @property
@@ -521,8 +521,15 @@ class Tensor:
     if self.dtype == dtypes.bool: return self.logical_not()
     if dtypes.is_float(self.dtype): raise TypeError(f"~ needs bool or integer tensors, got {self.dtype}")
     return self ^ -1 if not dtypes.is_unsigned(self.dtype) else self ^ dtypes.max(self.dtype)
-  def lshift(self, x) -> Tensor: return self._logic(Ops.SHL, x)
-  def rshift(self, x) -> Tensor: return self._logic(Ops.SHR, x)
+  def lshift(self, x) -> Tensor: return self._shift(Ops.SHL, x)
+  def rshift(self, x) -> Tensor: return self._shift(Ops.SHR, x)
+  def _shift(self, op: Ops, x) -> Tensor:
+    # C leaves a shift by a negative amount, or by the bit width or more, undefined (CPU and PYTHON disagree);
+    # torch gives 0 for << and the sign fill for >>, so only in-range amounts reach the ALU
+    a, s = self._operands(x)
+    ok = (s >= 0) & (s < 8 * a.dtype.itemsize)
+    out = a._logic(op, ok.where(s, 0))
+    return ok.where(out, 0 if op is Ops.SHL else (a < 0).where(-1, 0).cast(a.dtype))
   def eq(self, x) -> Tensor: a, b = self._operands(x); return a._alu(Ops.CMPEQ, b)
   def ne(self, x) -> Tensor: a, b = self._operands(x); return a._alu(Ops.CMPNE, b)
   def lt(self, x, reverse=False) -> Tensor: a, b = self._operands(x, reverse); return a._alu(Ops.CMPLT, b)
@@ -574,7 +581,10 @@ class Tensor:
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
   def reciprocal(self) -> Tensor: return self._float_unary()._alu(Ops.RECIP)
   def sin(self) -> Tensor: return self._float_unary()._alu(Ops.SIN)
-  def cos(self) -> Tensor: return ((math.pi / 2) - self._float_unary())._alu(Ops.SIN)
+  def cos(self) -> Tensor:
+    # 1 - 2*sin(x/2)^2: x/2 is exact, while pi/2 - x rounds away the digits of a large x (cos(3e4) was off by 4e-4)
+    s = (self._float_unary() * 0.5)._alu(Ops.SIN)
+    return 1 - 2 * s * s
   def tan(self) -> Tensor: return self.sin() / self.cos()
   def trunc(self) -> Tensor: return self if not dtypes.is_float(self.dtype) else self._alu(Ops.TRUNC)
   def floor(self) -> Tensor:
@@ -665,7 +675,9 @@ class Tensor:
     a = _normalize_axis(axis, self.ndim)
     n = self.shape[a]
     idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
-    hit = (self == self.max(a, keepdim=True)).cast(dtypes.int64) * idx
+    is_max = self == self.max(a, keepdim=True)
+    if dtypes.is_float(self.dtype): is_max = is_max | self.isnan()  # as in torch a NaN is the max, but NaN == NaN is False
+    hit = is_max.cast(dtypes.int64) * idx
     return (n - hit.max(a, keepdim=keepdim)).cast(dtypes.int64)
   def argmin(self, axis=None, keepdim: bool = False) -> Tensor: return (-self if dtypes.is_float(self.dtype) else ~self).argmax(axis, keepdim)
 
@@ -681,7 +693,8 @@ class Tensor:
     dt = least_upper_dtype(a.dtype, b.dtype)
     a, b = a.cast(dt), b.cast(dt)
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-    batch = _broadcast_shape(a.shape[:-2], b.shape[:-2])
+    try: _broadcast_shape(a.shape[:-2], b.shape[:-2])
+    except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
     out = prod_._reduce(Ops.ADD, -1)
     if self.ndim == 1: out = out.squeeze(-2)
@@ -777,10 +790,9 @@ class Tensor:
     w = w.reshape(groups * cout_g, cin // groups, *kernel)
     pads = tuple(v for k, d, p, op in zip(kernel, dilation, padding, output_padding) for v in (d * (k - 1) - p, d * (k - 1) - p + op))
     return x.conv2d(w, bias, groups=groups, dilation=dilation, padding=pads)
-  def _pool_pads(self, kernel_size, stride, dilation, padding, ceil_mode: bool):
-    """Pooling geometry: kernel, stride, dilation and per-axis (padding, extra right padding that
-    ceil_mode adds, which PyTorch never counts as part of a window's average)."""
-    n = 2 if isinstance(kernel_size, int) else len(kernel_size)
+  def _pool_pads(self, n: int, kernel_size, stride, dilation, padding, ceil_mode: bool):
+    """Pooling geometry over the last n axes: kernel, stride, dilation, padding and the extra right
+    padding that ceil_mode adds (which PyTorch never counts as part of a window's average)."""
     kernel = Tensor._tuple(kernel_size, n, "kernel_size")
     stride = kernel if stride is None else Tensor._tuple(stride, n, "stride")
     dilation, padding = Tensor._tuple(dilation, n, "dilation"), Tensor._tuple(padding, n, "padding")
@@ -797,19 +809,22 @@ class Tensor:
     lead = ((0, 0),) * (self.ndim - len(kernel))
     x = self.pad(lead + tuple((p, p) for p in padding), value=fill).pad(lead + tuple((0, e) for e in extras), value=extra_fill)
     return x._pool(kernel, stride, dilation)
-  def max_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
-    geometry = self._pool_pads(kernel_size, stride, dilation, padding, ceil_mode)
+  def _max_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
+    geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    return self._pool_padded(geometry, lowest, lowest).max(tuple(range(-len(geometry[0]), 0)))
-  def avg_pool2d(self, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
-    geometry = self._pool_pads(kernel_size, stride, dilation, padding, ceil_mode)
-    n = len(geometry[0])
+    return self._pool_padded(geometry, lowest, lowest).max(tuple(range(-n, 0)))
+  def _avg_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     window = tuple(range(-n, 0))
     total = self._float_unary()._pool_padded(geometry, 0.0, 0.0).sum(window)
     ones = Tensor.ones(*self.shape[-n:], device=self.device)
     return total / ones._pool_padded(geometry, 1.0 if count_include_pad else 0.0, 0.0).sum(window)
-  max_pool1d = max_pool3d = max_pool2d
-  avg_pool1d = avg_pool3d = avg_pool2d
+  def max_pool1d(self, kernel_size=2, *args, **kw) -> Tensor: return self._max_pool(1, kernel_size, *args, **kw)
+  def max_pool2d(self, kernel_size=(2, 2), *args, **kw) -> Tensor: return self._max_pool(2, kernel_size, *args, **kw)
+  def max_pool3d(self, kernel_size=(2, 2, 2), *args, **kw) -> Tensor: return self._max_pool(3, kernel_size, *args, **kw)
+  def avg_pool1d(self, kernel_size=2, *args, **kw) -> Tensor: return self._avg_pool(1, kernel_size, *args, **kw)
+  def avg_pool2d(self, kernel_size=(2, 2), *args, **kw) -> Tensor: return self._avg_pool(2, kernel_size, *args, **kw)
+  def avg_pool3d(self, kernel_size=(2, 2, 2), *args, **kw) -> Tensor: return self._avg_pool(3, kernel_size, *args, **kw)
 
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
     y = self - self.mean(axis, keepdim=True)
@@ -851,7 +866,9 @@ class Tensor:
     if reduction == "none": return loss
     return loss.sum() if reduction == "sum" else loss.sum() / valid.sum().cast(loss.dtype)
   def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-    loss = -(Y * self.clip(1e-12).log() + (1 - Y) * (1 - self).clip(1e-12).log())
+    def clamped_log(p: Tensor) -> Tensor:  # torch clamps each log at -100; log(0) must not poison the gradient
+      return (p > 0).where((p > 0).where(p, 1.0).log(), -100.0).maximum(-100.0)
+    loss = -(Y * clamped_log(self) + (1 - Y) * clamped_log(1 - self))
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
   def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
     # log(sigmoid(x)) = -softplus(-x), written to stay finite for large |x|
@@ -904,7 +921,7 @@ def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
     import numpy as np
     arr = np.ascontiguousarray(data)
     src_dtype = _from_numpy_dtype(arr.dtype)
-    u = _buffer_from_bytes(arr.tobytes(), src_dtype, arr.shape, device)
+    u = _buffer_from_bytes(arr.tobytes(), src_dtype, data.shape, device)  # data's shape: 0-d stays 0-d
     return u if dtype is None or dtype == src_dtype else UOp(Ops.CAST, dtype, (u,))
   if isinstance(data, (bytes, bytearray)):
     u = _buffer_from_bytes(bytes(data), dtypes.uint8, (len(data),), device)

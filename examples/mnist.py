@@ -43,6 +43,7 @@ def main() -> float:
   rng = np.random.default_rng(0)
   st = time.perf_counter()
   for epoch in range(epochs):
+    opt.lr.assign(lr * 0.4 ** epoch)   # decay per epoch: lr is a Tensor, so no kernel is compiled again
     perm = rng.permutation(len(x_train))
     for i in (bar := trange(len(x_train) // bs, desc=f"epoch {epoch + 1}/{epochs}")):
       idx = perm[i * bs:(i + 1) * bs]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
 from attograd import Tensor, dtypes
 from helpers import DEVICES, FROM_TORCH, check, compare, make_pair, to_torch_dtype
 
@@ -112,7 +113,6 @@ def test_tensor_from_python_and_numpy(device):
 
 # ***** elementwise unary *****
 
-def _torch_round(t): return torch.round(t)
 UNARY = {  # name: (attograd fn, torch fn or None for the same, low, high)
   "neg": (lambda x: -x, None, -3, 3), "exp": (lambda x: x.exp(), None, -4, 4), "log": (lambda x: x.log(), None, 0.01, 8),
   "exp2": (lambda x: x.exp2(), None, -4, 4), "log2": (lambda x: x.log2(), None, 0.01, 8), "sqrt": (lambda x: x.sqrt(), None, 0, 9),
@@ -122,8 +122,8 @@ UNARY = {  # name: (attograd fn, torch fn or None for the same, low, high)
   "round": (lambda x: x.round(), None, -5, 5), "abs": (lambda x: x.abs(), None, -5, 5), "sign": (lambda x: x.sign(), None, -3, 3),
   "square": (lambda x: x.square(), None, -5, 5), "relu": (lambda x: x.relu(), None, -3, 3),
   "sigmoid": (lambda x: x.sigmoid(), None, -8, 8), "tanh": (lambda x: x.tanh(), None, -5, 5),
-  "clip": (lambda x: x.clip(-1, 1.5), lambda x: x.clip(-1, 1.5), -3, 3), "clip_min": (lambda x: x.clip(0.5), lambda x: x.clip(0.5), -3, 3),
-  "clip_max": (lambda x: x.clip(None, 0), lambda x: x.clip(None, 0), -3, 3),
+  "clip": (lambda x: x.clip(-1, 1.5), None, -3, 3), "clip_min": (lambda x: x.clip(0.5), None, -3, 3),
+  "clip_max": (lambda x: x.clip(None, 0), None, -3, 3),
   "isnan": (lambda x: x.isnan(), None, -3, 3), "isinf": (lambda x: x.isinf(), None, -3, 3),
 }
 
@@ -176,6 +176,12 @@ def test_unary_other_floats(device, name, dtype):
 def test_unary_noncontiguous(device, name, layout):
   fa, ft, lo, hi = UNARY[name]
   check(fa, ft, [(3, 4, 2)], f32, device, atol=1e-6, low=lo, high=hi, layout=layout)
+
+def test_trig_large_arguments(device):
+  """Precision must not degrade with |x| (positions times frequencies in rotary embeddings are in the thousands)."""
+  vals = [[100.0, 1000.0, 4097.5, 1e4, -3e4, 1e5, math.pi / 2, -math.pi, 1e-3]]
+  check(lambda x: (x.sin(), x.cos()), lambda x: (x.sin(), x.cos()), None, f32, device, vals=vals, atol=1e-6, rtol=1e-5)
+  check(lambda x: (x.sin(), x.cos()), lambda x: (x.sin(), x.cos()), None, f64, device, vals=vals, atol=1e-14, rtol=1e-12)
 
 def test_unary_0d_and_empty(device):
   check(lambda x: x.exp(), None, [()], f32, device)
@@ -304,11 +310,16 @@ def test_div_int_is_true_division(device):
   check(lambda x, y: x / y, None, None, f32, device, vals=[[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, -0.0]])  # inf, -inf, nan
   with pytest.raises(ValueError, match="rounding_mode"): T([1, 2], device).div(2, rounding_mode="round")
 
-POW_VALS = [[-2.0, -2.0, -1.5, 0.0, 0.0, 0.0, 2.0, 3.0, 0.5, -3.0, 4.0, 1.0], [2.0, 3.0, 2.0, 0.0, 2.5, -1.0, 0.5, -2.0, 3.3, 0.5, -0.5, math.nan]]
+# C's pow (and torch's) at the edges: x**0 and 1**y are 1 even for nan, (-1)**inf is 1, 0**-1 is inf, negative bases need integer exponents
+POW_VALS = [[-2.0, -2.0, -1.5, 0.0, 0.0, 0.0, 2.0, 3.0, 0.5, -3.0, 4.0, 1.0, math.nan, -1.0, -1.0, math.inf, -math.inf, 0.5, 2.0, math.nan],
+            [2.0, 3.0, 2.0, 0.0, 2.5, -1.0, 0.5, -2.0, 3.3, 0.5, -0.5, math.nan, 0.0, math.inf, -math.inf, -1.0, 3.0, math.inf, -math.inf, 2.0]]
 def test_pow(device):
   check(lambda x, y: x ** y, None, None, f32, device, vals=POW_VALS, atol=1e-5, rtol=1e-5)
   check(lambda x, y: x.pow(y), None, [(3, 4), (4,)], f32, device, low=0.1, high=3, atol=1e-5, rtol=1e-5)
-  check(lambda x, y: x ** y, None, None, i32, device, vals=[[2, -3, 5, 0, 1, 7], [3, 3, 0, 2, 9, 2]])
+  # integer powers are exact and wrap on overflow; a negative exponent gives 0 except for bases 1 and -1
+  int_vals = [[2, -3, 5, 0, 1, 7, 3, -1, -1, 2, 1, -2], [3, 3, 0, 2, 9, 2, 40, -3, -4, -1, -5, 31]]
+  check(lambda x, y: x ** y, None, None, i32, device, vals=int_vals)
+  check(lambda x, y: x ** y, None, None, i64, device, vals=[int_vals[0] + [3], int_vals[1] + [39]])
   check(lambda x, y: x ** y, None, None, [i32, f32], device, vals=[[2, -3, 5, 4], [0.5, 2.0, -1.0, 1.5]], atol=1e-6)
   check(lambda x: x ** 2.5, None, None, f32, device, vals=[[0.0, 1.0, 2.0, 4.0, -1.0]], atol=1e-6)
   check(lambda x: x ** 9, None, None, f32, device, vals=[[1.0, -1.0, 1.1, -2.0]], rtol=1e-5)
@@ -357,6 +368,10 @@ def test_shifts(device, dtype):
   check(lambda x: x >> 1, None, None, dtype, device, vals=[x])
   check(lambda x, y: x.lshift(y), lambda x, y: x << y, None, dtype, device, vals=[x, s])
   check(lambda x, y: x.rshift(y), lambda x, y: x >> y, None, dtype, device, vals=[x, s])
+  # amounts C leaves undefined: negative, or the bit width and more (torch: 0 for <<, the sign fill for >>)
+  wild = [-1, bits, bits + 1, 100, -40, bits - 1, 0]
+  check(lambda x, y: (x << y, x >> y), lambda x, y: (x << y, x >> y), None, dtype, device, vals=[x, wild])
+  check(lambda x: (x << bits, x >> bits, x << -1, x >> (bits + 3)), lambda x: (x << bits, x >> bits, x << -1, x >> (bits + 3)), None, dtype, device, vals=[x])
 
 WHERE_CASES = {
   "tensors": (lambda c, x, y: c.where(x, y), lambda c, x, y: torch.where(c, x, y)),
@@ -418,9 +433,9 @@ MOVEMENT = {  # name: (shape, attograd fn, torch fn or None)
   "shrink": ((5, 6), lambda x: x.shrink(((1, 4), (0, 6))), lambda x: x[1:4, 0:6]),
   "shrink_none": ((5, 6), lambda x: x.shrink((None, (2, 5))), lambda x: x[:, 2:5]),
   "shrink_empty": ((5, 6), lambda x: x.shrink(((2, 2), None)), lambda x: x[2:2]),
-  "flip": ((3, 4), lambda x: x.flip(0), lambda x: x.flip(0)),
-  "flip_multi": ((2, 3, 4), lambda x: x.flip(0, 2), lambda x: x.flip(0, 2)),
-  "flip_tuple_neg": ((2, 3, 4), lambda x: x.flip((-1, -2)), lambda x: x.flip((-1, -2))),
+  "flip": ((3, 4), lambda x: x.flip(0), None),
+  "flip_multi": ((2, 3, 4), lambda x: x.flip(0, 2), None),
+  "flip_tuple_neg": ((2, 3, 4), lambda x: x.flip((-1, -2)), None),
   "transpose": ((2, 3, 4), lambda x: x.transpose(0, 2), None),
   "transpose_neg": ((2, 3, 4), lambda x: x.transpose(-1, -2), None),
   "transpose_default": ((3, 4), lambda x: x.transpose(), lambda x: x.transpose(1, 0)),
@@ -449,8 +464,7 @@ MOVEMENT = {  # name: (shape, attograd fn, torch fn or None)
   "repeat_more_dims": ((2, 3), lambda x: x.repeat(2, 1, 2), None),
   "repeat_zero": ((2, 3), lambda x: x.repeat(0, 2), None),
   "chain": ((4, 6), lambda x: x.T.reshape(3, 8)[1:, ::3].flip(0).pad((1, 0)), lambda x: F.pad(x.T.reshape(3, 8)[1:, ::3].flip(0), (1, 0))),
-  "chain2": ((2, 3, 4), lambda x: x.permute(1, 0, 2).reshape(3, 8).expand(2, 3, 8).transpose(0, 1).flatten(1),
-             lambda x: x.permute(1, 0, 2).reshape(3, 8).expand(2, 3, 8).transpose(0, 1).flatten(1)),
+  "chain2": ((2, 3, 4), lambda x: x.permute(1, 0, 2).reshape(3, 8).expand(2, 3, 8).transpose(0, 1).flatten(1), None),
 }
 @pytest.mark.parametrize("name", list(MOVEMENT))
 def test_movement(device, name):
@@ -496,16 +510,20 @@ GETITEM = [1, -1, (1, 2), (-2, -1, 0), slice(None), slice(1, 3), slice(None, Non
 def test_getitem(device, index):
   check(lambda x: x[index], None, [(4, 3, 5)], f32, device)
 
+def np_index(index):
+  """numpy as the reference where torch refuses (negative steps); np.array copies to positive strides, and keeps 0-d results arrays."""
+  return lambda x: torch.from_numpy(np.array(x.numpy()[index]))
+
 # torch refuses negative steps: numpy is the reference
 NEG_STEP = [slice(None, None, -1), slice(None, None, -2), slice(-1, 0, -2), slice(3, 0, -1), slice(5, 1, -3), slice(None, 2, -1), slice(1, 3, -1),
             (slice(None, None, -1), 1, slice(1, None, -1)), (Ellipsis, slice(None, None, -3)), (slice(None, None, -3), None, 1, slice(None, None, 2))]
 @pytest.mark.parametrize("index", NEG_STEP, ids=repr)
 def test_getitem_negative_step(device, index):
-  check(lambda x: x[index], lambda x: torch.from_numpy(x.numpy()[index].copy()), [(4, 3, 5)], f32, device)
+  check(lambda x: x[index], np_index(index), [(4, 3, 5)], f32, device)
 
 @pytest.mark.parametrize("index", [(1, slice(None, None, 2)), (slice(None, None, -1), 0), (Ellipsis, slice(1, None, 3)), -1], ids=repr)
 def test_getitem_noncontiguous_and_dtypes(device, index):
-  ref = lambda x: torch.from_numpy(x.numpy()[index].copy())
+  ref = np_index(index)
   check(lambda x: x[index], ref, [(4, 3, 5)], f32, device, layout="T")
   check(lambda x: x[index], ref, [(4, 3, 5)], i32, device, layout="slice")
   check(lambda x: x[index], ref, [(4, 3, 5)], bool_, device)
@@ -518,18 +536,17 @@ def test_getitem_0d_and_chained(device):
 
 # ***** reductions *****
 
-REDUCE_AXES = [None, 0, -1, (0, 2)]
+REDUCE_AXES = [None, -1, (0, 2)]
 def _torch_reduce(name, x, axis, keepdim):
   """torch spellings: tuple axes go through amax/amin, and prod reduces one axis at a time."""
   if name == "prod":
     if axis is None: return x.prod() if not keepdim else x.prod().reshape([1] * x.ndim)
     for a in sorted((axis,) if isinstance(axis, int) else axis, key=lambda a: a % x.ndim, reverse=True): x = x.prod(a, keepdim=keepdim)
     return x
-  if name in ("max", "min"):
-    f = torch.amax if name == "max" else torch.amin
-    return f(x, dim=() if axis is None else axis, keepdim=keepdim) if axis is not None else f(x, dim=tuple(range(x.ndim)), keepdim=keepdim)
+  dim = tuple(range(x.ndim)) if axis is None else axis
+  if name in ("max", "min"): return (torch.amax if name == "max" else torch.amin)(x, dim=dim, keepdim=keepdim)
   if name in ("any", "all"):  # always bool in attograd; torch keeps uint8 for uint8 input (documented difference)
-    return getattr(torch, name)(x, dim=tuple(range(x.ndim)) if axis is None else axis, keepdim=keepdim).bool()
+    return getattr(torch, name)(x, dim=dim, keepdim=keepdim).bool()
   if axis is None and keepdim: return getattr(x, name)(dim=tuple(range(x.ndim)), keepdim=True)
   return getattr(x, name)() if axis is None else getattr(x, name)(axis, keepdim=keepdim)
 
@@ -551,10 +568,10 @@ def test_reduce_int_bool(device, name, axis, dtype):
 
 @pytest.mark.parametrize("dtype", [i64, i8, dtypes.int16, dtypes.uint32])
 def test_reduce_other_ints(device, dtype):
-  lo = 0 if dtype == dtypes.uint32 else -100
-  check(lambda x: (x.sum(1), x.max(1), x.min(0)), lambda x: (x.sum(1), x.amax(1), x.amin(0)), [(4, 5)], dtype, device, low=lo, high=100) \
-    if dtype != dtypes.uint32 else check(lambda x: (x.sum(1), x.max(1), x.min(0)), lambda x: tuple(torch.from_numpy(r) for r in (
-      x.numpy().sum(1, dtype=np.uint64), x.numpy().max(1), x.numpy().min(0))), [(4, 5)], dtype, device, low=lo, high=100)
+  ft = lambda x: (x.sum(1), x.amax(1), x.amin(0))
+  if dtype == dtypes.uint32:  # torch has no uint32 reductions: numpy's, with the sum in uint64 as attograd (and torch's uint8 rule) does
+    ft = lambda x: tuple(torch.from_numpy(r) for r in (x.numpy().sum(1, dtype=np.uint64), x.numpy().max(1), x.numpy().min(0)))
+  check(lambda x: (x.sum(1), x.max(1), x.min(0)), ft, [(4, 5)], dtype, device, low=0 if dtype == dtypes.uint32 else -100, high=100)
 
 @pytest.mark.parametrize("dtype", [f16, bf16, f64])
 @pytest.mark.parametrize("name", ["sum", "max", "min", "mean", "var", "prod"])
@@ -603,24 +620,24 @@ def test_reduce_noncontiguous(device, name, layout):
     ft = (lambda x: getattr(x, name)(axis)) if name == "argmax" else (lambda x: _torch_reduce(name, x, axis, False))
     check(lambda x: getattr(x, name)(axis), ft, [(3, 4, 5)], f32, device, atol=1e-5, rtol=1e-5, layout=layout)
 
-@pytest.mark.parametrize("axis,keepdim", [(None, False), (None, True), (0, False), (-1, True)], ids=str)
-@pytest.mark.parametrize("dtype", [f32, i32, bool_, u8])
+@pytest.mark.parametrize("axis,keepdim", [(None, True), (0, False), (-1, True)], ids=str)
+@pytest.mark.parametrize("dtype", [f32, i32, bool_])
 @pytest.mark.parametrize("name", ["argmax", "argmin"])
 def test_argmax_argmin(device, name, axis, keepdim, dtype):
   """Ties (many, with small ints and bools) resolve to the first index, as torch documents."""
   fa = lambda x: getattr(x, name)(axis, keepdim=keepdim)
-  ft = (lambda x: getattr(x, name)(axis, keepdim=keepdim)) if axis is not None or not keepdim else \
-    (lambda x: getattr(x.flatten(), name)().reshape([1] * x.ndim))
-  if dtype == bool_:  # torch has no argmax for bool: compare with the uint8 result
-    ft_ = ft; ft = lambda x: ft_(x.to(torch.uint8))
-  check(fa, ft, [(4, 6)], dtype, device, low=-2 if dtype != u8 else 0, high=3)
+  ft = (lambda x: fa(x.to(torch.uint8))) if dtype == bool_ else None  # torch has no argmax for bool: the uint8 result
+  check(fa, ft, [(4, 6)], dtype, device, low=-2, high=3)
 
 def test_argmax_special(device):
   check(lambda x: x.argmax(1), None, None, f32, device, vals=[[[1.0, math.inf, 3.0], [-math.inf, -math.inf, -math.inf], [2.0, 2.0, 1.0]]])
   check(lambda x: x.argmin(0), None, None, f32, device, vals=[[[1.0, -math.inf], [0.0, -math.inf]]])
+  nans = [[[1.0, math.nan, 3.0, math.nan], [math.inf, 2.0, 2.0, -1.0], [-math.inf, -math.inf, math.nan, 0.0]]]  # the first NaN wins, as in torch
+  check(lambda x: (x.argmax(1), x.argmin(1), x.argmax(), x.argmin(0)), lambda x: (x.argmax(1), x.argmin(1), x.argmax(), x.argmin(0)), None, f32, device, vals=nans)
   check(lambda x: x.argmax(), None, None, i64, device, vals=[[5, 9, -3, 9]])
   check(lambda x: x.argmax(0), None, None, i32, device, vals=[[-2 ** 31, -2 ** 31 + 1, 7]])
   check(lambda x: x.argmin(0), None, None, i32, device, vals=[[2 ** 31 - 1, -2 ** 31, 7]])
+  check(lambda x: (x.argmin(0), x.argmax(0)), None, None, u8, device, vals=[[200, 0, 255, 0, 255]])  # ~ reverses unsigned order too
   check(lambda x: x.argmax(0), None, [(1, 3)], f32, device)
   check(lambda x: x.argmax(), None, [()], f32, device)
 
@@ -689,8 +706,8 @@ def test_softmax(device, name, axis):
   ft = lambda x: getattr(torch, name)(x, axis)
   check(fa, ft, [(3, 4, 5)], f32, device, atol=1e-6, rtol=1e-5)
   check(fa, ft, [(3, 4, 5)], f32, device, atol=1e-6, rtol=1e-5, layout="T")
-  check(fa, ft, None, f32, device, atol=1e-6, rtol=1e-5, vals=[[[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0], [-math.inf, 0.0, 1.0]]]) \
-    if axis == -1 else None
+  if axis == -1:  # large logits must not overflow; a -inf logit gets probability 0
+    check(fa, ft, None, f32, device, atol=1e-6, rtol=1e-5, vals=[[[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0], [-math.inf, 0.0, 1.0]]])
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_softmax_dtypes(device, name):
@@ -698,6 +715,55 @@ def test_softmax_dtypes(device, name):
   check(lambda x: getattr(x, name)(), lambda x: getattr(torch, name)(x, -1), [(3, 8)], f64, device, atol=1e-12, rtol=1e-12)
   check(lambda x: getattr(x, name)(0), lambda x: getattr(torch, name)(x, 0), [(1, 4)], f32, device)
   check(lambda x: getattr(x, name)(), lambda x: getattr(torch, name)(x, -1), [(5,)], f32, device, atol=1e-6)
+
+# the composites built on the ops above, small, on both devices (test_nn.py covers them in depth)
+def test_nn_composites(device):
+  check(lambda x, w, b: x.conv2d(w, b, padding=1, stride=2), lambda x, w, b: F.conv2d(x, w, b, padding=1, stride=2),
+        [(1, 2, 5, 5), (3, 2, 3, 3), (3,)], f32, device, atol=1e-5, rtol=1e-5)
+  check(lambda x: x.max_pool2d(2), lambda x: F.max_pool2d(x, 2), [(1, 2, 4, 6)], f32, device)
+  check(lambda x: x.avg_pool2d(3, stride=2, padding=1), lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), [(1, 2, 5, 5)], f32, device, atol=1e-6)
+  check(lambda x: x.layernorm(), lambda x: F.layer_norm(x, (6,)), [(4, 6)], f32, device, atol=1e-5, rtol=1e-5)
+  check(lambda x: x.one_hot(5), lambda x: F.one_hot(x, 5), None, i64, device, vals=[[0, 4, 2, 2]])
+  check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), None, [f32, i64], device, atol=1e-6,
+        vals=[[[1.0, 2.0, 0.5], [0.1, -1.0, 3.0]], [2, 0]])
+
+# ***** randomized: shapes and indices drawn by hypothesis (derandomized: the same cases every run) *****
+
+@st.composite
+def broadcast_pair(draw):
+  full = draw(st.lists(st.integers(1, 4), min_size=0, max_size=3))
+  def operand():
+    shape = [1 if draw(st.booleans()) else s for s in full]
+    return tuple(shape[draw(st.integers(0, len(shape))):])  # drop some leading dims
+  return operand(), operand()
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(shapes=broadcast_pair(), op=st.sampled_from(["add", "sub", "mul", "div", "maximum", "lt", "ne"]), dtype=st.sampled_from([f32, i32]))
+def test_hypothesis_broadcast(device, shapes, op, dtype):
+  fa, ft = BINARY[op]
+  check(fa, ft, list(shapes), dtype, device, atol=1e-6, low=1 if op == "div" else -3, high=4)
+
+@st.composite
+def shape_and_index(draw):
+  shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+  index = []
+  for s in shape:
+    kind = draw(st.sampled_from(["int", "slice", "slice", "none"]))
+    if kind == "int": index.append(draw(st.integers(-s, s - 1)))
+    elif kind == "slice":
+      bound = st.one_of(st.none(), st.integers(-s - 2, s + 2))
+      index.append(slice(draw(bound), draw(bound), draw(st.sampled_from([None, 1, 2, 3, -1, -2, -4]))))
+    else: index.append(None); index.append(slice(None))
+  if draw(st.booleans()): index.insert(draw(st.integers(0, len(index))), Ellipsis)
+  return shape, tuple(index)
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(case=shape_and_index(), layout=st.sampled_from(["contig", "T"]))
+def test_hypothesis_getitem(device, case, layout):
+  shape, index = case
+  try: np.empty(shape)[index]
+  except IndexError: return  # too many indices after None/Ellipsis expansion: the error tests cover that
+  check(lambda x: x[index], np_index(index), [shape], f32, device, layout=layout)
 
 # ***** dtype conversion, data out, devices, assign *****
 
@@ -708,12 +774,11 @@ def test_cast_from_float(device, to):
   check(lambda x: x.cast(to), lambda x: x.to(to_torch_dtype(to)), None, f32, device, vals=[vals])
 
 @pytest.mark.parametrize("to", [f32, f16, bf16, f64, i8, u8, i32, bool_, dtypes.int16, dtypes.uint32], ids=str)
-@pytest.mark.parametrize("frm", [i64], ids=str)
-def test_cast_from_int(device, frm, to):
+def test_cast_from_int64(device, to):
   """Int to narrower int wraps (two's complement), as torch does."""
   vals = [-2 ** 31, -300, -129, -1, 0, 1, 127, 128, 255, 256, 70000, 2 ** 31 - 1]
   ft = (lambda x: x.to(to_torch_dtype(to))) if to != dtypes.uint32 else (lambda x: torch.from_numpy(x.numpy().astype(np.uint32)))
-  check(lambda x: x.cast(to), ft, None, frm, device, vals=[vals])
+  check(lambda x: x.cast(to), ft, None, i64, device, vals=[vals])
 
 def test_cast_from_int32(device):
   vals = [[-2 ** 31, -300, -129, -1, 0, 1, 127, 128, 255, 256, 70000, 2 ** 31 - 1]]
@@ -754,7 +819,7 @@ def test_bitcast_special_and_noncontiguous(device):
   check(lambda x: x.bitcast(i32), lambda x: x.view(torch.int32), None, f32, device, vals=[[-0.0, math.inf, -math.inf, 1e-45, 1.0]])
   check(lambda x: x.T.bitcast(i32), lambda x: x.T.contiguous().view(torch.int32), [(3, 4)], f32, device)
   check(lambda x: (x + 1).bitcast(i32) >> 23, lambda x: (x + 1).view(torch.int32) >> 23, [(3, 4)], f32, device)
-  with pytest.raises(ValueError, match="float32.*int16|item size"): T([1.0], device).bitcast(dtypes.int16)
+  with pytest.raises(ValueError, match="float32.*int16"): T([1.0], device).bitcast(dtypes.int16)
 
 def test_contiguous(device):
   check(lambda x: x.T.contiguous(), None, [(3, 4)], f32, device)
@@ -867,7 +932,7 @@ def test_error_reshape(device):
   with pytest.raises(ValueError, match=r"\(2, 3\).*\(-1, 4\)"): x.reshape(-1, 4)
   with pytest.raises(ValueError, match=r"only one.*-1"): x.reshape(-1, -1)
   with pytest.raises(ValueError, match=r"\(2, 3\).*\(7,\)"): x.view(7)
-  with pytest.raises(ValueError, match=r"-2"): x.reshape(-2, -3)
+  with pytest.raises(ValueError, match=r"\(-2, -3\)"): x.reshape(-2, -3)
   with pytest.raises(ValueError, match=r"\(2, 3\).*\(2, 4, 5\)"): x.unflatten(1, (4, 5))
 
 def test_error_axes(device):
@@ -882,7 +947,7 @@ def test_error_axes(device):
   with pytest.raises(IndexError, match="axis 2"): x.transpose(0, 2)
   with pytest.raises(IndexError, match="axis 2"): x.flip(2)
   with pytest.raises(IndexError, match="axis 3"): x.flatten(0, 3)
-  with pytest.raises(ValueError, match=r"\(0, 0\)|repeated"): x.sum((0, 0))
+  with pytest.raises(ValueError, match=r"\(0, 0\).*repeated"): x.sum((0, 0))
   with pytest.raises(ValueError, match=r"\(0, 0\).*permutation"): x.permute(0, 0)
   with pytest.raises(ValueError, match=r"\(0,\).*permutation"): x.permute(0)
 
@@ -891,13 +956,13 @@ def test_error_movement(device):
   with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 3\)"): x.expand(4, 3)
   with pytest.raises(ValueError, match=r"\(2, 3\).*\(3,\)"): x.expand(3)
   with pytest.raises(ValueError, match=r"\(2, 3\)"): x.shrink(((0, 3), None))
-  with pytest.raises(ValueError, match=r"shrink.*2"): x.shrink(((0, 1),))
-  with pytest.raises(ValueError, match=r"padding.*2"): x.pad((1, 1, 1, 1, 1, 1))
+  with pytest.raises(ValueError, match=r"shrink \(\(0, 1\),\).*\(2\)"): x.shrink(((0, 1),))
+  with pytest.raises(ValueError, match=r"padding \(1, 1, 1, 1, 1, 1\).*2 dims"): x.pad((1, 1, 1, 1, 1, 1))
   with pytest.raises(ValueError, match=r"padding \(1, 1, 1\)"): x.pad((1, 1, 1))
-  with pytest.raises(ValueError, match=r"repeat.*2"): x.repeat(2)
-  with pytest.raises(ValueError, match=r"\(3, 2\).*\(4, 2\)|don't match"): Tensor.ones(3, 2, device=device) @ Tensor.ones(4, 2, device=device)
+  with pytest.raises(ValueError, match=r"repeat \(2,\).*2 counts"): x.repeat(2)
+  with pytest.raises(ValueError, match=r"\(3, 2\).*\(4, 2\)"): Tensor.ones(3, 2, device=device) @ Tensor.ones(4, 2, device=device)
   with pytest.raises(ValueError, match=r"\(2,\).*\(3,\)"): Tensor.ones(2, device=device) @ Tensor.ones(3, device=device)
-  with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(5, 4, 2\)|\(2,\).*\(5,\)"):
+  with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(5, 4, 2\)"):
     Tensor.ones(2, 3, 4, device=device) @ Tensor.ones(5, 4, 2, device=device)
 
 def test_error_getitem(device):
@@ -909,11 +974,11 @@ def test_error_getitem(device):
   with pytest.raises(ValueError, match="step"): x[::0]
   with pytest.raises(TypeError, match="str"): x["a"]
   with pytest.raises(TypeError, match="float"): x[1.5]
-  with pytest.raises(IndexError, match="0-d|too many"): T(1.0, device)[0]
+  with pytest.raises(IndexError, match="too many indices.*0 dim"): T(1.0, device)[0]
 
 def test_error_creation(device):
   with pytest.raises(ValueError, match=r"\(2, -1\)"): Tensor.zeros(2, -1, device=device)
-  with pytest.raises(ValueError, match=r"rectangular.*\(2,\).*\(3,\)|\(3,\).*\(2,\)"): T([[1, 2], [1, 2, 3]], device)
+  with pytest.raises(ValueError, match=r"rectangular.*\(2,\).*\(3,\)"): T([[1, 2], [1, 2, 3]], device)
   with pytest.raises(TypeError, match="str"): T(["a", "b"], device)
   with pytest.raises(TypeError, match="dict"): T({1: 2}, device)
   with pytest.raises(ValueError, match="step"): Tensor.arange(0, 5, 0, device=device)

@@ -55,7 +55,7 @@ class BatchNorm:
     if track_running_stats:
       self.running_mean = Tensor.zeros(num_features).contiguous()
       self.running_var = Tensor.ones(num_features).contiguous()
-      self.num_batches_tracked = Tensor.zeros(1, dtype=dtypes.int64).contiguous()
+      self.num_batches_tracked = Tensor.zeros((), dtype=dtypes.int64).contiguous()  # 0-d, as torch's: its state dicts load as they are
   def __call__(self, x: Tensor) -> Tensor:
     axes = (0, *range(2, x.ndim))
     if Tensor.training or not self.track_running_stats:
@@ -94,12 +94,19 @@ class GroupNorm:
     shape = (1, -1) + (1,) * (x.ndim - 2)
     return y * self.weight.reshape(shape) + self.bias.reshape(shape)
 
+# machine epsilon: torch's RMSNorm adds it when no eps is given
+_FLOAT_EPS = {dtypes.float16: 2.0 ** -10, dtypes.bfloat16: 2.0 ** -7, dtypes.float32: 2.0 ** -23, dtypes.float64: 2.0 ** -52}
+
 class RMSNorm:
-  def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = True):
-    self.eps = eps
-    self.weight = Tensor.ones(dim).contiguous().requires_grad_() if elementwise_affine else None
+  """torch.nn.RMSNorm: over the trailing normalized_shape axes; eps=None means the input dtype's machine epsilon, as in torch."""
+  def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True):
+    self.normalized_shape, self.eps = _tuple(normalized_shape, 1), eps
+    self.weight = Tensor.ones(*self.normalized_shape).contiguous().requires_grad_() if elementwise_affine else None
   def __call__(self, x: Tensor) -> Tensor:
-    y = x * (x.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+    if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
+      raise ValueError(f"RMSNorm over {self.normalized_shape} got input of shape {x.shape}")
+    eps = self.eps if self.eps is not None else _FLOAT_EPS.get(x.dtype, _FLOAT_EPS[dtypes.float32])
+    y = x * (x.square().mean(tuple(range(-len(self.normalized_shape), 0)), keepdim=True) + eps).rsqrt()
     return y if self.weight is None else y * self.weight
 
 class Embedding:
