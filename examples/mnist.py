@@ -25,7 +25,7 @@ def normalize(images: np.ndarray) -> Tensor:
   return (Tensor(images).float() * (1 / 255) - 0.1307) * (1 / 0.3081)
 
 def main() -> float:
-  epochs, bs, lr = int(os.getenv("EPOCHS", 2)), int(os.getenv("BS", 128)), float(os.getenv("LR", 2e-3))
+  epochs, bs, lr = int(os.getenv("EPOCHS", 3)), int(os.getenv("BS", 128)), float(os.getenv("LR", 2e-3))
   X_train, Y_train, X_test, Y_test = mnist()
   x_train, y_train = X_train.numpy(), Y_train.numpy().astype(np.int64)
   x_test, y_test = X_test.numpy(), Y_test.numpy().astype(np.int64)
@@ -43,7 +43,7 @@ def main() -> float:
   rng = np.random.default_rng(0)
   st = time.perf_counter()
   for epoch in range(epochs):
-    opt.lr.assign(lr * 0.4 ** epoch)   # decay per epoch: lr is a Tensor, so no kernel is compiled again
+    opt.lr.assign(lr * 0.5 ** epoch)   # decay per epoch: lr is a Tensor, so no kernel is compiled again
     perm = rng.permutation(len(x_train))
     for i in (bar := trange(len(x_train) // bs, desc=f"epoch {epoch + 1}/{epochs}")):
       idx = perm[i * bs:(i + 1) * bs]
