@@ -4,10 +4,11 @@ from __future__ import annotations
 from attograd.uop.ops import UOp, Ops
 from attograd.codegen.lower import lower
 from attograd.codegen.linearize import linearize
+from attograd.codegen.opt import Opt, apply_opts
 from attograd.renderer import Renderer, kernel_name
 
-def to_program(ast: UOp, renderer: Renderer) -> tuple[str, str, list[UOp]]:
-  """(function name, source, linear uops) for a kernel AST."""
-  uops = linearize(lower(ast))
+def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
+  """(function name, source, linear uops) for a kernel AST with optimizations applied."""
+  uops = linearize(lower(apply_opts(ast, opts or [])))
   name = kernel_name(uops)
   return name, renderer.render(name, uops), uops

@@ -1,13 +1,14 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import time, weakref
+import concurrent.futures, functools, time
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.helpers import DEBUG, GlobalCounters, colored, prod
+from attograd.helpers import DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp, sym_infer
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
+from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
 from attograd.schedule.schedule import ScheduleItem
 
 @dataclass
@@ -15,8 +16,25 @@ class CompiledKernel:
   name: str
   src: str
   program: Any
-  ops: int             # arithmetic ops per run, for GFLOPS at DEBUG>=1
-  variables: list[UOp]
+  ops: int              # arithmetic ops per run, for GFLOPS at DEBUG>=1
+  variables: list[UOp]  # DEFINE_VARs in argument order (the renderer sorts them by name)
+  opts: list[Opt]
+  @property
+  def threads(self) -> int:
+    return next((v.arg[2] + 1 for v in self.variables if v.arg[0] == CORE_ID), 1)
+  def __call__(self, bufs: list[Any], var_vals: dict[UOp, int] | None) -> None:
+    vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
+    if (n := self.threads) == 1: return self.program(bufs, vals)
+    # one slice per core: the program is a C call that releases the GIL, so the slices run in parallel
+    core = next(i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID)
+    slices = [vals[:core] + [c] + vals[core + 1:] for c in range(n)]
+    pending = [_thread_pool().submit(self.program, bufs, s) for s in slices[1:]]
+    self.program(bufs, slices[0])
+    for p in pending: p.result()
+
+@functools.cache
+def _thread_pool() -> concurrent.futures.ThreadPoolExecutor:
+  return concurrent.futures.ThreadPoolExecutor(max_workers=max(THREADS.value - 1, 1), thread_name_prefix="attograd-core")
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU ops executed, multiplying by the trip count of each enclosing loop."""
@@ -33,14 +51,17 @@ def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   if dev.renderer is None:
     raise RuntimeError(f"{device} stores bytes and can't run kernels: move the tensor to a compute device first, e.g. t.to('CPU')")
   st = time.perf_counter()
-  name, src, uops = to_program(ast, dev.renderer)
-  if DEBUG >= 3: print(ast)
+  opts = [] if NOOPT else hand_coded_opts(ast, THREADS.value if dev.renderer.has_threads else 1)
+  name, src, uops = to_program(ast, dev.renderer, opts)
+  if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
   prog = dev.runtime(name, dev.compiler.compile(src))
   if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
-  ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, count_ops(uops), [u for u in uops if u.op is Ops.DEFINE_VAR])
+  variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+  ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, 0, variables, opts)
+  ck.ops = count_ops(uops) * ck.threads
   return ck
 
 def buffer_of(u: UOp) -> Buffer:
@@ -59,7 +80,7 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
       ck = get_kernel(si.ast, bufs[0].device)
       name, ops = ck.name, ck.ops
       st = time.perf_counter()
-      ck.program([b._buf for b in bufs], [int(var_vals[v]) for v in ck.variables] if var_vals else [])
+      ck([b._buf for b in bufs], var_vals)
     et = time.perf_counter() - st
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += ops

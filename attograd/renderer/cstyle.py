@@ -14,6 +14,7 @@ def _float_literal(x: float, suffix: str) -> str:
 
 class CStyleRenderer(Renderer):
   device = "CPU"
+  has_threads = True
   types: dict[DType, str] = {
     dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
     dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
