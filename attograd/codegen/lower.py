@@ -6,6 +6,7 @@ from attograd.dtype import dtypes, DType
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
 from attograd.uop.symbolic import symbolic
+from attograd.codegen.divmod import divmod_lowering
 
 NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
 
@@ -41,4 +42,5 @@ lowerer = PatternMatcher([
 ])
 
 def lower(ast: UOp) -> UOp:
-  return graph_rewrite(graph_rewrite(ast, lowerer, ctx=[0]), symbolic)
+  # division by constants goes last: its multiply-shift form is no longer one the symbolic rules read
+  return graph_rewrite(graph_rewrite(graph_rewrite(ast, lowerer, ctx=[0]), symbolic), divmod_lowering)

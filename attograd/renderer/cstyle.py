@@ -12,6 +12,8 @@ def _float_literal(x: float, suffix: str) -> str:
   if math.isinf(x): return "INFINITY" if x > 0 else "-INFINITY"
   return f"{x!r}{suffix}" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0{suffix}"
 
+WRAPPING = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL}
+
 class CStyleRenderer(Renderer):
   device = "CPU"
   has_threads = True
@@ -125,6 +127,10 @@ class CStyleRenderer(Renderer):
       elif op in GroupOp.ALU or op is Ops.CAST or op is Ops.BITCAST:
         if op is Ops.CAST: expr = self.cast(r[u.src[0]], u.src[0].dtype, u.dtype)
         elif op is Ops.BITCAST: expr = self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype)
+        elif op in WRAPPING and dtypes.is_int(u.dtype) and not dtypes.is_unsigned(u.dtype) and u.dtype.itemsize >= 4 and not u.exact:
+          # signed overflow is undefined in C: math that bounds can't prove safe wraps through unsigned
+          unsigned = {4: "unsigned int", 8: "unsigned long long"}[u.dtype.itemsize]
+          expr = f"(({self.dt(u.dtype)})" + self.alu(op, u.dtype, [f"({unsigned})({r[s]})" for s in u.src], u.src) + ")"
         else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
         # C computes 8- and 16-bit integer math in int: wrap the result back into its type
         if dtypes.is_int(u.dtype) and u.dtype.itemsize < 4 and op is not Ops.WHERE: expr = f"(({self.dt(u.dtype)}){expr})"

@@ -27,8 +27,9 @@ def find_c_compiler() -> str:
 class CPUCompiler(Compiler):
   def __init__(self):
     self.cc = find_c_compiler()
-    # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0)
-    self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-ffp-contract=off", "-lm"]
+    # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0).
+    # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself
+    self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off", "-lm"]
   def compile(self, src: str) -> bytes:
     key = content_hash(src, self.cc, " ".join(self.flags))
     path = cache_dir() / f"{key}.so"

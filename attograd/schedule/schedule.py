@@ -7,7 +7,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import prod, dedup
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
-from attograd.uop.symbolic import symbolic
+from attograd.uop.symbolic import symbolic, gated_index
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
 kernel_cleanup = PatternMatcher([
   (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
-]) + symbolic
+]) + symbolic + gated_index
 
 def index_dtype_for(*sizes: int):
   return dtypes.int64 if max(sizes, default=0) >= 2**31 else dtypes.int32

@@ -36,9 +36,34 @@ def build_sum(dtype: DType, terms: list[tuple[UOp, int]], const: int) -> UOp:
   return ret
 
 def normalize_sum(x: UOp) -> UOp | None:
-  """Collect like terms and constants of an integer sum into one canonical form."""
+  """Collect like terms and constants of an integer sum into one canonical form, and put back
+  together what a reshape took apart (the div/mod pairs below)."""
   terms, const = split_terms(x)
-  return build_sum(x.dtype, terms, const)
+  merged: dict[UOp, int] = {}
+  for n, k in terms: merged[n] = merged.get(n, 0) + k
+  while join_divmod(x.dtype, merged): pass
+  return build_sum(x.dtype, list(merged.items()), const)
+
+def join_divmod(dt: DType, terms: dict[UOp, int]) -> bool:
+  """(y//c)*c + y%c = y for any y and c != 0 (y = q*c + r is what C's / and % mean), and
+  ((y//c1)%c2)*c1 + y%c1 = y%(c1*c2) for c1, c2 > 0: both parts carry y's sign, so their sum is the
+  remainder of the truncating division by c1*c2. Applies to k times each side alike."""
+  for m, k in terms.items():
+    if m.op is not Ops.MOD or m.src[1].op is not Ops.CONST or k == 0 or m.src[1].arg == 0: continue
+    y, c = m.src
+    q = UOp(Ops.IDIV, dt, (y, c))
+    if terms.get(q, 0) == k * c.arg:
+      del terms[m], terms[q]
+      terms[y] = terms.get(y, 0) + k
+      return True
+    for n, kn in terms.items():
+      if n.op is Ops.MOD and n.src[0] is q and n.src[1].op is Ops.CONST and kn == k * c.arg and c.arg > 0 and \
+         0 < n.src[1].arg and c.arg * n.src[1].arg <= dtypes.max(dt):
+        del terms[m], terms[n]
+        r = UOp(Ops.MOD, dt, (y, UOp.const(dt, c.arg * n.src[1].arg)))
+        terms[r] = terms.get(r, 0) + k
+        return True
+  return False
 
 def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
   """x // c and x % c for a constant c > 0. Each term n*k of x splits as n*(k//c)*c + n*(k%c),
@@ -74,7 +99,9 @@ symbolic = PatternMatcher([
   (UPat(GroupOp.Commutative, src=(UPat(Ops.CONST), UPat(name="b")), name="a"),
    lambda a, b: a.replace(src=(b, a.src[0])) if b.op is not Ops.CONST else None),
   # identities
-  (x + UPat.const(None, 0), lambda x: x), (x - UPat.const(None, 0), lambda x: x),
+  # for floats only x + -0.0 and x - +0.0 are identities: -0.0 + 0.0 is +0.0 (Z3 found it)
+  (x + UPat.cvar("z"), lambda x, z: x if z.arg == 0 and (dtypes.is_int(x.dtype) or math.copysign(1, z.arg) < 0) else None),
+  (x - UPat.cvar("z"), lambda x, z: x if z.arg == 0 and (dtypes.is_int(x.dtype) or math.copysign(1, z.arg) > 0) else None),
   (x * UPat.const(None, 1), lambda x: x), (ix * UPat.const(None, 0), lambda x: x.const_like(0)),
   (x // UPat.const(None, 1), lambda x: x), (UPat(Ops.FDIV, src=(x, UPat.const(None, 1.0))), lambda x: x),
   (ix % UPat.const(None, 1), lambda x: x.const_like(0)),
@@ -100,8 +127,12 @@ symbolic = PatternMatcher([
   (UPat(Ops.IDIV, src=(UPat(Ops.MUL, src=(ix, c1), name="m"), c2)),
    lambda x, c1, c2, m: (x * (c1.arg // c2.arg) if c1.arg % c2.arg == 0 else x // (c2.arg // c1.arg) if c2.arg % c1.arg == 0 else None)
      if c1.arg > 0 and c2.arg > 0 and m.exact else None),
-  (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(ix, c1)), c2)), lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 else None),
-  (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(ix, c1)), c2)), lambda x, c1, c2: x % c2 if c2.arg != 0 and c1.arg % c2.arg == 0 else None),
+  # (x//c1)//c2 = x//(c1*c2) only while c1*c2 fits the dtype (65537*65537 wraps: Z3 found it)
+  (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(ix, c1)), c2)),
+   lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 and c1.arg * c2.arg <= dtypes.max(x.dtype) else None),
+  # (x%c1)%c2 = x%c2 when c2 divides c1, but not for c1 = 0 (x%0 is 0, and 0 "divides" by every c2: Z3 found it)
+  (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(ix, c1)), c2)),
+   lambda x, c1, c2: x % c2 if c1.arg != 0 and c2.arg != 0 and c1.arg % c2.arg == 0 else None),
   # comparisons against constants move the constants to one side
   (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, dtype=INT_TYPES, src=(x, c1), name="a"), c2)),
    lambda x, c1, c2, a: x < (c2.arg - c1.arg) if a.exact and x.dtype.scalar() == a.dtype and
@@ -112,3 +143,42 @@ symbolic = PatternMatcher([
 
 def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)
 UOp.simplifier = simplify
+
+# ***** validity-aware simplification: an index is only used where its gate holds *****
+
+def gate_bounds(gate: UOp) -> dict[UOp, tuple[int, int]]:
+  """What the clauses of an AND-ed gate say about the integer expressions they compare:
+  `e < c` gives e <= c-1, `c < e` gives e >= c+1, `!(e < c)` gives e >= c (pad builds these)."""
+  out: dict[UOp, tuple[int, int]] = {}
+  stack = [gate]
+  while stack:
+    g = stack.pop()
+    if g.op is Ops.AND: stack.extend(g.src); continue
+    lo, hi, e = None, None, None
+    if g.op is Ops.CMPNE and g.src[1].op is Ops.CONST and g.src[1].arg is True: g, flip = g.src[0], True
+    else: flip = False
+    if g.op is not Ops.CMPLT or not dtypes.is_int(g.src[0].dtype): continue
+    (a, b) = g.src
+    if b.op is Ops.CONST and a.op is not Ops.CONST: e, lo, hi = (a, b.arg, None) if flip else (a, None, b.arg - 1)
+    elif a.op is Ops.CONST and b.op is not Ops.CONST: e, lo, hi = (b, None, a.arg) if flip else (b, a.arg + 1, None)
+    if e is None: continue
+    olo, ohi = out.get(e, (e.vmin, e.vmax))
+    out[e] = (max(olo, lo) if lo is not None else olo, min(ohi, hi) if hi is not None else ohi)
+  return out
+
+def simplify_under_gate(i: UOp, idx: UOp, gate: UOp) -> UOp | None:
+  """Simplify idx as if each expression the gate bounds were a variable with the narrowed bounds,
+  then put the expressions back. Equal to idx wherever the gate holds, which is everywhere idx is used."""
+  if not idx.exact: return None
+  inside = idx.toposort
+  standins = {e: UOp.variable(f"gate.{i}", lo, hi, e.dtype) for i, (e, (lo, hi)) in enumerate(gate_bounds(gate).items())
+              if e in inside and lo <= hi and (lo, hi) != (e.vmin, e.vmax)}
+  if not standins: return None
+  new = simplify(idx.substitute(standins)).substitute({v: e for e, v in standins.items()})
+  if len(new.toposort) >= len(inside): return None  # only a smaller index is worth it
+  return i.replace(src=(i.src[0], new, gate))
+
+gated_index = PatternMatcher([
+  (UPat(Ops.INDEX, src=(UPat((Ops.PARAM, Ops.DEFINE_REG), name="buf"), UPat.var("idx"), UPat.var("gate")), name="i"),
+   lambda buf, idx, gate, i: simplify_under_gate(i, idx, gate)),
+])
