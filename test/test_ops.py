@@ -580,6 +580,7 @@ def test_reduce_other_floats(device, name, dtype):
   check(lambda x: getattr(x, name)(1), lambda x: _torch_reduce(name, x, 1, False), [(4, 40)], dtype, device,
         low=0.9 if name == "prod" else -2, high=1.1 if name == "prod" else 2, **tol)
 
+@pytest.mark.filterwarnings("ignore:var.*degrees of freedom")  # torch warns where the answer is nan; so be it
 @pytest.mark.parametrize("name", ["sum", "prod", "max", "min", "mean", "all", "var"])
 def test_reduce_size1_dims(device, name):
   for shape, axis in [((1, 4), 0), ((4, 1), 1), ((), None), ((3, 1, 2), (1, 2))]:
@@ -598,10 +599,11 @@ def test_reduce_empty(device, name):
 
 def test_max_min_empty_refuses(device):
   x = Tensor.zeros(0, 3, device=device)
-  with pytest.raises((ValueError, IndexError), match=r"\(0, 3\)"): x.max(0)
-  with pytest.raises((ValueError, IndexError), match=r"\(0, 3\)"): x.min()
+  with pytest.raises(ValueError, match=r"\(0, 3\)"): x.max(0)
+  with pytest.raises(ValueError, match=r"\(0, 3\)"): x.min()
   compare(x.max(1), torch.zeros(0, 3).amax(1))
 
+@pytest.mark.filterwarnings("ignore:var.*degrees of freedom")
 @pytest.mark.parametrize("correction", [0, 1, 2])
 def test_var_std_correction(device, correction):
   for axis in (None, 0, (0, 1)):
@@ -950,6 +952,7 @@ def test_error_axes(device):
   with pytest.raises(ValueError, match=r"\(0, 0\).*repeated"): x.sum((0, 0))
   with pytest.raises(ValueError, match=r"\(0, 0\).*permutation"): x.permute(0, 0)
   with pytest.raises(ValueError, match=r"\(0,\).*permutation"): x.permute(0)
+  with pytest.raises(IndexError, match="axis 2"): x.permute(0, 1, 2)
 
 def test_error_movement(device):
   x = Tensor.ones(2, 3, device=device)
