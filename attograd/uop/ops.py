@@ -72,7 +72,10 @@ python_alu: dict[Ops, Callable[..., Any]] = {
 
 def exec_alu(op: Ops, dtype: DType, operands: Sequence[ConstType]) -> ConstType:
   """One ALU op on Python values, with the result as the dtype would store it."""
-  if dtypes.is_int(dtype) and op is Ops.SHL: return truncate(dtype, operands[0] << (operands[1] % (8 * dtype.itemsize)))
+  # the IR's shifts take amounts in [0, bits) (C leaves others undefined; Tensor's shifts handle
+  # them before building SHL/SHR): the Python semantics reduce the amount so both sides agree there
+  if dtypes.is_int(dtype) and op in (Ops.SHL, Ops.SHR):
+    return truncate(dtype, python_alu[op](operands[0], operands[1] % (8 * dtype.itemsize)))
   try: return truncate(dtype, python_alu[op](*operands))
   except OverflowError: return math.inf
 
