@@ -164,8 +164,6 @@ class Tensor:
     if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return self
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (u,)))
   def _raw(self) -> memoryview:
-    from attograd.engine.jit import check_not_capturing
-    check_not_capturing("reading a tensor's value into Python")
     t = self.realize().contiguous().realize()  # realize self first: later reads reuse its buffer
     return buffer_of(t.uop.base).as_bytes()
   def data(self) -> memoryview: return self._raw()

@@ -33,8 +33,8 @@ def fast_div(x: UOp, d: int) -> UOp | None:
   if d & (d - 1) == 0:  # a power of two is a shift; negative x first moves up by d-1 (truncation rounds toward 0)
     k = d.bit_length() - 1
     if x.vmin >= 0: return x >> UOp.const(dt, k)
-    if x.vmin + (d - 1) < dtypes.min(dt) or x.vmax > dtypes.max(dt) - (d - 1): return None
-    return (x < 0).where(x + (d - 1), x) >> UOp.const(dt, k)
+    # x >> (bits-1) is -1 for negative x and 0 otherwise: masked, it is the d-1 that only negative x get
+    return (x + ((x >> UOp.const(dt, 8 * dt.itemsize - 1)) & UOp.const(dt, d - 1))) >> UOp.const(dt, k)
   # floor((x*M) >> s) for x < 0 is floor(x/d) - 1 when d divides x (e > 0 pushes the product below
   # x/d) and floor(x/d) otherwise: one more is truncation in both cases, under the same bound on |x|
   n = max(x.vmax, -x.vmin)
