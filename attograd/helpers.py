@@ -32,7 +32,7 @@ class ContextVar:
   def __int__(self) -> int: return self.value
   def __repr__(self) -> str: return f"{self.key}={self.value}"
 
-DEBUG, NOOPT, JIT, CACHELEVEL = ContextVar("DEBUG", 0), ContextVar("NOOPT", 0), ContextVar("JIT", 1), ContextVar("CACHELEVEL", 2)
+DEBUG, NOOPT, CACHELEVEL = ContextVar("DEBUG", 0), ContextVar("NOOPT", 0), ContextVar("CACHELEVEL", 2)
 
 @contextlib.contextmanager
 def Context(**kwargs: int) -> Iterator[None]:
