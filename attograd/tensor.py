@@ -24,9 +24,17 @@ def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = view
 # a chain of assigns (a running mean updated each step) never grows into an ever longer graph
 _pending_assigns: weakref.WeakSet = weakref.WeakSet()
 
-def _with_memos(u: UOp) -> UOp:
-  done = {n: v for n in u.toposort if (v := n.__dict__.get("realized")) is not None}
-  return u.substitute(done) if done else u
+def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
+  """The graph gradients flow through: a realized tensor is seen through to the graph it came from,
+  and a node that was realized into a target's memory is that target."""
+  while True:
+    swap = {}
+    for n in root.toposort:
+      if n in targets: continue
+      if (v := n.__dict__.get("realized")) in targets: swap[n] = v
+      elif (src := n.__dict__.get("source")) is not None: swap[n] = src
+    if not swap: return root
+    root = root.substitute(swap)
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -121,15 +129,15 @@ class Tensor:
       if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
     elif gradient.shape != self.shape: raise ValueError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
-    self.uop = _with_memos(self.uop)
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
-    grads = compute_gradient(self.uop, root_grad, {t.uop for t in targets})
+    wanted = {t.uop for t in targets}
+    grads = compute_gradient(_graph_for_gradient(self.uop, wanted), root_grad, wanted)
     return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
-    self.uop = _with_memos(self.uop)
-    graph = self.uop.toposort
-    targets = [t for t in list(_grad_tensors) if t.uop in graph]
+    candidates = list(_grad_tensors)
+    graph = _graph_for_gradient(self.uop, {t.uop for t in candidates}).toposort
+    targets = [t for t in candidates if t.uop in graph]
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
     for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
       t.grad = g if t.grad is None else (t.grad + g)
@@ -156,7 +164,10 @@ class Tensor:
     run_schedule(schedule)
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
-    for t in todo: t.uop = becomes[t.uop]
+    for t in todo:
+      old, t.uop = t.uop, becomes[t.uop]
+      # a computed tensor remembers the graph it came from, so backward() still works after item()
+      if old.op is not Ops.ASSIGN and not t.requires_grad: t.uop.__dict__["source"] = old
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:

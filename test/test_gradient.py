@@ -85,3 +85,27 @@ def test_gradient_of_realized_parameter_after_update():
     (w * w).sum().backward()
     w.assign(w - 0.25 * w.grad).realize()
   assert w.tolist() == [0.125, 0.25]
+
+def test_contiguous_backward_is_identity_forward_and_realizes_the_gradient():
+  x = Tensor([1., 2., 3.], requires_grad=True)
+  y = (x.contiguous_backward() * 2).sum()
+  assert y.item() == 12.0
+  y.backward()
+  assert x.grad.tolist() == [2., 2., 2.]
+
+def test_conv_pool_gradients_match_torch():
+  def f(x, w):
+    if isinstance(x, torch.Tensor): return torch.nn.functional.max_pool2d(torch.nn.functional.conv2d(x, w, padding=1).relu(), 2)
+    return x.conv2d(w, padding=1).relu().max_pool2d(2)
+  _check(f, (2, 3, 6, 6), (4, 3, 3, 3))
+
+def test_backward_after_item_and_through_realized_intermediates():
+  x, w = np.array([[1., 2.], [3., -4.]], np.float32), np.array([[.5, -1.], [2., .25], [-1., 1.]], np.float32)
+  W = Tensor(w, requires_grad=True)
+  h = (Tensor(x) @ W.T).relu().realize()   # a realized intermediate still passes gradients
+  loss = (h * h).sum()
+  loss.item()                              # reading the loss first, as training loops do
+  loss.backward()
+  tw = torch.tensor(w, requires_grad=True)
+  ((torch.tensor(x) @ tw.T).relu() ** 2).sum().backward()
+  np.testing.assert_allclose(W.grad.numpy(), tw.grad.numpy(), rtol=1e-6)

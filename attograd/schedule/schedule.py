@@ -66,7 +66,15 @@ kernel_cleanup = PatternMatcher([
 ]) + symbolic + gated_index
 
 def index_dtype_for(*sizes: int):
+  """The narrowest index dtype a kernel might use: a loop or buffer of 2**31 elements needs int64.
+  The final choice also looks at every intermediate of the index math (index_math_fits)."""
   return dtypes.int64 if max(sizes, default=0) >= 2**31 else dtypes.int32
+
+def index_math_fits(ast: UOp) -> bool:
+  """No index or gate can wrap around, by the bounds of every node in it (DESIGN invariant 8). A
+  wrapping node makes all above it inexact, and rules never rewrite into a wrapped value's place
+  something that looks exact, so checking the roots checks every intermediate."""
+  return all(s.exact for u in ast.toposort if u.op is Ops.INDEX and u.src[0].op is Ops.PARAM for s in u.src[1:])
 
 _ast_cache: dict[tuple[UOp, tuple[int, ...], UOp], tuple[UOp, list[int]]] = {}
 
@@ -85,14 +93,26 @@ def kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, l
 
 def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
   buf_sizes = [u.arg.size for u in value.toposort if u.op is Ops.BUFFER]
+  # constants of the index math (a dim, a pad or shrink offset) must fit the dtype before bounds can say anything
+  consts = [abs(c) for u in value.toposort if u.op in GroupOp.Movement for c in
+            (*u.shape, *(x for p in (u.arg if u.op in {Ops.PAD, Ops.SHRINK} else ()) for x in p))]
+  # int32 index math where it provably can't overflow, else int64: a reshape of an expand can index a
+  # virtual 2**32 elements on the way to a small buffer
+  ast, params = _pushdown(value, shape, out_buf, index_dtype_for(out_buf.arg.size, prod(shape), *buf_sizes, *consts))
+  if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64)
+  return ast, params
+
+def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
+  """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
+  (bench/rewrite.py times the two steps apart)."""
   out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg.size), (), 0)
   # an assign that reads its own target reads PARAM 0: one pointer per buffer (the C renderer says restrict)
-  ctx = IndexingContext(index_dtype_for(out_buf.arg.size, prod(shape), *buf_sizes), len(shape), {out_buf: out})
+  ctx = IndexingContext(idx_dtype, len(shape), {out_buf: out})
   ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
-  sink = graph_rewrite(sink, kernel_cleanup)
+  if cleanup: sink = graph_rewrite(sink, kernel_cleanup)
   return sink, [b for b in ctx.params if b is not out_buf]
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
