@@ -27,13 +27,15 @@ _pending_assigns: weakref.WeakSet = weakref.WeakSet()
 def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
   """The graph gradients flow through: a realized tensor is seen through to the graph it came from,
   and a node that was realized into a target's memory is that target."""
+  expanded: set[UOp] = set()  # each node is seen through once: no cycle can keep this going
   while True:
     swap = {}
     for n in root.toposort:
-      if n in targets: continue
+      if n in targets or n in expanded: continue
       if (v := n.__dict__.get("realized")) in targets: swap[n] = v
       elif (src := n.__dict__.get("source")) is not None: swap[n] = src
     if not swap: return root
+    expanded |= swap.keys()
     root = root.substitute(swap)
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
@@ -167,7 +169,8 @@ class Tensor:
     for t in todo:
       old, t.uop = t.uop, becomes[t.uop]
       # a computed tensor remembers the graph it came from, so backward() still works after item()
-      if old.op is not Ops.ASSIGN and not t.requires_grad: t.uop.__dict__["source"] = old
+      if old.op is not Ops.ASSIGN and not t.requires_grad and is_view_of_buffer(t.uop) and t.uop is not old:
+        t.uop.__dict__["source"] = old
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:

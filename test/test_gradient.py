@@ -109,3 +109,10 @@ def test_backward_after_item_and_through_realized_intermediates():
   tw = torch.tensor(w, requires_grad=True)
   ((torch.tensor(x) @ tw.T).relu() ** 2).sum().backward()
   np.testing.assert_allclose(W.grad.numpy(), tw.grad.numpy(), rtol=1e-6)
+
+def test_backward_after_realizing_a_tensor_with_nothing_to_compute():
+  # a constant-based tensor "realizes" to itself: seeing through it must not loop
+  c = Tensor.zeros(3).realize()
+  x = Tensor([1., 2., 3.], requires_grad=True)
+  (x * 2 + c).sum().backward()
+  assert x.grad.tolist() == [2., 2., 2.]
