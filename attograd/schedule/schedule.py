@@ -106,8 +106,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
   (bench/rewrite.py times the two steps apart)."""
   out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg.size), (), 0)
-  # an assign that reads its own target reads PARAM 0: one pointer per buffer (the C renderer says restrict)
-  ctx = IndexingContext(idx_dtype, len(shape), {out_buf: out})
+  ctx = IndexingContext(idx_dtype, len(shape), {out_buf: out})  # PARAM 0 is the output, inputs count from 1
   ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
@@ -128,15 +127,11 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     if u.op is Ops.COPY:
       out = new_buffer(u.device, u.size, u.dtype)
       schedule.append(ScheduleItem(src, (out, src.src[0].base)))
-    elif u.op is Ops.ASSIGN:
-      # the new value goes to new memory: graphs built before the assign still read the old values
-      target, value = src.src
-      out = new_buffer(u.device, u.size, u.dtype)
-      ast, ins = kernel_ast(value, target.shape, out)
-      schedule.append(ScheduleItem(ast, (out, *ins)))
     else:
+      # an assign's value goes to new memory too: graphs built before it still read the old values
+      value = src.src[1] if u.op is Ops.ASSIGN else src.src[0] if u.op is Ops.CONTIGUOUS else src
       out = new_buffer(u.device, u.size, u.dtype)
-      ast, ins = kernel_ast(src.src[0] if src.op is Ops.CONTIGUOUS else src, u.shape, out)
+      ast, ins = kernel_ast(value, u.shape, out)
       schedule.append(ScheduleItem(ast, (out, *ins)))
     rebuilt[u] = buffer_view(out, u.shape)
   return schedule, {u: rebuilt[u] for u in (*points, *targets)}
