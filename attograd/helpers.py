@@ -1,7 +1,7 @@
 """Small utilities shared by every layer. Imports nothing of attograd."""
 from __future__ import annotations
 import contextlib, functools, hashlib, math, os, pathlib, sys, time
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 

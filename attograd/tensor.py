@@ -2,9 +2,9 @@
 messages live here; composite ops are written in terms of a few primitive UOps (DESIGN §3.1)."""
 from __future__ import annotations
 import math, struct, weakref
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate
-from attograd.helpers import prod, all_same, argsort, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import prod, all_same, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer

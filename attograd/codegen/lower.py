@@ -1,7 +1,6 @@
 """Kernel AST -> loop-level UOps: reductions become accumulators with explicit loop ends, and
 narrow float math is done in float32 (DESIGN §3.5)."""
 from __future__ import annotations
-import math
 from attograd.dtype import dtypes, DType
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite

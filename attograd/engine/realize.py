@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
 from attograd.helpers import DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
-from attograd.uop.ops import UOp, Ops, GroupOp, sym_infer
+from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts

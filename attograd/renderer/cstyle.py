@@ -2,7 +2,6 @@
 the type names, the function signature and the few ops that are spelled differently."""
 from __future__ import annotations
 import math
-from typing import Callable
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.renderer import Renderer

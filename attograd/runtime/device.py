@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools, importlib, os
 from typing import Any, Callable
 from attograd.dtype import DType
-from attograd.helpers import ContextVar, getenv
+from attograd.helpers import getenv
 
 class Allocator:
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError

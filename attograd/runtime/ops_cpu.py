@@ -2,7 +2,6 @@
 shared library, cached on disk by source hash, and called in-process through ctypes."""
 from __future__ import annotations
 import ctypes, ctypes.util, mmap, os, shutil, subprocess, tempfile, pathlib
-from typing import Any
 from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer

@@ -1,9 +1,9 @@
 """PYTHON device: executes the linear UOps directly. It is slow and it is the reference
 semantics: every other backend must agree with it."""
 from __future__ import annotations
-import math, pickle, struct
+import pickle, struct
 from typing import Any
-from attograd.dtype import DType, PtrDType, dtypes, truncate
+from attograd.dtype import DType, dtypes, truncate
 from attograd.helpers import bf16_bits_to_float, float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp, exec_alu
 from attograd.runtime.device import Allocator, Compiler, Compiled

@@ -6,7 +6,7 @@ new reduce ranges."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from attograd.dtype import dtypes, DType
-from attograd.helpers import prod, strides_for_shape
+from attograd.helpers import strides_for_shape
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
 

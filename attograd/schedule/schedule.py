@@ -1,7 +1,7 @@
 """Tensor graph -> an ordered list of kernels (DESIGN §3.3).
 Deciding where buffers must exist is the scheduler's one decision; everything else is indexing."""
 from __future__ import annotations
-import dataclasses, itertools
+import itertools
 from dataclasses import dataclass
 from attograd.dtype import dtypes
 from attograd.helpers import prod, dedup

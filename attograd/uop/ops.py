@@ -4,8 +4,8 @@ from __future__ import annotations
 import functools, math, operator, weakref
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Callable, Iterator, Sequence
-from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate, least_upper_dtype
+from typing import Any, Callable, Sequence
+from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate
 from attograd.helpers import prod, all_same
 
 class Ops(Enum):
