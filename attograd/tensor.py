@@ -704,7 +704,7 @@ class Tensor:
       raise ValueError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
     dt = least_upper_dtype(a.dtype, b.dtype)
     a, b = a.cast(dt), b.cast(dt)
-    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    k, m = a.shape[-1], b.shape[-1]
     try: _broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)

@@ -46,7 +46,6 @@ class CStyleRenderer(Renderer):
   def math_fn(self, name: str, dtype: DType) -> str: return name + ("f" if dtype != dtypes.float64 else "")
 
   def alu(self, op: Ops, dtype: DType, a: list[str], src: tuple[UOp, ...]) -> str:
-    sd = src[0].dtype
     if op is Ops.NEG: return f"(!{a[0]})" if dtypes.is_bool(dtype) else f"(-{a[0]})"
     if op is Ops.EXP2: return f"{self.math_fn('exp2', dtype)}({a[0]})"
     if op is Ops.LOG2: return f"{self.math_fn('log2', dtype)}({a[0]})"

@@ -61,7 +61,7 @@ class PythonProgram:
       elif op is Ops.RANGE:
         if u not in val or val[u] is None: val[u] = 0
         if val[u] >= val[u.src[0]]:  # empty loop: skip to after its END
-          depth, pc = 0, pc + 1
+          pc += 1
           while not (uops[pc].op is Ops.END and uops[pc].src[1] is u): pc += 1
           val[u] = None
       elif op is Ops.END:
