@@ -65,7 +65,7 @@ class dtypes:
     if isinstance(x, bool): return dtypes.bool
     if isinstance(x, int): return dtypes.default_int
     if isinstance(x, float): return dtypes.default_float
-    if isinstance(x, (list, tuple)): return max((dtypes.from_py(v) for v in x), default=dtypes.default_float, key=_category_rank)
+    if isinstance(x, (list, tuple)): return max((dtypes.from_py(v) for v in x), default=dtypes.default_float, key=kind)
     raise TypeError(f"can't infer a dtype from {type(x).__name__} {x!r}")
   @staticmethod
   def min(t: DType) -> ConstType:
@@ -95,7 +95,9 @@ def to_dtype(x: DType | str) -> DType:
   if isinstance(x, str) and x in DTYPE_ALIASES: return DTYPE_ALIASES[x]
   raise TypeError(f"unknown dtype {x!r}; expected a DType or one of {sorted(DTYPE_ALIASES)}")
 
-def _category_rank(t: DType) -> int: return 2 if dtypes.is_float(t) else 1 if dtypes.is_int(t) else 0
+def kind(t: DType) -> int:
+  """bool < integer < floating point: the order PyTorch's weak (scalar) operands respect."""
+  return 2 if dtypes.is_float(t) else 1 if dtypes.is_int(t) else 0
 
 # PyTorch's promotion as a lattice: the result of two dtypes is the least type above both.
 # PyTorch refuses uint16/32/64 mixed with other integers; we extend it as numpy does (the

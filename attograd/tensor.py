@@ -3,7 +3,7 @@ messages live here; composite ops are written in terms of a few primitive UOps (
 from __future__ import annotations
 import math, struct, weakref
 from typing import Any, Callable, Sequence
-from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate
+from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import prod, all_same, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device
@@ -902,7 +902,6 @@ class _TrainMode:
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):
   it doesn't widen the other dtype within its kind (bool < int < float), only lifts it to a higher kind."""
-  kind = lambda t: 2 if dtypes.is_float(t) else 1 if dtypes.is_int(t) else 0
   return strong if kind(weak) <= kind(strong) else least_upper_dtype(strong, weak)
 
 def _binop(op: Ops, a: Tensor, x: Any, reverse: bool = False) -> Tensor:
