@@ -10,6 +10,9 @@ from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
 from attograd.engine.realize import run_schedule, buffer_of
 from attograd.gradient import compute_gradient
+from attograd.frontend.indexing import IndexingOps
+from attograd.frontend.reorder import ReorderOps
+from attograd.frontend.elementwise import ElementwiseOps
 
 _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
@@ -79,7 +82,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     out.append(sizes.pop() if sizes else 1)
   return tuple(out)
 
-class Tensor:
+class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
   __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
   training: bool = False
