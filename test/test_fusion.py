@@ -89,3 +89,18 @@ def test_two_outputs_realized_together():
   assert GlobalCounters.kernel_count == 2
   np.testing.assert_allclose(x.numpy(), na + nb, rtol=1e-6)
   np.testing.assert_allclose(y.numpy(), (na * nb).sum(0), rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("name, ours, ref, kernels", [
+  ("softmax_rows", lambda t: t.softmax(1), lambda a: np.exp(a - a.max(1, keepdims=True)) / np.exp(a - a.max(1, keepdims=True)).sum(1, keepdims=True), 1),
+  ("log_softmax_rows", lambda t: t.log_softmax(1), lambda a: (a - a.max(1, keepdims=True)) - np.log(np.exp(a - a.max(1, keepdims=True)).sum(1, keepdims=True)), 1),
+  ("layernorm_rows", lambda t: t.layernorm(1), lambda a: (a - a.mean(1, keepdims=True)) / np.sqrt(a.var(1, keepdims=True) + 1e-5), 1),
+  # along columns the row loop is outside: keeping the reduce inline would recompute it per row
+  ("center_columns", lambda t: t - t.mean(0, keepdim=True), lambda a: a - a.mean(0, keepdims=True), 2),
+])
+def test_row_reductions_stay_in_one_kernel(name, ours, ref, kernels):
+  a = np.random.default_rng(1).standard_normal((33, 70)).astype(np.float32)
+  t = Tensor(a).realize()
+  GlobalCounters.reset()
+  out = ours(t).realize()
+  assert GlobalCounters.kernel_count == kernels
+  np.testing.assert_allclose(out.numpy(), ref(a), atol=1e-5, rtol=1e-5)

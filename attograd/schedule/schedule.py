@@ -26,6 +26,17 @@ def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
 def is_view_of_buffer(u: UOp) -> bool: return u.base.op is Ops.BUFFER
 def has_real_expand(u: UOp) -> bool: return u.op is Ops.EXPAND and prod(u.src[0].shape) != prod(u.shape)
 
+def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
+  """Is what `expand` broadcasts (src, holding reduces) computed once per value it has when left
+  inside the kernel? Loops nest in axis order with reduce loops innermost, and a loop waits for the
+  reduces its body needs that don't depend on it (codegen/linearize.py). So it is free when every
+  axis src varies along is an outer output axis, and every axis it is broadcast along is inside them
+  (softmax's x - x.max(1): the max is computed once per row, before the row's inner loops)."""
+  varies = [i for i, s in enumerate(src.shape) if s != 1]
+  broadcast = [i for i, (a, b) in enumerate(zip(src.shape, expand.shape)) if a == 1 and b != 1]
+  if any(i in reduced for i in varies): return False
+  return all(i in reduced or i > max(varies, default=-1) for i in broadcast)
+
 def realize_points(sink: UOp) -> dict[UOp, None]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, and a
   reduce that would be recomputed for every element of an expand (softmax's x - x.max())."""
@@ -35,25 +46,32 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
   for u in sink.toposort:
     if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN}: points[u] = None
     if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
-  # walk each kernel (from a realize point down to the next ones); a reduce it would recompute per
-  # element of an expand, or that two kernels both read, gets its own buffer. Repeat until stable.
+  # walk each kernel (from a realize point down to the next ones). A reduce read through an expand is
+  # kept in the kernel when the loops keep it cheap (see inline_is_free), else it gets its own buffer;
+  # so does a reduce that two kernels both read. Repeat until stable.
   while True:
     readers: dict[UOp, set[UOp]] = {}
     new: list[UOp] = []
     for p in points:
-      seen: set[tuple[UOp, bool]] = set()
-      stack = [(p, False)]
+      # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on
+      # the way (those loops are reduce loops), and whether an expand was passed on an unaligned path
+      seen: set[tuple] = set()
+      stack: list[tuple[UOp, bool, frozenset[int], bool]] = [(p, True, frozenset(), False)]
       while stack:
-        u, expanded = stack.pop()
-        if (u, expanded) in seen: continue
-        seen.add((u, expanded))
+        state = stack.pop()
+        if state in seen: continue
+        seen.add(state)
+        u, aligned, reduced, expanded = state
+        # below an expand, work is repeated per broadcast element unless the loops keep it free
+        expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
+        keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN}
+        below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here)
         for s in u.src:
           if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
-          expanded_here = expanded or has_real_expand(u)
           if s.op is Ops.REDUCE_AXIS:
             readers.setdefault(s, set()).add(p)
             if expanded_here: new.append(s); continue
-          stack.append((s, expanded_here))
+          stack.append((s, *below))
     new += [r for r, ps in readers.items() if len(ps) > 1]
     if not new: break
     points.update(dict.fromkeys(new))
