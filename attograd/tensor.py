@@ -336,14 +336,18 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if len(self.shape) > len(shape) or _broadcast_shape(self.shape, shape) != shape:
       raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)
-  def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: ConstType = 0) -> Tensor:
-    """padding per axis as ((before, after), ...), or flat PyTorch style (last axis first)."""
+  def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: ConstType = 0, mode: str = "constant") -> Tensor:
+    """padding per axis as ((before, after), ...), or flat PyTorch style (last axis first).
+    mode 'reflect', 'replicate' or 'circular' is done by ReorderOps._pad_mode."""
     if all(isinstance(p, int) for p in padding):
       if len(padding) % 2 or len(padding) // 2 > self.ndim: raise ValueError(f"padding {padding} doesn't fit a tensor of {self.ndim} dims")
       pairs = [(0, 0)] * (self.ndim - len(padding) // 2) + [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
     else:
       if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis ({self.ndim})")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
+    if mode != "constant":
+      if value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
+      return self._pad_mode(pairs, mode)
     # negative padding cuts
     t = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
     pos = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
@@ -393,10 +397,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t.reshape(tuple(r * s for r, s in zip(repeats, base)))
 
   def __getitem__(self, index: Any) -> Tensor:
-    """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    """Basic indexing: ints, slices (any step), None and Ellipsis. Tensors (and lists) as indices go to
+    IndexingOps._tensor_getitem (advanced indexing, bool masks)."""
     idx = list(index) if isinstance(index, tuple) else [index]
+    if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" for i in idx): return self._tensor_getitem(index)
     for i in idx:
-      if isinstance(i, Tensor): raise NotImplementedError("indexing with a Tensor is not supported yet")
       if not (i is None or i is Ellipsis or isinstance(i, (int, slice))): raise TypeError(f"invalid index {i!r} of type {type(i).__name__}")
     if idx.count(Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis")
     n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)

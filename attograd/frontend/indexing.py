@@ -1,5 +1,302 @@
-"""Indexing with tensors: advanced __getitem__, __setitem__, gather, scatter, masked_fill."""
+"""Indexing with tensors: advanced __getitem__, __setitem__, gather, scatter, masked_fill.
+
+Everything here is built from differentiable primitives (compare, where, sum/max, movement ops), so
+gradients come for free. A lookup `x[idx]` compares the index against arange(size) of the indexed axis
+and reduces: `(idx[..., None] == arange(n)).where(x, 0).sum(-1)`; the scheduler fuses this into one
+kernel that loops over n per output element (no one-hot buffer is realized).
+
+Out-of-range tensor indices: torch raises. attograd checks the values only when the index tensor is
+already realized (then it raises IndexError naming the index and the size, which reads the index back:
+a sync). A lazy index tensor is not checked (that would need a sync): an out-of-range entry matches no
+position, so a lookup gives 0 and a write is dropped. Python-int indices are always checked.
+
+A bool mask needs the number of True elements to know the output shape (torch's dynamic shape), so
+indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
+from typing import Any
+from attograd.dtype import dtypes
+from attograd.helpers import prod
+from attograd.schedule.schedule import is_view_of_buffer
+
+_CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked
+
+def _is_tensor(x: Any) -> bool: return hasattr(x, "uop") and hasattr(x, "realize")
+
+def _axis(dim: int, ndim: int, name: str = "dim") -> int:
+  if not -max(ndim, 1) <= dim < max(ndim, 1): raise IndexError(f"{name} {dim} is out of range for a tensor of {ndim} dimension(s)")
+  return dim % max(ndim, 1)
 
 class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
+
+  # ***** helpers *****
+  def _check_index_values(self, idx: Any, lo: int, hi: int, what: str) -> None:
+    """If idx is already realized (and not huge), raise IndexError for values outside [lo, hi)."""
+    if idx.numel() == 0 or idx.numel() > _CHECK_LIMIT or not is_view_of_buffer(idx.uop): return
+    vals = idx.numpy()
+    bad = vals[(vals < lo) | (vals >= hi)]
+    if bad.size: raise IndexError(f"index {int(bad.flat[0])} is out of bounds for {what} with size {hi if lo == 0 else -lo}")
+
+  def _as_index(self, i: Any) -> Any:
+    """Python lists/tuples and numpy arrays used as indices become Tensors on self's device."""
+    if _is_tensor(i): return i
+    if isinstance(i, list) or type(i).__module__ == "numpy":
+      t = type(self)(i, device=self.device)
+      if t.dtype != dtypes.bool and not dtypes.is_int(t.dtype): raise IndexError(f"tensors used as indices must be integer or bool, got {t.dtype}")
+      return t
+    return i
+
+  # ***** __getitem__ with tensors *****
+  def _tensor_getitem(self, index: Any) -> Any:
+    """Advanced indexing (numpy/torch rules): integer tensors broadcast together, bool masks, mixed
+    with ints, slices, None and Ellipsis."""
+    idx = [self._as_index(i) for i in (list(index) if isinstance(index, tuple) else [index])]
+    for i in idx:
+      if not (i is None or i is Ellipsis or isinstance(i, (int, slice)) or _is_tensor(i)) or isinstance(i, bool):
+        raise TypeError(f"invalid index {i!r} of type {type(i).__name__}")
+      if _is_tensor(i) and i.dtype != dtypes.bool and not dtypes.is_int(i.dtype):
+        raise IndexError(f"tensors used as indices must be integer or bool, got {i.dtype}")
+    if sum(i is Ellipsis for i in idx) > 1: raise IndexError("an index can only have a single ellipsis")
+    # a bool mask of k dims stands for k integer index tensors (its nonzero positions)
+    consumed = sum(i.ndim if _is_tensor(i) and i.dtype == dtypes.bool else 0 if i is None or i is Ellipsis else 1 for i in idx)
+    if consumed > self.ndim: raise IndexError(f"too many indices ({consumed}) for a tensor of {self.ndim} dimension(s)")
+    if any(i is Ellipsis for i in idx):
+      e = next(p for p, i in enumerate(idx) if i is Ellipsis)
+      idx = idx[:e] + [slice(None)] * (self.ndim - consumed) + idx[e + 1:]
+    else: idx += [slice(None)] * (self.ndim - consumed)
+    expanded, dim = [], 0
+    for i in idx:
+      if _is_tensor(i) and i.dtype == dtypes.bool:
+        if i.ndim == 0: raise IndexError("a 0-d bool tensor as an index is not supported")
+        if i.shape != self.shape[dim:dim + i.ndim]:
+          raise IndexError(f"the shape of the mask {i.shape} at index {dim} does not match the shape of the indexed tensor {self.shape}")
+        nz = i.numpy().nonzero()  # syncs: the output size depends on the mask's values
+        expanded += [type(self)(n.astype("int64"), device=self.device) for n in nz]
+        dim += i.ndim
+      else:
+        expanded.append(i)
+        if i is not None: dim += 1
+    idx = expanded
+    # basic part first: tensor positions keep their axis (slice(None)); ints and slices apply now
+    has_tensor = any(_is_tensor(i) for i in idx)
+    if not has_tensor: return self[tuple(idx)]
+    # as in torch (unlike numpy) ints apply first and don't count: tensors separated only by ints are adjacent
+    no_ints = [i for i in idx if not isinstance(i, int)]
+    adv_pos = [p for p, i in enumerate(no_ints) if _is_tensor(i)]
+    adjacent = adv_pos == list(range(adv_pos[0], adv_pos[-1] + 1))
+    t = self[tuple(slice(None) if _is_tensor(i) else i for i in idx)]
+    # which axes of t the index tensors address, and where the result's broadcast dims go
+    tdims, tensors, out_dim, first = [], [], 0, None
+    src_dim = 0
+    for p, i in enumerate(idx):
+      if _is_tensor(i):
+        if first is None: first = out_dim
+        size = self.shape[src_dim]
+        self._check_index_values(i, -size, size, f"dimension {src_dim}")
+        tdims.append(out_dim); tensors.append((i, size))
+      if i is None or isinstance(i, slice) or _is_tensor(i): out_dim += 1
+      if i is not None: src_dim += 1
+    return t._take_along(tdims, tensors, first if adjacent else 0)
+
+  def _take_along(self, tdims: list[int], tensors: list[tuple[Any, int]], insert_at: int) -> Any:
+    """self's axes tdims (sizes n_j) are looked up by the index tensors (broadcast together); the
+    broadcast dims replace those axes, at position insert_at among the remaining axes."""
+    sizes = [n for _, n in tensors]
+    N = prod(sizes)
+    B = _broadcast_shapes(*(i.shape for i, _ in tensors))
+    flat = self._flat_index(tensors, B)
+    others = [d for d in range(self.ndim) if d not in tdims]
+    rest = tuple(self.shape[d] for d in others)
+    x = self.permute(others + tdims).reshape(rest + (N,))
+    x = x.reshape(rest[:insert_at] + (1,) * len(B) + rest[insert_at:] + (N,))
+    mask = flat.unsqueeze(-1) == type(self).arange(N, device=self.device, dtype=flat.dtype)
+    mask = mask.reshape((1,) * insert_at + B + (1,) * (len(rest) - insert_at) + (N,))
+    return mask.where(x, x.zeros_like()).sum(-1).cast(self.dtype)
+
+  def _flat_index(self, tensors: list[tuple[Any, int]], B: tuple[int, ...]) -> Any:
+    """One flat (row-major) position per broadcast element; negative entries wrap, out-of-range -> -1."""
+    N = prod(n for _, n in tensors)
+    dt = dtypes.int32 if N < 2 ** 31 else dtypes.int64
+    flat, valid = None, None
+    for i, n in tensors:
+      i = i.cast(dt) if i.dtype != dtypes.int64 or dt == dtypes.int64 else i
+      w = (i < 0).where(i + n, i)
+      ok = (w >= 0) & (w < n)
+      w = w.cast(dt)._broadcast_to(B)
+      flat = w if flat is None else flat * n + w
+      valid = ok if valid is None else valid & ok
+    return valid._broadcast_to(B).where(flat, -1).cast(dt)
+
+  # ***** __setitem__ *****
+  def __setitem__(self, index: Any, value: Any) -> None:
+    """x[index] = value for basic and advanced indices: value is cast to x's dtype and broadcast to
+    x[index]'s shape; the write goes through assign (lazy, lands at the next realize). With repeated
+    advanced indices the last write wins."""
+    T = type(self)
+    v = value if _is_tensor(value) else T(value, device=self.device, dtype=self.dtype)
+    if v.device != self.device: raise ValueError(f"setitem from device {v.device} into a tensor on {self.device}")
+    target_shape = self[index].shape
+    v = v.cast(self.dtype)
+    if v.ndim > len(target_shape) and all(s == 1 for s in v.shape[:v.ndim - len(target_shape)]):  # torch drops leading 1s
+      v = v.reshape(v.shape[v.ndim - len(target_shape):])
+    try: v = v._broadcast_to(target_shape)
+    except ValueError: raise ValueError(f"shape mismatch: value of shape {v.shape} cannot be broadcast to indexing result of shape {target_shape}") from None
+    idx = list(index) if isinstance(index, tuple) else [index]
+    if all(i is None or i is Ellipsis or (isinstance(i, (int, slice)) and not isinstance(i, bool)) for i in idx):
+      new = self._basic_setitem(idx, v)
+    else:
+      # general path: every element finds the last index position that writes it
+      pos = T.arange(self.numel(), device=self.device, dtype=dtypes.int32).reshape(self.shape)[index].flatten()
+      M = pos.numel()
+      hit = pos.unsqueeze(0) == T.arange(self.numel(), device=self.device, dtype=dtypes.int32).unsqueeze(1)  # (numel, M)
+      last = hit.where(T.arange(1, M + 1, device=self.device, dtype=dtypes.int32).unsqueeze(0), 0).max(1) if M else \
+        T.zeros(self.numel(), dtype=dtypes.int32, device=self.device)
+      vals = v.flatten()._take_along([0], [(last - 1, M)], 0) if M else self.flatten()
+      new = (last > 0).where(vals, self.flatten()).reshape(self.shape)
+    self.assign(new)
+
+  def _basic_setitem(self, idx: list[Any], v: Any) -> Any:
+    """Undo the basic index's movement ops on v (and on an all-True mask): pad back to self's shape."""
+    T = type(self)
+    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if any(i is Ellipsis for i in idx):
+      e = next(p for p, i in enumerate(idx) if i is Ellipsis)
+      idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
+    else: idx = idx + [slice(None)] * (self.ndim - n_real)
+    # v's shape without None dims, with size-1 dims for ints
+    shape, vd = [], 0
+    for i in idx:
+      if i is None: vd += 1; continue
+      if isinstance(i, int): shape.append(1)
+      else: shape.append(v.shape[vd]); vd += 1
+    v = v.reshape(tuple(shape))
+    m = T.full(v.shape, True, dtype=dtypes.bool, device=self.device)
+    real = [i for i in idx if i is not None]
+    flips, steps, pads = [], [], []
+    for d, (i, size) in enumerate(zip(real, self.shape)):
+      if isinstance(i, int): i = slice(i % size, i % size + 1)
+      start, stop, step = i.indices(size)
+      n = len(range(start, stop, step))
+      lo = start if step > 0 else (start + (n - 1) * step if n else 0)
+      if step < 0: flips.append(d)
+      steps.append(abs(step))
+      span = (n - 1) * abs(step) + 1 if n else 0
+      pads.append((lo if n else 0, size - (lo if n else 0) - span))
+    def undo(t: Any) -> Any:
+      t = t.flip(*flips)
+      if any(s != 1 for s in steps):
+        t = t.reshape(tuple(x for n, s in zip(t.shape, steps) for x in (n, 1)))
+        t = t.pad(tuple(p for s in steps for p in ((0, 0), (0, s - 1))))
+        t = t.reshape(tuple(n * s for n, s in zip(v.shape, steps)))
+        t = t.shrink(tuple((0, (n - 1) * s + 1 if n else 0) for n, s in zip(v.shape, steps)))
+      return t.pad(tuple(pads))
+    return undo(m).where(undo(v), self)
+
+  # ***** gather / scatter *****
+  def _check_dim_index(self, dim: int, index: Any, name: str) -> int:
+    if not _is_tensor(index) or not dtypes.is_int(index.dtype):
+      raise TypeError(f"{name}: index must be an integer tensor, got {getattr(index, 'dtype', type(index).__name__)}")
+    d = _axis(dim, self.ndim)
+    if index.ndim != max(self.ndim, 1) and not (index.ndim == 0 and self.ndim == 0) and not (index.ndim <= 1 and self.ndim <= 1):
+      raise ValueError(f"{name}: index has {index.ndim} dimension(s) but the tensor has {self.ndim}; they must match")
+    return d
+
+  def gather(self, dim: int, index: Any) -> Any:
+    """out[i][j] = self[index[i][j]][j] (dim=0), torch.gather. index has self's number of dims and is
+    no bigger than self on the other axes; the output has index's shape."""
+    d = self._check_dim_index(dim, index, "gather")
+    x = self.reshape(self.shape or (1,))
+    ix = index.reshape(index.shape or (1,))
+    for a, (si, sx) in enumerate(zip(ix.shape, x.shape)):
+      if a != d and si > sx: raise ValueError(f"gather: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+    n = x.shape[d]
+    self._check_index_values(index, 0, n, f"dimension {d}")
+    x = x.shrink(tuple((0, n) if a == d else (0, s) for a, s in enumerate(ix.shape)))  # (.., n at d, ..)
+    x = x.unsqueeze(d).transpose(d + 1, -1)  # (.., 1 at d, .., n last)
+    mask = ix.unsqueeze(-1) == type(self).arange(n, device=self.device, dtype=ix.dtype)
+    out = mask.where(x, x.zeros_like()).sum(-1).cast(self.dtype)
+    return out.reshape(index.shape)
+
+  def _scatter_mask(self, d: int, index: Any, src: Any, name: str) -> tuple[Any, Any, Any]:
+    """The (.., n at d, J at d+1, ..) match of self positions vs. index entries, and src (unsqueezed
+    likewise), both on index's extent of the other axes."""
+    if src.ndim != index.ndim: raise ValueError(f"{name}: src has {src.ndim} dimension(s) but index has {index.ndim}")
+    for a, (si, ss, sx) in enumerate(zip(index.shape, src.shape, self.shape)):
+      if si > ss: raise ValueError(f"{name}: index {tuple(index.shape)} is bigger than src {tuple(src.shape)} at dimension {a}")
+      if a != d and si > sx: raise ValueError(f"{name}: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+    n = self.shape[d]
+    self._check_index_values(index, 0, n, f"dimension {d}")
+    src = src.shrink(tuple((0, s) for s in index.shape))
+    ar = type(self).arange(n, device=self.device, dtype=index.dtype).reshape((n,) + (1,) * (index.ndim - d))
+    mask = index.unsqueeze(d) == ar
+    return mask, src.unsqueeze(d), n
+
+  def _pad_to_self(self, t: Any, d: int, fill: Any) -> Any:
+    return t.pad(tuple((0, 0) if a == d else (0, sx - st) for a, (st, sx) in enumerate(zip(t.shape, self.shape))), value=fill)
+
+  def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None) -> Any:
+    """torch.scatter (out of place): out[index[i][j]][j] = src[i][j] (dim=0); src may be a scalar
+    (or pass value=). With repeated indices the last write along dim wins."""
+    if src is None: src = value
+    if src is None: raise TypeError("scatter needs src or value")
+    d = self._check_dim_index(dim, index, "scatter")
+    if self.ndim == 0: return self.reshape(1).scatter(0, index.reshape(1), src if not _is_tensor(src) else src.reshape(1)).reshape(())
+    if not _is_tensor(src): src = type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
+    mask, s, n = self._scatter_mask(d, index, src.cast(self.dtype), "scatter")
+    J = index.shape[d]
+    j = type(self).arange(1, J + 1, device=self.device, dtype=dtypes.int32).reshape((J,) + (1,) * (index.ndim - d - 1))
+    last = mask.where(j, 0).max(d + 1, keepdim=True) if J else mask.sum(d + 1, keepdim=True).cast(dtypes.int32)
+    val = (j == last).where(s, s.zeros_like()).sum(d + 1).cast(self.dtype)
+    has = self._pad_to_self((last > 0).squeeze(d + 1), d, False)
+    return has.where(self._pad_to_self(val, d, 0), self)
+
+  def scatter_reduce(self, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Any:
+    """torch.scatter_reduce: reduce is one of sum, prod, mean, amax, amin. Positions no index writes
+    keep self's value; include_self=False leaves self out of the reduction where something is written.
+    mean of integers rounds down (as torch)."""
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+      raise ValueError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+    d = self._check_dim_index(dim, index, "scatter_reduce")
+    if self.ndim == 0: return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
+    mask, s, n = self._scatter_mask(d, index, src.cast(self.dtype), "scatter_reduce")
+    count = mask.sum(d + 1)
+    if reduce in ("sum", "mean"): r = mask.where(s, s.zeros_like()).sum(d + 1).cast(self.dtype)
+    elif reduce == "prod": r = mask.where(s, s.ones_like()).prod(d + 1).cast(self.dtype)
+    else:
+      big = s.full_like(-float("inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype))
+      if reduce == "amax": r = mask.where(s, big).max(d + 1)
+      else: r = mask.where(s, s.full_like(float("inf") if dtypes.is_float(self.dtype) else dtypes.max(self.dtype))).min(d + 1)
+    has = self._pad_to_self(count > 0, d, False)
+    r, count = self._pad_to_self(r, d, 0), self._pad_to_self(count, d, 0)
+    if include_self:
+      if reduce == "sum": r = self + r
+      elif reduce == "prod": r = self * r
+      elif reduce == "amax": r = self.maximum(r)
+      elif reduce == "amin": r = self.minimum(r)
+      else: r, count = self + r, count + 1
+    if reduce == "mean":
+      c = has.where(count, 1).cast(self.dtype)
+      r = r.floor_divide(c) if not dtypes.is_float(self.dtype) else r / c
+    return has.where(r.cast(self.dtype), self)
+
+  def masked_fill(self, mask: Any, value: Any) -> Any:
+    """self where mask is False, value (cast to self's dtype) where it is True; mask broadcasts to self."""
+    if not _is_tensor(mask) or mask.dtype != dtypes.bool: raise TypeError(f"masked_fill: mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    try: ok = _broadcast_shapes(mask.shape, self.shape) == self.shape
+    except IndexError: ok = False
+    if not ok:
+      raise ValueError(f"masked_fill: mask of shape {mask.shape} doesn't broadcast to the tensor's shape {self.shape}")
+    if _is_tensor(value):
+      if value.ndim != 0: raise ValueError(f"masked_fill: value must be a 0-dim tensor or a number, got shape {value.shape}")
+      v = value.cast(self.dtype)
+    else: v = type(self).full((), value, dtype=self.dtype, device=self.device)
+    return mask.where(v, self)
+
+def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+  n = max((len(s) for s in shapes), default=0)
+  out = []
+  for dims in zip(*((1,) * (n - len(s)) + tuple(s) for s in shapes)):
+    big = [x for x in dims if x != 1]
+    if big and any(x != big[0] for x in big): raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together with shapes {list(shapes)}")
+    out.append(big[0] if big else 1)
+  return tuple(out)

@@ -1,5 +1,269 @@
-"""Ops that reorder or combine elements: scans, sort and topk, cat/stack/split, roll, triangles."""
+"""Ops that reorder or combine elements: scans, sort and topk, cat/stack/split, roll, triangles.
+
+Everything is built from the lazy primitives (pad, shrink, expand, where, reductions), so gradients
+come for free. Scans and sort avoid Python loops over elements:
+- a scan along an axis of size n is a reduce over an (n, n) triangle mask (`j <= i` from two aranges):
+  output i reduces the inputs j <= i. O(n^2) work per row, one fused kernel.
+- sort is rank based: rank[i] = number of elements that come before element i (ties broken by index,
+  NaN last as in torch), then output k picks the element whose rank is k (a one-hot reduce against an
+  arange). O(n^2) work and memory traffic per row: fine for moderate n, not meant for huge rows."""
 from __future__ import annotations
+import math
+from typing import Any, Sequence
+from attograd.dtype import dtypes, least_upper_dtype
+
+def _axis(axis: int, ndim: int, extra: int = 0) -> int:
+  n = max(ndim + extra, 1)
+  if not isinstance(axis, int) or not -n <= axis < n: raise IndexError(f"dim {axis} is out of range for a tensor of {ndim} dimension(s)")
+  return axis % n
 
 class ReorderOps:
   __slots__ = ()  # Tensor defines the slots
+
+  # ***** combining and splitting *****
+  def cat(self, *args, dim: int = 0):
+    """torch.cat: Tensor.cat(a, b, dim=0) or a.cat(b, dim=0); a list/tuple of tensors works as well."""
+    tensors = [self, *args]
+    if len(tensors) == 1 and isinstance(self, (list, tuple)): tensors = list(self)
+    if not tensors: raise ValueError("cat needs at least one tensor")
+    for t in tensors:
+      if not isinstance(t, ReorderOps): raise TypeError(f"cat expects Tensors, got {type(t).__name__}")
+    first = tensors[0]
+    if first.ndim == 0 or any(t.ndim == 0 for t in tensors): raise ValueError("zero-dimensional tensors cannot be concatenated")
+    for t in tensors:
+      if t.device != first.device: raise ValueError(f"cat of tensors on different devices: {first.device} and {t.device}")
+    # as in torch, 1-D empty tensors are skipped (a legacy rule), but still take part in dtype promotion
+    kept = [t for t in tensors if t.shape != (0,)] or tensors[:1]
+    ref = kept[0]
+    d = _axis(dim, ref.ndim)
+    for t in kept:
+      if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
+        raise ValueError(f"cat: shapes {ref.shape} and {t.shape} must match except in dim {d}")
+    dt = first.dtype
+    for t in tensors[1:]: dt = least_upper_dtype(dt, t.dtype)
+    kept = [t.cast(dt) for t in kept if t.shape[d] != 0] or [kept[0].cast(dt)]  # empty pieces add nothing
+    if len(kept) == 1: return kept[0]
+    total, off, out = sum(t.shape[d] for t in kept), 0, None
+    for t in kept:
+      n = t.shape[d]
+      p = t.pad(tuple((off, total - off - n) if i == d else (0, 0) for i in range(t.ndim)))
+      off += n
+      out = p if out is None else (out | p if dt == dtypes.bool else out + p)
+    return out
+
+  def stack(self, *args, dim: int = 0):
+    """torch.stack: Tensor.stack(a, b, dim=0) or a.stack(b, dim=0)."""
+    tensors = list(self) if isinstance(self, (list, tuple)) and not args else [self, *args]
+    if not tensors: raise ValueError("stack needs at least one tensor")
+    for t in tensors:
+      if t.shape != tensors[0].shape: raise ValueError(f"stack expects tensors of equal shape, got {tensors[0].shape} and {t.shape}")
+    d = _axis(dim, tensors[0].ndim, extra=1)
+    return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
+
+  def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple:
+    """torch.split: chunks of `sizes` elements (the last may be smaller), or one piece per entry of a list."""
+    if self.ndim == 0: raise ValueError("split of a 0-d tensor")
+    d = _axis(dim, self.ndim)
+    n = self.shape[d]
+    if isinstance(sizes, int):
+      if sizes <= 0 and not (sizes == 0 and n == 0): raise ValueError(f"split size must be positive, got {sizes}")
+      sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
+    sizes = list(sizes)
+    if any(not isinstance(s, int) or s < 0 for s in sizes): raise ValueError(f"split sizes {sizes} must be non-negative ints")
+    if sum(sizes) != n: raise ValueError(f"split sizes {sizes} sum to {sum(sizes)}, but dim {d} has size {n}")
+    out, off = [], 0
+    for s in sizes:
+      out.append(self.shrink(tuple((off, off + s) if i == d else None for i in range(self.ndim))))
+      off += s
+    return tuple(out)
+
+  def chunk(self, chunks: int, dim: int = 0) -> tuple:
+    """torch.chunk: pieces of ceil(n / chunks) elements, so there may be fewer than `chunks` of them."""
+    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int, got {chunks}")
+    if self.ndim == 0: raise ValueError("chunk of a 0-d tensor")
+    d = _axis(dim, self.ndim)
+    n = self.shape[d]
+    if n == 0: return tuple(self for _ in range(chunks))  # torch returns `chunks` empty pieces
+    return self.split(math.ceil(n / chunks), d)
+
+  def repeat_interleave(self, repeats: int, dim: int | None = None):
+    """torch.repeat_interleave with an int count: each element repeated `repeats` times along dim
+    (dim None: over the flattened tensor)."""
+    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeats must be a non-negative int, got {repeats}")
+    x = self.flatten() if dim is None else self
+    d = 0 if dim is None else _axis(dim, x.ndim)
+    if x.ndim == 0: x = x.reshape(1)
+    sh = x.shape
+    return x.unsqueeze(d + 1).expand(*sh[:d + 1], repeats, *sh[d + 1:]).reshape(*sh[:d], sh[d] * repeats, *sh[d + 1:])
+
+  def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None):
+    """torch.roll: element i moves to i + shift (wrapping). dims None: roll the flattened tensor."""
+    if dims is None:
+      if not isinstance(shifts, int): raise ValueError(f"roll without dims takes a single shift, got {shifts}")
+      return self.flatten().roll(shifts, 0).reshape(self.shape)
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if len(shifts) != len(dims): raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+    x = self
+    for s, dm in zip(shifts, dims):
+      d = _axis(dm, self.ndim)
+      n = x.shape[d]
+      if n == 0 or s % n == 0: continue
+      s %= n
+      a, b = x.split([n - s, s], d)
+      x = b.cat(a, dim=d)
+    return x
+
+  def _tri_mask(self, diagonal: int, upper: bool):
+    if self.ndim < 2: raise ValueError(f"{'triu' if upper else 'tril'} needs a tensor of at least 2 dimensions, got shape {self.shape}")
+    r, c = self.shape[-2:]
+    rows = type(self).arange(r, device=self.device).reshape(r, 1)
+    cols = type(self).arange(c, device=self.device).reshape(1, c)
+    return (cols - rows >= diagonal) if upper else (cols - rows <= diagonal)
+  def tril(self, diagonal: int = 0):
+    return self._tri_mask(diagonal, False).where(self, self.zeros_like())
+  def triu(self, diagonal: int = 0):
+    return self._tri_mask(diagonal, True).where(self, self.zeros_like())
+
+  def meshgrid(self, *args, indexing: str = "ij") -> tuple:
+    """torch.meshgrid: Tensor.meshgrid(x, y, indexing='ij') or x.meshgrid(y)."""
+    if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = [self, *args]
+    for t in ts:
+      if t.ndim > 1: raise ValueError(f"meshgrid expects 0-d or 1-d tensors, got shape {t.shape}")
+    ts = [t.reshape(-1) for t in ts]
+    if indexing == "xy" and len(ts) >= 2: ts[0], ts[1] = ts[1], ts[0]
+    shape = tuple(t.shape[0] for t in ts)
+    out = [t.reshape(tuple(-1 if i == k else 1 for i in range(len(ts)))).expand(shape) for k, t in enumerate(ts)]
+    if indexing == "xy" and len(ts) >= 2: out[0], out[1] = out[1], out[0]
+    return tuple(out)
+
+  def _pad_mode(self, pairs: Sequence[tuple[int, int]], mode: str):
+    """pad with mode 'reflect', 'replicate' or 'circular', given ((before, after), ...) per axis."""
+    if mode not in ("reflect", "replicate", "circular"):
+      raise ValueError(f"padding mode {mode!r} is not one of 'constant', 'reflect', 'replicate', 'circular'")
+    x = self
+    for d, (b, a) in enumerate(pairs):
+      if (b, a) == (0, 0): continue
+      n = x.shape[d]
+      if b < 0 or a < 0: raise ValueError(f"{mode} padding {(b, a)} of dim {d}: negative padding is only supported in constant mode")
+      if mode == "reflect" and (b >= n or a >= n):
+        raise ValueError(f"reflect padding {(b, a)} of dim {d} must be less than its size {n}")
+      if mode == "circular" and (b > n or a > n):
+        raise ValueError(f"circular padding {(b, a)} of dim {d} must be at most its size {n}")
+      if mode == "replicate" and n == 0: raise ValueError(f"replicate padding of dim {d}, which is empty")
+      def part(lo: int, hi: int): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+      def rep(t, k: int): return t.expand(tuple(k if i == d else s for i, s in enumerate(t.shape)))
+      if mode == "reflect": before, after = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
+      elif mode == "replicate": before, after = rep(part(0, 1), b), rep(part(n - 1, n), a)
+      else: before, after = part(n - b, n), part(0, a)
+      x = before.cat(x, after, dim=d)
+    return x
+
+  # ***** reductions *****
+  def logsumexp(self, axis=None, keepdim: bool = False):
+    """log(sum(exp(x))) computed stably around the (detached) max; all -inf gives -inf, as in torch."""
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    if x.numel() == 0: return x.exp().sum(axis, keepdim).log()
+    m = x.max(axis, keepdim=True).detach()
+    m = m.isinf().where(0.0, m)
+    out = (x - m).exp().sum(axis, keepdim=True).log() + m
+    return out if keepdim else out.squeeze(axis) if isinstance(axis, int) else out.reshape(x.sum(axis).shape)
+
+  def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
+    return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+  def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
+    return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+  # ***** scans: a reduce over the (n, n) triangle j <= i *****
+  def _scan_view(self, axis: int):
+    """(x broadcast to (..., i, j) with axis moved last, mask j <= i, the axis): output i reduces over j."""
+    d = _axis(axis, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
+    n = x.shape[-1]
+    ar = type(self).arange(n, device=self.device)
+    mask = ar.reshape(1, n) <= ar.reshape(n, 1)
+    return x.unsqueeze(-2).expand(*x.shape[:-1], n, n), mask, d
+  def _scan_out(self, r, d: int):
+    return r.reshape(()) if self.ndim == 0 else r.transpose(d, -1)
+
+  def cumsum(self, axis: int = 0):
+    """torch.cumsum; ints and bools accumulate in int64 as in torch."""
+    x, mask, d = self._scan_view(axis)
+    return self._scan_out(mask.where(x, x.zeros_like()).sum(-1), d)
+  def cumprod(self, axis: int = 0):
+    x, mask, d = self._scan_view(axis)
+    return self._scan_out(mask.where(x, x.ones_like()).prod(-1), d)
+  def cummax(self, axis: int = 0) -> tuple:
+    """torch.cummax: (values, int64 indices); the index is the latest position of the max, and a NaN
+    sticks once seen, as in torch."""
+    x, mask, d = self._scan_view(axis)
+    low = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
+    vals = mask.where(x, type(self).full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
+    isf = dtypes.is_float(self.dtype)
+    if isf:
+      nan_seen = (mask & x.isnan()).any(-1, keepdim=True)
+      vals = nan_seen.where(math.nan, vals)
+    hit = mask & ((x == vals) | (x.isnan() & vals.isnan()) if isf else (x == vals))
+    n = x.shape[-1]
+    j = type(self).arange(n, device=self.device, dtype=dtypes.int64)
+    idx = hit.where(j, -1).max(-1)
+    return self._scan_out(vals.squeeze(-1), d), self._scan_out(idx, d)
+  def cummin(self, axis: int = 0) -> tuple:
+    """torch.cummin, through cummax of the order-reversed values."""
+    if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return v.logical_not(), i
+    if dtypes.is_float(self.dtype): v, i = (-self).cummax(axis); return -v, i
+    v, i = (~self).cummax(axis)
+    return ~v, i
+  def logcumsumexp(self, axis: int = 0):
+    """torch.logcumsumexp: a stable logsumexp over each prefix (masked entries are -inf)."""
+    s = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    x, mask, d = s._scan_view(axis)
+    if x.numel() == 0: return s
+    return s._scan_out(mask.where(x, -math.inf).logsumexp(-1), d)
+
+  # ***** sort: rank by counting, then a one-hot gather by rank *****
+  def _rank(self, descending: bool):
+    """(x with axis last, rank of each element along it); ties keep index order, NaN sorts as the largest."""
+    n = self.shape[-1]
+    xi, xj = self.unsqueeze(-1), self.unsqueeze(-2)  # (..., i, 1) and (..., 1, j)
+    if self.dtype == dtypes.bool: xi, xj = xi.cast(dtypes.uint8), xj.cast(dtypes.uint8)
+    before = (xj > xi) if descending else (xj < xi)
+    same = xj == xi
+    if dtypes.is_float(self.dtype):
+      ni, nj = xi.isnan(), xj.isnan()
+      before = (before | (nj & ni.logical_not())) if descending else (before | (ni & nj.logical_not()))
+      same = same | (ni & nj)
+    ar = type(self).arange(n, device=self.device)
+    earlier = ar.reshape(1, n) < ar.reshape(n, 1)  # [i, j]: j < i
+    return (before | (same & earlier)).sum(-1)  # (..., i) int64
+
+  def _by_rank(self, k: int, descending: bool) -> tuple:
+    """The first k elements (along the last axis) in sorted order, and their indices."""
+    n = self.shape[-1]
+    rank = self._rank(descending)
+    pos = type(self).arange(k, device=self.device, dtype=dtypes.int64)
+    onehot = rank.unsqueeze(-2) == pos.reshape(k, 1)  # (..., k, i)
+    x = self.unsqueeze(-2)
+    if self.dtype == dtypes.bool: vals = onehot.where(x.cast(dtypes.uint8), 0).sum(-1, dtype=dtypes.uint8).cast(dtypes.bool)
+    else: vals = onehot.where(x, x.zeros_like()).sum(-1, dtype=self.dtype)
+    idx = onehot.where(type(self).arange(n, device=self.device, dtype=dtypes.int64), 0).sum(-1)
+    return vals, idx
+
+  def sort(self, dim: int = -1, descending: bool = False) -> tuple:
+    """torch.sort (stable): (values, int64 indices). O(n^2) per row, see the module docstring."""
+    d = _axis(dim, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
+    v, i = x._by_rank(x.shape[-1], descending)
+    if self.ndim == 0: return v.reshape(()), i.reshape(())
+    return v.transpose(d, -1), i.transpose(d, -1)
+  def argsort(self, dim: int = -1, descending: bool = False): return self.sort(dim, descending)[1]
+  def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+    """torch.topk: the k largest (or smallest) along dim, always in sorted order, with int64 indices."""
+    d = _axis(dim, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
+    n = x.shape[-1]
+    if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k} is out of range for dim {d} of size {n}")
+    v, i = x._by_rank(k, largest)
+    if self.ndim == 0: return v.reshape(()), i.reshape(())
+    return v.transpose(d, -1), i.transpose(d, -1)
