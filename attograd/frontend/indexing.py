@@ -131,7 +131,9 @@ class IndexingOps:
   def __setitem__(self, index: Any, value: Any) -> None:
     """x[index] = value for basic and advanced indices: value is cast to x's dtype and broadcast to
     x[index]'s shape; the write goes through assign (lazy, lands at the next realize). With repeated
-    advanced indices the last write wins."""
+    advanced indices the last write wins. Basic indices (ints, slices, None, Ellipsis) undo their
+    movement ops on the value (pads, no compares); advanced ones compare every element of x with every
+    written position (numel(x) * numel(x[index]) work), so they suit small writes."""
     T = type(self)
     v = value if _is_tensor(value) else T(value, device=self.device, dtype=self.dtype)
     if v.device != self.device: raise ValueError(f"setitem from device {v.device} into a tensor on {self.device}")
