@@ -9,7 +9,7 @@ come for free. Scans and sort avoid Python loops over elements:
   arange). O(n^2) work and memory traffic per row: fine for moderate n, not meant for huge rows."""
 from __future__ import annotations
 import math
-from typing import Any, Sequence
+from typing import Sequence
 from attograd.dtype import dtypes, least_upper_dtype
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
@@ -86,14 +86,26 @@ class ReorderOps:
     if n == 0: return tuple(self for _ in range(chunks))  # torch returns `chunks` empty pieces
     return self.split(math.ceil(n / chunks), d)
 
-  def repeat_interleave(self, repeats: int, dim: int | None = None):
-    """torch.repeat_interleave with an int count: each element repeated `repeats` times along dim
-    (dim None: over the flattened tensor)."""
-    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeats must be a non-negative int, got {repeats}")
+  def repeat_interleave(self, repeats: int | Sequence[int], dim: int | None = None):
+    """torch.repeat_interleave: each element repeated `repeats` times along dim (dim None: over the
+    flattened tensor). `repeats` may also be one count per element (a list, or a 1-D int Tensor, which
+    is read back to the host as torch does), built as a cat of one piece per element."""
     x = self.flatten() if dim is None else self
     d = 0 if dim is None else _axis(dim, x.ndim)
     if x.ndim == 0: x = x.reshape(1)
     sh = x.shape
+    if isinstance(repeats, ReorderOps):
+      if repeats.ndim > 1 or dtypes.is_float(repeats.dtype): raise ValueError(f"repeats must be 0-d or 1-d ints, got {repeats.dtype} of shape {repeats.shape}")
+      repeats = repeats.tolist()
+    if isinstance(repeats, (list, tuple)):
+      if len(repeats) == 1: repeats = repeats[0]
+      else:
+        if len(repeats) != sh[d]: raise ValueError(f"repeats has {len(repeats)} entries, but dim {d} has size {sh[d]}")
+        if any(not isinstance(r, int) or r < 0 for r in repeats): raise ValueError(f"repeats {list(repeats)} must be non-negative ints")
+        parts = [x.shrink(tuple((i, i + 1) if a == d else None for a in range(x.ndim))).repeat_interleave(r, d) for i, r in enumerate(repeats)]
+        if not parts: return x
+        return parts[0].cat(*parts[1:], dim=d)
+    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeats must be a non-negative int, got {repeats}")
     return x.unsqueeze(d + 1).expand(*sh[:d + 1], repeats, *sh[d + 1:]).reshape(*sh[:d], sh[d] * repeats, *sh[d + 1:])
 
   def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None):
@@ -152,8 +164,8 @@ class ReorderOps:
       if mode == "circular" and (b > n or a > n):
         raise ValueError(f"circular padding {(b, a)} of dim {d} must be at most its size {n}")
       if mode == "replicate" and n == 0: raise ValueError(f"replicate padding of dim {d}, which is empty")
-      def part(lo: int, hi: int): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
-      def rep(t, k: int): return t.expand(tuple(k if i == d else s for i, s in enumerate(t.shape)))
+      def part(lo: int, hi: int, x=x, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+      def rep(t, k: int, d=d): return t.expand(tuple(k if i == d else s for i, s in enumerate(t.shape)))
       if mode == "reflect": before, after = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
       elif mode == "replicate": before, after = rep(part(0, 1), b), rep(part(n - 1, n), a)
       else: before, after = part(n - b, n), part(0, a)
@@ -198,6 +210,7 @@ class ReorderOps:
     """torch.cummax: (values, int64 indices); the index is the latest position of the max, and a NaN
     sticks once seen, as in torch."""
     x, mask, d = self._scan_view(axis)
+    if x.numel() == 0: return self, self.zeros_like(dtype=dtypes.int64)
     low = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
     vals = mask.where(x, type(self).full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
     isf = dtypes.is_float(self.dtype)

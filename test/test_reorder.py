@@ -1,0 +1,295 @@
+"""The ReorderOps mixin against PyTorch on both devices: cat/stack/split/chunk, repeat_interleave, roll,
+tril/triu, meshgrid, pad modes, logsumexp, var_mean/std_mean, scans, sort/argsort/topk; values, dtypes,
+gradients and errors. PYTHON cases stay tiny: the interpreter is slow."""
+import math
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from attograd import Tensor, dtypes, GlobalCounters
+from helpers import DEVICES, check, compare
+
+pytestmark = pytest.mark.parametrize("device", DEVICES)
+f32, i32, i64, bool_ = dtypes.float32, dtypes.int32, dtypes.int64, dtypes.bool
+LAYOUTS = ["contig", "T", "slice"]
+
+def T(data, device, dtype=None) -> Tensor: return Tensor(data, device=device, dtype=dtype)
+
+def check_grad(fa, ft, shapes, device, seed=0, low=-2, high=2):
+  """Gradients of sum(out * w) for fixed random weights w, attograd vs torch (float32 inputs)."""
+  rng = np.random.default_rng(seed)
+  arrs = [rng.uniform(low, high, size=s).astype(np.float32) for s in shapes]
+  ins_a = [Tensor(a, device=device, requires_grad=True) for a in arrs]
+  ins_t = [torch.tensor(a, requires_grad=True) for a in arrs]
+  outs_a, outs_t = fa(*ins_a), ft(*ins_t)
+  if not isinstance(outs_t, (tuple, list)): outs_a, outs_t = [outs_a], [outs_t]
+  loss_a, loss_t = None, 0
+  for oa, ot in zip(outs_a, outs_t):
+    w = rng.uniform(-1, 1, size=tuple(ot.shape)).astype(np.float32)
+    la = (oa * Tensor(w, device=device)).sum()
+    loss_a = la if loss_a is None else loss_a + la
+    loss_t = loss_t + (ot * torch.tensor(w)).sum()
+  loss_a.backward(); loss_t.backward()
+  for a, t in zip(ins_a, ins_t): compare(a.grad, t.grad, atol=1e-5, rtol=1e-4)
+
+# ***** cat / stack *****
+
+@pytest.mark.parametrize("dtype", [f32, i32, i64, bool_])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cat(device, dtype, dim):
+  check(lambda a, b, c: Tensor.cat(a, b, c, dim=dim), lambda a, b, c: torch.cat([a, b, c], dim=dim),
+        [(2, 3), (2, 3), (2, 3)], dtype, device)
+  shp = [(2, 3), (1, 3), (3, 3)] if dim == 0 else [(2, 3), (2, 1), (2, 2)]
+  check(lambda a, b, c: a.cat(b, c, dim=dim), lambda a, b, c: torch.cat([a, b, c], dim=dim), shp, dtype, device)
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cat_noncontig_and_list(device, layout):
+  check(lambda a, b: Tensor.cat([a, b], dim=1), lambda a, b: torch.cat([a, b], dim=1), [(2, 3), (2, 3)], f32, device, layout=layout)
+
+def test_cat_edge(device):
+  check(lambda a, b: a.cat(b, dim=0), lambda a, b: torch.cat([a, b]), [(0, 3), (2, 3)], f32, device)
+  check(lambda a, b: a.cat(b, dim=1), lambda a, b: torch.cat([a, b], 1), [(2, 0), (2, 1)], f32, device)
+  check(lambda a, b: a.cat(b), lambda a, b: torch.cat([a, b]), [(0,), (2, 3)], f32, device)  # legacy skip of 1-D empties
+  check(lambda a: a.cat(), lambda a: torch.cat([a]), [(2, 3)], f32, device)
+  check(lambda a, b: a.cat(b, dim=1), lambda a, b: torch.cat([a, b], 1), [(2, 2), (2, 3)], [i32, f32], device)  # promotion
+
+def test_cat_errors(device):
+  a, b = T([[1.0, 2.0]], device), T([[1.0, 2.0, 3.0]], device)
+  with pytest.raises(ValueError, match=r"\(1, 2\).*\(1, 3\)"): a.cat(b, dim=0)
+  with pytest.raises(IndexError, match="2"): a.cat(a, dim=2)
+  with pytest.raises(ValueError, match="zero-dim"): T(1.0, device).cat(T(2.0, device))
+  with pytest.raises(ValueError, match="equal shape"): Tensor.stack(a, b)
+  with pytest.raises(IndexError, match="-4"): a.stack(a, dim=-4)
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
+def test_stack(device, dim):
+  check(lambda a, b: Tensor.stack(a, b, dim=dim), lambda a, b: torch.stack([a, b], dim=dim), [(2, 3), (2, 3)], f32, device)
+  check(lambda a, b, c: a.stack(b, c, dim=dim), lambda a, b, c: torch.stack([a, b, c], dim=dim), [(2, 3)] * 3, i32, device, layout="T")
+
+def test_stack_edge(device):
+  check(lambda a, b: Tensor.stack(a, b), lambda a, b: torch.stack([a, b]), [(), ()], f32, device)
+  check(lambda a, b: Tensor.stack([a, b], dim=1), lambda a, b: torch.stack([a, b], 1), [(0, 2), (0, 2)], i64, device)
+
+def test_cat_stack_grad(device):
+  check_grad(lambda a, b: a.cat(b, dim=1), lambda a, b: torch.cat([a, b], 1), [(2, 3), (2, 2)], device)
+  check_grad(lambda a, b: a.stack(b, dim=-1), lambda a, b: torch.stack([a, b], -1), [(2, 3), (2, 3)], device)
+
+# ***** split / chunk *****
+
+@pytest.mark.parametrize("dtype", [f32, i64])
+@pytest.mark.parametrize("args", [(2, 0), (3, 1), (1, -1), (4, -2), ([1, 2], -1), ([0, 3, 0], 1), ([2, 2], 0), (10, 0)])
+def test_split(device, dtype, args):
+  check(lambda a: a.split(*args), lambda a: a.split(*args), [(4, 3)], dtype, device, layout="T")
+
+@pytest.mark.parametrize("args", [(1, 0), (2, 1), (3, -1), (4, 1), (5, 1), (3, 0)])
+def test_chunk(device, args):
+  check(lambda a: a.chunk(*args), lambda a: a.chunk(*args), [(3, 5)], f32, device)
+
+def test_split_chunk_edge_and_errors(device):
+  check(lambda a: a.split(2), lambda a: a.split(2), [(0, 3)], f32, device)
+  check(lambda a: a.chunk(3), lambda a: a.chunk(3), [(0, 3)], f32, device)
+  a = T([[1, 2, 3]], device)
+  with pytest.raises(ValueError, match=r"\[1, 1\].*sum to 2.*size 3"): a.split([1, 1], dim=1)
+  with pytest.raises(ValueError, match="-1"): a.split(-1)
+  with pytest.raises(ValueError, match="0"): a.chunk(0)
+  with pytest.raises(IndexError, match="5"): a.split(1, dim=5)
+
+def test_split_grad(device):
+  check_grad(lambda a: a.split([1, 2], dim=-1), lambda a: a.split([1, 2], dim=-1), [(2, 3)], device)
+
+def test_repeat_interleave_counts(device):
+  check(lambda a: a.repeat_interleave([1, 0, 2], 1), lambda a: a.repeat_interleave(torch.tensor([1, 0, 2]), 1), [(2, 3)], f32, device)
+  check(lambda a: a.repeat_interleave(Tensor([2, 1], device=device), dim=-2), lambda a: a.repeat_interleave(torch.tensor([2, 1]), dim=-2),
+        [(2, 3)], i64, device, layout="T")
+  check(lambda a: a.repeat_interleave([3]), lambda a: a.repeat_interleave(torch.tensor([3])), [(2, 2)], f32, device)
+  check_grad(lambda a: a.repeat_interleave([2, 1, 0], 0), lambda a: a.repeat_interleave(torch.tensor([2, 1, 0]), 0), [(3, 2)], device)
+  with pytest.raises(ValueError, match="2 entries.*size 3"): T([1, 2, 3], device).repeat_interleave([1, 2])
+  with pytest.raises(ValueError, match="-1"): T([1, 2], device).repeat_interleave([1, -1])
+  with pytest.raises(ValueError, match="-2"): T([1, 2], device).repeat_interleave(-2)
+
+# ***** repeat_interleave / roll / tril / triu / meshgrid *****
+
+@pytest.mark.parametrize("args", [(2,), (3, 0), (2, 1), (1, -1), (0, 1), (2, None)])
+def test_repeat_interleave(device, args):
+  check(lambda a: a.repeat_interleave(*args), lambda a: a.repeat_interleave(*args), [(2, 3)], i32, device, layout="T")
+  check(lambda a: a.repeat_interleave(*args[:1]), lambda a: a.repeat_interleave(*args[:1]), [()], f32, device)
+
+@pytest.mark.parametrize("args", [(1, 0), (-1, 1), (5, -1), (7, None), (-3, None), ((1, 2), (0, 1)), ((2, -1), (-1, 0)), (0, 0), ((1, 1), (1, 1))])
+def test_roll(device, args):
+  check(lambda a: a.roll(*args), lambda a: a.roll(*args), [(3, 4)], f32, device, layout="slice")
+  check(lambda a: a.roll(*args), lambda a: a.roll(*args), [(3, 4)], i64, device)
+
+def test_roll_edge_grad_errors(device):
+  check(lambda a: a.roll(2, 0), lambda a: a.roll(2, 0), [(0, 3)], f32, device)
+  check(lambda a: a.roll(3, 1), lambda a: a.roll(3, 1), [(2, 1)], f32, device)
+  check_grad(lambda a: a.roll((1, -2), (0, 1)), lambda a: a.roll((1, -2), (0, 1)), [(3, 4)], device)
+  with pytest.raises(ValueError, match=r"\(1, 2\).*\(0,\)"): T([[1, 2]], device).roll((1, 2), (0,))
+  with pytest.raises(IndexError, match="3"): T([[1, 2]], device).roll(1, 3)
+
+@pytest.mark.parametrize("diagonal", [0, 1, -5])
+@pytest.mark.parametrize("dtype", [f32, i32, bool_])
+def test_tril_triu(device, diagonal, dtype):
+  check(lambda a: a.tril(diagonal), lambda a: a.tril(diagonal), [(3, 4)], dtype, device)
+  check(lambda a: a.triu(diagonal), lambda a: a.triu(diagonal), [(2, 4, 3)], dtype, device, layout="T")
+
+def test_tril_triu_edge(device):
+  check(lambda a: a.triu(), lambda a: a.triu(), [(0, 3)], f32, device)
+  check(lambda a: a.tril(), lambda a: a.tril(), [(1, 1)], f32, device)
+  with pytest.raises(ValueError, match=r"\(3,\)"): T([1, 2, 3], device).tril()
+
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+def test_meshgrid(device, indexing):
+  check(lambda a, b: Tensor.meshgrid(a, b, indexing=indexing), lambda a, b: torch.meshgrid(a, b, indexing=indexing), [(3,), (4,)], f32, device)
+  check(lambda a, b, c: a.meshgrid(b, c, indexing=indexing), lambda a, b, c: torch.meshgrid(a, b, c, indexing=indexing),
+        [(2,), (3,), (1,)], i32, device)
+  check(lambda a: a.meshgrid(indexing=indexing), lambda a: torch.meshgrid(a, indexing=indexing), [(3,)], f32, device)
+  check(lambda a, b: a.meshgrid(b, indexing=indexing), lambda a, b: torch.meshgrid(a, b, indexing=indexing), [(0,), (2,)], f32, device)
+
+def test_meshgrid_errors(device):
+  with pytest.raises(ValueError, match="'ji'"): T([1], device).meshgrid(T([2], device), indexing="ji")
+  with pytest.raises(ValueError, match=r"\(1, 1\)"): T([[1]], device).meshgrid()
+
+# ***** pad modes *****
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", [(1, 2), (0, 1, 2, 0), (2, 0, 1, 1), (2, 2, 2, 2)])
+def test_pad_modes(device, mode, pad):
+  check(lambda a: a.pad(pad, mode=mode), lambda a: F.pad(a, pad, mode=mode), [(2, 3, 4)], f32, device, layout="T")
+
+def test_pad_modes_grad_and_tuple_form(device):
+  check_grad(lambda a: a.pad((2, 1, 1, 0), mode="reflect"), lambda a: F.pad(a, (2, 1, 1, 0), mode="reflect"), [(1, 3, 4)], device)
+  check_grad(lambda a: a.pad((1, 2), mode="replicate"), lambda a: F.pad(a, (1, 2), mode="replicate"), [(2, 3)], device)
+  check(lambda a: a.pad(((0, 0), (1, 1), None), mode="circular"), lambda a: F.pad(a, (0, 0, 1, 1), mode="circular"), [(1, 3, 2)], i32, device)
+
+def test_pad_mode_errors(device):
+  a = T([[[1.0, 2.0, 3.0]]], device)
+  with pytest.raises(ValueError, match=r"\(3, 0\).*size 3"): a.pad((3, 0), mode="reflect")
+  with pytest.raises(ValueError, match=r"\(4, 0\).*size 3"): a.pad((4, 0), mode="circular")
+  with pytest.raises(ValueError, match="'wrap'"): a.pad((1, 1), mode="wrap")
+  with pytest.raises(ValueError, match="fill value"): a.pad((1, 1), value=2.0, mode="replicate")
+  with pytest.raises(ValueError, match="negative"): a.pad((-1, 1), mode="replicate")
+
+# ***** logsumexp / var_mean / std_mean *****
+
+@pytest.mark.parametrize("axis,keepdim", [(0, False), (-1, True), ((0, 1), False), (None, False)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_logsumexp(device, axis, keepdim, layout):
+  ta = (lambda a: torch.logsumexp(a, tuple(range(a.ndim)), keepdim)) if axis is None else (lambda a: torch.logsumexp(a, axis, keepdim))
+  check(lambda a: a.logsumexp(axis, keepdim), ta, [(2, 3, 4)], f32, device, layout=layout, low=-50, high=50, atol=1e-5)
+
+def test_logsumexp_edge_grad(device):
+  check(lambda a: a.logsumexp(1), lambda a: torch.logsumexp(a, 1), None, f32, device,
+        vals=[[[-math.inf, -math.inf], [math.inf, 1.0], [1000.0, 1000.0], [-1000.0, 0.0]]])
+  check(lambda a: a.logsumexp(1), lambda a: torch.logsumexp(a, 1), [(3, 0)], f32, device)
+  check(lambda a: a.logsumexp(0), lambda a: torch.logsumexp(a, 0), [(0, 2)], f32, device)
+  check(lambda a: a.logsumexp(0), lambda a: torch.logsumexp(a, 0), [(4,)], i32, device, atol=1e-5)
+  check(lambda a: a.logsumexp(0), lambda a: torch.logsumexp(a, 0), [()], f32, device)
+  check_grad(lambda a: a.logsumexp(-1), lambda a: torch.logsumexp(a, -1), [(3, 4)], device)
+
+@pytest.mark.parametrize("fn", ["var_mean", "std_mean"])
+@pytest.mark.parametrize("axis,correction,keepdim", [(None, 1, False), (0, 0, True), (1, 2, False), ((0, 2), 1, True)])
+def test_var_std_mean(device, fn, axis, correction, keepdim):
+  tdim = axis if axis is not None else None
+  check(lambda a: getattr(a, fn)(axis, keepdim=keepdim, correction=correction),
+        lambda a: getattr(torch, fn)(a, tdim, correction=correction, keepdim=keepdim), [(3, 4, 2)], f32, device, layout="T", atol=1e-5)
+
+# ***** scans *****
+
+SCANS = {"cumsum": (lambda a, d: a.cumsum(d), lambda a, d: torch.cumsum(a, d)),
+         "cumprod": (lambda a, d: a.cumprod(d), lambda a, d: torch.cumprod(a, d)),
+         "cummax": (lambda a, d: a.cummax(d), lambda a, d: tuple(torch.cummax(a, d))),
+         "cummin": (lambda a, d: a.cummin(d), lambda a, d: tuple(torch.cummin(a, d))),
+         "logcumsumexp": (lambda a, d: a.logcumsumexp(d), lambda a, d: torch.logcumsumexp(a, d))}
+
+@pytest.mark.parametrize("name", SCANS)
+@pytest.mark.parametrize("dtype", [f32, i64])
+@pytest.mark.parametrize("dim", [1, -3])
+def test_scans(device, name, dtype, dim):
+  fa, ft = SCANS[name]
+  if name == "logcumsumexp" and dtype != f32: pytest.skip("torch's logcumsumexp is float only")
+  lo, hi = (-2, 3) if dtype == f32 else (-3, 4)
+  check(lambda a: fa(a, dim), lambda a: ft(a, dim), [(2, 3, 4)], dtype, device, layout="T" if dim > 0 else "slice", low=lo, high=hi, atol=1e-5)
+
+@pytest.mark.parametrize("name", SCANS)
+def test_scans_edge(device, name):
+  fa, ft = SCANS[name]
+  check(lambda a: fa(a, 0), lambda a: ft(a, 0), [()], f32, device)
+  check(lambda a: fa(a, 1), lambda a: ft(a, 1), [(2, 0)], f32, device)
+  check(lambda a: fa(a, 0), lambda a: ft(a, 0), [(1, 3)], f32, device)
+  if name != "logcumsumexp":
+    check(lambda a: fa(a, 0), lambda a: ft(a, 0), [(5,)], bool_, device)
+    check(lambda a: fa(a, -1), lambda a: ft(a, -1), [(2, 4)], i32, device, low=-3, high=4)
+  vals = [[1.0, math.nan, 3.0, -math.inf, math.nan, 2.0], [2.0, 2.0, 1.0, 2.0, math.inf, 2.0]]  # NaN sticks; ties take the latest index
+  check(lambda a: fa(a, 1), lambda a: ft(a, 1), None, f32, device, vals=[vals])
+
+def test_cumsum_large_and_fused(device):
+  if device == "PYTHON": pytest.skip("large")
+  check(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), [(3, 300)], f32, device, atol=1e-4, rtol=1e-4)
+  x = Tensor(np.random.default_rng(0).random((4, 64), dtype=np.float32), device=device).realize()
+  GlobalCounters.reset()
+  x.cumsum(1).realize()
+  assert GlobalCounters.kernel_count == 1
+
+def test_scan_grad(device):
+  check_grad(lambda a: a.cumsum(1), lambda a: torch.cumsum(a, 1), [(2, 4)], device)
+  check_grad(lambda a: a.cumsum(-2), lambda a: torch.cumsum(a, -2), [(3, 2)], device)
+  check_grad(lambda a: a.cumprod(0), lambda a: torch.cumprod(a, 0), [(4,)], device, low=0.5, high=2)
+  check_grad(lambda a: a.logcumsumexp(0), lambda a: torch.logcumsumexp(a, 0), [(4, 2)], device)
+  check_grad(lambda a: a.cummax(1)[0], lambda a: torch.cummax(a, 1)[0], [(2, 4)], device)
+
+def test_scan_errors(device):
+  with pytest.raises(IndexError, match="2"): T([[1.0]], device).cumsum(2)
+  with pytest.raises(IndexError, match="-3"): T([[1.0]], device).cummax(-3)
+
+# ***** sort / argsort / topk *****
+
+@pytest.mark.parametrize("dtype", [f32, i32, i64])
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort(device, dtype, dim, descending):
+  # ints from a small range: many ties, so the stable index order is checked too
+  check(lambda a: a.sort(dim, descending), lambda a: tuple(torch.sort(a, dim=dim, descending=descending, stable=True)),
+        [(3, 5)], dtype, device, layout="T", low=-3, high=3)
+  check(lambda a: a.argsort(dim, descending), lambda a: torch.argsort(a, dim=dim, descending=descending, stable=True),
+        [(3, 5)], dtype, device, layout="slice", low=-3, high=3)
+
+@pytest.mark.parametrize("desc", [False, True])
+def test_sort_edge(device, desc):
+  def ft(a): return tuple(torch.sort(a, dim=-1, descending=desc, stable=True))
+  check(lambda a: a.sort(-1, desc), ft, None, f32, device, vals=[[math.nan, 1.0, -math.inf, math.nan, math.inf, -0.5, 1.0]])
+  check(lambda a: a.sort(-1, desc), ft, [()], f32, device)
+  check(lambda a: a.sort(-1, desc), ft, [(2, 0)], f32, device)
+  check(lambda a: a.sort(-1, desc), ft, [(3, 1)], i32, device)
+  check(lambda a: a.sort(-1, desc), ft, [(6,)], bool_, device)
+
+def test_sort_larger(device):
+  n = 200 if device == "CPU" else 12
+  check(lambda a: a.sort(-1), lambda a: tuple(torch.sort(a, dim=-1, stable=True)), [(2, n)], f32, device)
+  check(lambda a: a.topk(5, 1), lambda a: tuple(torch.topk(a, 5, 1)), [(2, n)], f32, device)
+
+@pytest.mark.parametrize("dtype", [f32, i32])
+@pytest.mark.parametrize("k,dim,largest", [(1, -1, True), (3, 1, False), (5, 1, True), (0, 1, True), (2, 0, True), (3, -2, False)])
+def test_topk(device, dtype, k, dim, largest):
+  # distinct values: torch's topk doesn't promise an order among ties
+  rng = np.random.default_rng(k)
+  vals = rng.permutation(15).reshape(3, 5) - 7
+  check(lambda a: a.topk(k, dim, largest), lambda a: tuple(torch.topk(a, k, dim, largest)), None, dtype, device, vals=[vals])
+
+def test_topk_errors(device):
+  a = T([[1.0, 2.0, 3.0]], device)
+  with pytest.raises(ValueError, match="k=4.*size 3"): a.topk(4)
+  with pytest.raises(ValueError, match="k=-1"): a.topk(-1)
+  with pytest.raises(IndexError, match="2"): a.sort(2)
+
+def test_sort_topk_grad(device):
+  check_grad(lambda a: a.sort(-1)[0], lambda a: torch.sort(a, -1)[0], [(2, 5)], device)
+  check_grad(lambda a: a.sort(0, descending=True)[0], lambda a: torch.sort(a, 0, descending=True)[0], [(4, 2)], device)
+  check_grad(lambda a: a.topk(2, -1)[0], lambda a: torch.topk(a, 2, -1)[0], [(3, 4)], device)
+
+def test_sort_kernels(device):
+  if device == "PYTHON": pytest.skip("counting on CPU is enough")
+  x = Tensor(np.random.default_rng(1).random((4, 32), dtype=np.float32), device=device).realize()
+  GlobalCounters.reset()
+  v, i = x.sort(-1)
+  Tensor.realize_all([v, i])
+  assert GlobalCounters.kernel_count <= 3  # the ranks, then values and indices
