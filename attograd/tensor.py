@@ -682,7 +682,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     n = prod(self.shape[a] for a in self._axes(axis))
     sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-    return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
+    return sq / max(n - correction, 0)  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
   def any(self, axis=None, keepdim: bool = False) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""

@@ -104,3 +104,8 @@ def test_row_reductions_stay_in_one_kernel(name, ours, ref, kernels):
   out = ours(t).realize()
   assert GlobalCounters.kernel_count == kernels
   np.testing.assert_allclose(out.numpy(), ref(a), atol=1e-5, rtol=1e-5)
+
+def test_a_buffer_whose_reads_simplify_away_is_no_kernel_argument():
+  b = Tensor(np.ones((2, 3), np.float32)).realize()
+  padded = Tensor.empty(0, 3).pad(((0, 2), (0, 0)))  # all padding: the empty buffer is never read
+  assert (padded + b).tolist() == [[1.0] * 3] * 2 and (b + padded).tolist() == [[1.0] * 3] * 2

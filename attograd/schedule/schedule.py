@@ -130,7 +130,11 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
   if cleanup: sink = graph_rewrite(sink, kernel_cleanup)
-  return sink, [b for b in ctx.params if b is not out_buf]
+  # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
+  used = {u for u in sink.toposort if u.op is Ops.PARAM}
+  kept = [(b, p) for b, p in ctx.params.items() if p in used]
+  renumber = {p: p.replace(arg=i) for i, (_, p) in enumerate(kept) if p.arg != i}
+  return sink.substitute(renumber) if renumber else sink, [b for b, _ in kept if b is not out_buf]
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each realize point and each target becomes afterwards
