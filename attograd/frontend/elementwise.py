@@ -6,7 +6,7 @@ coefficients were fitted for this file (least squares on Chebyshev nodes against
 then checked in float32 arithmetic); the maximum errors measured are noted next to each table."""
 from __future__ import annotations
 import math
-from typing import Any, Sequence
+from typing import Sequence
 from attograd.dtype import dtypes
 from attograd.helpers import prod
 
@@ -154,7 +154,7 @@ class ElementwiseOps:
     s = _in_range(huge, 1.0, x)
     d = s - 1
     r = huge.where(x.log() + math.log(2), (d + (d * (s + 1)).sqrt()).log1p())
-    return x._keep_nan(r).cast(dt)
+    return (x < 1).where(math.nan, x._keep_nan(r)).cast(dt)
   def atanh(self):
     x, dt = self._math_dtype()
     a = x.abs()  # odd: on |x|, where 1 - |x| is exact near 1
@@ -174,42 +174,51 @@ class ElementwiseOps:
   # ***** activations *****
   def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0):
     # where, not clip: the gradient is 0 at the bounds and NaN passes through, as in torch
+    if not dtypes.is_float(self.dtype) and float(min_val).is_integer() and float(max_val).is_integer():  # ints stay ints, as torch's clamp
+      min_val, max_val = int(min_val), int(max_val)
     return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
   def relu6(self): return self.hardtanh(0.0, 6.0)
-  def hardsigmoid(self): return (self._float_unary() + 3).hardtanh(0.0, 6.0) * (1 / 6)
+  # the composite activations run in float32 for float16/bfloat16 inputs and round once, as torch does
+  def hardsigmoid(self):
+    x, dt = self._math_dtype()
+    return ((x + 3).hardtanh(0.0, 6.0) * (1 / 6)).cast(dt)
   def hardswish(self):
-    x = self._float_unary()
-    return x * (x + 3).hardtanh(0.0, 6.0) * (1 / 6)
+    x, dt = self._math_dtype()
+    return (x * (x + 3).hardtanh(0.0, 6.0) * (1 / 6)).cast(dt)
   def elu(self, alpha: float = 1.0):
-    x = self._float_unary()
+    x, dt = self._math_dtype()
     pos = x > 0
-    return pos.where(x, alpha * _in_range(pos, 0.0, x).expm1())
+    return pos.where(x, alpha * _in_range(pos, 0.0, x).expm1()).cast(dt)
   def celu(self, alpha: float = 1.0):
-    x = self._float_unary()
+    x, dt = self._math_dtype()
     pos = x > 0
-    return pos.where(x, alpha * (_in_range(pos, 0.0, x) / alpha).expm1())
-  def selu(self): return _SELU_SCALE * self.elu(_SELU_ALPHA)
+    return pos.where(x, alpha * (_in_range(pos, 0.0, x) / alpha).expm1()).cast(dt)
+  def selu(self):
+    x, dt = self._math_dtype()
+    return (_SELU_SCALE * x.elu(_SELU_ALPHA)).cast(dt)
   def silu(self):
-    x = self._float_unary()
-    return x * x.sigmoid()
+    x, dt = self._math_dtype()
+    return (x * x.sigmoid()).cast(dt)
   swish = silu
   def gelu(self, approximate: str = "none"):
-    x = self._float_unary()
-    if approximate == "tanh": return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    """x * Phi(x), through erfc so the tiny values for very negative x keep their precision. gelu(inf) is inf
+    (torch returns nan there)."""
+    x, dt = self._math_dtype()
+    if approximate == "tanh": return (0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())).cast(dt)
     if approximate != "none": raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    return 0.5 * x * (x * -(1 / math.sqrt(2))).erfc()  # erfc keeps the tiny values for very negative x
+    return (0.5 * x * (x * -(1 / math.sqrt(2))).erfc()).cast(dt)
   def quick_gelu(self):
-    x = self._float_unary()
-    return x * (1.702 * x).sigmoid()
+    x, dt = self._math_dtype()
+    return (x * (1.702 * x).sigmoid()).cast(dt)
   def leaky_relu(self, neg_slope: float = 0.01):
     x = self._float_unary()
     return (x > 0).where(x, x * neg_slope)
   def mish(self):
-    x = self._float_unary()
-    return x * x.softplus().tanh()
+    x, dt = self._math_dtype()
+    return (x * x.softplus().tanh()).cast(dt)
   def softsign(self):
-    x = self._float_unary()
-    return x / (1 + x.abs())
+    x, dt = self._math_dtype()
+    return (x / (1 + x.abs())).cast(dt)
   def logsigmoid(self):
     """-softplus(-x), stable for large |x|."""
     x, dt = self._math_dtype()
@@ -301,19 +310,26 @@ class ElementwiseOps:
   # ***** nn functional *****
   @classmethod
   def einsum(cls, formula: str, *operands):
-    """torch.einsum for letter subscripts (no '...', no repeated letter within one operand): every operand is
+    """torch.einsum for letter subscripts and '...'; a letter repeated within an operand takes the diagonal: every operand is
     permuted and reshaped onto the axes (output letters, then summed letters), broadcast, multiplied and summed."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)): operands = tuple(operands[0])
     f = formula.replace(" ", "")
     lhs, arrow, out = f.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(operands): raise ValueError(f"einsum {formula!r} names {len(ins)} operands, got {len(operands)}")
-    if "." in f: raise NotImplementedError("einsum: '...' is not supported")
+    if "." in f:  # '...' becomes fresh letters, right-aligned across the operands (they broadcast)
+      if any(sub.count("...") != sub.count(".") / 3 or sub.count("...") > 1 for sub in ins + [out]): raise ValueError(f"einsum: bad '...' in {formula!r}")
+      nell = max((t.ndim - len(sub) + 3 for sub, t in zip(ins, operands) if "..." in sub), default=0)
+      if nell < 0: raise ValueError(f"einsum {formula!r}: an operand has too few dims")
+      ell = "".join(chr(0x3b1 + i) for i in range(nell))  # greek letters: not used by a formula of ascii letters
+      ins = [sub.replace("...", ell[nell - (t.ndim - len(sub) + 3):] if t.ndim - len(sub) + 3 > 0 else "") for sub, t in zip(ins, operands)]
+      if arrow: out = out.replace("...", ell)
+      else: out, arrow = ell + "".join(sorted(c for c in set("".join(ins)) if c not in ell and "".join(ins).count(c) == 1)), "->"
+      lhs = ",".join(ins)
     sizes: dict[str, int] = {}
     for sub, t in zip(ins, operands):
       if not sub.isalpha() and sub != "": raise ValueError(f"einsum subscripts must be letters, got {sub!r}")
       if len(sub) != t.ndim: raise ValueError(f"einsum subscripts {sub!r} for an operand of {t.ndim} dims")
-      if len(set(sub)) != len(sub): raise NotImplementedError(f"einsum: repeated subscript in {sub!r} (diagonals) is not supported")
       for c, n in zip(sub, t.shape):
         if sizes.get(c, n) != n and 1 not in (n, sizes[c]): raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
         sizes[c] = max(sizes.get(c, n), n) if n != 1 else sizes.get(c, n)
@@ -323,6 +339,12 @@ class ElementwiseOps:
     full = tuple(sizes[c] for c in letters)
     acc = None
     for sub, t in zip(ins, operands):
+      while len(set(sub)) != len(sub):  # a repeated letter takes the diagonal: mask with the identity, sum one copy away
+        c = next(ch for ch in sub if sub.count(ch) > 1)
+        p, q = sub.index(c), sub.index(c, sub.index(c) + 1)
+        if t.shape[p] != t.shape[q]: raise ValueError(f"einsum: subscript {c!r} repeated with sizes {t.shape[p]} and {t.shape[q]}")
+        eye = type(t).eye(t.shape[p], dtype=t.dtype, device=t.device).reshape(*[t.shape[i] if i in (p, q) else 1 for i in range(t.ndim)])
+        t, sub = (t * eye).sum(q), sub[:q] + sub[q + 1:]
       present = [c for c in letters if c in sub]
       v = t.permute(*[sub.index(c) for c in present]) if t.ndim else t
       v = v.reshape(*[t.shape[sub.index(c)] if c in sub else 1 for c in letters]) if letters else v
