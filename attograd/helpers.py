@@ -11,6 +11,16 @@ def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for 
 def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
 def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 def ceildiv(a: int, b: int) -> int: return -(-a // b)
+def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
+  """The shape numpy/PyTorch broadcasting gives, or ValueError naming the shapes."""
+  n = max((len(s) for s in shapes), default=0)
+  out = []
+  for dims in zip(*((1,) * (n - len(s)) + tuple(s) for s in shapes)):
+    sizes = {d for d in dims if d != 1}
+    if len(sizes) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+    out.append(sizes.pop() if sizes else 1)
+  return tuple(out)
+
 def strides_for_shape(shape: Sequence[int]) -> tuple[int, ...]:
   out, acc = [], 1
   for s in reversed(shape): out.append(acc if s != 1 else 0); acc *= s

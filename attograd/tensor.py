@@ -4,7 +4,7 @@ from __future__ import annotations
 import math, struct, weakref
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
-from attograd.helpers import prod, all_same, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
@@ -71,16 +71,6 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = ndim + extra
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
-
-def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-  n = max(len(s) for s in shapes)
-  padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
-  out = []
-  for dims in zip(*padded):
-    sizes = {d for d in dims if d != 1}
-    if len(sizes) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
-    out.append(sizes.pop() if sizes else 1)
-  return tuple(out)
 
 class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
@@ -332,8 +322,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
-    _broadcast_shape(self.shape, shape)
-    if len(self.shape) > len(shape) or _broadcast_shape(self.shape, shape) != shape:
+    broadcast_shape(self.shape, shape)
+    if len(self.shape) > len(shape) or broadcast_shape(self.shape, shape) != shape:
       raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)
   def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: ConstType = 0, mode: str = "constant") -> Tensor:
@@ -449,7 +439,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
-    shape = _broadcast_shape(a.shape, b.shape)
+    shape = broadcast_shape(a.shape, b.shape)
     a, b = a._broadcast_to(shape), b._broadcast_to(shape)
     return (b, a) if reverse else (a, b)
   def _alu(self, op: Ops, *src: Tensor) -> Tensor:
@@ -563,7 +553,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else:
       dt = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
       x, y = Tensor(_const(x, dt, self.device)), Tensor(_const(y, dt, self.device))
-    shape = _broadcast_shape(cond.shape, x.shape, y.shape)
+    shape = broadcast_shape(cond.shape, x.shape, y.shape)
     return Tensor(UOp(Ops.WHERE, x.dtype, (cond._broadcast_to(shape).uop, x._broadcast_to(shape).uop, y._broadcast_to(shape).uop)))
 
   __add__ = lambda self, x: self.add(x); __radd__ = lambda self, x: self.add(x, True)
@@ -713,7 +703,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     dt = least_upper_dtype(a.dtype, b.dtype)
     a, b = a.cast(dt), b.cast(dt)
     k, m = a.shape[-1], b.shape[-1]
-    try: _broadcast_shape(a.shape[:-2], b.shape[:-2])
+    try: broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
     out = prod_._reduce(Ops.ADD, -1)

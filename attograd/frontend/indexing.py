@@ -15,7 +15,7 @@ indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.helpers import prod
+from attograd.helpers import prod, broadcast_shape
 from attograd.schedule.schedule import is_view_of_buffer
 
 _CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked
@@ -295,10 +295,5 @@ class IndexingOps:
     return mask.where(v, self)
 
 def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-  n = max((len(s) for s in shapes), default=0)
-  out = []
-  for dims in zip(*((1,) * (n - len(s)) + tuple(s) for s in shapes)):
-    big = [x for x in dims if x != 1]
-    if big and any(x != big[0] for x in big): raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together with shapes {list(shapes)}")
-    out.append(big[0] if big else 1)
-  return tuple(out)
+  try: return broadcast_shape(*shapes)
+  except ValueError: raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together with shapes {list(shapes)}") from None
