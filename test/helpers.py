@@ -79,3 +79,13 @@ def check(fa: Callable[..., Any], ft: Callable[..., Any] | None, shapes: Sequenc
   out = fa(*ins_a)
   ref = (ft or fa)(*ins_t)
   compare(out, ref, atol, rtol, check_dtype)
+
+def grad_check(fa: Callable[..., Any], ft: Callable[..., Any], vals: Sequence[Any], device: str = "CPU", atol: float = 1e-5, rtol: float = 1e-4) -> None:
+  """d(sum(f(x)))/dx of every float32 input in `vals` (arrays) against torch: shapes and values."""
+  ours = [Tensor(np.asarray(v, dtype=np.float32), device=device, requires_grad=True) for v in vals]
+  theirs = [torch.tensor(np.asarray(v, dtype=np.float32), requires_grad=True) for v in vals]
+  fa(*ours).sum().backward()
+  ft(*theirs).sum().backward()
+  for o, t in zip(ours, theirs):
+    assert o.grad is not None and o.grad.shape == tuple(t.grad.shape)
+    np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=atol, rtol=rtol)

@@ -7,22 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attograd import Tensor, dtypes
-from helpers import DEVICES, check, compare
+from helpers import DEVICES, check, compare, grad_check
 
 pytestmark = pytest.mark.parametrize("device", DEVICES)
 f32, f16, f64, i32, i64 = dtypes.float32, dtypes.float16, dtypes.float64, dtypes.int32, dtypes.int64
 
 def n_for(device: str, n: int = 64) -> int: return n if device == "CPU" else 8
-
-def grad_check(fa, ft, vals, device, atol=1e-5, rtol=1e-4):
-  """d(sum(f(x)))/dx against torch, for float32 inputs `vals` (a list of arrays)."""
-  ours = [Tensor(np.asarray(v, dtype=np.float32), device=device, requires_grad=True) for v in vals]
-  theirs = [torch.tensor(np.asarray(v, dtype=np.float32), requires_grad=True) for v in vals]
-  fa(*ours).sum().backward()
-  ft(*theirs).sum().backward()
-  for o, t in zip(ours, theirs):
-    assert o.grad is not None and o.grad.shape == tuple(t.grad.shape)
-    np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=atol, rtol=rtol)
 
 # name: (attograd fn, torch fn, low, high)
 MATH = {

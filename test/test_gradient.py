@@ -4,18 +4,12 @@ import numpy as np
 import pytest
 import torch
 from attograd import Tensor
+from helpers import grad_check
 
 def _check(fn, *shapes, positive=False, atol=1e-4, rtol=1e-3, seed=0):
   rng = np.random.default_rng(seed)
   data = [rng.uniform(0.5, 2.0, s) if positive else rng.standard_normal(s) for s in shapes]
-  data = [d.astype(np.float32) for d in data]
-  ours = [Tensor(d, requires_grad=True) for d in data]
-  theirs = [torch.tensor(d, requires_grad=True) for d in data]
-  fn(*ours).sum().backward()
-  fn(*theirs).sum().backward()
-  for o, t in zip(ours, theirs):
-    assert o.grad is not None and o.grad.shape == tuple(t.grad.shape)
-    np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=atol, rtol=rtol)
+  grad_check(fn, fn, data, atol=atol, rtol=rtol)
 
 UNARY = {
   "neg": lambda x: -x, "exp": lambda x: x.exp(), "sqrt": lambda x: x.sqrt(), "log": lambda x: x.log(),
