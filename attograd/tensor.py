@@ -193,11 +193,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def to(self, device: str | None) -> Tensor:
     device = Device.canonicalize(device)
     if device == self.device: return self
-    if is_view_of_buffer(self.uop):
-      # a view moves as its memory plus the same movement ops on the other side: no kernel runs
-      # here, which matters for storage-only devices (DISK) and for views that cover little
-      base = self.uop.base
-      return self._new(self.uop.substitute({base: UOp(Ops.COPY, self.dtype, (base, _device_node(device)))}))
+    if is_view_of_buffer(self.uop) or Device[self.device].renderer is None:
+      # move the memory and replay the ops on the other side: a view runs no kernel here, and a
+      # storage-only device (DISK) can't run one at all
+      here = self.device
+      return self._new(self.uop.substitute({u: UOp(Ops.COPY, u.dtype, (u, _device_node(device))) if u.op is Ops.BUFFER else _device_node(device)
+                                            for u in self.uop.toposort if u.op in {Ops.BUFFER, Ops.DEVICE} and u.device == here}))
     return self._new(UOp(Ops.COPY, self.dtype, (self.contiguous().uop, _device_node(device))))
   def assign(self, x: Tensor | ConstType) -> Tensor:
     """Give this tensor x's values (broadcast and cast to its shape and dtype), like torch's copy_.

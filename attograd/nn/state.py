@@ -35,17 +35,6 @@ def _cpu_tensor(raw: bytes | memoryview, dtype: DType, shape: tuple[int, ...]) -
   buffer_of(buf).copyin(memoryview(raw))
   return Tensor(buf if shape == (buf.arg.size,) else UOp(Ops.RESHAPE, dtype, (buf,), shape))
 
-def _to(t: Tensor, device: str) -> Tensor:
-  """t on `device`. A DISK tensor under movement ops (or any op) can't be made contiguous where it is,
-  so the DISK buffers under it are copied and the ops run on `device`."""
-  if t.device == device or not t.device.startswith("DISK"): return t.to(device)
-  base = t.uop.base
-  if base.op is Ops.BUFFER and (t.uop is base or (t.uop.op is Ops.RESHAPE and t.uop.src[0] is base)): return t.to(device)
-  dev = UOp(Ops.DEVICE, dtypes.void, (), device)
-  sub = {u: UOp(Ops.COPY, u.dtype, (u, dev)) if u.op is Ops.BUFFER else dev
-         for u in t.uop.toposort if (u.op is Ops.BUFFER and u.device.startswith("DISK")) or (u.op is Ops.DEVICE and u.arg.startswith("DISK"))}
-  return Tensor(t.uop.substitute(sub))
-
 # ***** state dicts *****
 
 def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
@@ -95,7 +84,7 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
   for k, p in params.items():
     if k in state_dict:
       if verbose: print(f"loading {k} {p.shape} {p.dtype}")
-      p.assign(_to(state_dict[k], p.device))
+      p.assign(state_dict[k].to(p.device))
   Tensor.realize_all(list({id(p): p for p in params.values()}.values()))
   return IncompatibleKeys(missing, unexpected)
 
@@ -169,7 +158,7 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
   try:
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
       f.write(struct.pack("<Q", len(js)) + js)
-      for t in (tensors[k] for k in order): f.write(_to(t, "CPU").data() if t.device.startswith("DISK") else t.data())
+      for t in (tensors[k] for k in order): f.write(t.to("CPU").data() if t.device.startswith("DISK") else t.data())
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -220,7 +209,7 @@ def _rebuild(storage: Any, storage_offset: Any, size: Any, stride: Any, dtype: D
   contiguous = prod(size) == 0 or all(s == c for n, s, c in zip(size, stride, strides_for_shape(size)) if n > 1)
   if contiguous: t = storage.tensor(storage_offset * dtype.itemsize, dtype, size)
   elif (flat := storage.tensor(storage_offset * dtype.itemsize, dtype, (extent,))) is None: return None
-  else: t = _strided(_to(flat, "CPU"), size, stride)
+  else: t = _strided(flat.to("CPU"), size, stride)
   return _parameter(t, requires_grad)
 
 def _parameter(t: Any, requires_grad: Any) -> Any:
