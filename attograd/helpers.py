@@ -1,6 +1,6 @@
 """Small utilities shared by every layer. Imports nothing of attograd."""
 from __future__ import annotations
-import contextlib, functools, hashlib, math, os, pathlib, sys, time
+import contextlib, functools, hashlib, math, os, pathlib, sys
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -64,7 +64,6 @@ class GlobalCounters:
   global_ops: int = 0
   global_mem: int = 0
   time_sum: float = 0.0
-  mem_used: int = 0
   @staticmethod
   def reset() -> None: GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum = 0, 0, 0, 0.0
 
@@ -92,10 +91,6 @@ def colored(s: str, color: str | None) -> str:
   codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36}
   return f"\u001b[{codes[color]}m{s}\u001b[0m" if color and sys.stdout.isatty() else s
 
-class Timer:
-  def __init__(self): self.st = time.perf_counter()
-  def elapsed(self) -> float: return time.perf_counter() - self.st
-
 def float_to_bf16_bits(x: float) -> int:
   """float -> bfloat16 bits with round-to-nearest-even, NaN kept NaN."""
   import struct
@@ -111,4 +106,3 @@ def unwrap(x: T | None) -> T:
   assert x is not None
   return x
 
-def to_function_name(s: str) -> str: return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in s)
