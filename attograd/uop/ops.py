@@ -34,8 +34,6 @@ class GroupOp:
   Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
   Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
   Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
-  # ops that are a + b with a, b swappable and associative: reassociating them is legal for ints
-  Associative = {Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.MAX}
 
 # ***** Python semantics of every ALU op, with C's truncating division (DESIGN §4.4) *****
 
@@ -221,8 +219,6 @@ class UOp(metaclass=UOpMeta):
   __hash__ = object.__hash__
 
   # ***** symbolic integers *****
-  @property
-  def is_const(self) -> bool: return self.op is Ops.CONST
   @property
   def bounds(self) -> tuple[ConstType, ConstType]:
     if "_range" not in self.__dict__:

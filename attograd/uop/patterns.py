@@ -3,7 +3,7 @@ from __future__ import annotations
 import inspect, itertools
 from typing import Any, Callable, Iterator, Sequence
 from attograd.dtype import DType
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp, Ops, GroupOp
 
 class UPat:
   """A pattern over UOps. src as a tuple matches in order, as a list in any order (commutative ops),
@@ -34,7 +34,7 @@ class UPat:
 
   # building patterns with operators reads like the math it matches: UPat.var("x") + UPat.cvar("c")
   def _alu(self, op: Ops, *src: UPat) -> UPat:
-    return UPat(op, src=list((self, *src)) if op in _commutative and len(src) == 1 else (self, *src))
+    return UPat(op, src=list((self, *src)) if op in GroupOp.Commutative and len(src) == 1 else (self, *src))
   def __add__(self, x: UPat) -> UPat: return self._alu(Ops.ADD, x)
   def __sub__(self, x: UPat) -> UPat: return self._alu(Ops.SUB, x)
   def __mul__(self, x: UPat) -> UPat: return self._alu(Ops.MUL, x)
@@ -63,7 +63,6 @@ class UPat:
     else:
       for perm in itertools.permutations(pats): yield from _match_seq(perm, u.src, store)
 
-_commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
 
 def _match_seq(pats: Sequence[UPat], srcs: Sequence[UOp], store: dict[str, UOp]) -> Iterator[dict[str, UOp]]:
   if not pats: yield store; return
