@@ -64,8 +64,12 @@ class GlobalCounters:
   global_ops: int = 0
   global_mem: int = 0
   time_sum: float = 0.0
+  mem_used: int = 0   # bytes of device memory held by live buffers now (not reset: it is a level, not a count)
+  mem_peak: int = 0   # the most mem_used has been since the last reset
   @staticmethod
-  def reset() -> None: GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum = 0, 0, 0, 0.0
+  def reset() -> None:
+    GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum = 0, 0, 0, 0.0
+    GlobalCounters.mem_peak = GlobalCounters.mem_used
 
 # ***** disk cache for compiled programs *****
 

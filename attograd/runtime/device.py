@@ -1,10 +1,10 @@
 """Devices: each owns an allocator, a renderer, a compiler (source -> binary, cached on disk by
 content hash) and a program runner (DESIGN §3.7)."""
 from __future__ import annotations
-import functools, importlib, os
+import functools, importlib, os, weakref
 from typing import Any, Callable
 from attograd.dtype import DType
-from attograd.helpers import getenv
+from attograd.helpers import getenv, GlobalCounters
 
 class Allocator:
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError
@@ -18,11 +18,15 @@ class Allocator:
 class Compiler:
   def compile(self, src: str) -> bytes: return src.encode()
 
+def _release(nbytes: int) -> None: GlobalCounters.mem_used -= nbytes
+
 class Buffer:
   """Device memory for `size` elements of `dtype`, allocated on first use; a nonzero `offset` names
-  bytes the device already holds (alloc_at) instead of fresh memory."""
-  def __init__(self, device: str, size: int, dtype: DType, offset: int = 0):
-    self.device, self.size, self.dtype, self.offset = device, size, dtype, offset
+  bytes the device already holds (alloc_at) instead of fresh memory. A buffer with a `base` uses the
+  base's memory: the memory planner gives buffers whose lifetimes don't overlap one allocation."""
+  def __init__(self, device: str, size: int, dtype: DType, offset: int = 0, base: Buffer | None = None):
+    self.device, self.size, self.dtype, self.offset, self.base = device, size, dtype, offset, base
+    if base is not None: assert base.device == device and base.nbytes >= self.nbytes, f"{self} doesn't fit in {base}"
     self._buf: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
@@ -30,8 +34,13 @@ class Buffer:
   def allocated(self) -> bool: return self._buf is not None
   def ensure_allocated(self) -> Buffer:
     if self._buf is None:
+      if self.base is not None: self._buf = self.base.ensure_allocated()._buf; return self
       a = Device[self.device].allocator
       self._buf = a.alloc_at(max(self.nbytes, 1), self.offset) if self.offset else a.alloc(max(self.nbytes, 1))
+      if not self.offset:  # fresh memory is counted while it lives; windows into a file are not
+        GlobalCounters.mem_used += self.nbytes
+        GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+        weakref.finalize(self, _release, self.nbytes)
     return self
   def copyin(self, data: memoryview) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"

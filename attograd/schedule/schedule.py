@@ -3,8 +3,8 @@ Deciding where buffers must exist is the scheduler's one decision; everything el
 from __future__ import annotations
 import itertools
 from dataclasses import dataclass
-from attograd.dtype import dtypes
-from attograd.helpers import prod, dedup
+from attograd.dtype import dtypes, DType
+from attograd.helpers import prod, dedup, DEBUG
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.symbolic import symbolic, gated_index
@@ -136,10 +136,63 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   renumber = {p: p.replace(arg=i) for i, (_, p) in enumerate(kept) if p.arg != i}
   return sink.substitute(renumber) if renumber else sink, [b for b, _ in kept if b is not out_buf]
 
+def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
+  """The graph with its buffers anonymized (two graphs that differ only in which memory they read
+  have the same structure) and those buffers in order of appearance."""
+  position: dict[UOp, int] = {}
+  parts: list[tuple] = []
+  bufs: list[UOp] = []
+  for u in sink.toposort:
+    position[u] = len(parts)
+    if u.op is Ops.BUFFER:
+      parts.append((Ops.BUFFER, u.dtype, u.arg.device, u.arg.size, u.arg.offset))
+      bufs.append(u)
+    else: parts.append((u.op, u.dtype, u.arg, tuple(position[s] for s in u.src)))
+  return tuple(parts), bufs
+
+@dataclass(frozen=True)
+class ScheduleTemplate:
+  """A schedule over numbered buffers: the inputs of the graph (0..n_inputs-1), then the buffers it
+  creates. Scheduling a graph of the same structure again only fills in the numbers."""
+  n_inputs: int
+  outputs: tuple[tuple[str, int, DType], ...]        # device, size, dtype of each created buffer
+  items: tuple[tuple[UOp, tuple[int, ...]], ...]     # AST (or COPY) and its buffers by number
+  becomes: tuple[UOp, ...]                           # each target afterwards, over placeholder buffers
+  key: int
+
+def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
+
+def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
+  schedule, becomes = _schedule_graph(sink)
+  outputs = [si.bufs[0] for si in schedule]
+  number = {b: i for i, b in enumerate((*inputs, *outputs))}
+  placeholders = {b: _placeholder(i, b) for b, i in number.items()}
+  items = tuple((si.ast if si.ast.op is not Ops.COPY else UOp(Ops.COPY, si.ast.dtype, (), si.ast.device), tuple(number[b] for b in si.bufs))
+                for si in schedule)
+  return ScheduleTemplate(len(inputs), tuple((b.arg.device, b.arg.size, b.dtype) for b in outputs), items,
+                          tuple(becomes[t].substitute(placeholders) for t in sink.src), key)
+
+_schedule_cache: dict[tuple, ScheduleTemplate] = {}
+
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-  """Kernels to run, in order, and what each realize point and each target becomes afterwards
-  (graphs over views of the new buffers). One pass over the graph, children first."""
+  """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new
+  buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
+  schedule: the Python work of scheduling a training step is done once."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+  structure, inputs = graph_structure(sink)
+  if (template := _schedule_cache.get(structure)) is None:
+    if len(_schedule_cache) > 1024: _schedule_cache.clear()
+    template = _schedule_cache[structure] = _template(sink, inputs, hash(structure))
+    if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
+  elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
+  bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
+  schedule = [ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items]
+  fill = {_placeholder(i, b): b for i, b in enumerate(bufs)}
+  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
+
+def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+  """One pass over the graph, children first: each realize point becomes a kernel (or a copy)
+  writing a new buffer, and is read as that buffer by the kernels after it."""
   points = realize_points(sink)
   rebuilt: dict[UOp, UOp] = {}
   schedule: list[ScheduleItem] = []
@@ -156,4 +209,4 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
       ast, ins = kernel_ast(value, u.shape, out)
       schedule.append(ScheduleItem(ast, (out, *ins)))
     rebuilt[u] = buffer_view(out, u.shape)
-  return schedule, {u: rebuilt[u] for u in (*points, *targets)}
+  return schedule, {t: rebuilt[t] for t in sink.src}
