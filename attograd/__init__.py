@@ -5,6 +5,7 @@ from attograd.helpers import Context, GlobalCounters, DEBUG, getenv
 from attograd.runtime.device import Device
 from attograd.tensor import Tensor
 from attograd.uop.ops import UOp, Ops
+from attograd.engine.jit import TinyJit, JitError
 
-__all__ = ["Tensor", "dtypes", "DType", "Device", "Context", "GlobalCounters", "UOp", "Ops"]
+__all__ = ["Tensor", "dtypes", "DType", "Device", "Context", "GlobalCounters", "UOp", "Ops", "TinyJit", "JitError"]
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
-from attograd.engine.realize import run_schedule, buffer_of
+from attograd.engine.realize import run_schedule, buffer_of, capturing, JitError
 from attograd.gradient import compute_gradient
 from attograd.frontend.indexing import IndexingOps
 from attograd.frontend.reorder import ReorderOps
@@ -156,7 +156,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       if not is_view_of_buffer(u): todo.append(t)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
-    run_schedule(schedule)
+    run_schedule(schedule, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
     for t in todo:
@@ -164,6 +164,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       # a computed tensor remembers the graph it came from, so backward() still works after item()
       if old.op is not Ops.ASSIGN and not t.requires_grad and is_view_of_buffer(t.uop) and t.uop is not old:
         t.uop.__dict__["source"] = old
+      # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
+      if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
+        was.base.__dict__["assigned_to"] = t.uop.base
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
@@ -171,6 +174,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return self
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (u,)))
   def _raw(self) -> memoryview:
+    if capturing() is not None:
+      raise JitError("reading a tensor's values into Python inside a TinyJit function: the replay would reuse this call's "
+                     "value. Return the tensor from the function and read it outside")
     t = self.realize().contiguous().realize()  # realize self first: later reads reuse its buffer
     return buffer_of(t.uop.base).as_bytes()
   def data(self) -> memoryview: return self._raw()
@@ -209,6 +215,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = x.cast(self.dtype)._broadcast_to(self.shape)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
     if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
+    if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     _pending_assigns.add(self)
     return self

@@ -10,6 +10,7 @@ from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
 from attograd.schedule.schedule import ScheduleItem
+from attograd.engine.memory import planned_buffers
 
 @dataclass
 class CompiledKernel:
@@ -69,19 +70,36 @@ def buffer_of(u: UOp) -> Buffer:
   if (b := u.__dict__.get("buffer")) is None: b = u.__dict__["buffer"] = Buffer(u.arg.device, u.arg.size, u.dtype, u.arg.offset)
   return b
 
-def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None) -> None:
+class JitError(RuntimeError): pass
+
+class Capture:
+  """What TinyJit records while a function runs: every kernel and copy with the buffers it bound, and
+  the tensors assigned (with the view they had before), so the replay can write them in place."""
+  def __init__(self) -> None:
+    self.calls: list[tuple[UOp, CompiledKernel | None, list[Buffer]]] = []
+    self.nodes: dict[int, UOp] = {}  # the BUFFER node of each Buffer seen, by id
+    self.assigned: dict[Any, UOp] = {}
+_captures: list[Capture] = []
+def capturing() -> Capture | None: return _captures[-1] if _captures else None
+
+def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
+  """Run the kernels in order. With `keep` (the buffers that outlive the schedule), every other buffer
+  the schedule creates shares memory with those whose lifetimes don't overlap (engine/memory.py)."""
+  if keep is not None:
+    internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
+                if si.bufs[0] not in keep and "buffer" not in si.bufs[0].__dict__}
+    for u, b in planned_buffers([si.bufs for si in schedule], internal).items(): u.__dict__["buffer"] = b
   for si in schedule:
     bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
-    if si.ast.op is Ops.COPY:
-      name, ops = f"copy {bufs[1].device} -> {bufs[0].device}", 0
-      st = time.perf_counter()
-      bufs[0].copyin(bufs[1].as_bytes())
-    else:
-      ck = get_kernel(si.ast, bufs[0].device)
-      name, ops = ck.name, ck.ops
-      st = time.perf_counter()
-      ck([b._buf for b in bufs], var_vals)
+    ck = None if si.ast.op is Ops.COPY else get_kernel(si.ast, bufs[0].device)
+    if _captures:
+      _captures[-1].calls.append((si.ast, ck, bufs))
+      _captures[-1].nodes.update((id(b), u) for b, u in zip(bufs, si.bufs))
+    st = time.perf_counter()
+    if ck is None: bufs[0].copyin(bufs[1].as_bytes())
+    else: ck([b._buf for b in bufs], var_vals)
     et = time.perf_counter() - st
+    name, ops = (f"copy {bufs[1].device} -> {bufs[0].device}", 0) if ck is None else (ck.name, ck.ops)
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += ops
     GlobalCounters.global_mem += sum(b.nbytes for b in bufs)

@@ -1,0 +1,168 @@
+"""TinyJit: run a function twice the usual way (the second time recording every kernel it launches),
+then replay the recorded kernels on new inputs with no graph building, scheduling or compiling."""
+from __future__ import annotations
+import functools
+from typing import Any, Callable, Generic, TypeVar
+from attograd.helpers import ContextVar, DEBUG
+from attograd.uop.ops import UOp, Ops
+from attograd.runtime.device import Buffer
+from attograd.engine.realize import Capture, CompiledKernel, JitError, _captures, buffer_of
+from attograd.engine.memory import planned_buffers
+from attograd.tensor import Tensor
+
+JIT = ContextVar("JIT", 1)
+ReturnType = TypeVar("ReturnType")
+
+def _tensors_in(x: Any) -> list[Tensor]:
+  """The tensors of an argument or a return value, looking into lists, tuples and dicts."""
+  if isinstance(x, Tensor): return [x]
+  if isinstance(x, (list, tuple)): return [t for v in x for t in _tensors_in(v)]
+  if isinstance(x, dict): return [t for v in x.values() for t in _tensors_in(v)]
+  return []
+
+def _describe(args: tuple, kwargs: dict) -> tuple[list[Tensor], tuple]:
+  """The input tensors and what a replay must match: each tensor's shape, dtype and device, and the
+  value of everything that isn't a tensor (it was baked into the kernels)."""
+  tensors = _tensors_in(list(args) + list(kwargs.values()))
+  def sig(x: Any) -> Any:
+    if isinstance(x, Tensor): return ("Tensor", x.shape, x.dtype, x.device)
+    if isinstance(x, (list, tuple)): return (type(x).__name__, tuple(sig(v) for v in x))
+    if isinstance(x, dict): return ("dict", tuple((k, sig(v)) for k, v in x.items()))
+    return ("value", x)
+  return tensors, (tuple(sig(a) for a in args), tuple((k, sig(v)) for k, v in kwargs.items()))
+
+def _as_plain_buffers(tensors: list[Tensor]) -> None:
+  """Realize the inputs, each into a whole buffer of its own (a view is copied): a replay swaps
+  memory in by buffer, so an input must be exactly one buffer."""
+  Tensor.realize_all(tensors)
+  for t in tensors:
+    u = t.uop
+    if not (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)) or u.base.arg.offset:
+      t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (u,))).realize().uop
+
+def _mismatch(old: tuple, new: tuple) -> str:
+  (oa, ok), (na, nk) = old, new
+  for i, (o, n) in enumerate(zip(oa, na)):
+    if o != n: return f"argument {i} was {o}, now {n}"
+  for (k, o), (_, n) in zip(ok, nk):
+    if o != n: return f"argument {k!r} was {o}, now {n}"
+  return f"{len(oa)} positional and {len(ok)} keyword arguments before, now {len(na)} and {len(nk)}"
+
+def _reads_only_where_it_writes(ast: UOp, param: int) -> bool:
+  """Does the kernel read PARAM `param` only at the index it stores to (p = p - lr*g)? Then writing
+  the result over that memory is safe: each element is read before it is written, by the same thread."""
+  store = next(u for u in ast.toposort if u.op is Ops.STORE)
+  loads = [u.src[0] for u in ast.toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM and u.src[0].src[0].arg == param]
+  return all(idx.src[1] is store.src[0].src[1] for idx in loads)
+
+def _latest(node: UOp) -> UOp:
+  """The BUFFER a tensor's memory moved to through assigns made since (tensor.py leaves the notes)."""
+  while (moved := node.__dict__.get("assigned_to")) is not None: node = moved
+  return node
+
+class _Replay:
+  """The recorded kernels with their arguments ready, where each input's memory goes, and the
+  memory from outside the function (weights, optimizer state) with the node that names it: an
+  assign outside moves a tensor to new memory, and the replay follows it."""
+  def __init__(self, calls: list[tuple[UOp, CompiledKernel | None, list[Buffer]]], inputs: list[Buffer], outside: dict[int, UOp]):
+    where = {id(b): i for i, b in enumerate(inputs)}
+    self.calls = [(ck, [b.ensure_allocated()._buf for b in bufs], bufs) for _, ck, bufs in calls]
+    self.patches = [(c, j, where[id(b)]) for c, (_, _, bufs) in enumerate(calls) for j, b in enumerate(bufs) if id(b) in where]
+    self.outside = [[node, [(c, j) for c, (_, _, bufs) in enumerate(calls) for j, b in enumerate(bufs) if id(b) == key]]
+                    for key, node in outside.items()]
+    self.names = [ck.name if ck is not None else "copy" for _, ck, _ in calls]
+  def __call__(self, inputs: list[Buffer]) -> None:
+    for c, j, i in self.patches: self.calls[c][1][j] = inputs[i].ensure_allocated()._buf
+    for entry in self.outside:
+      if (node := _latest(entry[0])) is not entry[0]:
+        entry[0], raw = node, buffer_of(node).ensure_allocated()
+        for c, j in entry[1]: self.calls[c][1][j], self.calls[c][2][j] = raw._buf, raw
+    for ck, raw, bufs in self.calls:
+      if ck is None: bufs[0].copyin(bufs[1].as_bytes())
+      else: ck(raw, None)
+
+class TinyJit(Generic[ReturnType]):
+  """Decorate a function of Tensors. Call 1 runs it; call 2 runs it and records its kernels; later
+  calls replay them on the new inputs and return the same output tensors, refilled (so keep what you
+  need from an earlier call by copying it). Inputs must keep their shapes, dtypes and devices, and
+  other arguments their values: anything else raises. Reading values into Python inside (.item(),
+  .numpy(), .tolist()) raises while recording, since a replay couldn't repeat it. JIT=0 turns it off."""
+  def __init__(self, fxn: Callable[..., ReturnType]):
+    self.fxn = fxn
+    self.cnt = 0
+    self.signature: tuple | None = None
+    self.replay: _Replay | None = None
+    self.ret: Any = None
+    functools.update_wrapper(self, fxn)
+  def __get__(self, obj: Any, objtype: Any = None) -> Any: return self if obj is None else functools.partial(self.__call__, obj)
+  def reset(self) -> None: self.cnt, self.signature, self.replay, self.ret = 0, None, None, None
+
+  def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+    if not JIT.value: return self.fxn(*args, **kwargs)
+    tensors, signature = _describe(args, kwargs)
+    if self.signature is not None and signature != self.signature:
+      raise JitError(f"{self.fxn.__name__} was captured for other inputs: {_mismatch(self.signature, signature)}. "
+                     "Call .reset() on the TinyJit to capture again, or use a new TinyJit for each input shape")
+    self.signature = signature
+    _as_plain_buffers(tensors)
+    if self.cnt == 0:
+      self.cnt = 1
+      return self.fxn(*args, **kwargs)
+    if self.cnt == 1: return self._capture(tensors, args, kwargs)
+    assert self.replay is not None
+    self.replay([buffer_of(t.uop.base) for t in tensors])
+    return self.ret
+
+  def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
+    capture = Capture()
+    _captures.append(capture)
+    rng_before = Tensor._rng_counter
+    try:
+      ret = self.fxn(*args, **kwargs)
+      outputs = _tensors_in(ret)
+      Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
+    finally: _captures.pop()
+    if Tensor._rng_counter != rng_before:
+      raise JitError(f"{self.fxn.__name__} draws random numbers: a replay would repeat the same ones. Draw them outside and pass them in")
+    inputs = [buffer_of(t.uop.base) for t in tensors]
+    kept_inputs = {id(b) for b in inputs}
+    calls = capture.calls
+    kept = {id(b) for b in inputs} | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}
+    for t, before in capture.assigned.items(): calls = self._write_in_place(calls, t, before, kept, capture.nodes)
+    # buffers first seen as a kernel's output were made inside: the ones nothing outside keeps share memory
+    seen: set[int] = set()
+    internal: dict[int, Buffer] = {}
+    made_inside: set[int] = set()
+    for _, _, bufs in calls:
+      if id(bufs[0]) not in seen:
+        made_inside.add(id(bufs[0]))
+        if id(bufs[0]) not in kept: internal[id(bufs[0])] = bufs[0]
+      seen.update(id(b) for b in bufs)
+    planned = planned_buffers([[id(b) for b in bufs] for _, _, bufs in calls], internal)
+    calls = [(ast, ck, [planned.get(id(b), b) for b in bufs]) for ast, ck, bufs in calls]
+    outside = {id(b): capture.nodes[id(b)] for _, _, bufs in calls for b in bufs
+               if id(b) not in made_inside and id(b) in capture.nodes and id(b) not in kept_inputs}
+    self.replay, self.ret, self.cnt = _Replay(calls, inputs, outside), ret, 2
+    if DEBUG >= 1: print(f"TinyJit {self.fxn.__name__}: captured {len(calls)} kernels")
+    return ret
+
+  @staticmethod
+  def _write_in_place(calls: list, t: Tensor, before: UOp, kept: set[int], nodes: dict[int, UOp]) -> list:
+    """t was assigned inside: make the replay leave t's new values in t's old memory, so the next
+    replay reads them. In place when no kernel reads the old values after the one writing the new ones
+    (and that one reads them only where it writes); else by a copy at the end."""
+    old, new = buffer_of(before.base), buffer_of(t.uop.base)
+    if old is new: return calls
+    if before.base.arg.offset or before.size != old.size:
+      raise JitError(f"assign to a view of a tensor (shape {before.shape} of a buffer of {old.size}) inside TinyJit is not supported")
+    writer = max(i for i, (_, _, bufs) in enumerate(calls) if bufs[0] is new)
+    ast, _, bufs = calls[writer]
+    in_place = ast.op is not Ops.COPY and not any(old in b for _, _, b in calls[writer + 1:]) and \
+      (old not in bufs or _reads_only_where_it_writes(ast, bufs.index(old)))
+    old.ensure_allocated().copyin(new.as_bytes())  # this call's result, where the next call reads it
+    t.uop = before
+    kept.add(id(old))
+    nodes[id(old)] = before.base
+    before.base.__dict__.pop("assigned_to", None)  # t stays in its old memory: nothing moved
+    if in_place: return [(a, ck, [old if b is new else b for b in bs]) for a, ck, bs in calls]
+    return [*calls, (UOp(Ops.COPY, t.dtype, (), t.device), None, [old, new])]
