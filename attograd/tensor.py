@@ -25,7 +25,8 @@ def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = view
 
 # tensors with an assign not yet realized: every realize flushes them, so writes land in order and
 # a chain of assigns (a running mean updated each step) never grows into an ever longer graph
-_pending_assigns: weakref.WeakSet = weakref.WeakSet()
+# (keyed by id: a WeakSet would compare two references to one tensor with Tensor.__eq__, elementwise)
+_pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
 def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
   """The graph gradients flow through: a realized tensor is seen through to the graph it came from,
@@ -79,7 +80,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @staticmethod
   def train(mode: bool = True) -> _TrainMode: return _TrainMode(mode)
   _seed: int = 0
-  _rng_counter: int = 0
+  _rng_state: dict[str, Tensor] = {}  # per device: [key, counter] as uint32s in device memory
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
     self.uop: UOp = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
@@ -145,7 +146,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
-    tensors = list({id(t): t for t in (*tensors, *_pending_assigns)}.values())
+    tensors = list({id(t): t for t in (*tensors, *_pending_assigns.values())}.values())
     _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
@@ -217,7 +218,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
     if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
-    _pending_assigns.add(self)
+    _pending_assigns[id(self)] = self
     return self
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
@@ -268,14 +269,22 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
 
   # ***** random: a counter-based generator, the same numbers on every device *****
   @staticmethod
-  def manual_seed(seed: int = 0) -> None: Tensor._seed, Tensor._rng_counter = seed, 0
+  def manual_seed(seed: int = 0) -> None:
+    Tensor._seed = seed
+    for state in Tensor._rng_state.values(): state.assign(Tensor._rng_start(seed, state.device))
+  @staticmethod
+  def _rng_start(seed: int, device: str) -> Tensor:
+    return Tensor([_lowbias32((seed * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF), 0], device=device, dtype=dtypes.uint32)
   @staticmethod
   def _random_bits(n: int, device: str | None) -> Tensor:
-    """n uint32s: a hash of (seed, counter); the counter advances so calls differ."""
-    key = _lowbias32((Tensor._seed * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF)
-    offset = Tensor._rng_counter
-    Tensor._rng_counter += n
-    x = (Tensor.arange(n, device=device, dtype=dtypes.uint32) + (offset & 0xFFFFFFFF)) ^ key
+    """n uint32s: a hash of (seed, counter); the counter advances so calls differ. Seed and counter live
+    in device memory, so one kernel serves every call and a TinyJit replay draws new numbers."""
+    device = Device.canonicalize(device)
+    if (state := Tensor._rng_state.get(device)) is None:
+      state = Tensor._rng_state[device] = Tensor._rng_start(Tensor._seed, device).contiguous().realize()
+    key, counter = state[0], state[1]
+    x = (Tensor.arange(n, device=device, dtype=dtypes.uint32) + counter) ^ key
+    state.assign(state + Tensor([0, n & 0xFFFFFFFF], device=device, dtype=dtypes.uint32))
     for mul in (0x7FEB352D, 0x846CA68B):
       x = x ^ (x >> 16)
       x = x * mul

@@ -3,7 +3,7 @@ then replay the recorded kernels on new inputs with no graph building, schedulin
 from __future__ import annotations
 import functools
 from typing import Any, Callable, Generic, TypeVar
-from attograd.helpers import ContextVar, DEBUG
+from attograd.helpers import ContextVar, DEBUG, GlobalCounters
 from attograd.uop.ops import UOp, Ops
 from attograd.runtime.device import Buffer
 from attograd.engine.realize import Capture, CompiledKernel, JitError, _captures, buffer_of
@@ -71,6 +71,7 @@ class _Replay:
     self.outside = [[node, [(c, j) for c, (_, _, bufs) in enumerate(calls) for j, b in enumerate(bufs) if id(b) == key]]
                     for key, node in outside.items()]
     self.names = [ck.name if ck is not None else "copy" for _, ck, _ in calls]
+    self.ops = sum(ck.ops for _, ck, _ in calls if ck is not None)
   def __call__(self, inputs: list[Buffer]) -> None:
     for c, j, i in self.patches: self.calls[c][1][j] = inputs[i].ensure_allocated()._buf
     for entry in self.outside:
@@ -80,6 +81,8 @@ class _Replay:
     for ck, raw, bufs in self.calls:
       if ck is None: bufs[0].copyin(bufs[1].as_bytes())
       else: ck(raw, None)
+    GlobalCounters.kernel_count += len(self.calls)
+    GlobalCounters.global_ops += self.ops
 
 class TinyJit(Generic[ReturnType]):
   """Decorate a function of Tensors. Call 1 runs it; call 2 runs it and records its kernels; later
@@ -116,14 +119,11 @@ class TinyJit(Generic[ReturnType]):
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
     capture = Capture()
     _captures.append(capture)
-    rng_before = Tensor._rng_counter
     try:
       ret = self.fxn(*args, **kwargs)
       outputs = _tensors_in(ret)
       Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
     finally: _captures.pop()
-    if Tensor._rng_counter != rng_before:
-      raise JitError(f"{self.fxn.__name__} draws random numbers: a replay would repeat the same ones. Draw them outside and pass them in")
     inputs = [buffer_of(t.uop.base) for t in tensors]
     kept_inputs = {id(b) for b in inputs}
     calls = capture.calls

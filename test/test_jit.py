@@ -1,0 +1,155 @@
+"""TinyJit, the schedule cache and the memory planner: replays equal eager runs, wrong inputs raise,
+Python reads inside raise, planned memory never aliases live buffers."""
+import numpy as np
+import pytest
+from attograd import Tensor, TinyJit, JitError, GlobalCounters, Context, dtypes
+from attograd.nn import optim
+from attograd.engine.memory import plan_slots
+
+def test_inference_replay_matches_eager():
+  @TinyJit
+  def f(a, b): return (a * b + 1).relu().sum(1)
+  rng = np.random.default_rng(0)
+  for _ in range(5):
+    x, y = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(f(Tensor(x), Tensor(y)).numpy(), np.maximum(x * y + 1, 0).sum(1), rtol=1e-6)
+  assert f.cnt == 2 and f.replay is not None
+
+def test_replay_runs_only_kernels():
+  @TinyJit
+  def f(a): return (a + 1).exp().sum().realize()
+  for _ in range(3): f(Tensor([1.0, 2.0]))
+  GlobalCounters.reset()
+  out = f(Tensor([3.0, 4.0]))
+  assert GlobalCounters.kernel_count == len(f.replay.calls) and out.item() == pytest.approx(np.exp(4) + np.exp(5))
+
+def test_non_contiguous_input():
+  @TinyJit
+  def f(a): return a * 2
+  base = np.arange(12, dtype=np.float32).reshape(3, 4)
+  for i in range(4): np.testing.assert_equal(f(Tensor(base + i).T).numpy(), (base + i).T * 2)
+
+def _mlp_params(rng):
+  return [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((16, 8), (16,), (4, 16), (4,))]
+
+def _train(opt_cls, jit: bool, steps: int = 6, lr_schedule: bool = False, **kw):
+  rng = np.random.default_rng(0)
+  ps = [Tensor(p, requires_grad=True) for p in _mlp_params(rng)]
+  opt = opt_cls(ps, **kw)
+  def step(x, y):
+    opt.zero_grad()
+    loss = x.linear(ps[0], ps[1]).relu().linear(ps[2], ps[3]).cross_entropy(y).backward()
+    opt.step()
+    return loss.realize()
+  if jit: step = TinyJit(step)
+  losses = []
+  for i in range(steps):
+    if lr_schedule: opt.lr.assign(0.1 * 0.5 ** i)  # assigned outside: the replay follows the new memory
+    x, y = Tensor(rng.standard_normal((32, 8)).astype(np.float32)), Tensor(rng.integers(0, 4, 32))
+    losses.append(step(x, y).item())
+  return losses, [p.numpy() for p in ps]
+
+@pytest.mark.parametrize("opt_cls,kw", [(optim.Adam, {"lr": 0.01}), (optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                                        (optim.LAMB, {"lr": 0.01}), (optim.AdamW, {"lr": 0.01})])
+def test_training_replay_matches_eager(opt_cls, kw):
+  eager, jitted = _train(opt_cls, False, **kw), _train(opt_cls, True, **kw)
+  np.testing.assert_allclose(jitted[0], eager[0], rtol=1e-5)
+  for a, b in zip(jitted[1], eager[1]): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+def test_state_assigned_outside_is_followed():
+  eager, jitted = _train(optim.SGD, False, steps=8, lr_schedule=True, lr=0.1), _train(optim.SGD, True, steps=8, lr_schedule=True, lr=0.1)
+  np.testing.assert_allclose(jitted[0], eager[0], rtol=1e-5)
+
+def test_counter_state_in_place_and_by_copy():
+  # c += x is written in place; s = c.sum() of the old values read after the write needs the copy path
+  c, s = Tensor.zeros(4).contiguous().realize(), Tensor.zeros(1).contiguous().realize()
+  @TinyJit
+  def f(x):
+    old_total = c.sum().reshape(1)
+    c.assign(c + x)
+    s.assign(s + old_total + c[::-1].sum())  # reads c reversed: not where c is written
+    return s.realize()
+  for i in range(5): f(Tensor.full((4,), float(i)).contiguous())
+  want_c, want_s = np.zeros(4), np.zeros(1)
+  for i in range(5):
+    old = want_c.sum(); want_c = want_c + i; want_s = want_s + old + want_c.sum()
+  np.testing.assert_allclose(c.numpy(), want_c); np.testing.assert_allclose(s.numpy(), want_s)
+
+def test_wrong_shape_or_dtype_raises():
+  @TinyJit
+  def f(a): return a + 1
+  for _ in range(3): f(Tensor.ones(4))
+  with pytest.raises(JitError, match=r"shape|\(4,\)"): f(Tensor.ones(5))
+  with pytest.raises(JitError, match="int"): f(Tensor.ones(4, dtype=dtypes.int32))
+  @TinyJit
+  def g(a, k): return a * k
+  for _ in range(3): g(Tensor.ones(2), 3)
+  with pytest.raises(JitError, match="3"): g(Tensor.ones(2), 4)
+  g.reset()
+  assert g(Tensor.ones(2), 4).tolist() == [4.0, 4.0]
+
+def test_python_read_inside_raises():
+  @TinyJit
+  def f(a):
+    if a.sum().item() > 100: return a
+    return a + 1
+  f(Tensor.ones(3))  # the first call runs plainly
+  with pytest.raises(JitError, match="Python"): f(Tensor.ones(3))
+
+def test_random_inside_draws_new_numbers():
+  def f(a): return (a + Tensor.rand(*a.shape)).realize()
+  Tensor.manual_seed(4)
+  eager = [f(Tensor.ones(3)).tolist() for _ in range(5)]
+  Tensor.manual_seed(4)
+  jf = TinyJit(f)
+  assert [jf(Tensor.ones(3)).tolist() for _ in range(5)] == eager and len({tuple(e) for e in eager}) == 5
+
+def test_jit_off():
+  with Context(JIT=0):
+    @TinyJit
+    def f(a): return a + 1
+    for _ in range(4): f(Tensor.ones(2))
+    assert f.cnt == 0
+
+def test_memory_plan_never_aliases_live_buffers():
+  # 40 buffers with random overlapping lifetimes: buffers alive together never share a slot
+  rng = np.random.default_rng(1)
+  spans = [(a, a + int(rng.integers(0, 8))) for a in rng.integers(0, 30, 40)]
+  steps = [[k for k, (a, b) in enumerate(spans) if i in (a, b)] for i in range(40)]
+  internal = {k: ("CPU", int(rng.integers(1, 5)) * 64) for k in range(40)}
+  slot_of, slots = plan_slots(steps, internal)
+  for i, (a, b) in enumerate(spans):
+    assert slots[slot_of[i]][1] >= internal[i][1]
+    for j, (c, d) in enumerate(spans[:i]):
+      if not (b < c or d < a): assert slot_of[i] != slot_of[j], f"buffers {i} and {j} overlap in steps {(a, b)} and {(c, d)}"
+
+def test_many_overlapping_lifetimes_match_jit_off():
+  def f(x):
+    outs = [x]
+    for i in range(12): outs.append((outs[-1] @ outs[max(0, i - 3)].T + i).tanh().contiguous())  # reads 1 and 4 layers back
+    return (outs[-1] + outs[-5]).realize()
+  x = Tensor(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)).realize()
+  want = f(x).numpy()
+  jf = TinyJit(f)
+  for _ in range(4): np.testing.assert_allclose(jf(x).numpy(), want, rtol=1e-5, atol=1e-6)
+
+def test_mlp_peak_memory():
+  x = Tensor.rand(64, 256).realize()
+  w = Tensor.rand(256, 256).realize()
+  GlobalCounters.reset()
+  y = x
+  for _ in range(16): y = (y @ w).relu() * 0.01
+  y.realize()
+  layer = 64 * 256 * 4
+  assert GlobalCounters.mem_peak - GlobalCounters.mem_used <= 2 * layer  # live: the output; planned: 2 more
+  assert GlobalCounters.mem_peak <= GlobalCounters.mem_used + 3 * layer
+
+def test_schedule_cache_reuses_structure():
+  from attograd.schedule.schedule import _schedule_cache
+  a, b = Tensor.rand(5, 7).realize(), Tensor.rand(5, 7).realize()
+  (a * 2 + b).sum(1).realize()
+  n = len(_schedule_cache)
+  c, d = Tensor.rand(5, 7).realize(), Tensor.rand(5, 7).realize()
+  out = (c * 2 + d).sum(1).realize()
+  assert len(_schedule_cache) == n  # random numbers and the sum: structures seen before
+  np.testing.assert_allclose(out.numpy(), (c.numpy() * 2 + d.numpy()).sum(1), rtol=1e-6)
