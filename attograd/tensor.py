@@ -42,6 +42,14 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     expanded |= swap.keys()
     root = root.substitute(swap)
 
+def _var_vals(root: UOp) -> dict[UOp, int]:
+  """The value each Variable is bound to in this graph; one variable can't have two at once."""
+  vals: dict[UOp, int] = {}
+  for n in root.toposort:
+    if n.op is Ops.BIND and vals.setdefault(n.src[0], n.src[1].arg) != n.src[1].arg:
+      raise ValueError(f"variable {n.src[0].arg[0]!r} is bound to both {vals[n.src[0]]} and {n.src[1].arg} in one graph")
+  return vals
+
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
 
@@ -151,13 +159,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
     done = {n: v for n in roots.toposort if (v := n.__dict__.get("realized")) is not None and n not in roots.src}
+    var_vals = _var_vals(roots)
+    done.update((n, n.src[0]) for n in roots.toposort if n.op is Ops.BIND)  # kernels take the variable, run with the value
     if done: roots = roots.substitute(done)
     for t, u in zip(tensors, roots.src):
       t.uop = u
       if not is_view_of_buffer(u): todo.append(t)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
-    run_schedule(schedule, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
+    run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
     for t in todo:
@@ -453,6 +463,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     elif isinstance(x, (bool, int, float)):
       dt = _weak_promote(self.dtype, dtypes.from_py(x))  # Python scalars are weak
       x = Tensor(_const(x, dt, self.device))
+    elif isinstance(x, UOp) and x.op is Ops.BIND:  # a bound Variable: an int scalar whose value can change
+      dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x, device=self.device)
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
@@ -938,7 +950,10 @@ def _from_numpy_dtype(npdt) -> DType:
 
 def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
   """The graph node for Tensor(data): a constant, or a buffer filled from Python/numpy data."""
-  if isinstance(data, UOp): return data
+  if isinstance(data, UOp):
+    # a bound Variable is a 0-d tensor of its value, on the device it is used on
+    if data.op is Ops.BIND and data.src[1].device is None: return data.replace(src=(data.src[0], _const(data.src[1].arg, data.dtype, device)))
+    return data
   if isinstance(data, Tensor):
     t = data.to(device)
     return (t.cast(dtype) if dtype is not None else t).uop

@@ -153,3 +153,25 @@ def test_schedule_cache_reuses_structure():
   out = (c * 2 + d).sum(1).realize()
   assert len(_schedule_cache) == n  # random numbers and the sum: structures seen before
   np.testing.assert_allclose(out.numpy(), (c.numpy() * 2 + d.numpy()).sum(1), rtol=1e-6)
+
+def test_variable_values_reuse_kernels():
+  from attograd import Variable
+  from attograd.engine.realize import _kernel_cache
+  pos = Variable("pos", 0, 15)
+  x = Tensor.arange(16).float().realize()
+  masked = lambda p: (Tensor.arange(16) < p).where(x, 0).sum()
+  assert masked(pos.bind(4)).item() == 6.0
+  n = len(_kernel_cache)
+  assert [masked(pos.bind(i)).item() for i in (0, 1, 16 - 1)] == [0.0, 0.0, 105.0]
+  assert len(_kernel_cache) == n  # the value is an argument, not part of the kernel
+  with pytest.raises(ValueError, match="pos"): pos.bind(16)
+  with pytest.raises(ValueError, match="both"): (x * pos.bind(1) + x * pos.bind(2)).realize()
+
+def test_variable_in_jit_replay():
+  from attograd import Variable
+  pos = Variable("pos", 0, 31)
+  @TinyJit
+  def f(x, p): return ((Tensor.arange(32) < p).where(x, 0).sum() + p).realize()
+  x = Tensor(np.arange(32, dtype=np.float32))
+  for i in range(8): assert f(x, pos.bind(i * 3)).item() == sum(range(i * 3)) + i * 3
+  with pytest.raises(JitError): f(x, 3)

@@ -20,12 +20,19 @@ def _tensors_in(x: Any) -> list[Tensor]:
   if isinstance(x, dict): return [t for v in x.values() for t in _tensors_in(v)]
   return []
 
+def _binds_in(x: Any) -> list[UOp]:
+  if isinstance(x, UOp) and x.op is Ops.BIND: return [x]
+  if isinstance(x, (list, tuple)): return [b for v in x for b in _binds_in(v)]
+  if isinstance(x, dict): return [b for v in x.values() for b in _binds_in(v)]
+  return []
+
 def _describe(args: tuple, kwargs: dict) -> tuple[list[Tensor], tuple]:
   """The input tensors and what a replay must match: each tensor's shape, dtype and device, and the
   value of everything that isn't a tensor (it was baked into the kernels)."""
   tensors = _tensors_in(list(args) + list(kwargs.values()))
   def sig(x: Any) -> Any:
     if isinstance(x, Tensor): return ("Tensor", x.shape, x.dtype, x.device)
+    if isinstance(x, UOp) and x.op is Ops.BIND: return ("Variable", x.src[0].arg)  # its value may change
     if isinstance(x, (list, tuple)): return (type(x).__name__, tuple(sig(v) for v in x))
     if isinstance(x, dict): return ("dict", tuple((k, sig(v)) for k, v in x.items()))
     return ("value", x)
@@ -72,7 +79,7 @@ class _Replay:
                     for key, node in outside.items()]
     self.names = [ck.name if ck is not None else "copy" for _, ck, _ in calls]
     self.ops = sum(ck.ops for _, ck, _ in calls if ck is not None)
-  def __call__(self, inputs: list[Buffer]) -> None:
+  def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int]) -> None:
     for c, j, i in self.patches: self.calls[c][1][j] = inputs[i].ensure_allocated()._buf
     for entry in self.outside:
       if (node := _latest(entry[0])) is not entry[0]:
@@ -80,7 +87,7 @@ class _Replay:
         for c, j in entry[1]: self.calls[c][1][j], self.calls[c][2][j] = raw._buf, raw
     for ck, raw, bufs in self.calls:
       if ck is None: bufs[0].copyin(bufs[1].as_bytes())
-      else: ck(raw, None)
+      else: ck(raw, var_vals)
     GlobalCounters.kernel_count += len(self.calls)
     GlobalCounters.global_ops += self.ops
 
@@ -96,6 +103,7 @@ class TinyJit(Generic[ReturnType]):
     self.signature: tuple | None = None
     self.replay: _Replay | None = None
     self.ret: Any = None
+    self.var_vals: dict[UOp, int] = {}
     functools.update_wrapper(self, fxn)
   def __get__(self, obj: Any, objtype: Any = None) -> Any: return self if obj is None else functools.partial(self.__call__, obj)
   def reset(self) -> None: self.cnt, self.signature, self.replay, self.ret = 0, None, None, None
@@ -113,7 +121,8 @@ class TinyJit(Generic[ReturnType]):
       return self.fxn(*args, **kwargs)
     if self.cnt == 1: return self._capture(tensors, args, kwargs)
     assert self.replay is not None
-    self.replay([buffer_of(t.uop.base) for t in tensors])
+    bound = {b.src[0]: b.src[1].arg for b in _binds_in(list(args) + list(kwargs.values()))}
+    self.replay([buffer_of(t.uop.base) for t in tensors], {**self.var_vals, **bound})
     return self.ret
 
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
@@ -142,7 +151,7 @@ class TinyJit(Generic[ReturnType]):
     calls = [(ast, ck, [planned.get(id(b), b) for b in bufs]) for ast, ck, bufs in calls]
     outside = {id(b): capture.nodes[id(b)] for _, _, bufs in calls for b in bufs
                if id(b) not in made_inside and id(b) in capture.nodes and id(b) not in kept_inputs}
-    self.replay, self.ret, self.cnt = _Replay(calls, inputs, outside), ret, 2
+    self.replay, self.ret, self.cnt, self.var_vals = _Replay(calls, inputs, outside), ret, 2, capture.var_vals
     if DEBUG >= 1: print(f"TinyJit {self.fxn.__name__}: captured {len(calls)} kernels")
     return ret
 

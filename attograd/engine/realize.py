@@ -78,6 +78,7 @@ class Capture:
   def __init__(self) -> None:
     self.calls: list[tuple[UOp, CompiledKernel | None, list[Buffer]]] = []
     self.nodes: dict[int, UOp] = {}  # the BUFFER node of each Buffer seen, by id
+    self.var_vals: dict[UOp, int] = {}
     self.assigned: dict[Any, UOp] = {}
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
@@ -95,6 +96,7 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
     if _captures:
       _captures[-1].calls.append((si.ast, ck, bufs))
       _captures[-1].nodes.update((id(b), u) for b, u in zip(bufs, si.bufs))
+      _captures[-1].var_vals.update(var_vals or {})
     st = time.perf_counter()
     if ck is None: bufs[0].copyin(bufs[1].as_bytes())
     else: ck([b._buf for b in bufs], var_vals)

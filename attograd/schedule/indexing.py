@@ -75,6 +75,7 @@ pushdown = PatternMatcher([
   (tpat(GroupOp.Elementwise), lambda ix, x, gate: x.replace(src=tuple(tindex(s, gate, I(ix)) for s in x.src))),
   (tpat({Ops.DETACH, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD}), lambda ix, x, gate: tindex(x.src[0], gate, I(ix))),
   (tpat(Ops.CONST), lambda ix, x, gate: UOp.const(x.dtype, x.arg)),
+  (tpat(Ops.DEFINE_VAR), lambda ix, x, gate: x),
   (tpat(Ops.IOTA), lambda ix, x, gate: I(ix)[0].cast(x.dtype)),
   (tpat(Ops.REDUCE_AXIS), lambda ctx, ix, x, gate: push_reduce(x, gate, I(ix), ctx)),
   (tpat(Ops.BUFFER), lambda ctx, ix, x, gate: push_load(x, gate, I(ix)[0], ctx)),

@@ -13,6 +13,7 @@ class Ops(Enum):
   BUFFER = auto(); DEVICE = auto(); CONST = auto(); IOTA = auto()  # IOTA(n): 0..n-1, arange's primitive
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
   REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
+  BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
   NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
@@ -142,6 +143,12 @@ class UOp(metaclass=UOpMeta):
     if not (isinstance(vmin, int) and isinstance(vmax, int) and vmin <= vmax):
       raise ValueError(f"variable {name!r} needs integer bounds with min <= max, got [{vmin}, {vmax}]")
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, vmin, vmax))
+  def bind(self, value: int) -> UOp:
+    """This variable with a value for the next run: the kernels are built for the variable, not the value."""
+    if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a Variable can be bound, not {self.op}")
+    name, vmin, vmax = self.arg
+    if not isinstance(value, int) or not vmin <= value <= vmax: raise ValueError(f"variable {name!r} is in [{vmin}, {vmax}], can't bind {value!r}")
+    return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
   def alu(self, op: Ops, *src: UOp | ConstType, dtype: DType | None = None) -> UOp:
     srcs = (self, *(s if isinstance(s, UOp) else self.const_like(s) for s in src))
     if dtype is None: dtype = dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype
@@ -280,7 +287,7 @@ class UOp(metaclass=UOpMeta):
 def _shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.BUFFER: return (u.arg.size,)
   if u.op is Ops.IOTA: return (u.arg,)
-  if u.op is Ops.CONST or u.op is Ops.DEVICE: return ()
+  if u.op in {Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND}: return ()
   if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
   if u.op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in u.arg)
   if u.op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg))
