@@ -6,7 +6,7 @@ EPOCHS, BS (batch size) and LR can be set in the environment. DEBUG=2 shows ever
 import os, time
 import numpy as np
 from tqdm import trange
-from attograd import Tensor, nn, GlobalCounters
+from attograd import Tensor, TinyJit, nn, GlobalCounters
 from attograd.nn import optim
 from attograd.nn.datasets import mnist
 from attograd.nn.state import get_parameters
@@ -33,6 +33,7 @@ def main() -> float:
   model = ConvNet()
   opt = optim.Adam(get_parameters(model), lr=lr)
 
+  @TinyJit  # scheduled and compiled once; later steps only launch the recorded kernels
   def train_step(x: Tensor, y: Tensor) -> Tensor:
     with Tensor.train():
       opt.zero_grad()
