@@ -109,3 +109,18 @@ def test_a_buffer_whose_reads_simplify_away_is_no_kernel_argument():
   b = Tensor(np.ones((2, 3), np.float32)).realize()
   padded = Tensor.empty(0, 3).pad(((0, 2), (0, 0)))  # all padding: the empty buffer is never read
   assert (padded + b).tolist() == [[1.0] * 3] * 2 and (b + padded).tolist() == [[1.0] * 3] * 2
+
+def test_nested_reduces_share_one_accumulator():
+  # sums over a padded window one axis at a time (a conv's backward) become one reduce over both axes
+  from attograd.uop.ops import Ops
+  from attograd.schedule.schedule import create_schedule
+  from attograd.codegen.lower import lower
+  na = rand(4, 6, 5)
+  a, = tensors(na)
+  t = a.pad(((0, 0), (1, 1), (0, 0))).sum(2).pad(((0, 0), (0, 2))).sum(1)
+  asts = [si.ast for si in create_schedule([t.uop])[0]]
+  assert len(asts) == 1 and sum(u.op is Ops.DEFINE_REG for u in lower(asts[0]).toposort) == 1
+  check(t, na.sum((1, 2)), 1)
+  m = a.max(2).max(1)
+  assert sum(u.op is Ops.DEFINE_REG for u in lower(create_schedule([m.uop])[0][0].ast).toposort) == 1
+  check(m, na.max((1, 2)), 1)

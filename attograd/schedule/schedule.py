@@ -8,6 +8,7 @@ from attograd.helpers import prod, dedup, DEBUG
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.symbolic import symbolic, gated_index
+from attograd.codegen.lower import reduce_identity
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index
 
 @dataclass(frozen=True)
@@ -77,8 +78,18 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     points.update(dict.fromkeys(new))
   return points
 
+def merge_nested_reduce(outer: UOp) -> UOp | None:
+  """sum_i (g_i ? sum_j x_ij : 0) = sum_ij (g_i ? x_ij : 0), and the same for max: one loop nest with one
+  accumulator instead of one per level (a conv's backward sums its window one axis at a time)."""
+  v, gate, identity = outer.src[0], None, reduce_identity(outer.arg, outer.dtype)
+  if v.op is Ops.WHERE and v.src[2].op is Ops.CONST and v.src[2].arg == identity and v.src[1].op is Ops.REDUCE: gate, v = v.src[0], v.src[1]
+  if v.op is not Ops.REDUCE or v.arg is not outer.arg or v.dtype != outer.dtype: return None
+  x = v.src[0] if gate is None else UOp(Ops.WHERE, v.dtype, (gate, v.src[0], UOp.const(v.dtype, identity)))
+  return UOp(Ops.REDUCE, outer.dtype, (x, *outer.src[1:], *v.src[1:]), outer.arg)
+
 # after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
 kernel_cleanup = PatternMatcher([
+  (UPat(Ops.REDUCE, name="outer"), merge_nested_reduce),
   (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
 ]) + symbolic + gated_index
