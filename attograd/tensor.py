@@ -586,7 +586,6 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self._alu(Ops.NEG)
   def exp2(self) -> Tensor: return self._float_unary()._alu(Ops.EXP2)
   def log2(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2)
-  def exp(self) -> Tensor: return (self._float_unary() * (1 / math.log(2)))._alu(Ops.EXP2)
   def log(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2) * math.log(2)
   def sqrt(self) -> Tensor: return self._float_unary()._alu(Ops.SQRT)
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
