@@ -7,7 +7,7 @@ rule fires, Z3 proves its result equal to the left side for every variable value
 truncating division and the dtype's wraparound modelled bit for bit (test/z3_uop.py). The bounds
 (vmin/vmax) that the rules' guards rely on are proven too. A rule that no sample makes fire fails
 the suite: a new rule comes with a left side that exercises it."""
-import itertools, math
+import functools, itertools, math
 import pytest
 from attograd import dtypes
 from attograd.uop.ops import UOp, Ops, sym_infer
@@ -139,6 +139,28 @@ def test_rule_is_proven(fired, name, i):
       if u.dtype != F32:
         res, why = prove_bounds(u)
         assert res == "proven", f"bounds [{u.vmin}, {u.vmax}] of {u.render()} are wrong: {why}"
+
+# ***** join_digits: a sum of digits each simplified on its own, put back together *****
+
+def digit_sums():
+  """(y//C)*C + the digits of y%C in mixed radix, each term simplified before the sum sees it (as a reshape chain
+  leaves them): y positive, negative, a wide variable, and an int64 one."""
+  ys = [rng(0, 8) * 8 + rng(1, 8), b * 3 + 2, neg * 7 + a, full, rng(0, 6) * 10 + rng(1, 10), v("w", -2**40, 2**40, I64) * 6 + 5]
+  for y, radix in itertools.product(ys, [(4, 4), (4, 2, 2), (3, 4, 5), (2, 3)]):
+    dt = y.dtype
+    place = [math.prod(radix[:i]) for i in range(len(radix) + 1)]  # 1, r0, r0*r1, ... C
+    terms = [((y // c(place[-1], dt)) * c(place[-1], dt)).simplify(), (y % c(place[1], dt)).simplify()]
+    terms += [(((y // c(p, dt)) % c(r, dt)) * c(p, dt)).simplify() for p, r in zip(place[1:-1], radix[1:])]
+    yield functools.reduce(lambda acc, t: acc + t, terms)
+
+@pytest.mark.parametrize("i", range(24))
+def test_join_digits_is_proven(i):
+  lhs = list(digit_sums())[i]
+  rhs = lhs.simplify()
+  res, why = prove_equal(lhs, rhs)
+  assert res == "proven", f"{lhs.render()} -> {rhs.render()}: {res} {why}"
+  # the digits were recognized: y is back (or y itself simplified, when bounds pin a digit)
+  assert len(rhs.toposort) < len(lhs.toposort) and Ops.IDIV not in {u.op for u in rhs.toposort}, f"{lhs.render()} -> {rhs.render()}"
 
 # ***** the translator agrees with the emulator's semantics (what every proof above rests on) *****
 
