@@ -258,7 +258,11 @@ INTERP = [((1, 2, 5), dict(size=8, mode="nearest")), ((1, 2, 6), dict(scale_fact
           ((1, 2, 5), dict(size=9, mode="linear")), ((1, 2, 5), dict(size=9, mode="linear", align_corners=True)),
           ((1, 1, 6), dict(size=4, mode="linear")), ((1, 2, 3, 4), dict(size=(5, 7), mode="nearest")),
           ((1, 2, 3, 4), dict(size=(6, 3), mode="bilinear")), ((2, 1, 3, 4), dict(size=(5, 5), mode="bilinear", align_corners=True)),
-          ((1, 1, 4, 4), dict(scale_factor=1.5, mode="bilinear")), ((1, 1, 3, 3), dict(scale_factor=(2, 0.5), mode="nearest"))]
+          ((1, 1, 4, 4), dict(scale_factor=1.5, mode="bilinear")), ((1, 1, 3, 3), dict(scale_factor=(2, 0.5), mode="nearest")),
+          ((1, 2, 3, 4), dict(size=(7, 9), mode="bicubic")), ((2, 1, 5, 4), dict(size=(3, 6), mode="bicubic", align_corners=True)),
+          ((1, 1, 6, 5), dict(size=(2, 3), mode="bicubic")), ((1, 1, 4, 4), dict(scale_factor=2.5, mode="bicubic")),
+          ((1, 1, 1, 3), dict(size=(4, 1), mode="bicubic", align_corners=True)), ((1, 1, 2, 2), dict(size=(5, 5), mode="bicubic")),
+          ((1, 1, 5, 3), dict(scale_factor=(0.5, 3), mode="bicubic", align_corners=False))]
 
 @pytest.mark.parametrize("shape,kw", INTERP, ids=[f"{s}-{k}" for s, k in INTERP])
 def test_interpolate(device, shape, kw):
@@ -270,4 +274,14 @@ def test_interpolate_grad_and_errors(device):
   t = Tensor.ones(1, 1, 3, 3, device=device)
   with pytest.raises(ValueError): t.interpolate(size=4, mode="linear")
   with pytest.raises(ValueError): t.interpolate()
-  with pytest.raises(NotImplementedError): t.interpolate(size=4, mode="bicubic")
+  with pytest.raises(ValueError): t.reshape(1, 3, 3).interpolate(size=4, mode="bicubic")
+  with pytest.raises(NotImplementedError): t.interpolate(size=4, mode="trilinear")
+  for ac in (False, True):
+    kw = dict(size=(5, 7), mode="bicubic", align_corners=ac)
+    grad_check(lambda t: t.interpolate(**kw), lambda t: F.interpolate(t, **kw), [np.random.default_rng(9).normal(size=(1, 2, 4, 3))], device)
+  assert t[:, :0].interpolate(size=(4, 5), mode="bicubic").shape == (1, 0, 4, 5)  # torch refuses an empty input
+  # a non-contiguous input, and float64
+  check(lambda x: x.permute(0, 1, 3, 2).interpolate(size=(6, 5), mode="bicubic"), lambda x: F.interpolate(x.permute(0, 1, 3, 2), size=(6, 5), mode="bicubic"),
+        [(1, 2, 3, 4)], device=device, atol=1e-5)
+  check(lambda x: x.interpolate(size=(6, 5), mode="bicubic", align_corners=True), lambda x: F.interpolate(x, size=(6, 5), mode="bicubic", align_corners=True),
+        [(1, 1, 3, 4)], dtype=dtypes.float64, device=device, atol=1e-12)

@@ -41,6 +41,12 @@ _EXP = {dtypes.float32: ((-104.0, 89.0), _ln2_split(16), 127, 23, dtypes.int32),
         dtypes.float64: ((-746.0, 710.0), _ln2_split(32), 1023, 52, dtypes.int64)}
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
 
+def _cubic_weights(t: float, a: float = -0.75) -> tuple[float, float, float, float]:
+  """The weights of the samples at -1, 0, 1, 2 for a point t in [0, 1) past sample 0 (torch's bicubic)."""
+  near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1  # |x| <= 1
+  far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a  # 1 < |x| < 2
+  return far(t + 1), near(t), near(1 - t), far(2 - t)
+
 def _poly(x, coeffs: Sequence[float]):
   r = x * coeffs[0] + coeffs[1]
   for c in coeffs[2:]: r = r * x + c
@@ -411,7 +417,13 @@ class ElementwiseOps:
       if align_corners: src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
       else:
         r = (1 / scale) if scale is not None else n_in / n_out
-        src = max((o + 0.5) * r - 0.5, 0.0)
+        src = (o + 0.5) * r - 0.5
+        if mode != "bicubic": src = max(src, 0.0)  # torch clamps the linear modes' source index only
+      if mode == "bicubic":
+        # Keys' cubic convolution with torch's A = -0.75 on the 4 neighbours, reads past an edge clamped to it
+        i, t = math.floor(src), src - math.floor(src)
+        for k, w in zip(range(i - 1, i + 3), _cubic_weights(t)): rows[min(max(k, 0), n_in - 1)][o] += w
+        continue
       i0 = min(int(math.floor(src)), n_in - 1)
       i1 = min(i0 + 1, n_in - 1)
       l1 = src - i0
@@ -420,9 +432,9 @@ class ElementwiseOps:
     return type(self)(rows, dtype=self.dtype, device=self.device)
   def interpolate(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
     """torch.nn.functional.interpolate for (N, C, W) and (N, C, H, W) inputs: modes 'nearest', 'linear' (3-D),
-    'bilinear' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
+    'bilinear' and 'bicubic' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
     if self.ndim not in (3, 4): raise ValueError(f"interpolate supports 3-D and 4-D inputs, got {self.ndim}-D")
-    if mode not in ("nearest", "linear", "bilinear"): raise NotImplementedError(f"interpolate mode {mode!r}")
+    if mode not in ("nearest", "linear", "bilinear", "bicubic"): raise NotImplementedError(f"interpolate mode {mode!r}")
     if (mode == "linear") != (self.ndim == 3) and mode != "nearest": raise ValueError(f"interpolate mode {mode!r} doesn't fit a {self.ndim}-D input")
     if mode == "nearest" and align_corners is not None: raise ValueError("align_corners only applies to linear modes")
     if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")
