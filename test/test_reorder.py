@@ -350,6 +350,11 @@ def test_long_sort_and_scans(device):
   vals = [[-math.inf] * 70 + [1.0, math.inf, 2.0] + [math.nan] + [0.0] * 30]
   check(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), None, f32, device, vals=vals)
   check(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), None, f32, device, vals=vals)
+  vals = np.random.default_rng(6).integers(-30, 30, (2, 300)).astype(np.float32)
+  vals[0, 100], vals[1, 299], vals[1, 5] = math.nan, math.nan, math.inf  # NaN sticks across blocks; ties take the latest index
+  check(lambda a: a.cummax(-1), lambda a: tuple(torch.cummax(a, -1)), None, f32, device, vals=[vals])
+  check(lambda a: a.cummin(0), lambda a: tuple(torch.cummin(a, 0)), [(200, 2)], i32, device, low=-9, high=9)
+  check_grad(lambda a: a.cummax(-1)[0], lambda a: torch.cummax(a, -1)[0], [(1, 100)], device)
   check_grad(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), [(2, 150)], device)
   check_grad(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), [(1, 100)], device)
   check_grad(lambda a: a.cumprod(-1), lambda a: torch.cumprod(a, -1), [(1, 100)], device, low=0.9, high=1.1)

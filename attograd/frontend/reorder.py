@@ -1,7 +1,7 @@
 """Ops that reorder or combine elements: scans, sort and topk, cat/stack/split, roll, triangles.
 
 Everything is built from the lazy primitives (pad, shrink, expand, where, reductions), so gradients
-come for free. Scans and sort avoid Python loops over elements:
+come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avoid Python loops over elements:
 - a short scan (n <= _SCAN_DIRECT) is a reduce over an (n, n) triangle mask (`j <= i` from two aranges):
   output i reduces the inputs j <= i, one fused kernel. A longer one scans blocks of _SCAN_BLOCK that
   way, scans the block totals (recursively) and combines each block with the total of the blocks
@@ -201,18 +201,7 @@ class ReorderOps:
   def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
     return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
-  # ***** scans: a reduce over the (n, n) triangle j <= i *****
-  def _scan_view(self, axis: int):
-    """(x broadcast to (..., i, j) with axis moved last, mask j <= i, the axis): output i reduces over j."""
-    d = _axis(axis, self.ndim)
-    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
-    n = x.shape[-1]
-    ar = type(self).arange(n, device=self.device)
-    mask = ar.reshape(1, n) <= ar.reshape(n, 1)
-    return x.unsqueeze(-2).expand(*x.shape[:-1], n, n), mask, d
-  def _scan_out(self, r, d: int):
-    return r.reshape(()) if self.ndim == 0 else r.transpose(d, -1)
-
+  # ***** scans: a reduce over the (n, n) triangle j <= i, blocked for long rows *****
   def _scan(self, axis: int, dtype, fill, reduce, combine, block: int = 0):
     """An inclusive scan along axis: a masked reduce over the (n, n) triangle for short rows, else
     blocked (see the module docstring). `reduce(masked, axis)` reduces the triangle, `combine(before, x)`
@@ -244,20 +233,45 @@ class ReorderOps:
     return self._scan(axis, dt, 1, lambda t, a: t.prod(a, dtype=dt), lambda b, x: b * x)
   def cummax(self, axis: int = 0) -> tuple:
     """torch.cummax: (values, int64 indices); the index is the latest position of the max, and a NaN
-    sticks once seen, as in torch."""
-    x, mask, d = self._scan_view(axis)
+    sticks once seen, as in torch. Long rows go by blocks like the other scans, carrying the index along."""
+    d = _axis(axis, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     if x.numel() == 0: return self, self.zeros_like(dtype=dtypes.int64)
-    low = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    vals = mask.where(x, type(self).full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
-    isf = dtypes.is_float(self.dtype)
-    if isf:
-      nan_seen = (mask & x.isnan()).any(-1, keepdim=True)
-      vals = nan_seen.where(math.nan, vals)
-    hit = mask & ((x == vals) | (x.isnan() & vals.isnan()) if isf else (x == vals))
-    n = x.shape[-1]
-    j = type(self).arange(n, device=self.device, dtype=dtypes.int64)
-    idx = hit.where(j, -1).max(-1)
-    return self._scan_out(vals.squeeze(-1), d), self._scan_out(idx, d)
+    T, isf = type(self), dtypes.is_float(self.dtype)
+    low = -math.inf if isf else dtypes.min(self.dtype)
+    def tri(x, where_from):
+      """(running max, index of its latest occurrence: where_from at that position, or the position itself)."""
+      n = x.shape[-1]
+      ar = T.arange(n, device=self.device)
+      mask = ar.reshape(1, n) <= ar.reshape(n, 1)
+      xe = x.unsqueeze(-2).expand(*x.shape[:-1], n, n)
+      vals = mask.where(xe, T.full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
+      if isf: vals = (mask & xe.isnan()).any(-1, keepdim=True).where(math.nan, vals)
+      hit = mask & ((xe == vals) | (xe.isnan() & vals.isnan()) if isf else (xe == vals))
+      j = T.arange(n, device=self.device, dtype=dtypes.int64)
+      pos = hit.where(j, -1).max(-1)
+      if where_from is None: return vals.squeeze(-1), pos
+      return vals.squeeze(-1), (j == pos.unsqueeze(-1)).where(where_from.unsqueeze(-2), 0).sum(-1)
+    def scan(x, where_from):
+      n, lead = x.shape[-1], x.shape[:-1]
+      if n <= _SCAN_DIRECT: return tri(x, where_from)
+      B = _SCAN_BLOCK
+      nb = -(-n // B)
+      pad = tuple((0, 0) for _ in lead) + ((0, nb * B - n),)
+      g = T.arange(n, device=self.device, dtype=dtypes.int64).expand(*lead, n) if where_from is None else where_from
+      v, i = tri(x.pad(pad, value=low).reshape(*lead, nb, B), g.pad(pad).reshape(*lead, nb, B))
+      v, i = v.contiguous(), i.contiguous()
+      last = tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))
+      tv, ti = scan(v.shrink(last).reshape(*lead, nb), i.shrink(last).reshape(*lead, nb))
+      shift = lambda t, fill: t.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),)).unsqueeze(-1)
+      bv, bi = shift(tv, low), shift(ti, 0)
+      # the blocks before win only when strictly larger, or when they saw a NaN and this block's prefix didn't
+      take = (bv > v) | (bv.isnan() & v.isnan().logical_not()) if isf else (bv > v)
+      out = lambda t: t.reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
+      return out(take.where(bv, v)), out(take.where(bi, i))
+    v, i = scan(x, None)
+    if self.ndim == 0: return v.reshape(()), i.reshape(())
+    return v.transpose(d, -1), i.transpose(d, -1)
   def cummin(self, axis: int = 0) -> tuple:
     """torch.cummin, through cummax of the order-reversed values."""
     if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return v.logical_not(), i
