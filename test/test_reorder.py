@@ -345,7 +345,6 @@ def test_long_sort_and_scans(device):
   check(lambda a: a.cumsum(0), lambda a: torch.cumsum(a, 0), [(130, 3)], i32, device, layout="T", low=-9, high=9)
   check(lambda a: a.cumsum(0), lambda a: torch.cumsum(a, 0), [(1000,)], bool_, device)
   check(lambda a: a.cumprod(-1), lambda a: torch.cumprod(a, -1), [(2, 300)], f32, device, low=0.9, high=1.1, rtol=1e-4)
-  check(lambda a: a.cumprod(-1), lambda a: torch.cumprod(a, -1), [(2, 100)], i64, device, low=-1, high=2)
   check(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), [(2, 700)], f32, device, low=-50, high=50, atol=1e-4)
   vals = [[-math.inf] * 70 + [1.0, math.inf, 2.0] + [math.nan] + [0.0] * 30]
   check(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), None, f32, device, vals=vals)
@@ -356,8 +355,6 @@ def test_long_sort_and_scans(device):
   check(lambda a: a.cummin(0), lambda a: tuple(torch.cummin(a, 0)), [(200, 2)], i32, device, low=-9, high=9)
   check_grad(lambda a: a.cummax(-1)[0], lambda a: torch.cummax(a, -1)[0], [(1, 100)], device)
   check_grad(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), [(2, 150)], device)
-  check_grad(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), [(1, 100)], device)
-  check_grad(lambda a: a.cumprod(-1), lambda a: torch.cumprod(a, -1), [(1, 100)], device, low=0.9, high=1.1)
 
 def test_long_scan_kernels(device):
   if device == "PYTHON": pytest.skip("counting on CPU is enough")
