@@ -507,6 +507,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
   def floor_divide(self, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
+    if a.dtype == dtypes.bool: raise TypeError("floor division of bools is not supported (as in PyTorch); cast to an integer type first")
     if not dtypes.is_int(a.dtype): return a._alu(Ops.FDIV, b).floor()
     q = a._alu(Ops.IDIV, b)
     # C truncates; Python and PyTorch floor: step down where the signs differ and it wasn't exact
@@ -614,7 +615,6 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self._alu(Ops.NEG)
   def exp2(self) -> Tensor: return self._float_unary()._alu(Ops.EXP2)
   def log2(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2)
-  def exp(self) -> Tensor: return (self._float_unary() * (1 / math.log(2)))._alu(Ops.EXP2)
   def log(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2) * math.log(2)
   def sqrt(self) -> Tensor: return self._float_unary()._alu(Ops.SQRT)
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
@@ -624,7 +624,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     # 1 - 2*sin(x/2)^2: x/2 is exact, while pi/2 - x rounds away the digits of a large x (cos(3e4) was off by 4e-4)
     s = (self._float_unary() * 0.5)._alu(Ops.SIN)
     return 1 - 2 * s * s
-  def tan(self) -> Tensor: return self.sin() / self.cos()
+  def tan(self) -> Tensor:
+    x = self._float_unary()
+    if x.dtype.itemsize < 4: return x.cast(dtypes.float32).tan().cast(x.dtype)  # rounding sin and cos to 16 bits first costs 2e-2 near pi/2
+    return x.sin() / x.cos()
   def trunc(self) -> Tensor: return self if not dtypes.is_float(self.dtype) else self._alu(Ops.TRUNC)
   def floor(self) -> Tensor:
     if not dtypes.is_float(self.dtype): return self
@@ -744,10 +747,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     out = self @ weight.T  # a 1-D weight is one output feature: x @ w, as in torch
     return out + bias if bias is not None else out
   def softmax(self, axis: int = -1) -> Tensor:
-    e = (self - self.max(axis, keepdim=True)).exp()
+    x = self._float_unary()  # ints first: x - max would wrap for unsigned ones
+    e = (x - x.max(axis, keepdim=True)).exp()
     return e / e.sum(axis, keepdim=True)
   def log_softmax(self, axis: int = -1) -> Tensor:
-    m = self - self.max(axis, keepdim=True)
+    x = self._float_unary()
+    m = x - x.max(axis, keepdim=True)
     return m - m.exp().sum(axis, keepdim=True).log()
 
   # ***** nn functional *****

@@ -50,6 +50,35 @@ def test_erf_accuracy(device):
   gc = Tensor(x, device=device).erfc().numpy().astype(np.float64)
   assert (np.abs(gc - wc) / wc).max() < 1e-5  # relative, out in the tail
 
+EXP_RANGE = {np.float32: (-104.0, 89.0, 1.5e-7), np.float64: (-746.0, 710.0, 3e-16)}
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_exp_accuracy(device, dt):
+  """exp over its whole range (past overflow and past the smallest denormal): within about one ulp of float64 exp
+  (float32) or of torch (float64); denormal results within one denormal step; inf, -inf, nan, overflow, underflow exact."""
+  lo, hi, tol = EXP_RANGE[dt]
+  n = 400_001 if device == "CPU" else 101
+  x = np.linspace(lo, hi, n).astype(dt)
+  got = Tensor(x, device=device).exp().numpy()
+  want = torch.from_numpy(x).exp().numpy()
+  ref = np.exp(x.astype(np.float64)) if dt == np.float32 else want
+  normal = np.isfinite(want) & (want >= np.finfo(dt).tiny)
+  rel = np.abs(got[normal].astype(np.float64) - ref[normal]) / ref[normal]
+  assert rel.max() < tol, f"max relative error {rel.max()} at x={x[normal][rel.argmax()]}"
+  sub = ~normal
+  np.testing.assert_array_equal(np.isinf(got[sub]), np.isinf(want[sub]))
+  assert np.abs(np.nan_to_num(got[sub], posinf=0) - np.nan_to_num(want[sub], posinf=0)).max() <= np.finfo(dt).smallest_subnormal
+  special = np.array([math.inf, -math.inf, math.nan, 0.0, -0.0, 1e30, -1e30, 2000.0, -2000.0], dtype=dt)
+  np.testing.assert_array_equal(Tensor(special, device=device).exp().numpy(), torch.from_numpy(special).exp().numpy())
+
+def test_exp_dtypes_and_grad(device):
+  for dt in (f16, dtypes.bfloat16):
+    check(Tensor.exp, torch.exp, [(16,)], dtype=dt, device=device, low=-12, high=11, atol=0, rtol=1e-3 if dt == f16 else 8e-3)
+  check(Tensor.exp, torch.exp, [], vals=[[-20000.0, 11.0, -17.0, 12.0, math.inf, -math.inf]], dtype=f16, device=device)
+  x = np.random.default_rng(4).uniform(-80, 80, n_for(device, 32))
+  grad_check(Tensor.exp, torch.exp, [x], device, atol=0, rtol=2e-6)
+  grad_check(lambda t: (t * 1e3).exp(), lambda t: (t * 1e3).exp(), [[0.5, -0.5, 0.1]], device)  # overflow: inf, underflow: 0
+
 @pytest.mark.parametrize("name", [n for n in MATH if n not in ("acosh",)])
 def test_math_grad(device, name):
   if device == "PYTHON" and name not in ("erf", "asin", "atan", "log1p", "expm1", "asinh"): pytest.skip("covered on CPU")
@@ -229,7 +258,11 @@ INTERP = [((1, 2, 5), dict(size=8, mode="nearest")), ((1, 2, 6), dict(scale_fact
           ((1, 2, 5), dict(size=9, mode="linear")), ((1, 2, 5), dict(size=9, mode="linear", align_corners=True)),
           ((1, 1, 6), dict(size=4, mode="linear")), ((1, 2, 3, 4), dict(size=(5, 7), mode="nearest")),
           ((1, 2, 3, 4), dict(size=(6, 3), mode="bilinear")), ((2, 1, 3, 4), dict(size=(5, 5), mode="bilinear", align_corners=True)),
-          ((1, 1, 4, 4), dict(scale_factor=1.5, mode="bilinear")), ((1, 1, 3, 3), dict(scale_factor=(2, 0.5), mode="nearest"))]
+          ((1, 1, 4, 4), dict(scale_factor=1.5, mode="bilinear")), ((1, 1, 3, 3), dict(scale_factor=(2, 0.5), mode="nearest")),
+          ((1, 2, 3, 4), dict(size=(7, 9), mode="bicubic")), ((2, 1, 5, 4), dict(size=(3, 6), mode="bicubic", align_corners=True)),
+          ((1, 1, 6, 5), dict(size=(2, 3), mode="bicubic")), ((1, 1, 4, 4), dict(scale_factor=2.5, mode="bicubic")),
+          ((1, 1, 1, 3), dict(size=(4, 1), mode="bicubic", align_corners=True)), ((1, 1, 2, 2), dict(size=(5, 5), mode="bicubic")),
+          ((1, 1, 5, 3), dict(scale_factor=(0.5, 3), mode="bicubic", align_corners=False))]
 
 @pytest.mark.parametrize("shape,kw", INTERP, ids=[f"{s}-{k}" for s, k in INTERP])
 def test_interpolate(device, shape, kw):
@@ -241,4 +274,14 @@ def test_interpolate_grad_and_errors(device):
   t = Tensor.ones(1, 1, 3, 3, device=device)
   with pytest.raises(ValueError): t.interpolate(size=4, mode="linear")
   with pytest.raises(ValueError): t.interpolate()
-  with pytest.raises(NotImplementedError): t.interpolate(size=4, mode="bicubic")
+  with pytest.raises(ValueError): t.reshape(1, 3, 3).interpolate(size=4, mode="bicubic")
+  with pytest.raises(NotImplementedError): t.interpolate(size=4, mode="trilinear")
+  for ac in (False, True):
+    kw = dict(size=(5, 7), mode="bicubic", align_corners=ac)
+    grad_check(lambda t: t.interpolate(**kw), lambda t: F.interpolate(t, **kw), [np.random.default_rng(9).normal(size=(1, 2, 4, 3))], device)
+  assert t[:, :0].interpolate(size=(4, 5), mode="bicubic").shape == (1, 0, 4, 5)  # torch refuses an empty input
+  # a non-contiguous input, and float64
+  check(lambda x: x.permute(0, 1, 3, 2).interpolate(size=(6, 5), mode="bicubic"), lambda x: F.interpolate(x.permute(0, 1, 3, 2), size=(6, 5), mode="bicubic"),
+        [(1, 2, 3, 4)], device=device, atol=1e-5)
+  check(lambda x: x.interpolate(size=(6, 5), mode="bicubic", align_corners=True), lambda x: F.interpolate(x, size=(6, 5), mode="bicubic", align_corners=True),
+        [(1, 1, 3, 4)], dtype=dtypes.float64, device=device, atol=1e-12)

@@ -293,3 +293,72 @@ def test_sort_kernels(device):
   v, i = x.sort(-1)
   Tensor.realize_all([v, i])
   assert GlobalCounters.kernel_count <= 3  # the ranks, then values and indices
+
+# ***** long rows: the bitonic network and the blocked scans *****
+import attograd.frontend.reorder as reorder
+
+@pytest.fixture
+def bitonic(monkeypatch):
+  """Every sort goes through the bitonic network, however short the row (so small shapes test it)."""
+  monkeypatch.setattr(reorder, "_RANK_SORT_MAX", 0)
+
+@pytest.mark.parametrize("dtype", [f32, i64, dtypes.float64, bool_, dtypes.float16])
+@pytest.mark.parametrize("descending", [False, True])
+def test_bitonic_sort(device, bitonic, dtype, descending):
+  if device == "PYTHON" and dtype not in (f32, i64): pytest.skip("the interpreter is slow: two dtypes (both key layouts) are enough there")
+  n = 13 if device == "CPU" else 6  # padded to 16 / 8: the padding must sort last
+  check(lambda a: a.sort(-1, descending), lambda a: tuple(torch.sort(a, dim=-1, descending=descending, stable=True)),
+        [(3, n)], dtype, device, low=-3, high=3)  # many ties: the stable order is checked
+  if device == "CPU" and dtype == f32:
+    check(lambda a: a.sort(0, descending), lambda a: tuple(torch.sort(a, dim=0, descending=descending, stable=True)),
+          [(13, 3)], dtype, device, layout="T", low=-3, high=3)
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_bitonic_sort_edge(device, bitonic, descending):
+  vals = [math.nan, 1.0, -math.inf, -0.0, math.nan, math.inf, 0.0, -0.5, 1.0, -0.0]
+  for dt in ((f32, dtypes.float64) if device == "CPU" else (f32,)):
+    check(lambda a: a.sort(-1, descending), lambda a: tuple(torch.sort(a, dim=-1, descending=descending, stable=True)), None, dt, device, vals=[vals])
+  out = Tensor([0.0, -0.0, -0.0], device=device).sort()[0].numpy()
+  assert list(np.signbit(out)) == [False, True, True]  # values ride along exactly: -0.0 stays -0.0
+  check(lambda a: a.sort(-1, descending), lambda a: tuple(torch.sort(a, dim=-1, descending=descending, stable=True)), None, dtypes.int32, device,
+        vals=[[2**31 - 1, -2**31, 0, -1, 2**31 - 1, -2**31]])
+  check(lambda a: a.sort(-1, descending), lambda a: tuple(torch.sort(a, dim=-1, descending=descending, stable=True)), None, i64, device,
+        vals=[[2**63 - 1, -2**63, 0, -1, 2**63 - 1, -2**63]])
+  check(lambda a: a.sort(-1), lambda a: tuple(torch.sort(a, dim=-1, stable=True)), [(2, 0)], f32, device)
+  check(lambda a: a.sort(-1), lambda a: tuple(torch.sort(a, dim=-1, stable=True)), [(3, 1)], f32, device)
+
+def test_bitonic_topk_argsort_grad(device, bitonic):
+  n = 11 if device == "CPU" else 5
+  vals = np.random.default_rng(5).permutation(3 * n).reshape(3, n) - n  # distinct: topk's tie order is unspecified
+  check(lambda a: a.topk(4, -1), lambda a: tuple(torch.topk(a, 4, -1)), None, f32, device, vals=[vals])
+  check(lambda a: a.topk(3, 0, largest=False), lambda a: tuple(torch.topk(a, 3, 0, largest=False)), None, i32, device, vals=[vals])
+  check(lambda a: a.argsort(-1, True), lambda a: torch.argsort(a, dim=-1, descending=True, stable=True), [(2, n)], f32, device, layout="slice")
+  check_grad(lambda a: a.sort(-1)[0], lambda a: torch.sort(a, -1)[0], [(2, n)], device)
+  check_grad(lambda a: a.topk(2, -1)[0] * 3, lambda a: torch.topk(a, 2, -1)[0] * 3, [(3, n)], device)
+
+def test_long_sort_and_scans(device):
+  if device == "PYTHON": pytest.skip("long rows: the interpreter is slow")
+  check(lambda a: a.sort(-1), lambda a: tuple(torch.sort(a, dim=-1, stable=True)), [(2, 100)], f32, device)
+  check(lambda a: a.sort(-1, True), lambda a: tuple(torch.sort(a, dim=-1, descending=True, stable=True)), [(2, 100)], i32, device, low=-20, high=20)
+  check(lambda a: a.topk(5, 1), lambda a: tuple(torch.topk(a, 5, 1)), [(2, 100)], f32, device)
+  check(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), [(2, 5000)], f32, device, atol=1e-3, rtol=1e-4)
+  check(lambda a: a.cumsum(0), lambda a: torch.cumsum(a, 0), [(130, 3)], i32, device, layout="T", low=-9, high=9)
+  check(lambda a: a.cumsum(0), lambda a: torch.cumsum(a, 0), [(1000,)], bool_, device)
+  check(lambda a: a.cumprod(-1), lambda a: torch.cumprod(a, -1), [(2, 300)], f32, device, low=0.9, high=1.1, rtol=1e-4)
+  check(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), [(2, 700)], f32, device, low=-50, high=50, atol=1e-4)
+  vals = [[-math.inf] * 70 + [1.0, math.inf, 2.0] + [math.nan] + [0.0] * 30]
+  check(lambda a: a.logcumsumexp(-1), lambda a: torch.logcumsumexp(a, -1), None, f32, device, vals=vals)
+  check(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), None, f32, device, vals=vals)
+  vals = np.random.default_rng(6).integers(-30, 30, (2, 300)).astype(np.float32)
+  vals[0, 100], vals[1, 299], vals[1, 5] = math.nan, math.nan, math.inf  # NaN sticks across blocks; ties take the latest index
+  check(lambda a: a.cummax(-1), lambda a: tuple(torch.cummax(a, -1)), None, f32, device, vals=[vals])
+  check(lambda a: a.cummin(0), lambda a: tuple(torch.cummin(a, 0)), [(200, 2)], i32, device, low=-9, high=9)
+  check_grad(lambda a: a.cummax(-1)[0], lambda a: torch.cummax(a, -1)[0], [(1, 100)], device)
+  check_grad(lambda a: a.cumsum(-1), lambda a: torch.cumsum(a, -1), [(2, 150)], device)
+
+def test_long_scan_kernels(device):
+  if device == "PYTHON": pytest.skip("counting on CPU is enough")
+  x = Tensor(np.random.default_rng(2).random((1 << 16,), dtype=np.float32), device=device).realize()
+  GlobalCounters.reset()
+  x.cumsum(0).realize()
+  assert GlobalCounters.kernel_count <= 4  # blocks of 32, their totals (2048), those totals' (64), and the combined output

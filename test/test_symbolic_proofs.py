@@ -7,7 +7,7 @@ rule fires, Z3 proves its result equal to the left side for every variable value
 truncating division and the dtype's wraparound modelled bit for bit (test/z3_uop.py). The bounds
 (vmin/vmax) that the rules' guards rely on are proven too. A rule that no sample makes fire fails
 the suite: a new rule comes with a left side that exercises it."""
-import itertools, math
+import functools, itertools, math
 import pytest
 from attograd import dtypes
 from attograd.uop.ops import UOp, Ops, sym_infer
@@ -140,6 +140,28 @@ def test_rule_is_proven(fired, name, i):
         res, why = prove_bounds(u)
         assert res == "proven", f"bounds [{u.vmin}, {u.vmax}] of {u.render()} are wrong: {why}"
 
+# ***** join_digits: a sum of digits each simplified on its own, put back together *****
+
+def digit_sums():
+  """(y//C)*C + the digits of y%C in mixed radix, each term simplified before the sum sees it (as a reshape chain
+  leaves them): y positive, negative, a wide variable, and an int64 one."""
+  ys = [rng(0, 8) * 8 + rng(1, 8), b * 3 + 2, neg * 7 + a, full, rng(0, 6) * 10 + rng(1, 10), v("w", -2**40, 2**40, I64) * 6 + 5]
+  for y, radix in itertools.product(ys, [(4, 4), (4, 2, 2), (3, 4, 5), (2, 3)]):
+    dt = y.dtype
+    place = [math.prod(radix[:i]) for i in range(len(radix) + 1)]  # 1, r0, r0*r1, ... C
+    terms = [((y // c(place[-1], dt)) * c(place[-1], dt)).simplify(), (y % c(place[1], dt)).simplify()]
+    terms += [(((y // c(p, dt)) % c(r, dt)) * c(p, dt)).simplify() for p, r in zip(place[1:-1], radix[1:])]
+    yield functools.reduce(lambda acc, t: acc + t, terms)
+
+@pytest.mark.parametrize("i", range(24))
+def test_join_digits_is_proven(i):
+  lhs = list(digit_sums())[i]
+  rhs = lhs.simplify()
+  res, why = prove_equal(lhs, rhs)
+  assert res == "proven", f"{lhs.render()} -> {rhs.render()}: {res} {why}"
+  # the digits were recognized: y is back (or y itself simplified, when bounds pin a digit)
+  assert len(rhs.toposort) < len(lhs.toposort) and Ops.IDIV not in {u.op for u in rhs.toposort}, f"{lhs.render()} -> {rhs.render()}"
+
 # ***** the translator agrees with the emulator's semantics (what every proof above rests on) *****
 
 @pytest.mark.parametrize("dt", [I32, I8, U8])
@@ -200,3 +222,57 @@ def test_fast_divmod_values():
       for ref, fast in ((x // c(d, dt), fast_div(x, d)), (x % c(d, dt), fast_mod(x, d))):
         if fast is None: assert dt == I64; continue  # refused: the product would not fit 64 bits
         for p in pts_d: assert sym_infer(ref, {x: p}) == sym_infer(fast, {x: p}), f"{ref.render()} at x={p}"
+
+# ***** multiply-shift division for any divisor and any int64 range, by a lemma proven once *****
+# Bit-blasting x*M for 64-bit x is beyond Z3 in CI time. Instead Z3 proves, over unbounded integers with P = 2**s
+# symbolic, the condition magic() is built on (Granlund-Montgomery): with M*d = P + e, 0 <= e < d and n*e < P,
+# floor(x*M/P) is floor(x/d) for 0 <= x <= n, and for -n <= x < 0 (with e > 0) it is trunc(x/d) - 1. What is left
+# per divisor is arithmetic on constants (the side conditions, and that the product fits the dtype it is computed
+# in), checked for every divisor below and for the widest bound fast_div accepts: the lowering is then proven for
+# every dividend in that bound, including int64 ranges the integer model can't reach in time.
+import z3
+
+def test_magic_number_lemma():
+  d, P, M, e, x, n, q, r = z3.Ints("d P M e x n q r")
+  hyps = [d >= 2, P >= 1, M * d - P == e, e >= 0, e < d, n * e < P, 0 <= r, r < d, q >= 0]
+  for goal, extra in (
+      (z3.And(q * P <= x * M, x * M < (q + 1) * P), [x == q * d + r, x <= n]),          # x >= 0: floor(x*M/P) = q = x//d
+      (z3.And(-(q + 1) * P <= x * M, x * M < -q * P), [x == -(q * d + r), -x <= n, x < 0, e > 0])):  # x < 0: floor = -q-1
+    s = z3.Solver()
+    s.set("timeout", 60000)
+    s.add(*hyps, *extra, z3.Not(goal))
+    assert s.check() == z3.unsat
+
+def _fast_div_parts(fast: UOp, x: UOp) -> tuple[int, int, bool]:
+  """(M, s, has the +1 for negative x) of ((x.cast(w) * M) >> s).cast(dt) [+ (x < 0).cast(dt)], or an assertion error."""
+  neg = fast.op is Ops.ADD
+  q = fast.src[0] if neg else fast
+  if neg: assert fast.src[1].op is Ops.CAST and fast.src[1].src[0].op is Ops.CMPLT and fast.src[1].src[0].src == (x, c(0, x.dtype))
+  sh = q.src[0] if q.op is Ops.CAST else q
+  assert sh.op is Ops.SHR and sh.src[1].op is Ops.CONST and sh.src[0].op is Ops.MUL and sh.src[0].src[1].op is Ops.CONST
+  xw = sh.src[0].src[0]
+  assert xw is x or (xw.op is Ops.CAST and xw.src[0] is x)
+  return sh.src[0].src[1].arg, sh.src[1].arg, neg
+
+def test_fast_div_by_lemma():
+  import random
+  rnd = random.Random(3)
+  divisors = sorted(set(DIVISORS + [2**40 + 1, 2**61 - 1] + [rnd.randrange(3, 2**31) for _ in range(60)] + [rnd.randrange(3, 2**62) for _ in range(60)]))
+  checked = 0
+  for dt in (I32, I64):
+    for d in divisors:
+      if d & (d - 1) == 0 or d > dtypes.max(dt): continue
+      # the widest symmetric and non-negative bounds fast_div accepts (a power of two less one, by bisection on the exponent)
+      for signed in (False, True):
+        ok = [k for k in range(1, 8 * dt.itemsize) if fast_div(v("x", -(2**k - 1) if signed else 0, 2**k - 1, dt), d) is not None]
+        if not ok: continue
+        n = 2 ** max(ok) - 1
+        x = v("x", -n if signed else 0, n, dt)
+        m, s, plus_one = _fast_div_parts(fast_div(x, d), x)
+        e = m * d - 2**s
+        assert 0 <= e < d and n * e < 2**s, f"d={d} n={n}: M={m} s={s} breaks the lemma's condition"
+        assert plus_one == signed and (not signed or e > 0)
+        wide = I64 if n * m > dtypes.max(dt) else dt
+        assert n * m <= dtypes.max(wide), f"d={d} n={n}: the product overflows {wide}"
+        checked += 1
+  assert checked > 200

@@ -6,9 +6,11 @@ coefficients were fitted for this file (least squares on Chebyshev nodes against
 then checked in float32 arithmetic); the maximum errors measured are noted next to each table."""
 from __future__ import annotations
 import math
+from decimal import Decimal, localcontext
 from typing import Sequence
 from attograd.dtype import dtypes
 from attograd.helpers import prod
+from attograd.uop.ops import Ops
 
 # erf(x)/x as a polynomial in x*x on |x| <= 1 (highest power first); abs error <= 1.5e-7 in float32 (float32 rounding of erf itself: 6e-8)
 _ERF_SMALL = (-9.728409111256566e-06, 0.00011288175038620015, -0.0008487267777738448, 0.005221261499686802, -0.026865517446277343,
@@ -24,7 +26,26 @@ _ASIN = (0.03447097986558798, 0.007657589150936929, 0.024556480167782682, 0.0301
 _ATAN = (-0.03796789009712781, 0.0699366364327311, -0.08997352472192058, 0.11104051068013654, -0.1428542506699094,
          0.19999994285167955, -0.33333333292895584, 0.999999999999708)
 _TAN_PI_8 = math.sqrt(2) - 1
+
+def _ln2_split(bits: int) -> tuple[float, float]:
+  """ln 2 = hi + lo with hi holding `bits` fractional bits (so n*hi is exact for small integers n) and lo the rest,
+  both correctly rounded from a 50-digit ln 2."""
+  with localcontext() as c:
+    c.prec = 50
+    ln2 = Decimal(2).ln()
+    hi = float(ln2 * 2 ** bits // 1) / 2 ** bits
+    return hi, float(ln2 - Decimal(hi))
+# exp by Cody-Waite reduction, per dtype: (clamp range for the exponent, ln2 hi/lo, exponent bias, mantissa bits, int dtype).
+# The clamp bounds lie past overflow and past the smallest denormal, so n always fits the split exponent below.
+_EXP = {dtypes.float32: ((-104.0, 89.0), _ln2_split(16), 127, 23, dtypes.int32),
+        dtypes.float64: ((-746.0, 710.0), _ln2_split(32), 1023, 52, dtypes.int64)}
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+def _cubic_weights(t: float, a: float = -0.75) -> tuple[float, float, float, float]:
+  """The weights of the samples at -1, 0, 1, 2 for a point t in [0, 1) past sample 0 (torch's bicubic)."""
+  near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1  # |x| <= 1
+  far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a  # 1 < |x| < 2
+  return far(t + 1), near(t), near(1 - t), far(2 - t)
 
 def _poly(x, coeffs: Sequence[float]):
   r = x * coeffs[0] + coeffs[1]
@@ -49,6 +70,21 @@ class ElementwiseOps:
     return self.isnan().where(self, r)
 
   # ***** math *****
+  def exp(self):
+    """e**x as exp2(n) * exp2(r * log2(e)) with n an integer near x*log2(e) and r = x - n*ln2 computed in two exact-ish
+    steps (Cody-Waite). exp2(x*log2(e)) alone loses the rounding error of the product, amplified by |x| (2.6e-6 at x=77).
+    n comes from the detached, clamped x, so inf/-inf/nan flow through r alone and the gradient is exp(x) through r.
+    2**n is built from exponent bits in two halves, so neither half overflows or goes denormal before the last product."""
+    x = self._float_unary()
+    if x.dtype not in _EXP: return x.cast(dtypes.float32).exp().cast(x.dtype)  # float16/bfloat16: once rounded from float32
+    (lo, hi), (ln2_hi, ln2_lo), bias, mbits, idt = _EXP[x.dtype]
+    xd = x.detach()
+    xc = (xd < hi).where((xd > lo).where(xd, lo), hi)  # nan -> hi: harmless, r carries the nan
+    n = (xc * (1 / math.log(2))).trunc()
+    f = ((x - n * ln2_hi) - n * ln2_lo) * (1 / math.log(2))
+    n1 = (n * 0.5).trunc()
+    scale = lambda k: (k.cast(idt) + bias)._logic(Ops.SHL, mbits).bitcast(x.dtype)
+    return (f.exp2() * scale(n1)) * scale(n - n1)
   def _exp_neg_square(self):
     """exp(-x*x) without the rounding of x*x (which costs up to 4e-6 relative at x = 9): x*x = h*h + (x-h)*(x+h) with h = x
     rounded to 8 fractional bits, so h*h is exact for |x| < 16."""
@@ -381,7 +417,13 @@ class ElementwiseOps:
       if align_corners: src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
       else:
         r = (1 / scale) if scale is not None else n_in / n_out
-        src = max((o + 0.5) * r - 0.5, 0.0)
+        src = (o + 0.5) * r - 0.5
+        if mode != "bicubic": src = max(src, 0.0)  # torch clamps the linear modes' source index only
+      if mode == "bicubic":
+        # Keys' cubic convolution with torch's A = -0.75 on the 4 neighbours, reads past an edge clamped to it
+        i, t = math.floor(src), src - math.floor(src)
+        for k, w in zip(range(i - 1, i + 3), _cubic_weights(t)): rows[min(max(k, 0), n_in - 1)][o] += w
+        continue
       i0 = min(int(math.floor(src)), n_in - 1)
       i1 = min(i0 + 1, n_in - 1)
       l1 = src - i0
@@ -390,9 +432,9 @@ class ElementwiseOps:
     return type(self)(rows, dtype=self.dtype, device=self.device)
   def interpolate(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
     """torch.nn.functional.interpolate for (N, C, W) and (N, C, H, W) inputs: modes 'nearest', 'linear' (3-D),
-    'bilinear' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
+    'bilinear' and 'bicubic' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
     if self.ndim not in (3, 4): raise ValueError(f"interpolate supports 3-D and 4-D inputs, got {self.ndim}-D")
-    if mode not in ("nearest", "linear", "bilinear"): raise NotImplementedError(f"interpolate mode {mode!r}")
+    if mode not in ("nearest", "linear", "bilinear", "bicubic"): raise NotImplementedError(f"interpolate mode {mode!r}")
     if (mode == "linear") != (self.ndim == 3) and mode != "nearest": raise ValueError(f"interpolate mode {mode!r} doesn't fit a {self.ndim}-D input")
     if mode == "nearest" and align_corners is not None: raise ValueError("align_corners only applies to linear modes")
     if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")

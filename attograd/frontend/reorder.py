@@ -1,16 +1,30 @@
 """Ops that reorder or combine elements: scans, sort and topk, cat/stack/split, roll, triangles.
 
 Everything is built from the lazy primitives (pad, shrink, expand, where, reductions), so gradients
-come for free. Scans and sort avoid Python loops over elements:
-- a scan along an axis of size n is a reduce over an (n, n) triangle mask (`j <= i` from two aranges):
-  output i reduces the inputs j <= i. O(n^2) work per row, one fused kernel.
-- sort is rank based: rank[i] = number of elements that come before element i (ties broken by index,
-  NaN last as in torch), then output k picks the element whose rank is k (a one-hot reduce against an
-  arange). O(n^2) work and memory traffic per row: fine for moderate n, not meant for huge rows."""
+come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avoid Python loops over elements:
+- a short scan (n <= _SCAN_DIRECT) is a reduce over an (n, n) triangle mask (`j <= i` from two aranges):
+  output i reduces the inputs j <= i, one fused kernel. A longer one scans blocks of _SCAN_BLOCK that
+  way, scans the block totals (recursively) and combines each block with the total of the blocks
+  before it: O(n * _SCAN_BLOCK) work in O(log n / log _SCAN_BLOCK) levels of one or two kernels each.
+  (Hillis-Steele doubling would take log2(n) kernels of O(n) each: more kernels, more passes over memory.)
+- a short sort (n <= _RANK_SORT_MAX) is rank based: rank[i] = number of elements that come before
+  element i (ties broken by index, NaN last as in torch), then output k picks the element whose rank is
+  k (a one-hot reduce against an arange): O(n^2) work, 2 kernels. A longer one is a bitonic network over
+  the row padded to a power of two P: log2(P)*(log2(P)+1)/2 compare-exchange stages, each a kernel built
+  from a reshape to (P/2j, 2, j), a flip of the middle axis (the partner i^j) and a where. What is
+  compared is one unsigned 64-bit key per element that orders like torch's stable sort: the value mapped
+  to an order-preserving 32-bit word (NaN largest, -0.0 equal to 0.0, complemented when descending) above
+  the element's index, so every key is unique; 64-bit dtypes compare (value word, index) pairs instead.
+  The values ride along as a payload through the same swaps, so they are exact and differentiable."""
 from __future__ import annotations
 import math
 from typing import Sequence
 from attograd.dtype import dtypes, least_upper_dtype
+
+# scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
+# cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
+_SCAN_DIRECT, _SCAN_BLOCK = 64, 32
+_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a bitonic network
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
@@ -187,41 +201,77 @@ class ReorderOps:
   def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
     return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
-  # ***** scans: a reduce over the (n, n) triangle j <= i *****
-  def _scan_view(self, axis: int):
-    """(x broadcast to (..., i, j) with axis moved last, mask j <= i, the axis): output i reduces over j."""
+  # ***** scans: a reduce over the (n, n) triangle j <= i, blocked for long rows *****
+  def _scan(self, axis: int, dtype, fill, reduce, combine, block: int = 0):
+    """An inclusive scan along axis: a masked reduce over the (n, n) triangle for short rows, else
+    blocked (see the module docstring). `reduce(masked, axis)` reduces the triangle, `combine(before, x)`
+    folds the total of everything before a block into each of its elements, `fill` is the identity."""
     d = _axis(axis, self.ndim)
-    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
-    n = x.shape[-1]
-    ar = type(self).arange(n, device=self.device)
-    mask = ar.reshape(1, n) <= ar.reshape(n, 1)
-    return x.unsqueeze(-2).expand(*x.shape[:-1], n, n), mask, d
-  def _scan_out(self, r, d: int):
-    return r.reshape(()) if self.ndim == 0 else r.transpose(d, -1)
+    x = (self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)).cast(dtype)
+    def tri(x):
+      n = x.shape[-1]
+      ar = type(self).arange(n, device=self.device)
+      return reduce((ar.reshape(1, n) <= ar.reshape(n, 1)).where(x.unsqueeze(-2).expand(*x.shape[:-1], n, n), fill), -1)
+    def scan(x):
+      n, lead = x.shape[-1], x.shape[:-1]
+      if n <= _SCAN_DIRECT: return tri(x)
+      B = block or _SCAN_BLOCK
+      nb = -(-n // B)
+      inner = tri(x.pad(tuple((0, 0) for _ in lead) + ((0, nb * B - n),), value=fill).reshape(*lead, nb, B)).contiguous()
+      totals = scan(inner.shrink(tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))).reshape(*lead, nb))
+      before = totals.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),))
+      return combine(before.unsqueeze(-1), inner).reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
+    out = scan(x)
+    return out.reshape(()) if self.ndim == 0 else out.transpose(d, -1)
 
   def cumsum(self, axis: int = 0):
     """torch.cumsum; ints and bools accumulate in int64 as in torch."""
-    x, mask, d = self._scan_view(axis)
-    return self._scan_out(mask.where(x, x.zeros_like()).sum(-1), d)
+    dt = dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
+    return self._scan(axis, dt, 0, lambda t, a: t.sum(a, dtype=dt), lambda b, x: b + x)
   def cumprod(self, axis: int = 0):
-    x, mask, d = self._scan_view(axis)
-    return self._scan_out(mask.where(x, x.ones_like()).prod(-1), d)
+    dt = dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
+    return self._scan(axis, dt, 1, lambda t, a: t.prod(a, dtype=dt), lambda b, x: b * x)
   def cummax(self, axis: int = 0) -> tuple:
     """torch.cummax: (values, int64 indices); the index is the latest position of the max, and a NaN
-    sticks once seen, as in torch."""
-    x, mask, d = self._scan_view(axis)
+    sticks once seen, as in torch. Long rows go by blocks like the other scans, carrying the index along."""
+    d = _axis(axis, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     if x.numel() == 0: return self, self.zeros_like(dtype=dtypes.int64)
-    low = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    vals = mask.where(x, type(self).full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
-    isf = dtypes.is_float(self.dtype)
-    if isf:
-      nan_seen = (mask & x.isnan()).any(-1, keepdim=True)
-      vals = nan_seen.where(math.nan, vals)
-    hit = mask & ((x == vals) | (x.isnan() & vals.isnan()) if isf else (x == vals))
-    n = x.shape[-1]
-    j = type(self).arange(n, device=self.device, dtype=dtypes.int64)
-    idx = hit.where(j, -1).max(-1)
-    return self._scan_out(vals.squeeze(-1), d), self._scan_out(idx, d)
+    T, isf = type(self), dtypes.is_float(self.dtype)
+    low = -math.inf if isf else dtypes.min(self.dtype)
+    def tri(x, where_from):
+      """(running max, index of its latest occurrence: where_from at that position, or the position itself)."""
+      n = x.shape[-1]
+      ar = T.arange(n, device=self.device)
+      mask = ar.reshape(1, n) <= ar.reshape(n, 1)
+      xe = x.unsqueeze(-2).expand(*x.shape[:-1], n, n)
+      vals = mask.where(xe, T.full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
+      if isf: vals = (mask & xe.isnan()).any(-1, keepdim=True).where(math.nan, vals)
+      hit = mask & ((xe == vals) | (xe.isnan() & vals.isnan()) if isf else (xe == vals))
+      j = T.arange(n, device=self.device, dtype=dtypes.int64)
+      pos = hit.where(j, -1).max(-1)
+      if where_from is None: return vals.squeeze(-1), pos
+      return vals.squeeze(-1), (j == pos.unsqueeze(-1)).where(where_from.unsqueeze(-2), 0).sum(-1)
+    def scan(x, where_from):
+      n, lead = x.shape[-1], x.shape[:-1]
+      if n <= _SCAN_DIRECT: return tri(x, where_from)
+      B = _SCAN_BLOCK
+      nb = -(-n // B)
+      pad = tuple((0, 0) for _ in lead) + ((0, nb * B - n),)
+      g = T.arange(n, device=self.device, dtype=dtypes.int64).expand(*lead, n) if where_from is None else where_from
+      v, i = tri(x.pad(pad, value=low).reshape(*lead, nb, B), g.pad(pad).reshape(*lead, nb, B))
+      v, i = v.contiguous(), i.contiguous()
+      last = tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))
+      tv, ti = scan(v.shrink(last).reshape(*lead, nb), i.shrink(last).reshape(*lead, nb))
+      shift = lambda t, fill: t.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),)).unsqueeze(-1)
+      bv, bi = shift(tv, low), shift(ti, 0)
+      # the blocks before win only when strictly larger, or when they saw a NaN and this block's prefix didn't
+      take = (bv > v) | (bv.isnan() & v.isnan().logical_not()) if isf else (bv > v)
+      out = lambda t: t.reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
+      return out(take.where(bv, v)), out(take.where(bi, i))
+    v, i = scan(x, None)
+    if self.ndim == 0: return v.reshape(()), i.reshape(())
+    return v.transpose(d, -1), i.transpose(d, -1)
   def cummin(self, axis: int = 0) -> tuple:
     """torch.cummin, through cummax of the order-reversed values."""
     if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return v.logical_not(), i
@@ -231,11 +281,64 @@ class ReorderOps:
   def logcumsumexp(self, axis: int = 0):
     """torch.logcumsumexp: a stable logsumexp over each prefix (masked entries are -inf)."""
     s = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
-    x, mask, d = s._scan_view(axis)
-    if x.numel() == 0: return s
-    return s._scan_out(mask.where(x, -math.inf).logsumexp(-1), d)
+    if s.numel() == 0: return s
+    def logaddexp(b, x):
+      m = b.maximum(x).detach()
+      m = m.isinf().where(0.0, m)
+      return ((b - m).exp() + (x - m).exp()).log() + m
+    return s._scan(axis, s.dtype, -math.inf, lambda t, a: t.logsumexp(a), logaddexp, block=8)
 
-  # ***** sort: rank by counting, then a one-hot gather by rank *****
+  # ***** sort: rank by counting, then a one-hot gather by rank (short rows); a bitonic network (long ones) *****
+  def _order_word(self, descending: bool, bits: int):
+    """An unsigned `bits`-wide integer (in uint64) that orders like torch's sort does the values: NaN
+    largest, -0.0 equal to 0.0; complemented when descending, so NaN comes first there as in torch."""
+    u64, top = dtypes.uint64, 1 << (bits - 1)
+    if dtypes.is_float(self.dtype):
+      f = self.cast(dtypes.float32) if bits == 32 else self
+      f = f.isnan().where(math.nan, (f == 0).where(0.0, f))  # one NaN and one zero
+      w = f.bitcast(dtypes.uint32 if bits == 32 else u64).cast(u64)
+      w = (w >= top).where(w ^ ((1 << bits) - 1), w | top)  # negatives: all bits flipped; positives: sign bit set
+    elif self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype): w = self.cast(u64)
+    elif bits == 32: w = (self.cast(dtypes.int64) + top).cast(u64)
+    else: w = self.bitcast(u64) ^ top
+    return w ^ ((1 << bits) - 1) if descending else w
+
+  def _bitonic_sort(self, descending: bool) -> tuple:
+    """(values, int64 indices) of the rows of self (sorted along the last axis) by a bitonic network."""
+    n, lead = self.shape[-1], self.shape[:-1]
+    P = 1 << (n - 1).bit_length()
+    pad = tuple((0, 0) for _ in lead) + ((0, P - n),)
+    u64, T = dtypes.uint64, type(self)
+    idx = T.arange(P, device=self.device, dtype=u64).reshape(*(1,) * len(lead), P).expand(*lead, P)
+    # padding sorts after everything: the largest value word, and an index no real element has
+    if self.dtype.itemsize <= 4: keys = [((self._order_word(descending, 32).pad(pad, value=(1 << 32) - 1)) << 32) | idx]
+    else: keys = [self._order_word(descending, 64).pad(pad, value=(1 << 64) - 1), idx]
+    vals = self.pad(pad)
+    size = 2
+    while size <= P:
+      j = size // 2
+      while j >= 1:
+        m = P // (2 * j)
+        # pairs (i, i^j) sit at [.., block, 0, t] and [.., block, 1, t]; a block runs descending where i & size is set,
+        # i.e. block & (size / 2j). That number comes in a 1-element buffer, not as a constant: then the stages of
+        # one j are one kernel, compiled once (log2(P) kernels to compile instead of log2(P)^2 / 2)
+        h = T([size // (2 * j)], device=self.device, dtype=dtypes.int32).reshape(1, 1, 1)
+        down = (T.arange(m, device=self.device, dtype=dtypes.int32).reshape(m, 1, 1) & h).ne(0)
+        ks = [k.reshape(*lead, m, 2, j) for k in keys]
+        first = [k.shrink(tuple((0, s) for s in k.shape[:-2]) + ((0, 1), (0, j))) for k in ks]
+        second = [k.shrink(tuple((0, s) for s in k.shape[:-2]) + ((1, 2), (0, j))) for k in ks]
+        swap = second[0] < first[0]
+        if len(ks) == 2: swap = swap | ((second[0] == first[0]) & (second[1] < first[1]))
+        swap = swap ^ down
+        keys = [swap.where(k.flip(-2), k).reshape(*lead, P).contiguous() for k in ks]
+        v = vals.reshape(*lead, m, 2, j)
+        # each stage in its own buffer, forward and backward: fused, every stage would reread the last one twice
+        vals = swap.where(v.flip(-2), v).reshape(*lead, P).contiguous().contiguous_backward()
+        j //= 2
+      size *= 2
+    i = keys[-1] if len(keys) == 2 else keys[0] & ((1 << 32) - 1)
+    return vals.shrink(tuple((0, s) for s in lead) + ((0, n),)), i.shrink(tuple((0, s) for s in lead) + ((0, n),)).cast(dtypes.int64)
+
   def _rank(self, descending: bool):
     """(x with axis last, rank of each element along it); ties keep index order, NaN sorts as the largest."""
     n = self.shape[-1]
@@ -267,7 +370,7 @@ class ReorderOps:
     """torch.sort (stable): (values, int64 indices). O(n^2) per row, see the module docstring."""
     d = _axis(dim, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
-    v, i = x._by_rank(x.shape[-1], descending)
+    v, i = x._by_rank(x.shape[-1], descending) if x.shape[-1] <= _RANK_SORT_MAX else x._bitonic_sort(descending)
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
   def argsort(self, dim: int = -1, descending: bool = False): return self.sort(dim, descending)[1]
@@ -277,6 +380,7 @@ class ReorderOps:
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     n = x.shape[-1]
     if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k} is out of range for dim {d} of size {n}")
-    v, i = x._by_rank(k, largest)
+    if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
+    else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._bitonic_sort(largest))
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)

@@ -24,7 +24,11 @@ class CStyleRenderer(Renderer):
   prelude = "#include <math.h>\n#include <stdint.h>\n" \
     "static inline float bf16_to_f32(unsigned short x) { union { unsigned int u; float f; } v; v.u = (unsigned int)x << 16; return v.f; }\n" \
     "static inline unsigned short f32_to_bf16(float f) { union { unsigned int u; float f; } v; v.f = f;\n" \
-    "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n"
+    "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n" \
+    "static inline unsigned long long f2int(double x) { /* trunc, then wrap mod 2**64; nan and inf give 0: C leaves them undefined */\n" \
+    "  if (x > -9.2e18 && x < 9.2e18) return (unsigned long long)(long long)x;\n" \
+    "  if (x - x != 0) return 0; x = fmod(x, 18446744073709551616.0);\n" \
+    "  return x < 0 ? -(unsigned long long)(-x) : (unsigned long long)x; }\n"
   func_prefix = ""
 
   def dt(self, dtype: DType) -> str:
@@ -75,6 +79,7 @@ class CStyleRenderer(Renderer):
     if frm == dtypes.bfloat16: return self.cast(f"bf16_to_f32({x})", dtypes.float32, to)
     if to == dtypes.bfloat16: return f"f32_to_bf16({self.cast(x, frm, dtypes.float32)})"
     if dtypes.is_bool(to): return f"({x}!=0)"
+    if dtypes.is_float(frm) and dtypes.is_int(to): return f"(({self.dt(to)})f2int({x}))"
     return f"(({self.dt(to)})({x}))"
 
   def bitcast(self, x: str, frm: DType, to: DType) -> str:

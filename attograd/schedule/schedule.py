@@ -65,7 +65,7 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
         u, aligned, reduced, expanded = state
         # below an expand, work is repeated per broadcast element unless the loops keep it free
         expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
-        keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN}
+        keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
         below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here)
         for s in u.src:
           if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue

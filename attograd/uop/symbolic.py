@@ -41,7 +41,7 @@ def normalize_sum(x: UOp) -> UOp | None:
   terms, const = split_terms(x)
   merged: dict[UOp, int] = {}
   for n, k in terms: merged[n] = merged.get(n, 0) + k
-  while join_divmod(x.dtype, merged): pass
+  while join_divmod(x.dtype, merged) or join_digits(x.dtype, merged): pass
   return build_sum(x.dtype, list(merged.items()), const)
 
 def join_divmod(dt: DType, terms: dict[UOp, int]) -> bool:
@@ -63,6 +63,29 @@ def join_divmod(dt: DType, terms: dict[UOp, int]) -> bool:
         r = UOp(Ops.MOD, dt, (y, UOp.const(dt, c.arg * n.src[1].arg)))
         terms[r] = terms.get(r, 0) + k
         return True
+  return False
+
+def join_digits(dt: DType, terms: dict[UOp, int]) -> bool:
+  """k*(y//c)*c + k*(the digits of y%c) = k*y, where the digits are y%c itself or, for c = c1*c2 with c1, c2 > 0,
+  ((y//c1)%c2)*c1 and the digits of y%c1 (join_divmod's identities, nested). Unlike join_divmod this finds the digits
+  after they were simplified on their own ((8*a+b)%4 is b%4 by the time the sum sees it): a digit is present when its
+  simplified form is. Only a c1 that some term's coefficient shows is tried, and every term matched is consumed
+  entirely, so the sum shrinks each time."""
+  coefs = set(terms.values())
+  def digits(y: UOp, c: int, k: int) -> list[tuple[UOp, int]] | None:
+    m = UOp(Ops.MOD, dt, (y, UOp.const(dt, c)))
+    if terms.get(m) == k or terms.get(m := simplify(m)) == k: return [(m, k)]
+    for c1 in sorted(k1 // k for k1 in coefs if k1 % k == 0 and 1 < k1 // k < c and c % (k1 // k) == 0):
+      d = simplify(UOp(Ops.MOD, dt, (UOp(Ops.IDIV, dt, (y, UOp.const(dt, c1))), UOp.const(dt, c // c1))))
+      if terms.get(d) == k * c1 and (rest := digits(y, c1, k)) is not None: return [(d, k * c1)] + rest
+    return None
+  for q, kq in terms.items():
+    if q.op is not Ops.IDIV or q.src[1].op is not Ops.CONST or (c := q.src[1].arg) <= 1 or kq % c != 0: continue
+    if (found := digits(q.src[0], c, kq // c)) is None or len({n for n, _ in found}) != len(found): continue
+    for n, _ in found: del terms[n]
+    del terms[q]
+    terms[q.src[0]] = terms.get(q.src[0], 0) + kq // c
+    return True
   return False
 
 def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
