@@ -72,6 +72,11 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
 
+def _split_for_cores(n: int) -> int:
+  """How many partial reductions a full reduction of n elements is split into (1: none)."""
+  if n < 1 << 20: return 1
+  return next((p for p in (64, 32, 16, 8, 4, 2) if n % p == 0), 1)
+
 class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
   __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
@@ -644,6 +649,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return out
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._axes(axis)
+    if len(axes) == self.ndim and (parts := _split_for_cores(self.numel())) > 1:
+      # a big full reduction is one loop no core can share: reduce `parts` rows apart (a kernel whose
+      # rows the cores split), then the partials (adding fewer numbers in a row is also more accurate)
+      ret = self.reshape(parts, self.numel() // parts)._reduce(op, 1).contiguous()._reduce(op, 0)
+      return ret.reshape((1,) * self.ndim) if keepdim else ret
     out_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     ret = self if not axes else Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
     if 0 in self.shape:  # nothing to reduce: the identity (or an empty result); max has one only for bools (any() is False)

@@ -7,7 +7,7 @@ import concurrent.futures, json, os, time
 from typing import Any, Callable
 from attograd.helpers import BEAM, DEBUG, CACHELEVEL, cache_dir, content_hash, atomic_write
 from attograd.uop.ops import UOp, Ops
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
 from attograd.runtime.device import Device, Buffer
 
 SEARCH_VERSION = "1"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
@@ -18,15 +18,16 @@ def actions(ast: UOp, threads: int) -> list[Opt]:
   out: list[Opt] = []
   ax = axes(ast)
   for i, r in enumerate(ax):
+    size = const_size(r)
     if r.arg[1] == "global":
-      out += [Opt(OptOps.UPCAST, i, n) for n in (2, 3, 4, 5, 6, 8, 16, 32)]
-      out += [Opt(OptOps.PADTO, i, n) for n in (8, 16, 32)]
+      out += [Opt(OptOps.UPCAST, i, n) for n in (2, 3, 4, 8, 16, 32)]
+      if size is not None and size % 8: out += [Opt(OptOps.PADTO, i, n) for n in (8, 32)]
       if threads > 1: out.append(Opt(OptOps.THREAD, i, threads))
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
     else:
-      out += [Opt(OptOps.UPCAST, i, n) for n in (2, 4, 8, 16)]
-      out += [Opt(OptOps.UNROLL, i, n) for n in (2, 3, 4, 8)]
-      if (size := const_size(r)) is not None and size <= 32: out.append(Opt(OptOps.UNROLL, i, size))
+      out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
+      out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]
+      if size is not None and size <= 8 and size not in (2, 4): out.append(Opt(OptOps.UNROLL, i, size))
   return out
 
 def _buffers(ast: UOp, device: str) -> list[Any]:
@@ -63,18 +64,23 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   base = compile_kernel(ast, device, [])
   beam: list[tuple[float, list[Opt]]] = [(time_kernel(base, bufs, dev.synchronize), [])]
   seen = {base.src}
+  # the heuristics' choice starts in the beam too: the search only ever improves on it
+  if (hc := hand_coded_opts(ast, threads)) and (built := build(hc)) is not None:
+    seen.add(built[1].src)
+    beam = sorted(beam + [(time_kernel(built[1], bufs, dev.synchronize), hc)], key=lambda x: x[0])[:max(width, 1)]
   try:
     for _ in range(MAX_ROUNDS):
       candidates = [opts + [a] for _, opts in beam for a in actions(ast, threads)]
+      # compile everything first, then time one kernel at a time on a machine the compiler left alone
+      built = [b for b in pool.map(build, candidates) if b is not None]
       timed: list[tuple[float, list[Opt]]] = []
-      for built in pool.map(build, candidates):
-        if built is None or built[1].src in seen: continue  # two Opt lists can give the same program
-        seen.add(built[1].src)
-        timed.append((time_kernel(built[1], bufs, dev.synchronize, budget=3 * beam[0][0]), built[0]))
+      for opts, ck in built:
+        if ck.src in seen: continue  # two Opt lists can give the same program
+        seen.add(ck.src)
+        timed.append((time_kernel(ck, bufs, dev.synchronize, budget=3 * beam[0][0]), opts))
       best = sorted(beam + timed, key=lambda x: x[0])[:width]
       if DEBUG >= 2: print(f"BEAM round: {len(timed)} kernels, best {best[0][0] * 1e3:.3f} ms {best[0][1]}")
-      if best[0][0] >= beam[0][0] * 0.99 and [b[1] for b in best] == [b[1] for b in beam]: break
-      improved = best[0][0] < beam[0][0] * 0.99
+      improved = best[0][0] < beam[0][0] * 0.98
       beam = best
       if not improved: break
   finally: pool.shutdown(wait=True)

@@ -39,7 +39,11 @@ class CStyleRenderer(Renderer):
     dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
     dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short",
     dtypes.float32: "float", dtypes.float64: "double"}
-  prelude = "#include <math.h>\n#include <stdint.h>\n" \
+  # the few libm functions and macros kernels use, declared here: parsing <math.h> costs more than compiling a small kernel
+  prelude = "#define NAN __builtin_nanf(\"\")\n#define INFINITY __builtin_inff()\n" \
+    "float exp2f(float); double exp2(double); float log2f(float); double log2(double); float sinf(float); double sin(double);\n" \
+    "float sqrtf(float); double sqrt(double); float truncf(float); double trunc(double); float fmaf(float, float, float);\n" \
+    "double fma(double, double, double);\n" \
     "static inline float bf16_to_f32(unsigned short x) { union { unsigned int u; float f; } v; v.u = (unsigned int)x << 16; return v.f; }\n" \
     "static inline unsigned short f32_to_bf16(float f) { union { unsigned int u; float f; } v; v.f = f;\n" \
     "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n"
