@@ -133,3 +133,10 @@ def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
   # the second search is a cache hit: it compiles nothing
   def no_compile(*a): raise AssertionError("BEAM searched again instead of using its cache")
   assert search.beam_search(ast, "CPU", 1, no_compile) == [Opt(OptOps[op], ax, n) for op, ax, n in winner]
+
+def test_big_matmul_reads_its_right_operand_in_panels():
+  rng = np.random.default_rng(4)
+  na, nb = rng.standard_normal((256, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
+  a, b = Tensor(na).realize(), Tensor(nb).realize()
+  assert len((a @ b).schedule()) == 2  # the panel copy, then the matmul
+  np.testing.assert_allclose((a @ b).numpy(), na @ nb, rtol=1e-4, atol=1e-3)
