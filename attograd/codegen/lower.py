@@ -2,6 +2,7 @@
 accumulators with explicit loop ends, and narrow float math is done in float32."""
 from __future__ import annotations
 import functools, itertools
+from attograd.helpers import prod
 from attograd.dtype import dtypes, DType
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
@@ -31,13 +32,6 @@ def fold(op: Ops, acc: UOp, value: UOp) -> UOp:
   if op is Ops.ADD and dtypes.is_float(acc.dtype) and value.op is Ops.MUL: return UOp(Ops.MULACC, acc.dtype, (*value.src, acc))
   return acc.alu(op, value)
 
-def upcast_reduce(red: UOp) -> UOp | None:
-  """A reduce over an upcast range: one partial reduce per upcast value, combined at the end."""
-  if not (ups := kind_of(red.src[1:], "upcast")): return None
-  rest = tuple(r for r in red.src[1:] if r not in ups)
-  parts = [UOp(Ops.REDUCE, red.dtype, (v, *rest), red.arg) for v in instances(red.src[0], ups)]
-  return functools.reduce(lambda a, b: a.alu(red.arg, b), parts)
-
 def upcast_store(st: UOp) -> UOp | None:
   """A store inside upcast ranges: written out once per upcast value."""
   if not (ups := kind_of(st.toposort, "upcast")): return None
@@ -56,7 +50,6 @@ def reduce_in_float32(red: UOp) -> UOp | None:
 
 expander = PatternMatcher([
   (UPat(Ops.REDUCE, name="red"), reduce_in_float32),
-  (UPat(Ops.REDUCE, name="red"), upcast_reduce),
   (UPat(Ops.STORE, name="st"), upcast_store),
 ])
 
@@ -67,28 +60,37 @@ lowerer = PatternMatcher([
 def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
   """REDUCEs over the same loops share them: one accumulator slot each (one register array per
   dtype and op), initialised before the loops, updated inside, read after their END. An unrolled
-  range is written out inside the loop, its values accumulated in order."""
+  range is written out inside the loop, its values accumulated in order. A lane range (UPCAST of a
+  reduce axis) stays an innermost loop with one accumulator per iteration, which the C compiler
+  turns into a SIMD register; the lanes are combined after the loops."""
   ranges = group[0].src[1:]
-  loops, unrolled = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] != "unroll"], kind_of(ranges, "unroll")
+  loops, unrolled, lanes = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] != "unroll"], kind_of(ranges, "unroll"), kind_of(ranges, "lane")
   values = {red: instances(red.src[0], unrolled) for red in group}
   if not loops: return {red: functools.reduce(lambda a, b: fold(red.arg, a, b), vs) for red, vs in values.items()}
+  n_lanes = prod(r.src[0].arg for r in lanes)
+  lane = functools.reduce(lambda a, r: a * r.src[0].arg + r, lanes[1:], lanes[0]).cast(dtypes.int32) if lanes else UOp.const(dtypes.int32, 0)
   outer = tuple(sorted(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)) - set(loops), key=lambda r: r.arg))
   regs: dict[tuple[DType, Ops], list[UOp]] = {}
   for red in group: regs.setdefault((red.dtype, red.arg), []).append(red)
-  slot: dict[UOp, tuple[UOp, UOp]] = {}
+  slot: dict[UOp, tuple[UOp, int]] = {}
   inits = []
   for (dt, op), members in regs.items():
-    acc = UOp(Ops.DEFINE_REG, dt.ptr(len(members), "reg"), (), ctx[0]); ctx[0] += 1
+    acc = UOp(Ops.DEFINE_REG, dt.ptr(len(members) * n_lanes, "reg"), (), ctx[0]); ctx[0] += 1
     for i, red in enumerate(members):
-      slot[red] = (acc, UOp.const(dtypes.int32, i))
-      inits.append(acc.after(*outer).index(slot[red][1]).store(UOp.const(dt, reduce_identity(op, dt))))
+      slot[red] = (acc, i * n_lanes)
+      inits += [acc.after(*outer).index(UOp.const(dtypes.int32, i * n_lanes + c)).store(UOp.const(dt, reduce_identity(op, dt))) for c in range(n_lanes)]
   init = inits[0] if len(inits) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(inits))
   updates = []
   for red in group:
-    acc, i = slot[red]
+    acc, base = slot[red]
+    i = lane + base if base else lane
     updates.append(acc.index(i).store(functools.reduce(lambda a, b: fold(red.arg, a, b), values[red], acc.after(init, *loops).index(i).load())))
   end = (updates[0] if len(updates) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(updates))).end(*loops)
-  return {red: slot[red][0].after(end).index(slot[red][1]).load() for red in group}
+  def read(red: UOp) -> UOp:
+    acc, base = slot[red]
+    parts = [acc.after(end).index(UOp.const(dtypes.int32, base + c)).load() for c in range(n_lanes)]
+    return functools.reduce(lambda a, b: a.alu(red.arg, b), parts)
+  return {red: read(red) for red in group}
 
 def lower_reduces(sink: UOp) -> UOp:
   """Every REDUCE -> accumulators, innermost first. Not a PatternMatcher pass: copies of one reduce

@@ -4,8 +4,8 @@ only choose Opts.
 
 Axes are named by role and index: the kernel's global (output) loops sorted by id come first, then
 its reduce loops sorted by id; `Opt.axis` indexes that list. An Opt never renumbers axes: a split
-keeps the outer loop's name and gives the inner part a new kind ('upcast', 'unroll'), which is no
-longer an axis of its own."""
+keeps the outer loop's name and gives the inner part a new kind ('upcast', 'unroll', 'lane'), which
+is no longer an axis of its own."""
 from __future__ import annotations
 import os
 from dataclasses import dataclass
@@ -73,7 +73,7 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if opt.op is OptOps.THREAD: return apply_thread(ast, opt, r)
   if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
     if copies(ast) * opt.amount > MAX_COPIES: raise KernelOptError(f"{opt}: more than {MAX_COPIES} copies of the loop body")
-    return split(ast, r, opt.amount, "upcast" if opt.op is OptOps.UPCAST else "unroll")
+    return split(ast, r, opt.amount, "unroll" if opt.op is OptOps.UNROLL else "upcast" if is_global else "lane")
   raise KernelOptError(f"{opt}: {opt.op.name} has no lowering for this target yet")
 
 def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:

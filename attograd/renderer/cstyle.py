@@ -135,6 +135,8 @@ class CStyleRenderer(Renderer):
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
+        # a lane loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
+        if u.arg[1] == "lane": lines.append("#pragma GCC unroll 1")
         emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); depth += 1
       elif op is Ops.END: depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
