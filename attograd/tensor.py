@@ -21,7 +21,11 @@ _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # as long as the node): lazy graphs built before the realize read that buffer instead of recomputing.
 # A tensor being realized gets its own buffer even if an identical node was realized before (only
 # nodes strictly below it use memos), so no two tensors share memory by accident.
-def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = view
+# a lazy node remembers the buffer it became weakly: the buffer's view remembers its lazy graph
+# (for backward), and a strong link back would make a cycle that only the cyclic GC frees, holding
+# big buffers long after their tensors are gone
+def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = weakref.ref(view)
+def _realized(node: UOp) -> UOp | None: return r() if (r := node.__dict__.get("realized")) is not None else None
 
 # tensors with an assign not yet realized: every realize flushes them, so writes land in order and
 # a chain of assigns (a running mean updated each step) never grows into an ever longer graph
@@ -35,7 +39,7 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     swap = {}
     for n in root.toposort:
       if n in targets or n in expanded: continue
-      if (v := n.__dict__.get("realized")) in targets: swap[n] = v
+      if (v := _realized(n)) in targets: swap[n] = v
       elif (src := n.__dict__.get("source")) is not None: swap[n] = src
     if not swap: return root
     expanded |= swap.keys()
@@ -154,7 +158,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
-    done = {n: v for n in roots.toposort if (v := n.__dict__.get("realized")) is not None and n not in roots.src}
+    done = {n: v for n in roots.toposort if (v := _realized(n)) is not None and n not in roots.src}
     if done: roots = roots.substitute(done)
     for t, u in zip(tensors, roots.src):
       t.uop = u
