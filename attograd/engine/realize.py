@@ -4,12 +4,12 @@ import concurrent.futures, functools, time
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.helpers import DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
+from attograd.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
-from attograd.engine.search import BEAM, beam_search
+from attograd.engine.search import beam_search
 from attograd.schedule.schedule import ScheduleItem
 
 @dataclass

@@ -5,7 +5,7 @@ kernel's AST, the device and the search settings, so a second run picks them wit
 from __future__ import annotations
 import concurrent.futures, json, os, time
 from typing import Any, Callable
-from attograd.helpers import BEAM, DEBUG, CACHELEVEL, cache_dir, content_hash, atomic_write
+from attograd.helpers import DEBUG, CACHELEVEL, cache_dir, content_hash, atomic_write
 from attograd.uop.ops import UOp, Ops
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
 from attograd.runtime.device import Device, Buffer
