@@ -43,6 +43,7 @@ class ContextVar:
   def __repr__(self) -> str: return f"{self.key}={self.value}"
 
 DEBUG, NOOPT, CACHELEVEL = ContextVar("DEBUG", 0), ContextVar("NOOPT", 0), ContextVar("CACHELEVEL", 2)
+BEAM = ContextVar("BEAM", 0)  # kernel Opts from a search of this width instead of the heuristics
 
 @contextlib.contextmanager
 def Context(**kwargs: int) -> Iterator[None]:

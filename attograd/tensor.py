@@ -21,7 +21,11 @@ _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # as long as the node): lazy graphs built before the realize read that buffer instead of recomputing.
 # A tensor being realized gets its own buffer even if an identical node was realized before (only
 # nodes strictly below it use memos), so no two tensors share memory by accident.
-def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = view
+# a lazy node remembers the buffer it became weakly: the buffer's view remembers its lazy graph
+# (for backward), and a strong link back would make a cycle that only the cyclic GC frees, holding
+# big buffers long after their tensors are gone
+def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = weakref.ref(view)
+def _realized(node: UOp) -> UOp | None: return r() if (r := node.__dict__.get("realized")) is not None else None
 
 # tensors with an assign not yet realized: every realize flushes them, so writes land in order and
 # a chain of assigns (a running mean updated each step) never grows into an ever longer graph
@@ -36,7 +40,7 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     swap = {}
     for n in root.toposort:
       if n in targets or n in expanded: continue
-      if (v := n.__dict__.get("realized")) in targets: swap[n] = v
+      if (v := _realized(n)) in targets: swap[n] = v
       elif (src := n.__dict__.get("source")) is not None: swap[n] = src
     if not swap: return root
     expanded |= swap.keys()
@@ -80,6 +84,11 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = ndim + extra
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
+
+def _split_for_cores(n: int) -> int:
+  """How many partial reductions a full reduction of n elements is split into (1: none)."""
+  if n < 1 << 20: return 1
+  return next((p for p in (64, 32, 16, 8, 4, 2) if n % p == 0), 1)
 
 class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
@@ -158,7 +167,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
-    done = {n: v for n in roots.toposort if (v := n.__dict__.get("realized")) is not None and n not in roots.src}
+    done = {n: v for n in roots.toposort if (v := _realized(n)) is not None and n not in roots.src}
     var_vals = _var_vals(roots)
     done.update((n, n.src[0]) for n in roots.toposort if n.op is Ops.BIND)  # kernels take the variable, run with the value
     if done: roots = roots.substitute(done)
@@ -675,6 +684,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return out
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._axes(axis)
+    if len(axes) == self.ndim and (parts := _split_for_cores(self.numel())) > 1:
+      # a big full reduction is one loop no core can share: reduce `parts` rows apart (a kernel whose
+      # rows the cores split), then the partials (adding fewer numbers in a row is also more accurate)
+      ret = self.reshape(parts, self.numel() // parts)._reduce(op, 1).contiguous()._reduce(op, 0)
+      return ret.reshape((1,) * self.ndim) if keepdim else ret
     out_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     ret = self if not axes else Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
     if 0 in self.shape:  # nothing to reduce: the identity (or an empty result); max has one only for bools (any() is False)
@@ -737,6 +751,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     k, m = a.shape[-1], b.shape[-1]
     try: broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
+    if b.ndim == 2 and m % 32 == 0 and k * m >= 1 << 20 and prod(a.shape[:-1]) >= 256:
+      # a big right operand is read in panels of 32 columns down all k rows: stored panel by panel
+      # (one copy, k*m of a matmul's k*m*n work), a panel is contiguous instead of k rows a power of
+      # two apart, which would all compete for the same few cache sets
+      b = b.reshape(k, m // 32, 32).permute(1, 0, 2).contiguous().permute(1, 0, 2).reshape(k, m)
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
     out = prod_._reduce(Ops.ADD, -1)
     if self.ndim == 1: out = out.squeeze(-2)

@@ -1,7 +1,9 @@
 """The speed table: attograd next to numpy and torch on the same inputs, in one run (medians).
   python bench/all.py            # everything (a few minutes)
   QUICK=1 python bench/all.py    # smaller sizes, a smoke run
-Ratios are peer time / attograd time: above 1 means attograd is faster."""
+  BENCH_BEAM=2 python bench/all.py   # also matmul 512/1024 with BEAM=2 (the search's winners are cached on disk)
+Ratios are peer time / attograd time: above 1 means attograd is faster. After the table: the speedup
+of 2 cores over 1 (THREADS=1) and the first-call compile latency of a small kernel."""
 from __future__ import annotations
 import os, statistics, time
 import numpy as np
@@ -43,15 +45,58 @@ def cases():
     (lambda ti=torch.tensor(img), tw=torch.tensor(w): torch.nn.functional.conv2d(ti, tw))
   yield "sum 16M" if not QUICK else "sum 1M", 0, (lambda v: v.sum(), x), lambda: x.sum(), (lambda tx=torch.tensor(x): tx.sum())
 
+def with_beam(make, arrays, width: int) -> float:
+  from attograd import Context
+  from attograd.engine import realize
+  realize._kernel_cache.clear()
+  with Context(BEAM=width): ms = median_ms(ours(make, *arrays), 5)
+  realize._kernel_cache.clear()
+  return ms
+
+def thread_scaling() -> None:
+  from attograd import Context
+  from attograd.engine import realize
+  rng = np.random.default_rng(1)
+  n16m, n = 1 << (20 if QUICK else 24), 512 if QUICK else 1024
+  x, y, z = (rng.standard_normal(n16m).astype(np.float32) for _ in range(3))
+  a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+  for name, make, arrays in [("elementwise chain", lambda x, y, z: ((x * 2 + 1).relu() * y - z).exp(), (x, y, z)),
+                             (f"matmul {n}", lambda p, q: p @ q, (a, b))]:
+    times = {}
+    for t in (1, os.cpu_count() or 1):
+      realize._kernel_cache.clear()
+      with Context(THREADS=t): times[t] = median_ms(ours(make, *arrays), 5)
+    realize._kernel_cache.clear()
+    one, many = times[1], times[max(times)]
+    print(f"threads {name:22s} 1 core {one:9.2f} ms  {max(times)} cores {many:9.2f} ms  speedup {one / many:5.2f}x")
+
+def compile_latency() -> None:
+  """First call of a small kernel never seen before: schedule, opts, render, compile, load, run."""
+  from attograd import Tensor, Context
+  x = Tensor(np.arange(1000, dtype=np.float32)).realize()
+  times = []
+  for i in range(5):
+    with Context(CACHELEVEL=0):  # no disk cache: the compiler really runs
+      st = time.perf_counter(); (x * (3.5 + i) + 1).sqrt().realize(); times.append(time.perf_counter() - st)
+  print(f"first-call latency of a small kernel (compile included): {statistics.median(times) * 1e3:.1f} ms (median of 5)")
+
 def main() -> None:
   import torch
   torch.set_num_threads(os.cpu_count() or 1)
-  print(f"{'benchmark':30s} {'attograd ms':>12s} {'numpy ms':>10s} {'torch ms':>10s} {'vs numpy':>9s} {'vs torch':>9s} {'GFLOPS':>8s}")
+  beam = int(os.getenv("BENCH_BEAM", "0"))
+  print(f"{'benchmark':30s} {'attograd ms':>12s} {'numpy ms':>10s} {'torch ms':>10s} {'vs numpy':>9s} {'vs torch':>9s} {'GFLOPS':>8s}"
+        + (f" {f'BEAM={beam} ms':>11s} {'vs numpy':>9s} {'GFLOPS':>8s}" if beam else ""))
   for name, flops, (make, *arrays), np_fn, torch_fn in cases():
     a = median_ms(ours(make, *arrays), 5)
     n = median_ms(np_fn, 5) if np_fn else float("nan")
     t = median_ms(torch_fn, 5)
     gf = f"{flops / a / 1e6:8.1f}" if flops else f"{'':8s}"
-    print(f"{name:30s} {a:12.2f} {n:10.2f} {t:10.2f} {n / a:8.2f}x {t / a:8.2f}x {gf}")
+    line = f"{name:30s} {a:12.2f} {n:10.2f} {t:10.2f} {n / a:8.2f}x {t / a:8.2f}x {gf}"
+    if beam and name in ("matmul 1024", "matmul 512"):  # the search takes minutes per kernel: the target size only
+      bm = with_beam(make, arrays, beam)
+      line += f" {bm:11.2f} {n / bm:8.2f}x {flops / bm / 1e6:8.1f}"
+    print(line, flush=True)
+  thread_scaling()
+  compile_latency()
 
 if __name__ == "__main__": main()

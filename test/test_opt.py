@@ -1,11 +1,13 @@
 """Opts change how a kernel runs, never what it computes."""
+import json
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from attograd import Tensor, Context
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS
-from attograd.engine import realize
-from attograd.runtime.device import Device
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, hand_coded_opts
+from attograd.engine import realize, search
+from attograd.runtime.device import Device, Buffer
 
 def _run(make, threads):
   realize._kernel_cache.clear()
@@ -22,16 +24,119 @@ def test_threaded_equals_single_threaded(name, make):
   np.testing.assert_array_equal(one, two)
   assert any(ck.threads == 2 for ck in realize._kernel_cache.values()), "the heuristic should thread a kernel this big"
 
+def _ast(t: Tensor):
+  return t.schedule()[-1].ast
+
 def test_illegal_opts_raise():
   x = Tensor.rand(6, 5).realize()
-  ast = (x + 1).schedule()[-1].ast
+  ast = _ast(x + 1)
   renderer = Device["CPU"].renderer
-  with pytest.raises(KernelOptError, match="global axes"): to_program(ast, renderer, [Opt(OptOps.THREAD, 2, 2)])
+  with pytest.raises(KernelOptError, match="axes"): to_program(ast, renderer, [Opt(OptOps.THREAD, 2, 2)])
   with pytest.raises(KernelOptError, match="doesn't split"): to_program(ast, renderer, [Opt(OptOps.THREAD, 1, 2)])
   with pytest.raises(KernelOptError, match="already threaded"): to_program(ast, renderer, [Opt(OptOps.THREAD, 0, 2), Opt(OptOps.THREAD, 0, 3)])
+  with pytest.raises(KernelOptError, match="doesn't split"): to_program(ast, renderer, [Opt(OptOps.UPCAST, 1, 3)])
+  with pytest.raises(KernelOptError, match="reduce axis"): to_program(ast, renderer, [Opt(OptOps.UNROLL, 0, 2)])
+  with pytest.raises(KernelOptError, match="already a multiple"): to_program(ast, renderer, [Opt(OptOps.PADTO, 1, 5)])
+  with pytest.raises(KernelOptError, match="another global axis"): to_program(ast, renderer, [Opt(OptOps.SWAP, 0, 0)])
+  with pytest.raises(KernelOptError, match="workgroups"): to_program(ast, renderer, [Opt(OptOps.LOCAL, 0, 2)])
+  with pytest.raises(KernelOptError, match="copies"): to_program(_ast(Tensor.rand(64, 64).realize() @ Tensor.rand(64, 64).realize()),
+                                                                  renderer, [Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.UPCAST, 1, 32)])
+  red = _ast(x.sum(1))
+  with pytest.raises(KernelOptError, match="global axis"): to_program(red, renderer, [Opt(OptOps.THREAD, 1, 5)])
 
 def test_same_ast_and_opts_give_same_source():
   x = Tensor.rand(64, 64).realize()
-  ast = (x @ x).schedule()[-1].ast
-  opts = [Opt(OptOps.THREAD, 0, 2)]
+  ast = _ast(x @ x)
+  opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.THREAD, 0, 2)]
   assert to_program(ast, Device["CPU"].renderer, opts)[1] == to_program(ast, Device["CPU"].renderer, list(opts))[1]
+
+# ***** every legal Opt list computes what the plain kernel computes *****
+
+def _kernels():
+  rng = np.random.default_rng(1)
+  a, b = Tensor(rng.standard_normal((12, 10), dtype=np.float32)), Tensor(rng.standard_normal((10, 18), dtype=np.float32))
+  img, w = Tensor(rng.standard_normal((2, 3, 7, 6), dtype=np.float32)), Tensor(rng.standard_normal((4, 3, 3, 3), dtype=np.float32))
+  v = Tensor(rng.standard_normal((6, 20), dtype=np.float32))
+  return {
+    "elementwise": ((a * 2 + 1).relu().exp() - a.T.reshape(12, 10)),
+    "reduce": (v.max(1) + v.sum(1)),
+    "softmax": v.softmax(1),
+    "matmul": (a @ b).relu(),
+    "conv": img.conv2d(w, padding=1),
+  }
+NAMES = ["elementwise", "reduce", "softmax", "matmul", "conv"]
+
+def _exec(si, opts):
+  """Run the kernel with these opts on the schedule item's own inputs; the output as numpy."""
+  ck = realize.compile_kernel(si.ast, "CPU", opts)
+  out = Buffer("CPU", si.bufs[0].arg.size, si.bufs[0].dtype).ensure_allocated()
+  ck([out._buf] + [realize.buffer_of(b).ensure_allocated()._buf for b in si.bufs[1:]], {})
+  return np.frombuffer(out.as_bytes(), dtype=np.float32).copy()
+
+@pytest.fixture(scope="module")
+def kernels():
+  """name -> (the kernel's schedule item, with its inputs realized; its output without opts)"""
+  out = {}
+  for name, t in _kernels().items():
+    *before, si = t.schedule()
+    realize.run_schedule(before)
+    out[name] = (si, _exec(si, []))
+  return out
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(name=st.sampled_from(NAMES), picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=4))
+def test_random_opts_keep_results(kernels, name, picks):
+  si, reference = kernels[name]
+  ast, opts = si.ast, []
+  for p in picks:  # each pick chooses among the Opts legal at that point
+    legal = []
+    for o in search.actions(ast, 2):
+      try: legal.append((o, apply_opt(ast, o)))
+      except KernelOptError: pass
+    if not legal: break
+    o, ast = legal[p % len(legal)]
+    opts.append(o)
+  got = _exec(si, opts)
+  # partial accumulators (UPCAST of a reduce axis) add in another order: equal up to rounding
+  np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5, err_msg=f"{name} with {opts}")
+
+def test_heuristics_pick_tiles_and_accumulators():
+  mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
+  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 2)]
+  s = _ast(Tensor.empty(1 << 16).sum())
+  assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
+
+def test_padto_masks_extra_iterations():
+  rng = np.random.default_rng(2)
+  x = Tensor(rng.standard_normal((5, 7), dtype=np.float32)).realize()
+  si = (x.exp().sum(1) + x.max(1)).schedule()[-1]
+  plain = _exec(si, [])
+  for opts in ([Opt(OptOps.PADTO, 0, 8)], [Opt(OptOps.PADTO, 1, 8)], [Opt(OptOps.PADTO, 1, 4), Opt(OptOps.UPCAST, 1, 4)]):
+    np.testing.assert_allclose(_exec(si, opts), plain, rtol=1e-6)
+
+# ***** BEAM *****
+
+def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
+  monkeypatch.setenv("ATTOGRAD_CACHE", str(tmp_path))
+  monkeypatch.setattr(search, "MAX_ROUNDS", 1)
+  rng = np.random.default_rng(3)
+  na, nb = rng.standard_normal((64, 48), dtype=np.float32), rng.standard_normal((48, 32), dtype=np.float32)
+  ta, tb = Tensor(na).realize(), Tensor(nb).realize()
+  realize._kernel_cache.clear()
+  with Context(BEAM=1):
+    out = (ta @ tb).numpy()
+  np.testing.assert_allclose(out, na @ nb, rtol=1e-4, atol=1e-4)
+  ast = _ast(ta @ tb)
+  cached = search._cache_path(ast, "CPU", 1, THREADS.value)
+  assert cached.exists()
+  winner = json.loads(cached.read_text())
+  # the second search is a cache hit: it compiles nothing
+  def no_compile(*a): raise AssertionError("BEAM searched again instead of using its cache")
+  assert search.beam_search(ast, "CPU", 1, no_compile) == [Opt(OptOps[op], ax, n) for op, ax, n in winner]
+
+def test_big_matmul_reads_its_right_operand_in_panels():
+  rng = np.random.default_rng(4)
+  na, nb = rng.standard_normal((256, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
+  a, b = Tensor(na).realize(), Tensor(nb).realize()
+  assert len((a @ b).schedule()) == 2  # the panel copy, then the matmul
+  np.testing.assert_allclose((a @ b).numpy(), na @ nb, rtol=1e-4, atol=1e-3)

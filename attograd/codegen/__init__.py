@@ -9,6 +9,6 @@ from attograd.renderer import Renderer, kernel_name
 
 def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""
-  uops = linearize(lower(apply_opts(ast, opts or [])))
+  uops = linearize(lower(apply_opts(ast, opts or [], renderer.has_local)))
   name = kernel_name(uops)
   return name, renderer.render(name, uops), uops

@@ -24,7 +24,12 @@ def linearize(sink: UOp) -> list[UOp]:
   for u, ds in deps.items():
     for d in ds: users[d].append(u)
   waiting = {u: len(ds) for u, ds in deps.items()}
-  def key(u: UOp) -> tuple[int, int]: return (1, u.arg[0]) if u.op is Ops.RANGE else (0, position[u])
+  # a ready loop opens after all other ready work; of two, the one nested deeper in the open loops
+  # first (a loop's path is the ids of the loops around it, then its own): a loop split off inside
+  # another must not let a sibling of the outer one open in between
+  def key(u: UOp) -> tuple[int, tuple[int, ...]]:
+    if u.op is not Ops.RANGE: return (0, (position[u],))
+    return (1, tuple(sorted(r.arg[0] for r in (loops_around(u) if u in end_of else ()))) + (u.arg[0],))
   ready = [(key(u), position[u], u) for u in order if waiting[u] == 0]
   heapq.heapify(ready)
   out: list[UOp] = []

@@ -1,6 +1,8 @@
-"""Kernel AST -> loop-level UOps: reductions become accumulators with explicit loop ends, and
-narrow float math is done in float32 (DESIGN §3.5)."""
+"""Kernel AST -> loop-level UOps (DESIGN §3.5): upcast iterations are written out, reductions become
+accumulators with explicit loop ends, and narrow float math is done in float32."""
 from __future__ import annotations
+import functools, itertools
+from attograd.helpers import prod
 from attograd.dtype import dtypes, DType
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
@@ -15,19 +17,25 @@ def reduce_identity(op: Ops, dtype: DType) -> float | int | bool:
   if op is Ops.MAX: return dtypes.min(dtype)
   raise NotImplementedError(f"no identity for reduce {op}")
 
-def lower_reduce(ctx: list[int], red: UOp) -> UOp:
-  """REDUCE(x, r...) -> an accumulator: init before the loops, update inside, read after their END."""
-  value, ranges = red.src[0], red.src[1:]
-  if not ranges: return value
-  if red.dtype in NARROW_FLOATS:  # accumulate narrow floats in float32, as PyTorch does
-    return UOp(Ops.REDUCE, dtypes.float32, (value.cast(dtypes.float32), *ranges), red.arg).cast(red.dtype)
-  acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1, "reg"), (), ctx[0]); ctx[0] += 1
-  outer = tuple(sorted(value.live_ranges - set(ranges), key=lambda r: r.arg))
-  zero = UOp.const(dtypes.int32, 0)
-  init = acc.after(*outer).index(zero).store(UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
-  acc_val = acc.after(init, *ranges).index(zero).load()
-  update = acc.index(zero).store(acc_val.alu(red.arg, value)).end(*ranges)
-  return acc.after(update).index(zero).load()
+def instances(x: UOp, ranges: list[UOp]) -> list[UOp]:
+  """x once per value of the (non-loop) ranges, the last range varying fastest."""
+  sizes = [r.src[0].arg for r in ranges]
+  return [x.substitute({r: UOp.const(r.dtype, i) for r, i in zip(ranges, idx)}) for idx in itertools.product(*map(range, sizes))]
+
+def kind_of(ranges, kind: str) -> list[UOp]:
+  """Split-off ranges of one kind, in the order of the axes they came from (the later axis, usually
+  the one contiguous in memory, varies fastest); of two splits of one axis, the first made is finer."""
+  return sorted((r for r in ranges if r.op is Ops.RANGE and r.arg[1] == kind), key=lambda r: (r.arg[2], -r.arg[0]))
+
+def fold(op: Ops, acc: UOp, value: UOp) -> UOp:
+  """acc op value; a float sum of products is one fused multiply-add (rounded once, as BLAS does)."""
+  if op is Ops.ADD and dtypes.is_float(acc.dtype) and value.op is Ops.MUL: return UOp(Ops.MULACC, acc.dtype, (*value.src, acc))
+  return acc.alu(op, value)
+
+def upcast_store(st: UOp) -> UOp | None:
+  """A store inside upcast ranges: written out once per upcast value."""
+  if not (ups := kind_of(st.toposort, "upcast")): return None
+  return UOp(Ops.NOOP, dtypes.void, tuple(instances(st, ups)))
 
 def compute_in_float32(a: UOp) -> UOp | None:
   """Math on float16/bfloat16 is done in float32 and rounded once, as PyTorch's CPU kernels do."""
@@ -35,11 +43,68 @@ def compute_in_float32(a: UOp) -> UOp | None:
   srcs = tuple(s.cast(dtypes.float32) if s.dtype in NARROW_FLOATS else s for s in a.src)
   return UOp(a.op, dtypes.float32 if a.dtype in NARROW_FLOATS else a.dtype, srcs, a.arg).cast(a.dtype)
 
+def reduce_in_float32(red: UOp) -> UOp | None:
+  # accumulate narrow floats in float32, as PyTorch does
+  if red.dtype not in NARROW_FLOATS: return None
+  return UOp(Ops.REDUCE, dtypes.float32, (red.src[0].cast(dtypes.float32), *red.src[1:]), red.arg).cast(red.dtype)
+
+expander = PatternMatcher([
+  (UPat(Ops.REDUCE, name="red"), reduce_in_float32),
+  (UPat(Ops.STORE, name="st"), upcast_store),
+])
+
 lowerer = PatternMatcher([
-  (UPat(Ops.REDUCE, name="red"), lower_reduce),
   (UPat(GroupOp.ALU, name="a"), compute_in_float32),
 ])
 
+def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
+  """REDUCEs over the same loops share them: one accumulator slot each (one register array per
+  dtype and op), initialised before the loops, updated inside, read after their END. An unrolled
+  range is written out inside the loop, its values accumulated in order. A lane range (UPCAST of a
+  reduce axis) stays an innermost loop with one accumulator per iteration, which the C compiler
+  turns into a SIMD register; the lanes are combined after the loops."""
+  ranges = group[0].src[1:]
+  loops, unrolled, lanes = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] != "unroll"], kind_of(ranges, "unroll"), kind_of(ranges, "lane")
+  values = {red: instances(red.src[0], unrolled) for red in group}
+  if not loops: return {red: functools.reduce(lambda a, b: fold(red.arg, a, b), vs) for red, vs in values.items()}
+  n_lanes = prod(r.src[0].arg for r in lanes)
+  lane = functools.reduce(lambda a, r: a * r.src[0].arg + r, lanes[1:], lanes[0]).cast(dtypes.int32) if lanes else UOp.const(dtypes.int32, 0)
+  outer = tuple(sorted(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)) - set(loops), key=lambda r: r.arg))
+  regs: dict[tuple[DType, Ops], list[UOp]] = {}
+  for red in group: regs.setdefault((red.dtype, red.arg), []).append(red)
+  slot: dict[UOp, tuple[UOp, int]] = {}
+  inits = []
+  for (dt, op), members in regs.items():
+    acc = UOp(Ops.DEFINE_REG, dt.ptr(len(members) * n_lanes, "reg"), (), ctx[0]); ctx[0] += 1
+    for i, red in enumerate(members):
+      slot[red] = (acc, i * n_lanes)
+      inits += [acc.after(*outer).index(UOp.const(dtypes.int32, i * n_lanes + c)).store(UOp.const(dt, reduce_identity(op, dt))) for c in range(n_lanes)]
+  init = inits[0] if len(inits) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(inits))
+  updates = []
+  for red in group:
+    acc, base = slot[red]
+    i = lane + base if base else lane
+    updates.append(acc.index(i).store(functools.reduce(lambda a, b: fold(red.arg, a, b), values[red], acc.after(init, *loops).index(i).load())))
+  end = (updates[0] if len(updates) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(updates))).end(*loops)
+  def read(red: UOp) -> UOp:
+    acc, base = slot[red]
+    parts = [acc.after(end).index(UOp.const(dtypes.int32, base + c)).load() for c in range(n_lanes)]
+    return functools.reduce(lambda a, b: a.alu(red.arg, b), parts)
+  return {red: read(red) for red in group}
+
+def lower_reduces(sink: UOp) -> UOp:
+  """Every REDUCE -> accumulators, innermost first. Not a PatternMatcher pass: copies of one reduce
+  made by an upcast must be lowered together (one loop, several accumulators), and a rule sees one
+  node at a time."""
+  ctx = [0]
+  while reds := [u for u in sink.toposort if u.op is Ops.REDUCE]:
+    loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] != "unroll"]
+    group = [u for u in reds if u.src[1:] == reds[0].src[1:]] if loops else [reds[0]]
+    assert not any(a in b.src[0].toposort for a in group for b in group), "a reduce feeds another over the same loops"
+    sink = sink.substitute(lower_reduce_group(group, ctx))
+  return sink
+
 def lower(ast: UOp) -> UOp:
   # division by constants goes last: its multiply-shift form is no longer one the symbolic rules read
-  return graph_rewrite(graph_rewrite(graph_rewrite(ast, lowerer, ctx=[0]), symbolic), divmod_lowering)
+  ast = graph_rewrite(graph_rewrite(ast, expander), symbolic)
+  return graph_rewrite(graph_rewrite(graph_rewrite(lower_reduces(ast), lowerer), symbolic), divmod_lowering)

@@ -1,10 +1,16 @@
-"""Kernel optimizations as explicit actions (DESIGN §3.4). An Opt names what to do to which axis,
-axes named by role and index (global 0, global 1, ...); a kernel's program is a pure function of
-its AST and its list of Opts. Heuristics (and later a search) only choose Opts."""
+"""Kernel optimizations as explicit actions (DESIGN §3.4). An Opt names what to do to which axis;
+a kernel's program is a pure function of its AST and its list of Opts. Heuristics and BEAM search
+only choose Opts.
+
+Axes are named by role and index: the kernel's global (output) loops sorted by id come first, then
+its reduce loops sorted by id; `Opt.axis` indexes that list. An Opt never renumbers axes: a split
+keeps the outer loop's name and gives the inner part a new kind ('upcast', 'unroll', 'lane'), which
+is no longer an axis of its own."""
 from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum, auto
+from attograd.dtype import dtypes
 from attograd.helpers import ContextVar, prod
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import graph_rewrite
@@ -12,47 +18,169 @@ from attograd.uop.symbolic import symbolic
 
 class OptOps(Enum):
   THREAD = auto()   # split a global axis across CPU cores: each core runs one contiguous slice
+  UPCAST = auto()   # split off `amount` iterations and compute them side by side (no loop): on a global
+                    # axis, several outputs per iteration; on a reduce axis, that many partial accumulators
+  UNROLL = auto()   # a reduce axis's loop body repeated `amount` times, accumulated in the same order
+  PADTO = auto()    # round an axis up to a multiple of `amount`; the extra iterations are masked out
+  SWAP = auto()     # exchange the loop nesting of two global axes (`amount` names the other axis)
+  LOCAL = auto()    # GPU-style targets: a global axis split into workgroup-local threads
+  GROUP = auto()    # GPU-style targets: a reduce axis split across the threads of a workgroup
 
 @dataclass(frozen=True)
 class Opt:
   op: OptOps
-  axis: int         # index among the kernel's global axes
+  axis: int         # index into axes(ast): global axes, then reduce axes
   amount: int
+  def __repr__(self) -> str: return f"Opt({self.op.name}, {self.axis}, {self.amount})"
 
 class KernelOptError(ValueError): pass
 
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
 CORE_ID = "core_id"
+MAX_COPIES = 512  # upcast x unroll: the number of copies of the loop body written out
 
-def global_ranges(ast: UOp) -> list[UOp]:
-  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda r: r.arg)
+def ranges_of(ast: UOp, kind: str) -> list[UOp]:
+  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
 
-def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
-  for opt in opts:
-    if opt.op is OptOps.THREAD: ast = apply_thread(ast, opt)
+def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, "global")
+def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, "global") + ranges_of(ast, "reduce")
+def const_size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
+def copies(ast: UOp) -> int: return prod(const_size(r) for r in ranges_of(ast, "upcast") + ranges_of(ast, "unroll"))
+
+def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
+  for opt in opts: ast = apply_opt(ast, opt, has_local)
   return ast
 
-def apply_thread(ast: UOp, opt: Opt) -> UOp:
+def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
+  """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel."""
+  ax = axes(ast)
+  if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
+  r = ax[opt.axis]
+  is_global = r.arg[1] == "global"
+  if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
+    raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has none")
+  need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.LOCAL: True, OptOps.UNROLL: False, OptOps.GROUP: False}
+  if opt.op in need and need[opt.op] != is_global:
+    raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if need[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
+  if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
+  size = const_size(r)
+  if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+  if opt.op is OptOps.PADTO:
+    if opt.amount < 2 or size % opt.amount == 0: raise KernelOptError(f"{opt}: axis size {size} is already a multiple of {opt.amount}")
+    if opt.amount > 2 * size: raise KernelOptError(f"{opt}: padding {size} to {opt.amount} more than doubles the work")
+    return apply_padto(ast, r, -(-size // opt.amount) * opt.amount, size)
+  if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
+  if opt.op is OptOps.THREAD: return apply_thread(ast, opt, r)
+  if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
+    if copies(ast) * opt.amount > MAX_COPIES: raise KernelOptError(f"{opt}: more than {MAX_COPIES} copies of the loop body")
+    return split(ast, r, opt.amount, "unroll" if opt.op is OptOps.UNROLL else "upcast" if is_global else "lane")
+  raise KernelOptError(f"{opt}: {opt.op.name} has no lowering for this target yet")
+
+def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
+  """r = outer*amount + inner: the outer loop keeps r's name, the inner one is of `kind` and never
+  becomes a loop (lowering writes out its iterations). A reduce over r reduces over both. The inner
+  range remembers the axis it came from (arg[2]): lowering orders the copies by it."""
+  size = const_size(r)
+  outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // amount),), r.arg)
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (1 + max(u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), kind, r.arg[0]))
+  new: dict[UOp, UOp] = {r: outer * amount + inner}
+  for u in ast.toposort:
+    if u in new: continue
+    src = tuple(new.get(s, s) for s in u.src)
+    if u.op is Ops.REDUCE and r in u.src[1:]: src = (src[0], *(x for s in u.src[1:] for x in ((outer, inner) if s is r else (s,))))
+    if u.op is Ops.END and u.src[1] is r: src = (src[0], outer)
+    new[u] = u.replace(src=src)
+  return graph_rewrite(new[ast], symbolic)
+
+def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
   """Global axis `axis` of size S becomes core_id*(S/n) + r with r over S/n: core_id is a kernel
   argument from 0 to n-1, and the runtime calls the kernel once per core, in parallel."""
-  ranges = global_ranges(ast)
-  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} global axes")
   if any(u.op is Ops.DEFINE_VAR and u.arg[0] == CORE_ID for u in ast.toposort): raise KernelOptError(f"{opt}: already threaded")
-  r = ranges[opt.axis]
-  size = r.src[0].arg if r.src[0].op is Ops.CONST else None
-  if size is None or opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
-  chunk = size // opt.amount
+  chunk = const_size(r) // opt.amount
   inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, chunk),), r.arg)
   core = UOp(Ops.DEFINE_VAR, r.dtype, (), (CORE_ID, 0, opt.amount - 1))
   # the loop's END now closes the smaller range; every use of the old index gets the offset
   ends = {u: UOp(Ops.END, u.dtype, (u.src[0], inner)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
   return graph_rewrite(ast.substitute(ends).substitute({r: core * chunk + inner}), symbolic)
 
+def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
+  """The loop runs to `padded`; every memory access that depends on it is gated by r < size, and a
+  reduce over it sees its identity there, so the extra iterations read, write and add nothing."""
+  from attograd.codegen.lower import reduce_identity
+  big = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, padded),), r.arg)
+  valid = big < size
+  new: dict[UOp, UOp] = {r: big}
+  for u in ast.toposort:
+    if u in new: continue
+    src = tuple(new.get(s, s) for s in u.src)
+    if u.op is Ops.INDEX and src[0].op is Ops.PARAM and big in src[1].toposort:
+      src = (src[0], src[1], valid if len(src) == 2 else (src[2] & valid))
+    if u.op is Ops.REDUCE and r in u.src[1:]: src = (valid.where(src[0], UOp.const(u.dtype, reduce_identity(u.arg, u.dtype))), *src[1:])
+    new[u] = u.replace(src=src)
+  return graph_rewrite(new[ast], symbolic)
+
+def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
+  """Loops open in the order of their ids and close in the order of their ENDs: both are exchanged."""
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "global" or opt.amount == opt.axis:
+    raise KernelOptError(f"{opt}: SWAP needs another global axis as amount")
+  a, b = ax[opt.axis], ax[opt.amount]
+  new = {a: UOp(Ops.RANGE, a.dtype, a.src, b.arg), b: UOp(Ops.RANGE, b.dtype, b.src, a.arg)}
+  ends = {u.src[1]: u for u in ast.toposort if u.op is Ops.END and u.src[1] in (a, b)}
+  if len(ends) != 2: raise KernelOptError(f"{opt}: axes {opt.axis} and {opt.amount} don't both end in this kernel")
+  outer, inner = (a, b) if ends[b] in ends[a].toposort else (b, a)
+  if ends[outer].src[0] is not ends[inner]: raise KernelOptError(f"{opt}: other work sits between the two loops")
+  # END(END(x, inner), outer) -> END(END(x, outer), inner), with each range renamed
+  body = ends[inner].src[0]
+  swapped = UOp(Ops.END, ends[outer].dtype, (UOp(Ops.END, ends[inner].dtype, (body, outer)), inner))
+  return ast.substitute({ends[outer]: swapped}).substitute(new)
+
+def _try(ast: UOp, opts: list[Opt], opt: Opt) -> UOp:
+  """Apply opt and record it, or leave the kernel as it is where it doesn't apply."""
+  try: new = apply_opt(ast, opt)
+  except KernelOptError: return ast
+  opts.append(opt)
+  return new
+
+def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
+  return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
+
 def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
-  """Thread big kernels over the first global axis that splits evenly across the cores."""
-  if threads < 2: return []
-  work = prod(u.src[0].arg for u in ast.toposort if u.op is Ops.RANGE and u.src[0].op is Ops.CONST)
-  if work < 1 << 16: return []  # a launch on another core costs more than a tiny kernel
-  for axis, r in enumerate(global_ranges(ast)):
-    if r.src[0].op is Ops.CONST and r.src[0].arg % threads == 0 and r.src[0].arg >= threads: return [Opt(OptOps.THREAD, axis, threads)]
-  return []
+  """Opts for common kernel shapes, chosen from the AST alone:
+  - a reduce whose inputs are each re-read along some output axis (matmul, conv): a register tile,
+    UPCAST of the output's contiguous axis (up to 32 wide) and of an axis another input doesn't
+    depend on (8), so each loaded value feeds many multiply-adds held in registers;
+  - any other float sum or max over a contiguous axis: 16 partial accumulators (a SIMD register);
+  - a small reduce loop (conv's 3x3 window) is unrolled;
+  - big kernels are split across the cores (THREAD), on the outermost axis that splits evenly.
+  Elementwise loops are left to the C compiler's loop vectorizer."""
+  opts: list[Opt] = []
+  ax = axes(ast)
+  glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
+  reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
+  work = prod(const_size(r) or 1 for r in ax)
+  tiled = False
+  if len(reds) == 1 and reds[0].arg is Ops.ADD and len(glob) >= 2:
+    loads = [u for u in reds[0].src[0].toposort if u.op is Ops.LOAD]
+    j = glob[-1]
+    # the other tile axis: one that an input read along j doesn't depend on (matmul's rows, conv's channels)
+    along_j = [ld for ld in loads if ax[j] in ld.toposort]
+    i = next((g for g in glob[:-1] if any(ax[g] not in ld.toposort for ld in along_j) and (const_size(ax[g]) or 0) >= 8), None)
+    if i is not None and len(along_j) < len(loads) and work >= 1 << 16:
+      # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
+      # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
+      if (aj := _largest(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, j, aj))
+      if (ai := _largest(const_size(axes(ast)[i]), (8, 4, 2))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, i, ai))
+      tiled = True
+      for k, r in reversed(list(enumerate(axes(ast)))):  # a small window (3x3) is written out from its innermost axis
+        if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4: ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
+  if not tiled:
+    for red in reds:
+      if not (red.arg in (Ops.ADD, Ops.MAX) and dtypes.is_float(red.dtype)): continue
+      inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
+      if inner is not None and (a := _largest(const_size(inner), (16, 8, 4))) is not None:
+        ast = _try(ast, opts, Opt(OptOps.UPCAST, axes(ast).index(inner), a))
+  if threads >= 2 and work >= 1 << 16:  # below that, a launch on another core costs more than it saves
+    for k, r in enumerate(axes(ast)):
+      if r.arg[1] == "global" and (const_size(r) or 0) % threads == 0 and (const_size(r) or 0) >= threads:
+        ast = _try(ast, opts, Opt(OptOps.THREAD, k, threads)); break
+  return opts

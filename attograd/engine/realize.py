@@ -4,11 +4,12 @@ import concurrent.futures, functools, time
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.helpers import DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
+from attograd.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
+from attograd.engine.search import beam_search
 from attograd.schedule.schedule import ScheduleItem
 from attograd.engine.memory import planned_buffers
 
@@ -42,7 +43,7 @@ def count_ops(uops: list[UOp]) -> int:
   total = 0
   for u in uops:
     if u.op in GroupOp.ALU and u.dtype != dtypes.bool and not dtypes.is_int(u.dtype):
-      total += prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 for r in u.live_ranges)
+      total += (2 if u.op is Ops.MULACC else 1) * prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 for r in u.live_ranges)
   return total
 
 _kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
@@ -51,8 +52,16 @@ def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   dev = Device[device]
   if dev.renderer is None:
     raise RuntimeError(f"{device} stores bytes and can't run kernels: move the tensor to a compute device first, e.g. t.to('CPU')")
+  if NOOPT: opts: list[Opt] = []
+  elif BEAM >= 1: opts = beam_search(ast, device, BEAM.value, compile_kernel)
+  else: opts = hand_coded_opts(ast, THREADS.value if dev.renderer.has_threads else 1)
+  ck = _kernel_cache[(ast, device)] = compile_kernel(ast, device, opts)
+  return ck
+
+def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
+  """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
+  dev = Device[device]
   st = time.perf_counter()
-  opts = [] if NOOPT else hand_coded_opts(ast, THREADS.value if dev.renderer.has_threads else 1)
   name, src, uops = to_program(ast, dev.renderer, opts)
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
@@ -61,7 +70,7 @@ def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   prog = dev.runtime(name, dev.compiler.compile(src))
   if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
   variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
-  ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, 0, variables, opts)
+  ck = CompiledKernel(name, src, prog, 0, variables, opts)
   ck.ops = count_ops(uops) * ck.threads
   return ck
 

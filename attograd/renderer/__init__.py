@@ -5,6 +5,7 @@ from attograd.uop.ops import UOp, Ops
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
+  has_local: bool = False    # workgroups of threads sharing local memory (the LOCAL and GROUP opts)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
 def kernel_name(uops: list[UOp]) -> str:

@@ -13,6 +13,24 @@ def _float_literal(x: float, suffix: str) -> str:
 
 WRAPPING = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL}
 
+# libm's exp2f is a call per element (without fast-math the compiler won't use a vector version),
+# so float32 exp2 is this branch-free function the loop vectorizer can inline: 2**x = 2**n * 2**f
+# with n = round(x), f in [-0.5, 0.5], 2**f by its Taylor polynomial of degree 7 (error < 1e-8,
+# so results are within 1-2 ulp). 2**n is two exact power-of-two factors so that results in the
+# subnormal range round once; x is clamped to [-151, 128] first, which gives 0 and inf beyond, and
+# NaN (which the clamp would hide) is passed through at the end.
+EXP2_F32 = """static inline float exp2_f32(float x) {
+  float c = x != x ? 0.0f : x < -151.0f ? -151.0f : x > 128.0f ? 128.0f : x;
+  float n = (c + 12582912.0f) - 12582912.0f, f = c - n;
+  float p = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(1.5252733804059841e-05f, f, 1.5403530393381609e-04f), f, 1.3333558146428443e-03f), f,
+    9.6181291076284772e-03f), f, 5.5504108664821580e-02f), f, 2.4022650695910071e-01f), f, 6.9314718055994531e-01f), f, 1.0f);
+  int ni = (int)n, n1 = ni >> 1, n2 = ni - n1;
+  union { unsigned int u; float f; } s1 = { .u = (unsigned int)(n1 + 127) << 23 }, s2 = { .u = (unsigned int)(n2 + 127) << 23 };
+  float r = (p * s1.f) * s2.f;
+  return x != x ? x : r;
+}
+"""
+
 class CStyleRenderer(Renderer):
   device = "CPU"
   has_threads = True
@@ -21,7 +39,11 @@ class CStyleRenderer(Renderer):
     dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
     dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short",
     dtypes.float32: "float", dtypes.float64: "double"}
-  prelude = "#include <math.h>\n#include <stdint.h>\n" \
+  # the few libm functions and macros kernels use, declared here: parsing <math.h> costs more than compiling a small kernel
+  prelude = "#define NAN __builtin_nanf(\"\")\n#define INFINITY __builtin_inff()\n" \
+    "float exp2f(float); double exp2(double); float log2f(float); double log2(double); float sinf(float); double sin(double);\n" \
+    "float sqrtf(float); double sqrt(double); float truncf(float); double trunc(double); float fmaf(float, float, float);\n" \
+    "double fma(double, double, double); double fmod(double, double);\n" \
     "static inline float bf16_to_f32(unsigned short x) { union { unsigned int u; float f; } v; v.u = (unsigned int)x << 16; return v.f; }\n" \
     "static inline unsigned short f32_to_bf16(float f) { union { unsigned int u; float f; } v; v.f = f;\n" \
     "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n" \
@@ -29,6 +51,7 @@ class CStyleRenderer(Renderer):
     "  if (x > -9.2e18 && x < 9.2e18) return (unsigned long long)(long long)x;\n" \
     "  if (x - x != 0) return 0; x = fmod(x, 18446744073709551616.0);\n" \
     "  return x < 0 ? -(unsigned long long)(-x) : (unsigned long long)x; }\n"
+  prelude += EXP2_F32
   func_prefix = ""
 
   def dt(self, dtype: DType) -> str:
@@ -51,7 +74,9 @@ class CStyleRenderer(Renderer):
 
   def alu(self, op: Ops, dtype: DType, a: list[str], src: tuple[UOp, ...]) -> str:
     if op is Ops.NEG: return f"(!{a[0]})" if dtypes.is_bool(dtype) else f"(-{a[0]})"
-    if op is Ops.EXP2: return f"{self.math_fn('exp2', dtype)}({a[0]})"
+    if op is Ops.EXP2:
+      if dtype == dtypes.float32 and EXP2_F32 in self.prelude: return f"exp2_f32({a[0]})"
+      return f"{self.math_fn('exp2', dtype)}({a[0]})"
     if op is Ops.LOG2: return f"{self.math_fn('log2', dtype)}({a[0]})"
     if op is Ops.SIN: return f"{self.math_fn('sin', dtype)}({a[0]})"
     if op is Ops.SQRT: return f"{self.math_fn('sqrt', dtype)}({a[0]})"
@@ -68,7 +93,9 @@ class CStyleRenderer(Renderer):
       if dtypes.is_unsigned(dtype): return f"({a[1]}==0?0:({a[0]}{sym}{a[1]}))"
       return f"({a[1]}==0?0:{a[1]}==-1?({sym == '/' and f'(-{a[0]})' or '0'}):({a[0]}{sym}{a[1]}))"
     if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
-    if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
+    if op is Ops.MULACC:
+      if dtypes.is_float(dtype): return f"{self.math_fn('fma', dtype)}({a[0]},{a[1]},{a[2]})"
+      return f"(({a[0]}*{a[1]})+{a[2]})"
     if op is Ops.SHL or op is Ops.SHR:
       return f"({a[0]}{'<<' if op is Ops.SHL else '>>'}{a[1]})"
     sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
@@ -102,6 +129,7 @@ class CStyleRenderer(Renderer):
       nonlocal counter
       r[u] = f"{prefix}{counter}"; counter += 1
       emit(f"{self.dt(u.dtype)} {r[u]} = {expr};")
+    spelled_thrice = {u.src[0] for u in uops if u.op is Ops.MAX and dtypes.is_float(u.dtype)}
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
     variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
     for u in uops:
@@ -112,6 +140,8 @@ class CStyleRenderer(Renderer):
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
+        # a lane loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
+        if u.arg[1] == "lane": lines.append("#pragma GCC unroll 1")
         emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); depth += 1
       elif op is Ops.END: depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
@@ -137,8 +167,8 @@ class CStyleRenderer(Renderer):
         else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
         # C computes 8- and 16-bit integer math in int: wrap the result back into its type
         if dtypes.is_int(u.dtype) and u.dtype.itemsize < 4 and op is not Ops.WHERE: expr = f"(({self.dt(u.dtype)}){expr})"
-        # single-use pure values are written inline; the rest get a name
-        if uses.get(u, 0) <= 1 and len(expr) < 80: r[u] = expr
+        # single-use pure values are written inline; the rest get a name (and so does what a float MAX spells thrice)
+        if uses.get(u, 0) <= 1 and len(expr) < 80 and u not in spelled_thrice: r[u] = expr
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     body = "\n".join(lines)

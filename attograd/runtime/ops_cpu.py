@@ -6,12 +6,35 @@ from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 
+class MemoryPool:
+  """Big blocks of freed memory, kept for the next allocation of the same size. A fresh mapping costs a
+  page fault per 4 KiB on first touch (25 ms for 16 MiB here, more than the kernel that fills it);
+  a reused one costs nothing. Reused memory holds old bytes, as torch.empty's does."""
+  MIN_BYTES, MAX_BYTES = 1 << 16, 1 << 30
+  def __init__(self):
+    self.free: dict[int, list[tuple[mmap.mmap, int]]] = {}
+    self.held = 0
+  def take(self, nbytes: int) -> tuple[mmap.mmap, int] | None:
+    if not (blocks := self.free.get(nbytes)): return None
+    self.held -= nbytes
+    return blocks.pop()
+  def give(self, mem: mmap.mmap, addr: int) -> None:
+    if len(mem) < self.MIN_BYTES or self.held + len(mem) > self.MAX_BYTES: return  # dropped: unmapped by its own refcount
+    self.free.setdefault(len(mem), []).append((mem, addr))
+    self.held += len(mem)
+POOL = MemoryPool()
+
 class CPUMemory:
-  """Page-aligned, zero-filled memory that kernels may vectorize over, and its address."""
+  """Page-aligned memory that kernels may vectorize over, and its address (zero-filled when fresh)."""
   __slots__ = ("mem", "addr")
   def __init__(self, nbytes: int):
-    self.mem = mmap.mmap(-1, nbytes)
-    self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+    if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
+    else:
+      self.mem = mmap.mmap(-1, nbytes)
+      self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+  def __del__(self):
+    try: POOL.give(self.mem, self.addr)
+    except Exception: pass  # interpreter shutdown: the pool may already be gone
 
 class CPUAllocator(Allocator):
   def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)

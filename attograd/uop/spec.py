@@ -12,6 +12,7 @@ def _same_dtype(a: UOp) -> bool:
 
 kernel_spec = PatternMatcher([
   (UPat(Ops.SINK), lambda: True),
+  (UPat(Ops.NOOP, dtype=dtypes.void), lambda: True),  # a group of stores (upcast copies, several accumulators)
   (UPat(Ops.PARAM, name="p"), lambda p: isinstance(p.dtype, PtrDType) and isinstance(p.arg, int)),
   (UPat(Ops.DEFINE_VAR, name="v"), lambda v: dtypes.is_int(v.dtype) and len(v.arg) == 3),
   (UPat(Ops.DEFINE_REG, name="r"), lambda r: isinstance(r.dtype, PtrDType) and r.dtype.addrspace == "reg"),

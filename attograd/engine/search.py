@@ -1,0 +1,92 @@
+"""BEAM search over Opts (DESIGN §3.4): from the unoptimized kernel, try every legal next Opt on each
+of the best `width` kernels so far, compile the candidates in parallel, time them on the device,
+keep the fastest, until a round brings no gain. The winner's Opts are cached on disk, keyed by the
+kernel's AST, the device and the search settings, so a second run picks them without searching."""
+from __future__ import annotations
+import concurrent.futures, json, os, time
+from typing import Any, Callable
+from attograd.helpers import DEBUG, CACHELEVEL, cache_dir, content_hash, atomic_write
+from attograd.uop.ops import UOp, Ops
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
+from attograd.runtime.device import Device, Buffer
+
+SEARCH_VERSION = "1"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
+MAX_ROUNDS = 8
+
+def actions(ast: UOp, threads: int) -> list[Opt]:
+  """Every Opt worth trying next on this kernel (illegal ones are weeded out by applying them)."""
+  out: list[Opt] = []
+  ax = axes(ast)
+  for i, r in enumerate(ax):
+    size = const_size(r)
+    if r.arg[1] == "global":
+      out += [Opt(OptOps.UPCAST, i, n) for n in (2, 3, 4, 8, 16, 32)]
+      if size is not None and size % 8: out += [Opt(OptOps.PADTO, i, n) for n in (8, 32)]
+      if threads > 1: out.append(Opt(OptOps.THREAD, i, threads))
+      out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
+    else:
+      out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
+      out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]
+      if size is not None and size <= 8 and size not in (2, 4): out.append(Opt(OptOps.UNROLL, i, size))
+  return out
+
+def _buffers(ast: UOp, device: str) -> list[Any]:
+  params = sorted((u for u in ast.toposort if u.op is Ops.PARAM), key=lambda u: u.arg)
+  return [Buffer(device, max(p.dtype.size, 1), p.dtype.base).ensure_allocated()._buf for p in params]
+
+def time_kernel(ck: Any, bufs: list[Any], sync: Callable[[], None], reps: int = 3, budget: float | None = None) -> float:
+  """The fastest of a few runs (the minimum: other work on the machine only ever adds time)."""
+  best = float("inf")
+  for _ in range(reps):
+    st = time.perf_counter(); ck(bufs, {}); sync()
+    best = min(best, time.perf_counter() - st)
+    if budget is not None and best > budget: break  # far behind the leaders: no need to be precise
+  return best
+
+def _cache_path(ast: UOp, device: str, width: int, threads: int):
+  return cache_dir() / "beam" / f"{content_hash(SEARCH_VERSION, repr(ast), device, str(width), str(threads))}.json"
+
+def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp, str, list[Opt]], Any]) -> list[Opt]:
+  """The fastest Opts found for this kernel on this device (cached on disk)."""
+  dev = Device[device]
+  threads = THREADS.value if dev.renderer.has_threads else 1
+  # sizes only known at run time, or a device that can't be timed here: nothing to search on
+  if any(u.op is Ops.DEFINE_VAR and u.arg[0] != CORE_ID for u in ast.toposort): return []
+  path = _cache_path(ast, device, width, threads)
+  if CACHELEVEL >= 1 and path.exists():
+    return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
+  st = time.perf_counter()
+  bufs = _buffers(ast, device)
+  def build(opts: list[Opt]) -> tuple[list[Opt], Any] | None:
+    try: return opts, compile_kernel(ast, device, opts)
+    except KernelOptError: return None
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)  # the compiler runs outside the GIL
+  base = compile_kernel(ast, device, [])
+  beam: list[tuple[float, list[Opt]]] = [(time_kernel(base, bufs, dev.synchronize), [])]
+  seen = {base.src}
+  # the heuristics' choice starts in the beam too: the search only ever improves on it
+  if (hc := hand_coded_opts(ast, threads)) and (built := build(hc)) is not None:
+    seen.add(built[1].src)
+    beam = sorted(beam + [(time_kernel(built[1], bufs, dev.synchronize), hc)], key=lambda x: x[0])[:max(width, 1)]
+  try:
+    for _ in range(MAX_ROUNDS):
+      candidates = [opts + [a] for _, opts in beam for a in actions(ast, threads)]
+      # compile everything first, then time one kernel at a time on a machine the compiler left alone
+      built = [b for b in pool.map(build, candidates) if b is not None]
+      timed: list[tuple[float, list[Opt]]] = []
+      for opts, ck in built:
+        if ck.src in seen: continue  # two Opt lists can give the same program
+        seen.add(ck.src)
+        timed.append((time_kernel(ck, bufs, dev.synchronize, budget=3 * beam[0][0]), opts))
+      best = sorted(beam + timed, key=lambda x: x[0])[:width]
+      if DEBUG >= 2: print(f"BEAM round: {len(timed)} kernels, best {best[0][0] * 1e3:.3f} ms {best[0][1]}")
+      improved = best[0][0] < beam[0][0] * 0.98
+      beam = best
+      if not improved: break
+  finally: pool.shutdown(wait=True)
+  winner = beam[0][1]
+  if DEBUG >= 1: print(f"BEAM={width}: {winner} in {time.perf_counter() - st:.1f} s, {beam[0][0] * 1e3:.3f} ms (was {time_kernel(base, bufs, dev.synchronize) * 1e3:.3f} ms)")
+  if CACHELEVEL >= 1:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps([[o.op.name, o.axis, o.amount] for o in winner]).encode())
+  return winner
