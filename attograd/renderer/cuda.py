@@ -2,7 +2,7 @@
 thread ids, __shared__ memory and __syncthreads. float16 is cuda_fp16.h's half and bfloat16
 cuda_bf16.h's __nv_bfloat16, converted through float (lowering already computes them in float32)."""
 from __future__ import annotations
-from attograd.dtype import DType, PtrDType, dtypes
+from attograd.dtype import DType, dtypes
 from attograd.uop.ops import UOp, Ops
 from attograd.renderer.cstyle import CStyleRenderer
 
