@@ -10,7 +10,7 @@ from attograd.engine.realize import get_kernel, buffer_of, run_schedule
 from attograd.renderer.opencl import OpenCLRenderer
 from helpers import DEVICES
 
-pytestmark = pytest.mark.skipif("CL" not in DEVICES, reason="no OpenCL driver here (scripts/install_deps.sh installs PoCL)")
+pytestmark = pytest.mark.skipif("CL" not in DEVICES, reason="CL left out by TEST_DEVICES, or no OpenCL driver here (scripts/install_deps.sh installs PoCL)")
 L, G = OptOps.LOCAL, OptOps.GROUP
 rng = np.random.default_rng(0)
 
