@@ -57,8 +57,10 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
   is_global = r.arg[1] == "global"
-  if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
-    raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has none")
+  if opt.op in (OptOps.LOCAL, OptOps.GROUP):
+    if not has_local: raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
+    from attograd.codegen.gpudims import apply_gpu_opt  # it builds on this module: imported when used
+    return apply_gpu_opt(ast, opt)  # LOCAL counts global axes, GROUP counts reduce axes
   need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.LOCAL: True, OptOps.UNROLL: False, OptOps.GROUP: False}
   if opt.op in need and need[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if need[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
