@@ -6,7 +6,9 @@ import numpy as np
 import torch
 from attograd import Tensor, dtypes, DType
 
-DEVICES = ["CPU", "PYTHON"]
+import importlib.util
+# LLVM runs the op suite whenever llvmlite is installed (pip install 'attograd[llvm]'; in [testing])
+DEVICES = ["CPU", "PYTHON"] + (["LLVM"] if importlib.util.find_spec("llvmlite") else [])
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
   dtypes.bool: torch.bool, dtypes.int8: torch.int8, dtypes.uint8: torch.uint8, dtypes.int16: torch.int16,
