@@ -1,10 +1,12 @@
 """Renderers turn a linear list of UOps into source text. They hold no optimization logic."""
 from __future__ import annotations
 from attograd.uop.ops import UOp, Ops
+from attograd.uop.patterns import PatternMatcher
 
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
+  rewrites: PatternMatcher | None = None  # a last pass over the lowered kernel, for what only this target does
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
 def kernel_name(uops: list[UOp]) -> str:

@@ -7,6 +7,7 @@ import math, struct
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.renderer import Renderer
 
 SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16",
@@ -36,9 +37,18 @@ def const(value, dt: DType) -> str:
   v = int(value)
   return str(v - (1 << 64) if v >= 1 << 63 else v)  # LLVM reads i64 literals as signed
 
+# an accumulator update acc + a*b becomes one fused multiply-add (rounded once: slightly more accurate than
+# the C backend's two roundings). Only there: contracting any a*b+c would turn x*y - x*y into a rounding error
+fuse_accumulate = PatternMatcher([
+  (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="idx"), UPat(Ops.ADD, dtype=(dtypes.float32, dtypes.float64), name="add",
+        src=[UPat(Ops.LOAD, name="acc"), UPat(Ops.MUL, name="m")]))),
+   lambda idx, add, acc, m: idx.store(m.src[0].alu(Ops.MULACC, m.src[1], acc)) if idx.dtype.addrspace == "reg" else None),
+])
+
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
+  rewrites = fuse_accumulate
 
   def render(self, name: str, uops: list[UOp]) -> str:
     r: dict[UOp, str] = {}
