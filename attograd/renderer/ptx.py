@@ -7,7 +7,7 @@ out of 8 bits; float16 and bfloat16 live in .b16 registers as bits (lowering did
 float32). Thread ids: until kernels carry GPU ids, every loop runs in one thread, so a kernel is
 correct when launched as a single thread."""
 from __future__ import annotations
-import struct
+import re, struct
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
@@ -49,7 +49,7 @@ class PTXRenderer(Renderer):
   device = "CUDA"
   rewrites = ptx_math
   def __init__(self, arch: str = "sm_80", version: str = "8.0"):
-    if not (arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:5]) >= 80):
+    if not ((m := re.fullmatch(r"sm_(\d+)[af]?", arch)) and int(m.group(1)) >= 80):
       raise ValueError(f"the PTX renderer targets sm_80 and newer (it converts bfloat16 in hardware), got {arch!r}")
     self.arch, self.version = arch, version
 
