@@ -185,3 +185,18 @@ def test_llvm_without_llvmlite_says_how_to_install():
   script = "import sys; sys.modules['llvmlite'] = None\nfrom attograd import Tensor\ntry: Tensor([1.0], device='LLVM').realize()\n" \
            "except RuntimeError as e: print(e)"
   assert "pip install 'attograd[llvm]'" in run_python(script)
+
+@needs_llvm
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="reads x86 assembly")
+def test_llvm_code_uses_vectors_and_fma():
+  """Elementwise loops and float sums are vectorized (packed instructions); an accumulated product is an FMA."""
+  from attograd.runtime.device import Device
+  from attograd.codegen import to_program
+  from attograd.runtime.ops_llvm import _llvm
+  dev = Device["LLVM"]
+  x = Tensor.empty(64, 256, device="LLVM")
+  def asm(t): return dev.compiler.assembly(to_program(t.schedule()[-1].ast, dev.renderer)[1])
+  assert re.search(r"\bv?(mul|add)ps\b", asm(x * 2 + 1)), "elementwise float math isn't vectorized"
+  assert re.search(r"\bv?addps\b", asm(x.sum(1))), "a float sum isn't vectorized"
+  if "+fma" in _llvm().get_host_cpu_features().flatten():
+    assert "vfmadd" in asm(x @ Tensor.empty(256, 32, device="LLVM")), "matmul doesn't use FMA"

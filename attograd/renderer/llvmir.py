@@ -1,7 +1,9 @@
 """LLVM IR text from linear UOps (the LLVM backend). Loops are basic blocks with a phi for the
 index; accumulators are allocas that LLVM promotes to registers. Values keep their dtype's LLVM
 type except bool (i1 in registers, i8 in memory) and bfloat16 (its bits, i16, as in the C renderer:
-math on it was already moved to float32 by lowering)."""
+math on it was already moved to float32 by lowering). Float math is strict IEEE (no contraction, no
+fast-math) except in a float accumulator's update: it may be reassociated (so sums vectorize) and an
+accumulated product is a fused multiply-add."""
 from __future__ import annotations
 import math, struct
 from attograd.dtype import DType, PtrDType, dtypes
@@ -69,9 +71,9 @@ class LLVMRenderer(Renderer):
       nonlocal block
       lines.append(f"{name}:")
       block = name
-    def call(fn: str, ret: str, args: list[tuple[str, str]]) -> str:
+    def call(fn: str, ret: str, args: list[tuple[str, str]], fmf: str = "") -> str:
       declares.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
-      return ins(f"call {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
+      return ins(f"call{fmf} {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
 
     def cast(x: str, frm: DType, to: DType) -> str:
       """Value x of dtype frm as dtype to, with the semantics of the PYTHON device."""
@@ -135,7 +137,7 @@ class LLVMRenderer(Renderer):
         return ins(f"xor i1 {a[0]}, true") if dtypes.is_bool(dt) else ins(f"sub {t} 0, {a[0]}")
       if op is Ops.WHERE: return ins(f"select i1 {a[0]}, {t} {a[1]}, {t} {a[2]}")
       if op is Ops.MULACC:
-        if fl: return call(f"llvm.fmuladd.{intr(dt)}", t, [(t, a[0]), (t, a[1]), (t, a[2])])
+        if fl: return call(f"llvm.fmuladd.{intr(dt)}", t, [(t, a[0]), (t, a[1]), (t, a[2])], flags(u))
         return ins(f"add {t} {ins(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
       if op is Ops.MAX:
         if fl:  # NaN propagates, as in torch; otherwise the C renderer's (a > b ? a : b)
@@ -162,11 +164,11 @@ class LLVMRenderer(Renderer):
         return ins(f"select i1 {zero}, {t} 0, {t} {q}")
       if dtypes.is_bool(dt) and op in (Ops.ADD, Ops.SUB, Ops.MUL):  # bool math saturates: or, xor, and
         return ins(f"{({Ops.ADD: 'or', Ops.SUB: 'xor', Ops.MUL: 'and'})[op]} i1 {a[0]}, {a[1]}")
-      if fl: return ins(f"{({Ops.ADD: 'fadd', Ops.SUB: 'fsub', Ops.MUL: 'fmul', Ops.FDIV: 'fdiv'})[op]} {t} {a[0]}, {a[1]}")
+      if fl: return ins(f"{({Ops.ADD: 'fadd', Ops.SUB: 'fsub', Ops.MUL: 'fmul', Ops.FDIV: 'fdiv'})[op]}{flags(u)} {t} {a[0]}, {a[1]}")
       inst = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
       # integer math wraps; where bounds prove it can't, say so and let LLVM reason about it
-      flags = (" nsw" if is_signed(dt) else " nuw") if op in (Ops.ADD, Ops.SUB, Ops.MUL) and u.exact and not dtypes.is_bool(dt) else ""
-      return ins(f"{inst}{flags} {t} {a[0]}, {a[1]}")
+      nowrap = (" nsw" if is_signed(dt) else " nuw") if op in (Ops.ADD, Ops.SUB, Ops.MUL) and u.exact and not dtypes.is_bool(dt) else ""
+      return ins(f"{inst}{nowrap} {t} {a[0]}, {a[1]}")
 
     def gated(gate: str, body) -> str | None:
       """Run body() only where gate holds; returns body's value (or 0) as a phi."""
@@ -180,6 +182,11 @@ class LLVMRenderer(Renderer):
       label(f"j{k}")
       return ins(f"phi {ty} [ {val}, %{end} ], [ {zero}, %{before} ]") if val is not None else None
 
+    # a float sum's accumulator update may be reassociated: LLVM then keeps several partial sums in a
+    # vector instead of one serial chain (a different order of the same additions, as torch's sums)
+    sums = {u.src[1] for u in uops if u.op is Ops.STORE and u.src[0].dtype.addrspace == "reg" and u.src[1].op in (Ops.ADD, Ops.MULACC)
+            and any(x.op is Ops.LOAD and x.src[0].dtype.addrspace == "reg" for x in u.src[1].src)}
+    def flags(u: UOp) -> str: return " reassoc" if u in sums else ""
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
     variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
     for v in variables:  # variables arrive as i64 (one calling convention for every kernel)

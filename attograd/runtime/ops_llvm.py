@@ -28,20 +28,23 @@ class LLVMCompiler(Compiler):
   def __init__(self):
     llvm, tm = _llvm(), _target_machine()
     self.target = f"{llvm.llvm_version_info} {llvm.get_process_triple()} {tm.target_data} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
-  def compile(self, src: str) -> bytes:
-    key = content_hash(src, self.target)
-    path = cache_dir() / f"{key}.llvm.o"
-    if CACHELEVEL >= 1 and path.exists(): return path.read_bytes()
+  def optimized(self, src: str) -> Any:
+    """The module of src after LLVM's O3 pipeline for this machine."""
     llvm, tm = _llvm(), _target_machine()
     try:
       mod = llvm.parse_assembly(src)
       mod.verify()
     except RuntimeError as e: raise RuntimeError(f"LLVM rejected a kernel: {e}\n--- source ---\n{src}") from None
     mod.triple, mod.data_layout = tm.triple, str(tm.target_data)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pb = llvm.create_pass_builder(tm, pto)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     pb.getModulePassManager().run(mod, pb)
-    obj = tm.emit_object(mod)
+    return mod
+  def assembly(self, src: str) -> str: return _target_machine().emit_assembly(self.optimized(src))
+  def compile(self, src: str) -> bytes:
+    key = content_hash(src, self.target)
+    path = cache_dir() / f"{key}.llvm.o"
+    if CACHELEVEL >= 1 and path.exists(): return path.read_bytes()
+    obj = _target_machine().emit_object(self.optimized(src))
     if CACHELEVEL >= 1: atomic_write(path, obj)
     return obj
 
