@@ -8,6 +8,7 @@ from attograd import Tensor, dtypes
 from attograd.uop.ops import Ops
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, OptOps
+from attograd.codegen.gpudims import gpu_hand_coded_opts
 from attograd.engine import realize
 from attograd.renderer.ptx import PTXRenderer
 from attograd.runtime.device import Device
@@ -37,6 +38,11 @@ def op_kernels() -> list:
   kernels = []
   for t in outs:
     kernels += [(si.ast, []) for si in t.schedule() if si.ast.op is Ops.SINK]
+  # sizes where work-groups split axes and reductions (GROUP: shared memory and a barrier)
+  for dt in ("float32", "float16", "int64"):
+    big = Tensor.empty(256, 1024, device="CPU", dtype=dt)
+    for t in (big * 2, big.sum(), big.max(1), big[:64, :64] @ big[:64, :32], big.sum(0)):
+      kernels += [(si.ast, []) for si in t.schedule() if si.ast.op is Ops.SINK]
   big = (Tensor.empty(64, 1024, device="CPU") * 2).schedule()[-1].ast
   kernels.append((big, [Opt(OptOps.THREAD, 0, 4)]))  # a kernel variable: the thread count's core id
   return kernels
@@ -44,7 +50,9 @@ def op_kernels() -> list:
 def module(arch: str, kernels: list) -> str:
   """All kernels as one PTX module (one ptxas run), each entry named k<i>."""
   renderer = PTXRenderer(arch)
-  entries = [renderer.render_entry(f"k{i}", to_program(ast, renderer, opts)[2]) for i, (ast, opts) in enumerate(kernels)]
+  # the opts a CUDA device would pick (work-group sizes, reductions split across a work-group)
+  entries = [renderer.render_entry(f"k{i}", to_program(ast, renderer, opts if opts else gpu_hand_coded_opts(ast, renderer))[2])
+             for i, (ast, opts) in enumerate(kernels)]
   return renderer.header() + "\n".join(entries)
 
 @pytest.fixture(scope="module")

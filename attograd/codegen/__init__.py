@@ -6,11 +6,12 @@ from attograd.uop.patterns import graph_rewrite
 from attograd.codegen.lower import lower
 from attograd.codegen.linearize import linearize
 from attograd.codegen.opt import Opt, apply_opts
+from attograd.codegen.gpudims import add_gpudims
 from attograd.renderer import Renderer, kernel_name
 
 def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""
-  sink = lower(apply_opts(ast, opts or []))
+  sink = lower(add_gpudims(apply_opts(ast, opts or []), renderer))
   if renderer.rewrites is not None: sink = graph_rewrite(sink, renderer.rewrites)
   uops = linearize(sink)
   name = kernel_name(uops)

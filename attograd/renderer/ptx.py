@@ -4,8 +4,8 @@ Registers are mutable, so loops are a counter and two branches. Every CONST is m
 before the first loop (an empty loop must not leave a constant unset for the code after it). 8-bit
 integers live in 16-bit registers (PTX has no 8-bit registers), re-narrowed after math that can carry
 out of 8 bits; float16 and bfloat16 live in .b16 registers as bits (lowering did their math in
-float32). Thread ids: until kernels carry GPU ids, every loop runs in one thread, so a kernel is
-correct when launched as a single thread."""
+float32). Global and local axes arrive as thread ids (SPECIAL: gidx<d> is %ctaid, lidx<d> is %tid);
+work-group memory is .shared and a BARRIER is bar.sync."""
 from __future__ import annotations
 import re, struct
 from attograd.dtype import DType, PtrDType, dtypes
@@ -48,6 +48,7 @@ ptx_math = PatternMatcher(float64_math.rules + [
 class PTXRenderer(Renderer):
   device = "CUDA"
   rewrites = ptx_math
+  global_max, local_max, workgroup_max, workgroup_pref = (2**31 - 1, 65535, 65535), (1024, 1024, 64), 1024, 128
   def __init__(self, arch: str = "sm_80", version: str = "8.0"):
     if not ((m := re.fullmatch(r"sm_(\d+)[af]?", arch)) and int(m.group(1)) >= 80):
       raise ValueError(f"the PTX renderer targets sm_80 and newer (it converts bfloat16 in hardware), got {arch!r}")
@@ -227,6 +228,15 @@ class PTXRenderer(Renderer):
         locals_.append(f"  .local .align {max(base.itemsize, 4)} .b8 {name}_acc{u.arg}[{u.dtype.size * base.itemsize}];")
         r[u] = reg("u64"); space[u] = "local"
         prologue.append(f"  mov.u64 {r[u]}, {name}_acc{u.arg};")
+      elif op is Ops.DEFINE_LOCAL:
+        base = u.dtype.base
+        locals_.append(f"  .shared .align {max(base.itemsize, 4)} .b8 {name}_temp{u.arg}[{u.dtype.size * base.itemsize}];")
+        r[u] = reg("u64"); space[u] = "shared"
+        prologue.append(f"  mov.u64 {r[u]}, {name}_temp{u.arg};")
+      elif op is Ops.SPECIAL:
+        r[u] = new(u.dtype)
+        emit(f"mov.u32 {r[u]}, %{'ctaid' if u.arg.startswith('gidx') else 'tid'}.{'xyz'[int(u.arg[-1])]};")
+      elif op is Ops.BARRIER: emit("bar.sync 0;")
       elif op is Ops.AFTER: r[u], space[u] = r[u.src[0]], space[u.src[0]]
       elif op is Ops.INDEX: r[u], space[u] = address(u), space[u.src[0]]
       elif op is Ops.LOAD:
