@@ -107,3 +107,8 @@ def test_float64_series_accuracy(cpu_with_series, name, ref, x, max_ulp):
   # near a multiple of pi, sin is small and the reduction's last 1e-32 of pi shows: compare absolutely there
   if name == "sin": err = np.where(np.abs(want) < 1e-8, np.abs(got - want) / 1e-30, err)
   assert err.max() <= max_ulp, f"{name}({x[err.argmax()]}) = {got[err.argmax()]!r}, want {want[err.argmax()]!r}"
+
+def test_ptx_refuses_old_architectures():
+  for arch in ("sm_70", "sm_75", "compute_80"):
+    with pytest.raises(ValueError, match="sm_80 and newer"): PTXRenderer(arch)
+  assert ".target sm_120" in PTXRenderer("sm_120").header()

@@ -49,7 +49,7 @@ class PTXRenderer(Renderer):
   device = "CUDA"
   rewrites = ptx_math
   global_max, local_max, workgroup_max, workgroup_pref = (2**31 - 1, 65535, 65535), (1024, 1024, 64), 1024, 128
-  def __init__(self, arch: str = "sm_80", version: str = "8.0"):
+  def __init__(self, arch: str = "sm_80", version: str = "7.8"):  # 7.8: the first with sm_90 (CUDA 11.8)
     if not ((m := re.fullmatch(r"sm_(\d+)[af]?", arch)) and int(m.group(1)) >= 80):
       raise ValueError(f"the PTX renderer targets sm_80 and newer (it converts bfloat16 in hardware), got {arch!r}")
     self.arch, self.version = arch, version
