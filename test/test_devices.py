@@ -143,6 +143,10 @@ def test_llvm_casts_match_the_reference(dtype):
   ref = as_f32(Tensor(x, device="PYTHON").cast(dtype)).numpy()
   keep = x < 2.0**63 if dtype != "uint64" else np.ones(len(x), bool)  # beyond int64 the result is saturated, not wrapped
   np.testing.assert_equal(got[keep], ref[keep])
+  for narrow in ("float16", "bfloat16"):  # from the 16-bit floats too (computed through float32)
+    h = np.array([0.0, -1.5, 200.7, -129.2, 65504.0, np.nan, -40000.0])
+    got, ref = (as_f32(Tensor(h, device=d).cast(narrow).cast(dtype)).numpy() for d in ("LLVM", "PYTHON"))
+    np.testing.assert_equal(got, ref)
 
 @needs_llvm
 def test_llvm_threads_agree_with_one_thread():

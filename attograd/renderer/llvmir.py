@@ -104,7 +104,7 @@ class LLVMRenderer(Renderer):
         # fptosi is poison out of range: convert through a saturating 64-bit conversion (NaN -> 0) and
         # wrap into the target type, as the reference's int() and modular truncation do
         w = call(f"llvm.fptosi.sat.i64.{intr(frm)}", "i64", [(ft, x)])
-        if to == dtypes.uint64:  # [2**63, 2**64) only fits unsigned
+        if to == dtypes.uint64 and frm != dtypes.float16:  # [2**63, 2**64) only fits unsigned (and no half is that big)
           u = call(f"llvm.fptoui.sat.i64.{intr(frm)}", "i64", [(ft, x)])
           w = ins(f"select i1 {ins(f'fcmp oge {ft} {x}, {const(2.0**63, frm)}')}, i64 {u}, i64 {w}")
         return w if bits(to) == 64 else ins(f"trunc i64 {w} to {tt}")
