@@ -151,7 +151,6 @@ def test_llvm_casts_match_the_reference(dtype):
 @needs_llvm
 def test_llvm_threads_agree_with_one_thread():
   from attograd import Context
-  from attograd.codegen.opt import THREADS
   from attograd.engine import realize
   x = rng.standard_normal((256, 512)).astype(np.float32)
   def run(threads):

@@ -5,7 +5,7 @@ math on it was already moved to float32 by lowering). Float math is strict IEEE 
 fast-math) except in a float accumulator's update: it may be reassociated (so sums vectorize) and an
 accumulated product is a fused multiply-add."""
 from __future__ import annotations
-import math, struct
+import struct
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp

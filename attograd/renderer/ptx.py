@@ -95,8 +95,9 @@ class PTXRenderer(Renderer):
         if dtypes.is_int(to): return cast(cast(x, frm, dtypes.float32), dtypes.float32, to)
         emit(f"cvt.{REG[to]}.f16 {out}, {x};"); return out
       if to == dtypes.float16:
-        src = x if is_float(frm) else cast(x, frm, dtypes.float64 if bits(frm) == 64 else dtypes.float32)
-        emit(f"cvt.rn.f16.{REG[dtypes.float64 if bits(frm) == 64 else dtypes.float32] if not is_float(frm) else REG[frm]} {out}, {src};")
+        # an integer becomes a float first, exactly where it can (a double for 32 bits), as the reference
+        via = frm if is_float(frm) else dtypes.float64 if bits(frm) >= 32 else dtypes.float32
+        emit(f"cvt.rn.f16.{REG[via]} {out}, {cast(x, frm, via)};")
         return out
       if is_float(frm) and is_float(to):
         emit(f"cvt{'.rn' if bits(to) < bits(frm) else ''}.{REG[to]}.{REG[frm]} {out}, {x};"); return out
