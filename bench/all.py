@@ -16,10 +16,10 @@ def median_ms(fn, reps: int) -> float:
     st = time.perf_counter(); fn(); times.append(time.perf_counter() - st)
   return statistics.median(times) * 1e3
 
-def ours(make, *arrays):
+def ours(make, *arrays, device: str = "CPU"):
   """Time attograd on fresh input buffers each run (nothing memoized), kernels already compiled."""
   from attograd import Tensor
-  inputs = [[Tensor(a).realize() for a in arrays] for _ in range(6)]
+  inputs = [[Tensor(a, device=device).realize() for a in arrays] for _ in range(6)]
   make(*inputs[0]).realize()
   it = iter(inputs[1:])
   return lambda: make(*next(it)).realize()
@@ -84,14 +84,17 @@ def main() -> None:
   import torch
   torch.set_num_threads(os.cpu_count() or 1)
   beam = int(os.getenv("BENCH_BEAM", "0"))
-  print(f"{'benchmark':30s} {'attograd ms':>12s} {'numpy ms':>10s} {'torch ms':>10s} {'vs numpy':>9s} {'vs torch':>9s} {'GFLOPS':>8s}"
+  import importlib.util
+  llvm = importlib.util.find_spec("llvmlite") is not None  # the LLVM device's column (the ratios are the CPU device's)
+  print(f"{'benchmark':30s} {'attograd ms':>12s} {'LLVM ms':>9s} {'numpy ms':>10s} {'torch ms':>10s} {'vs numpy':>9s} {'vs torch':>9s} {'GFLOPS':>8s}"
         + (f" {f'BEAM={beam} ms':>11s} {'vs numpy':>9s} {'GFLOPS':>8s}" if beam else ""))
   for name, flops, (make, *arrays), np_fn, torch_fn in cases():
     a = median_ms(ours(make, *arrays), 5)
+    lv = median_ms(ours(make, *arrays, device="LLVM"), 5) if llvm else float("nan")
     n = median_ms(np_fn, 5) if np_fn else float("nan")
     t = median_ms(torch_fn, 5)
     gf = f"{flops / a / 1e6:8.1f}" if flops else f"{'':8s}"
-    line = f"{name:30s} {a:12.2f} {n:10.2f} {t:10.2f} {n / a:8.2f}x {t / a:8.2f}x {gf}"
+    line = f"{name:30s} {a:12.2f} {lv:9.2f} {n:10.2f} {t:10.2f} {n / a:8.2f}x {t / a:8.2f}x {gf}"
     if beam and name in ("matmul 1024", "matmul 512"):  # the search takes minutes per kernel: the target size only
       bm = with_beam(make, arrays, beam)
       line += f" {bm:11.2f} {n / bm:8.2f}x {flops / bm / 1e6:8.1f}"

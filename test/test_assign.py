@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 from attograd import Tensor, GlobalCounters
+from helpers import DEVICES
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_assign_reading_itself_elsewhere_is_not_corrupted(device):
   a = Tensor([[1., 2., 3.], [4., 5., 6.]], device=device).realize()
   a.assign(a.flip(0)).realize()

@@ -1,6 +1,6 @@
-"""Devices: the PYTHON emulator (the reference semantics) and CPU agree; copies between them;
-the CPU compiler's disk cache; DEBUG=4 shows the source."""
-import os, pathlib, re, subprocess, sys
+"""Devices: the PYTHON emulator (the reference semantics), CPU and LLVM agree; copies between them;
+the compilers' disk caches; DEBUG=4 shows the source."""
+import importlib.util, os, pathlib, re, subprocess, sys
 import numpy as np
 import pytest
 from attograd import Tensor, GlobalCounters
@@ -8,15 +8,21 @@ from attograd import Tensor, GlobalCounters
 REPO = pathlib.Path(__file__).resolve().parents[1]
 rng = np.random.default_rng(1)
 
-def on_both(f, *arrays):
-  """f applied to the arrays as tensors on CPU and on PYTHON: (cpu result, python result) as numpy."""
-  return tuple(f(*[Tensor(x, device=d) for x in arrays]).numpy() for d in ("CPU", "PYTHON"))
+HAS_LLVM = importlib.util.find_spec("llvmlite") is not None
+COMPILED = ["CPU"] + (["LLVM"] if HAS_LLVM else [])
+needs_llvm = pytest.mark.skipif(not HAS_LLVM, reason="llvmlite is not installed (pip install 'attograd[llvm]')")
+
+def on_all(f, *arrays):
+  """f applied to the arrays as tensors on PYTHON and on each compiled device: {device: result as numpy}."""
+  return {d: f(*[Tensor(x, device=d) for x in arrays]).numpy() for d in ["PYTHON", *COMPILED]}
 
 def check(f, *arrays, want=None, exact=False):
-  cpu, py = on_both(f, *arrays)
-  assert cpu.shape == py.shape and cpu.dtype == py.dtype
+  out = on_all(f, *arrays)
+  py = out.pop("PYTHON")
   cmp = np.testing.assert_equal if exact else lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
-  cmp(cpu, py)
+  for dev, got in out.items():
+    assert got.shape == py.shape and got.dtype == py.dtype, dev
+    cmp(got, py)
   if want is not None: cmp(py, want)
 
 na, nb = rng.standard_normal((5, 6)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
@@ -72,7 +78,8 @@ def test_random_numbers_are_the_same_on_every_device():
   def draw(device):
     Tensor.manual_seed(3)
     return [t.numpy() for t in (Tensor.rand(5, device=device), Tensor.randn(3, device=device), Tensor.randint(4, high=100, device=device))]
-  for cpu, py in zip(draw("CPU"), draw("PYTHON")): np.testing.assert_allclose(cpu, py, rtol=1e-6)
+  for dev in COMPILED:
+    for got, py in zip(draw(dev), draw("PYTHON")): np.testing.assert_allclose(got, py, rtol=1e-6)
 
 def test_copy_between_devices():
   x = Tensor(na, device="CPU")
@@ -121,3 +128,78 @@ def test_debug4_prints_source(tmp_path):
                    DEBUG="4", ATTOGRAD_CACHE=str(tmp_path))
   assert "void " in out
   assert len(re.findall(r"^void \w+\(", out, re.M)) == 2, out  # one function per kernel
+
+# ***** LLVM: the casts C leaves undefined, threads, its disk cache *****
+
+@needs_llvm
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool", "float16", "bfloat16"])
+def test_llvm_casts_match_the_reference(dtype):
+  """Float to integer is poison in LLVM out of range; the LLVM device wraps like the emulator for every
+  value an int64 holds (and NaN gives 0), and rounds double -> half once."""
+  x = np.array([0.0, -0.0, 1.5, -1.5, 127.9, 128.5, -129.0, 255.5, 65535.7, 3e9, -3e9, 1e18, -1e18, 2.0**63 + 2**11,
+                np.nan, 1 + 2**-11 + 2**-40, 65519.99, 6e-8, 2.9e-8, 1e-300], np.float64)
+  as_f32 = lambda t: t.cast("float32") if dtype == "bfloat16" else t  # numpy has no bfloat16
+  got = as_f32(Tensor(x, device="LLVM").cast(dtype)).numpy()
+  ref = as_f32(Tensor(x, device="PYTHON").cast(dtype)).numpy()
+  keep = x < 2.0**63 if dtype != "uint64" else np.ones(len(x), bool)  # beyond int64 the result is saturated, not wrapped
+  np.testing.assert_equal(got[keep], ref[keep])
+  for narrow in ("float16", "bfloat16"):  # from the 16-bit floats too (computed through float32)
+    h = np.array([0.0, -1.5, 200.7, -129.2, 65504.0, np.nan, -40000.0])
+    got, ref = (as_f32(Tensor(h, device=d).cast(narrow).cast(dtype)).numpy() for d in ("LLVM", "PYTHON"))
+    np.testing.assert_equal(got, ref)
+
+@needs_llvm
+def test_llvm_threads_agree_with_one_thread():
+  from attograd import Context
+  from attograd.engine import realize
+  x = rng.standard_normal((256, 512)).astype(np.float32)
+  def run(threads):
+    realize._kernel_cache.clear()
+    with Context(THREADS=threads): return (Tensor(x, device="LLVM").sin() * 3).sum(1).numpy()
+  one, two = run(1), run(2)
+  assert any(ck.threads == 2 for ck in realize._kernel_cache.values()), "the heuristic should thread a kernel this big"
+  np.testing.assert_array_equal(one, two)
+  np.testing.assert_allclose(one, (np.sin(x) * 3).sum(1), rtol=1e-4, atol=1e-4)
+
+LLVM_CACHE_SCRIPT = """
+import os
+from attograd import Tensor
+x = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]], device="LLVM")
+print((x * 3 + 17.25).sum(1).tolist(), (x.T @ x).max().item())
+print("objects", sum(f.endswith(".llvm.o") for f in os.listdir(os.environ["ATTOGRAD_CACHE"])))
+"""
+
+@needs_llvm
+def test_llvm_compiler_caches_on_disk(tmp_path):
+  first = run_python(LLVM_CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")
+  n = int(re.search(r"objects (\d+)", first).group(1))
+  assert n >= 2, first
+  files = sorted(p.name for p in tmp_path.iterdir())
+  second = run_python(LLVM_CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")
+  assert first == second and sorted(p.name for p in tmp_path.iterdir()) == files  # read back, nothing new
+
+@needs_llvm
+def test_llvm_debug4_prints_ir(tmp_path):
+  out = run_python("from attograd import Tensor\nx = Tensor([1.0, 2.0, 3.0], device='LLVM')\n(x + 1).realize(); x.sum().realize()",
+                   DEBUG="4", ATTOGRAD_CACHE=str(tmp_path))
+  assert len(re.findall(r"^define void @\w+\(", out, re.M)) == 2, out
+
+def test_llvm_without_llvmlite_says_how_to_install():
+  script = "import sys; sys.modules['llvmlite'] = None\nfrom attograd import Tensor\ntry: Tensor([1.0], device='LLVM').realize()\n" \
+           "except RuntimeError as e: print(e)"
+  assert "pip install 'attograd[llvm]'" in run_python(script)
+
+@needs_llvm
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="reads x86 assembly")
+def test_llvm_code_uses_vectors_and_fma():
+  """Elementwise loops and float sums are vectorized (packed instructions); an accumulated product is an FMA."""
+  from attograd.runtime.device import Device
+  from attograd.codegen import to_program
+  from attograd.runtime.ops_llvm import _llvm
+  dev = Device["LLVM"]
+  x = Tensor.empty(64, 256, device="LLVM")
+  def asm(t): return dev.compiler.assembly(to_program(t.schedule()[-1].ast, dev.renderer)[1])
+  assert re.search(r"\bv?(mul|add)ps\b", asm(x * 2 + 1)), "elementwise float math isn't vectorized"
+  assert re.search(r"\bv?addps\b", asm(x.sum(1))), "a float sum isn't vectorized"
+  if "+fma" in _llvm().get_host_cpu_features().flatten():
+    assert "vfmadd" in asm(x @ Tensor.empty(256, 32, device="LLVM")), "matmul doesn't use FMA"

@@ -4,6 +4,7 @@ import re
 import numpy as np
 import pytest
 from attograd import Tensor, Context, Device, dtypes
+from helpers import DEVICES
 
 def raises(exc, *words):
   """pytest.raises whose message must contain every one of words (literally)."""
@@ -81,7 +82,7 @@ def test_usable_after_errors():
 
 # ***** no crash in generated code *****
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64"])
 def test_integer_division_by_zero_gives_a_value(device, dtype):
   x = Tensor([7, 0, 3, 100], dtype=dtype, device=device)
@@ -89,13 +90,13 @@ def test_integer_division_by_zero_gives_a_value(device, dtype):
   for out in (x // zero, x % zero, x.div(zero, rounding_mode="trunc"), x // 0, x % 0, (x + 1) // (x - x)):
     assert len(out.tolist()) == 4 and all(isinstance(v, int) for v in out.tolist())
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_int_min_divided_by_minus_one_gives_a_value(device):
   imin = Tensor([-2**31, -2**31], dtype="int32", device=device)
   for out in (imin // Tensor([-1, -1], dtype="int32", device=device), imin // -1, imin % -1, imin.div(-1, rounding_mode="trunc")):
     assert all(isinstance(v, int) for v in out.tolist())
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_float_division_by_zero_is_ieee(device):
   x, zero = Tensor([1.0, -1.0, 0.0], device=device), Tensor([0.0, 0.0, 0.0], device=device)
   np.testing.assert_equal((x / zero).numpy(), np.array([np.inf, -np.inf, np.nan], dtype=np.float32))

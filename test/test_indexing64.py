@@ -4,6 +4,7 @@ reshape/permute/pad chains simplify to, pinned as text."""
 import numpy as np
 import pytest
 from attograd import Tensor, dtypes
+from helpers import DEVICES
 from attograd.uop.ops import UOp, Ops
 from attograd.renderer.cstyle import CStyleRenderer
 from attograd.codegen import to_program
@@ -46,7 +47,7 @@ def test_big_constant_uses_int64():
   t = Tensor.empty(16).pad(((2**31, 0),))[2**31:] + 1
   assert index_dtypes(t) == {dtypes.int64}
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_int64_choice_is_correct_on_small_data(device):
   # the same index pattern at a size that runs: values match numpy
   a = np.arange(16, dtype=np.float32).reshape(1, 16)
@@ -66,7 +67,7 @@ def test_gate_narrows_range():
   (load,) = [i for i in indices(t)[1:]]
   assert load == "(((r0*4)+r2)+1)"  # column 4+r2 of the pad is column r2+1 of the tensor
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_gated_values(device):
   x = np.arange(16, dtype=np.float32)
   np.testing.assert_equal((Tensor(x, device=device).pad(((2, 2),)).reshape(5, 4) + 1).numpy(), np.pad(x, (2, 2)).reshape(5, 4) + 1)

@@ -2,6 +2,7 @@
 (DESIGN invariant 1: same AST, same source)."""
 from __future__ import annotations
 from attograd.uop.ops import UOp, Ops
+from attograd.uop.patterns import graph_rewrite
 from attograd.codegen.lower import lower
 from attograd.codegen.linearize import linearize
 from attograd.codegen.opt import Opt, apply_opts
@@ -10,6 +11,8 @@ from attograd.renderer import Renderer, kernel_name
 
 def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""
-  uops = linearize(lower(add_gpudims(apply_opts(ast, opts or [], renderer.has_local), renderer)))
+  sink = lower(add_gpudims(apply_opts(ast, opts or [], renderer.has_local), renderer))
+  if renderer.rewrites is not None: sink = graph_rewrite(sink, renderer.rewrites)
+  uops = linearize(sink)
   name = kernel_name(uops)
   return name, renderer.render(name, uops), uops

@@ -1,10 +1,12 @@
 """Renderers turn a linear list of UOps into source text. They hold no optimization logic."""
 from __future__ import annotations
 from attograd.uop.ops import UOp, Ops
+from attograd.uop.patterns import PatternMatcher
 
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
+  rewrites: PatternMatcher | None = None  # a last pass over the lowered kernel, for what only this target does
   # GPU targets: the most work-groups per launch dimension (None: a CPU-shaped target, loops stay loops),
   # the most threads per work-group in each dimension and in all, and the preferred work-group size
   global_max: tuple[int, ...] | None = None

@@ -1,0 +1,249 @@
+"""LLVM IR text from linear UOps (the LLVM backend). Loops are basic blocks with a phi for the
+index; accumulators are allocas that LLVM promotes to registers. Values keep their dtype's LLVM
+type except bool (i1 in registers, i8 in memory) and bfloat16 (its bits, i16, as in the C renderer:
+math on it was already moved to float32 by lowering). Float math is strict IEEE (no contraction, no
+fast-math) except in a float accumulator's update: it may be reassociated (so sums vectorize) and an
+accumulated product is a fused multiply-add."""
+from __future__ import annotations
+import struct
+from attograd.dtype import DType, PtrDType, dtypes
+from attograd.helpers import float_to_bf16_bits
+from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.patterns import UPat, PatternMatcher
+from attograd.renderer import Renderer
+
+SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16",
+          dtypes.int32: "i32", dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64",
+          dtypes.float16: "half", dtypes.bfloat16: "i16", dtypes.float32: "float", dtypes.float64: "double"}
+FLOAT_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+
+def ltype(dt: DType) -> str:
+  if isinstance(dt, PtrDType): return "ptr"
+  s = SCALAR[dt.scalar()]
+  return f"<{dt.count} x {s}>" if dt.count > 1 else s
+
+def mem_type(dt: DType) -> str:
+  """How a value of dt is stored: bool takes a byte."""
+  return "i8" if dt.scalar() == dtypes.bool else ltype(dt)
+
+def is_float(dt: DType) -> bool: return dtypes.is_float(dt) and dt.scalar() != dtypes.bfloat16
+def is_signed(dt: DType) -> bool: return dtypes.is_int(dt) and not dtypes.is_unsigned(dt)
+def bits(dt: DType) -> int: return 1 if dt.scalar() == dtypes.bool else 8 * dt.itemsize
+
+def const(value, dt: DType) -> str:
+  if dt == dtypes.bfloat16: return str(float_to_bf16_bits(float(value)))
+  if dt == dtypes.float16: return "0xH" + struct.pack(">e", float(value)).hex().upper()
+  if dtypes.is_float(dt):  # float and double literals are written as the double's bits (exact for float values)
+    return "0x" + struct.pack(">d", float(value)).hex().upper()
+  if dtypes.is_bool(dt): return "true" if value else "false"
+  v = int(value)
+  return str(v - (1 << 64) if v >= 1 << 63 else v)  # LLVM reads i64 literals as signed
+
+# an accumulator update acc + a*b becomes one fused multiply-add (rounded once: slightly more accurate than
+# the C backend's two roundings). Only there: contracting any a*b+c would turn x*y - x*y into a rounding error
+fuse_accumulate = PatternMatcher([
+  (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="idx"), UPat(Ops.ADD, dtype=(dtypes.float32, dtypes.float64), name="add",
+        src=[UPat(Ops.LOAD, name="acc"), UPat(Ops.MUL, name="m")]))),
+   lambda idx, add, acc, m: idx.store(m.src[0].alu(Ops.MULACC, m.src[1], acc)) if idx.dtype.addrspace == "reg" else None),
+])
+
+class LLVMRenderer(Renderer):
+  device = "LLVM"
+  has_threads = True
+  rewrites = fuse_accumulate
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    r: dict[UOp, str] = {}
+    allocas: list[str] = []
+    lines: list[str] = []
+    declares: set[str] = set()
+    n = 0
+    block = "entry"  # the block instructions are going into, for phi sources
+    def tmp() -> str:
+      nonlocal n
+      n += 1
+      return f"%t{n}"
+    def ins(expr: str) -> str:
+      name = tmp()
+      lines.append(f"  {name} = {expr}")
+      return name
+    def label(name: str) -> None:
+      nonlocal block
+      lines.append(f"{name}:")
+      block = name
+    def call(fn: str, ret: str, args: list[tuple[str, str]], fmf: str = "") -> str:
+      declares.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
+      return ins(f"call{fmf} {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
+
+    def cast(x: str, frm: DType, to: DType) -> str:
+      """Value x of dtype frm as dtype to, with the semantics of the PYTHON device."""
+      if frm == to: return x
+      if frm == dtypes.bfloat16:  # its bits are the top half of a float32
+        wide = ins(f"zext i16 {x} to i32")
+        return cast(ins(f"bitcast i32 {ins(f'shl i32 {wide}, 16')} to float"), dtypes.float32, to)
+      if to == dtypes.bfloat16:  # round to nearest even from float32; NaN becomes the quiet NaN 0x7fc0
+        f = cast(x, frm, dtypes.float32)
+        b = ins(f"bitcast float {f} to i32")
+        odd = ins(f"and i32 {ins(f'lshr i32 {b}, 16')}, 1")
+        up = ins(f"add i32 {ins(f'add i32 {b}, 32767')}, {odd}")
+        rounded = ins(f"trunc i32 {ins(f'lshr i32 {up}, 16')} to i16")
+        return ins(f"select i1 {ins(f'fcmp uno float {f}, 0.0')}, i16 32704, i16 {rounded}")
+      ft, tt = ltype(frm), ltype(to)
+      if dtypes.is_bool(to): return ins(f"fcmp une {ft} {x}, 0.0" if is_float(frm) else f"icmp ne {ft} {x}, 0")
+      if dtypes.is_bool(frm): return ins(f"uitofp i1 {x} to {tt}" if is_float(to) else f"zext i1 {x} to {tt}")
+      if is_float(frm) and is_float(to):
+        if to == dtypes.float16 and frm == dtypes.float64:
+          # no libcall for double -> half outside compiler-rt: round to odd in float, which rounds once after
+          return ins(f"fptrunc float {round_to_odd_f32(x)} to half")
+        return ins(f"{'fpext' if bits(to) > bits(frm) else 'fptrunc'} {ft} {x} to {tt}")
+      if is_float(to):
+        if to == dtypes.float16 and bits(frm) == 64:  # as the reference does: the integer becomes a double first
+          return cast(cast(x, frm, dtypes.float64), dtypes.float64, to)
+        return ins(f"{'sitofp' if is_signed(frm) else 'uitofp'} {ft} {x} to {tt}")
+      if is_float(frm):
+        # fptosi is poison out of range: convert through a saturating 64-bit conversion (NaN -> 0) and
+        # wrap into the target type, as the reference's int() and modular truncation do
+        w = call(f"llvm.fptosi.sat.i64.{intr(frm)}", "i64", [(ft, x)])
+        if to == dtypes.uint64 and frm != dtypes.float16:  # [2**63, 2**64) only fits unsigned (and no half is that big)
+          u = call(f"llvm.fptoui.sat.i64.{intr(frm)}", "i64", [(ft, x)])
+          w = ins(f"select i1 {ins(f'fcmp oge {ft} {x}, {const(2.0**63, frm)}')}, i64 {u}, i64 {w}")
+        return w if bits(to) == 64 else ins(f"trunc i64 {w} to {tt}")
+      if bits(to) == bits(frm): return x
+      if bits(to) < bits(frm): return ins(f"trunc {ft} {x} to {tt}")
+      return ins(f"{'sext' if is_signed(frm) else 'zext'} {ft} {x} to {tt}")
+
+    def round_to_odd_f32(x: str) -> str:
+      """double -> float rounded to odd (toward zero, then the last bit set if inexact): rounding that
+      to half is then the correctly rounded double -> half."""
+      f = ins(f"fptrunc double {x} to float")
+      back = ins(f"fpext float {f} to double")
+      fabs = lambda v: call("llvm.fabs.f64", "double", [("double", v)])
+      b = ins(f"bitcast float {f} to i32")
+      b = ins(f"select i1 {ins(f'fcmp ogt double {fabs(back)}, {fabs(x)}')}, i32 {ins(f'sub i32 {b}, 1')}, i32 {b}")
+      b = ins(f"select i1 {ins(f'fcmp one double {back}, {x}')}, i32 {ins(f'or i32 {b}, 1')}, i32 {b}")
+      return ins(f"bitcast i32 {b} to float")
+
+    def intr(dt: DType) -> str: return {dtypes.float32: "f32", dtypes.float64: "f64", dtypes.float16: "f16"}[dt.scalar()]
+
+    def alu(u: UOp) -> str:
+      op, dt, s = u.op, u.dtype, u.src
+      a = [r[x] for x in s]
+      t = ltype(s[-1].dtype if op is not Ops.WHERE else dt)
+      fl = is_float(s[0].dtype) if op is not Ops.WHERE else is_float(dt)
+      if op in FLOAT_INTRINSICS: return call(f"llvm.{FLOAT_INTRINSICS[op]}.{intr(dt)}", t, [(t, a[0])])
+      if op is Ops.RECIP: return ins(f"fdiv {t} {const(1.0, dt)}, {a[0]}")
+      if op is Ops.NEG:
+        if fl: return ins(f"fneg {t} {a[0]}")
+        return ins(f"xor i1 {a[0]}, true") if dtypes.is_bool(dt) else ins(f"sub {t} 0, {a[0]}")
+      if op is Ops.WHERE: return ins(f"select i1 {a[0]}, {t} {a[1]}, {t} {a[2]}")
+      if op is Ops.MULACC:
+        if fl: return call(f"llvm.fmuladd.{intr(dt)}", t, [(t, a[0]), (t, a[1]), (t, a[2])], flags(u))
+        return ins(f"add {t} {ins(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
+      if op is Ops.MAX:
+        if fl:  # NaN propagates, as in torch; otherwise the C renderer's (a > b ? a : b)
+          pick = ins(f"or i1 {ins(f'fcmp uno {t} {a[0]}, {a[0]}')}, {ins(f'fcmp ogt {t} {a[0]}, {a[1]}')}")
+        else: pick = ins(f"icmp {'sgt' if is_signed(dt) else 'ugt'} {t} {a[0]}, {a[1]}")
+        return ins(f"select i1 {pick}, {t} {a[0]}, {t} {a[1]}")
+      if op in GroupOp.Comparison:
+        if fl: return ins(f"fcmp {({Ops.CMPLT: 'olt', Ops.CMPNE: 'une', Ops.CMPEQ: 'oeq'})[op]} {t} {a[0]}, {a[1]}")
+        lt = "slt" if is_signed(s[0].dtype) else "ult"
+        return ins(f"icmp {({Ops.CMPLT: lt, Ops.CMPNE: 'ne', Ops.CMPEQ: 'eq'})[op]} {t} {a[0]}, {a[1]}")
+      if op in (Ops.SHL, Ops.SHR):  # the amount is taken modulo the width, as the reference does
+        amt = cast(a[1], s[1].dtype, dt) if s[1].dtype != dt else a[1]
+        amt = ins(f"and {t} {amt}, {bits(dt) - 1}")
+        return ins(f"{'shl' if op is Ops.SHL else 'ashr' if is_signed(dt) else 'lshr'} {t} {a[0]}, {amt}")
+      if op in (Ops.IDIV, Ops.MOD):
+        inst = ("sdiv" if op is Ops.IDIV else "srem") if is_signed(dt) else ("udiv" if op is Ops.IDIV else "urem")
+        if s[1].op is Ops.CONST and s[1].arg != 0 and not (is_signed(dt) and s[1].arg == -1):
+          return ins(f"{inst} {t} {a[0]}, {a[1]}")
+        # x/0 = x%0 = 0; for signed types x/-1 = -x (wrapping) and x%-1 = 0: both would trap in hardware
+        zero = ins(f"icmp eq {t} {a[1]}, 0")
+        bad = ins(f"or i1 {zero}, {ins(f'icmp eq {t} {a[1]}, -1')}") if is_signed(dt) else zero
+        q = ins(f"{inst} {t} {a[0]}, {ins(f'select i1 {bad}, {t} 1, {t} {a[1]}')}")
+        if is_signed(dt): q = ins(f"select i1 {bad}, {t} {ins(f'sub {t} 0, {a[0]}') if op is Ops.IDIV else '0'}, {t} {q}")
+        return ins(f"select i1 {zero}, {t} 0, {t} {q}")
+      if dtypes.is_bool(dt) and op in (Ops.ADD, Ops.SUB, Ops.MUL):  # bool math saturates: or, xor, and
+        return ins(f"{({Ops.ADD: 'or', Ops.SUB: 'xor', Ops.MUL: 'and'})[op]} i1 {a[0]}, {a[1]}")
+      if fl: return ins(f"{({Ops.ADD: 'fadd', Ops.SUB: 'fsub', Ops.MUL: 'fmul', Ops.FDIV: 'fdiv'})[op]}{flags(u)} {t} {a[0]}, {a[1]}")
+      inst = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
+      # integer math wraps; where bounds prove it can't, say so and let LLVM reason about it
+      nowrap = (" nsw" if is_signed(dt) else " nuw") if op in (Ops.ADD, Ops.SUB, Ops.MUL) and u.exact and not dtypes.is_bool(dt) else ""
+      return ins(f"{inst}{nowrap} {t} {a[0]}, {a[1]}")
+
+    def gated(gate: str, body) -> str | None:
+      """Run body() only where gate holds; returns body's value (or 0) as a phi."""
+      k = tmp()[2:]
+      before = block
+      lines.append(f"  br i1 {gate}, label %g{k}, label %j{k}")
+      label(f"g{k}")
+      val, ty, zero = body()
+      end = block
+      lines.append(f"  br label %j{k}")
+      label(f"j{k}")
+      return ins(f"phi {ty} [ {val}, %{end} ], [ {zero}, %{before} ]") if val is not None else None
+
+    # a float sum's accumulator update may be reassociated: LLVM then keeps several partial sums in a
+    # vector instead of one serial chain (a different order of the same additions, as torch's sums)
+    sums = {u.src[1] for u in uops if u.op is Ops.STORE and u.src[0].dtype.addrspace == "reg" and u.src[1].op in (Ops.ADD, Ops.MULACC)
+            and any(x.op is Ops.LOAD and x.src[0].dtype.addrspace == "reg" for x in u.src[1].src)}
+    def flags(u: UOp) -> str: return " reassoc" if u in sums else ""
+    params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
+    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    for v in variables:  # variables arrive as i64 (one calling convention for every kernel)
+      r[v] = f"%var{variables.index(v)}" if ltype(v.dtype) == "i64" else ins(f"trunc i64 %var{variables.index(v)} to {ltype(v.dtype)}")
+    for u in uops:
+      op = u.op
+      if op is Ops.PARAM: r[u] = f"%data{u.arg}"
+      elif op in (Ops.DEFINE_VAR, Ops.SINK, Ops.NOOP): pass
+      elif op is Ops.CONST: r[u] = const(u.arg, u.dtype)
+      elif op is Ops.DEFINE_REG:
+        r[u] = f"%acc{u.arg}"
+        allocas.append(f"  %acc{u.arg} = alloca [{u.dtype.size} x {mem_type(u.dtype.base)}]")
+      elif op is Ops.AFTER: r[u] = r[u.src[0]]
+      elif op is Ops.INDEX:
+        r[u] = ins(f"getelementptr inbounds {mem_type(u.dtype.base)}, ptr {r[u.src[0]]}, {ltype(u.src[1].dtype)} {r[u.src[1]]}")
+      elif op is Ops.LOAD:
+        idx = u.src[0]
+        mt = mem_type(u.dtype)
+        def load(idx=idx, mt=mt, u=u):
+          v = ins(f"load {mt}, ptr {r[idx]}")
+          return (ins(f"icmp ne i8 {v}, 0") if dtypes.is_bool(u.dtype) else v), ltype(u.dtype), const(0, u.dtype)
+        r[u] = gated(r[idx.src[2]], load) if len(idx.src) > 2 else load()[0]
+      elif op is Ops.STORE:
+        idx, val = u.src
+        def store(idx=idx, val=val):
+          v = ins(f"zext i1 {r[val]} to i8") if dtypes.is_bool(val.dtype) else r[val]
+          lines.append(f"  store {mem_type(val.dtype)} {v}, ptr {r[idx]}")
+          return None, "", ""
+        if len(idx.src) > 2: gated(r[idx.src[2]], store)
+        else: store()
+      elif op is Ops.RANGE:
+        k, t = u.arg[0], ltype(u.dtype)
+        r[u] = f"%r{k}"
+        lines.append(f"  br label %loop{k}")
+        pre = block
+        label(f"loop{k}")
+        lines.append(f"  %r{k} = phi {t} [ 0, %{pre} ], [ %r{k}.next, %latch{k} ]")
+        lines.append(f"  br i1 {ins(f'icmp slt {t} %r{k}, {r[u.src[0]]}')}, label %body{k}, label %exit{k}")
+        label(f"body{k}")
+      elif op is Ops.END:
+        rng = u.src[1]
+        k, t = rng.arg[0], ltype(rng.dtype)
+        lines.append(f"  br label %latch{k}")
+        label(f"latch{k}")
+        lines.append(f"  %r{k}.next = add nuw nsw {t} %r{k}, 1")
+        lines.append(f"  br label %loop{k}")
+        label(f"exit{k}")
+      elif op is Ops.CAST: r[u] = cast(r[u.src[0]], u.src[0].dtype, u.dtype)
+      elif op is Ops.BITCAST:
+        frm, to = u.src[0].dtype, u.dtype
+        x = r[u.src[0]]
+        if dtypes.is_bool(frm): x = ins(f"zext i1 {x} to i8")  # bool is a byte in memory, and so for bitcasts
+        r[u] = ins(f"icmp ne i8 {x}, 0") if dtypes.is_bool(to) else x if mem_type(frm) == mem_type(to) else \
+          ins(f"bitcast {mem_type(frm)} {x} to {mem_type(to)}")
+      elif op in GroupOp.ALU: r[u] = alu(u)
+      else: raise NotImplementedError(f"LLVM renderer can't render {op}")
+    args = [f"ptr noalias %data{p.arg}" for p in params] + [f"i64 %var{i}" for i in range(len(variables))]
+    body = "\n".join(allocas + lines)
+    return (f"define void @{name}({', '.join(args)}) nounwind {{\nentry:\n{body}\n  ret void\n}}\n" +
+            "".join(d + "\n" for d in sorted(declares)))
