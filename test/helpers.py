@@ -6,7 +6,14 @@ import numpy as np
 import torch
 from attograd import Tensor, dtypes, DType
 
-DEVICES = ["CPU", "PYTHON"]
+def _available(device: str) -> bool:
+  """Whether a backend can run here (WEBGPU needs the wgpu package and a Vulkan driver)."""
+  from attograd.runtime.device import Device
+  try: Device[device]
+  except (RuntimeError, ImportError): return False
+  return True
+
+DEVICES = ["CPU", "PYTHON"] + [d for d in ("WEBGPU",) if _available(d)]
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
   dtypes.bool: torch.bool, dtypes.int8: torch.int8, dtypes.uint8: torch.uint8, dtypes.int16: torch.int16,

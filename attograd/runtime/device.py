@@ -52,7 +52,7 @@ class Compiled:
 
 # one module per device: attograd/runtime/ops_<name>.py defines <Name>Device
 # DISK:<path> is storage only: a file seen as bytes, read by copying to a compute device
-BACKENDS = ("CPU", "PYTHON", "DISK")
+BACKENDS = ("CPU", "PYTHON", "WEBGPU", "DISK")
 
 class _Device:
   @functools.cache
