@@ -34,6 +34,8 @@ COMPUTE: dict[DType, str] = {
 PACKED = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16)
 # which adapter feature a dtype needs
 FEATURE = {dtypes.int64: "shader-int64", dtypes.uint64: "shader-int64", dtypes.float64: "shader-f64", dtypes.float16: "shader-f16"}
+WORKGROUP = 64       # invocations per workgroup for the element-per-invocation mapping
+MAX_GROUPS = 65535   # workgroups per dispatch dimension (WebGPU's default limit)
 INT_SUFFIX = {"i32": "i", "u32": "u", "i64": "li", "u64": "lu"}
 
 def to_bits(x: str, dt: DType) -> str:
@@ -66,6 +68,8 @@ HELPERS: dict[str, str] = {
   # f16 <-> bits through f32's pack/unpack, exact for every f16 value (vec2<f16> bitcasts don't validate)
   "f16_from_bits": "fn f16_from_bits(b: u32) -> f16 { return f16(unpack2x16float(b)[0]); }",
   "f16_to_bits": "fn f16_to_bits(x: f16) -> u32 { return pack2x16float(vec2<f32>(f32(x), 0.0)) & 0xffffu; }",
+  # x < y from the sign of x - y, corrected where the subtraction overflows (Hacker's Delight 2-12)
+  "lt_i64": "fn lt_i64(x: i64, y: i64) -> bool { let d = x - y; return (bitcast<u64>(d ^ ((x ^ y) & (d ^ x))) >> 63u) != 0lu; }",
   # round to nearest even, NaN stays NaN (as helpers.float_to_bf16_bits)
   "f32_to_bf16": "fn f32_to_bf16(f: f32) -> u32 {\n  if (isnan_f32(f)) { return 0x7fc0u; }\n  let u = bitcast<u32>(f);\n"
                  "  return ((u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u) & 0xffffu;\n}",
@@ -83,8 +87,10 @@ def helpers_for(src: str) -> str:
 class WGSLRenderer(Renderer):
   device = "WEBGPU"
 
-  def __init__(self, features: frozenset[str] | set[str] = frozenset()):
-    self.features = frozenset(features)
+  def __init__(self, features: frozenset[str] | set[str] = frozenset(), loop_limit: int | None = None):
+    # loop_limit: back-edges one invocation may take per outermost loop nest (llvmpipe/lavapipe
+    # silently ends a loop nest after 65535); kernels that could need more are refused
+    self.features, self.loop_limit = frozenset(features), loop_limit
 
   def check_dtype(self, dt: DType) -> None:
     dt = dt.scalar()
@@ -138,6 +144,9 @@ class WGSLRenderer(Renderer):
       if op is Ops.MAX: return f"select({a[1]}, {a[0]}, {n0} || (!{n1} && {a[0]} > {a[1]}))"  # NaN propagates
       if op is Ops.CMPNE: return f"({n0} || {n1} || {a[0]} != {a[1]})"
       return f"(!{n0} && !{n1} && {a[0]} {'<' if op is Ops.CMPLT else '=='} {a[1]})"
+    if sdt == dtypes.int64 and op in (Ops.MAX, Ops.CMPLT):
+      # lavapipe (Mesa 22.3) miscompiles signed 64-bit < against constants: compare by the sign of the difference
+      return f"select({a[1]}, {a[0]}, lt_i64({a[1]}, {a[0]}))" if op is Ops.MAX else f"lt_i64({a[0]}, {a[1]})"
     if op is Ops.MAX: return f"select({a[1]}, {a[0]}, {a[0]} > {a[1]})"
     if op is Ops.IDIV:
       if src[1].op is Ops.CONST: return self.const(0, dtype) if src[1].arg == 0 else f"({a[0]} / {a[1]})"
@@ -188,6 +197,24 @@ class WGSLRenderer(Renderer):
     r: dict[UOp, str] = {}
     lines: list[str] = []
     depth = 1
+    # global axes of constant size are spread over invocations, one element each, last axis fastest;
+    # the rest stay loops. A global axis carries no state between its iterations, so this is exact
+    threaded = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global" and u.src[0].op is Ops.CONST]
+    total = 1
+    for t in threaded: total *= t.src[0].arg
+    self.check_loops(uops, set(threaded))
+    wg = min(WORKGROUP, max(total, 1))
+    groups = -(-total // wg)
+    dispatch = (min(groups, MAX_GROUPS), -(-groups // MAX_GROUPS), 1)
+    if dispatch[1] > MAX_GROUPS: raise RuntimeError(f"WEBGPU can't dispatch {total} invocations (at most {MAX_GROUPS}**2 workgroups of {wg})")
+    if threaded:
+      lines.append(f"  let gid = (wid.y * nwg.x + wid.x) * {wg}u + lid.x;")
+      lines.append(f"  if (gid >= {total}u) {{ return; }}")
+      stride = 1
+      for t in reversed(threaded):
+        size = t.src[0].arg
+        lines.append(f"  let r{t.arg[0]} = {self.dt(t.dtype)}((gid / {stride}u) % {size}u);")
+        stride *= size
     counter = 0
     def emit(line: str) -> None: lines.append("  " * depth + line)
     def var(u: UOp, prefix: str, expr: str) -> None:
@@ -200,9 +227,12 @@ class WGSLRenderer(Renderer):
       elif op is Ops.DEFINE_VAR: r[u] = f"vars.v{variables.index(u)}"
       elif op is Ops.CONST: r[u] = self.const(u.arg, u.dtype)
       elif op is Ops.SINK or op is Ops.NOOP: pass
+      elif op is Ops.RANGE and u in threaded: r[u] = f"r{u.arg[0]}"  # an invocation id, declared on entry
+      elif op is Ops.END and u.src[1] in threaded: pass
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
-        emit(f"for (var {r[u]}: {self.dt(u.dtype)} = {self.const(0, u.dtype)}; {r[u]} < {r[u.src[0]]}; {r[u]} += {self.const(1, u.dtype)}) {{")
+        cond = self.alu(Ops.CMPLT, dtypes.bool, [r[u], r[u.src[0]]], (u, u.src[0]))
+        emit(f"for (var {r[u]}: {self.dt(u.dtype)} = {self.const(0, u.dtype)}; {cond}; {r[u]} += {self.const(1, u.dtype)}) {{")
         depth += 1
       elif op is Ops.END: depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
@@ -237,7 +267,27 @@ class WGSLRenderer(Renderer):
       decls.append(f"struct Vars {{ {fields} }}\n@group(0) @binding({len(params)}) var<uniform> vars: Vars;")
     src = "\n".join(lines)
     prelude = "enable f16;\n" if "f16" in self.features_used(uops) else ""
-    return f"{prelude}{helpers_for(src)}{chr(10).join(decls)}\n@compute @workgroup_size(1)\nfn {name}() {{\n{src}\n}}\n"
+    args = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>"
+    return f"// dispatch {dispatch[0] if total else 0} {dispatch[1]} {dispatch[2]}\n{prelude}{helpers_for(src)}{chr(10).join(decls)}\n" \
+           f"@compute @workgroup_size({wg})\nfn {name}({args}) {{\n{src}\n}}\n"
+
+  def check_loops(self, uops: list[UOp], threaded: set[UOp]) -> None:
+    """Refuse a kernel whose loops could run past the driver's per-invocation limit."""
+    if self.loop_limit is None: return
+    open_loops: list[int] = []  # trip count of each open loop times those around it
+    nest = 0
+    for u in uops:
+      if u.op is Ops.RANGE and u not in threaded:
+        trips = (open_loops[-1] if open_loops else 1) * max(int(u.src[0].vmax), 0)
+        open_loops.append(trips)
+        nest += trips
+      elif u.op is Ops.END and u.src[1] not in threaded:
+        open_loops.pop()
+        if not open_loops:
+          if nest > self.loop_limit:
+            raise RuntimeError(f"WEBGPU kernel needs {nest} loop iterations in one invocation; this driver (llvmpipe) stops "
+                               f"a shader's loops after {self.loop_limit}: use an optimization that spreads the loop over threads (GROUP)")
+          nest = 0
 
   def features_used(self, uops: list[UOp]) -> set[str]:
     out = set()

@@ -17,11 +17,14 @@ RAISED_LIMITS = ("max-storage-buffers-per-shader-stage", "max-storage-buffer-bin
                  "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
                  "max-compute-workgroup-size-x", "max-compute-workgroup-size-y", "max-compute-workgroup-size-z")
 
+# llvmpipe (lavapipe) ends a shader's loop nest after this many iterations, silently
+LLVMPIPE_LOOP_LIMIT = 65535
+
 def _round4(n: int) -> int: return (n + 3) // 4 * 4
 
 @functools.cache
-def wgpu_device() -> tuple[Any, Any]:
-  """(wgpu module, GPUDevice), made once per process."""
+def wgpu_device() -> tuple[Any, Any, Any]:
+  """(wgpu module, GPUAdapter, GPUDevice), made once per process."""
   try: import wgpu
   except ImportError as e:
     raise RuntimeError("the WEBGPU device needs the wgpu package: pip install 'attograd[webgpu]' (or pip install wgpu)") from e
@@ -30,7 +33,7 @@ def wgpu_device() -> tuple[Any, Any]:
     raise RuntimeError("WEBGPU found no adapter: install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers libvulkan1)")
   features = [f for f in OPTIONAL_FEATURES if f in adapter.features]
   limits = {k: adapter.limits[k] for k in RAISED_LIMITS if k in adapter.limits}
-  return wgpu, adapter.request_device_sync(required_features=features, required_limits=limits)
+  return wgpu, adapter, adapter.request_device_sync(required_features=features, required_limits=limits)
 
 class WebgpuAllocator(Allocator):
   def __init__(self, wgpu: Any, device: Any):
@@ -56,6 +59,8 @@ class WebgpuProgram:
   def __init__(self, device: Any, wgpu: Any, name: str, lib: bytes):
     self.device, self.wgpu, self.name = device, wgpu, name
     src = lib.decode()
+    # the renderer's first line: workgroups to dispatch
+    self.dispatch = tuple(int(x) for x in re.match(r"// dispatch (\d+) (\d+) (\d+)", src).groups())
     try: module = device.create_shader_module(code=src)
     except Exception as e: raise RuntimeError(f"WEBGPU failed to compile a kernel: {e}\n--- source ---\n{src}") from e
     kinds = {"storage, read_write": wgpu.BufferBindingType.storage, "storage, read": wgpu.BufferBindingType.read_only_storage,
@@ -85,20 +90,21 @@ class WebgpuProgram:
     if self.uniform is not None:
       self.device.queue.write_buffer(self.uniform, 0, self.pack_vars(vals))
       entries.append({"binding": len(bufs), "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}})
+    if 0 in self.dispatch: return
     bind_group = self.device.create_bind_group(layout=self.layout, entries=entries)
     encoder = self.device.create_command_encoder()
     cpass = encoder.begin_compute_pass()
     cpass.set_pipeline(self.pipeline)
     cpass.set_bind_group(0, bind_group)
-    cpass.dispatch_workgroups(1, 1, 1)
+    cpass.dispatch_workgroups(*self.dispatch)
     cpass.end()
     self.device.queue.submit([encoder.finish()])
 
 class WebgpuDevice(Compiled):
   def __init__(self, name: str):
-    wgpu, device = wgpu_device()
+    wgpu, adapter, device = wgpu_device()
     self.device = device
     # pipelines are cached by source: ASTs that render alike share one
     program = functools.cache(functools.partial(WebgpuProgram, device, wgpu))
-    super().__init__(name, WebgpuAllocator(wgpu, device), WGSLRenderer(frozenset(device.features)), Compiler(), program)
+    super().__init__(name, WebgpuAllocator(wgpu, device), WGSLRenderer(frozenset(device.features), LLVMPIPE_LOOP_LIMIT if "llvmpipe" in adapter.info["device"] else None), Compiler(), program)
   def synchronize(self) -> None: self.device.queue.on_submitted_work_done_sync()
