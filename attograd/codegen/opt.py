@@ -12,6 +12,8 @@ from attograd.uop.symbolic import symbolic
 
 class OptOps(Enum):
   THREAD = auto()   # split a global axis across CPU cores: each core runs one contiguous slice
+  LOCAL = auto()    # GPU: split a global axis into threads of one work-group (codegen/gpudims.py)
+  GROUP = auto()    # GPU: split a reduce axis across a work-group, combined through local memory
 
 @dataclass(frozen=True)
 class Opt:
@@ -30,6 +32,9 @@ def global_ranges(ast: UOp) -> list[UOp]:
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
   for opt in opts:
     if opt.op is OptOps.THREAD: ast = apply_thread(ast, opt)
+    elif opt.op in (OptOps.LOCAL, OptOps.GROUP):
+      from attograd.codegen.gpudims import apply_gpu_opt  # it builds on this module: imported when used
+      ast = apply_gpu_opt(ast, opt)
   return ast
 
 def apply_thread(ast: UOp, opt: Opt) -> UOp:

@@ -9,6 +9,7 @@ from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
+from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem
 
 @dataclass
@@ -19,11 +20,14 @@ class CompiledKernel:
   ops: int              # arithmetic ops per run, for GFLOPS at DEBUG>=1
   variables: list[UOp]  # DEFINE_VARs in argument order (the renderer sorts them by name)
   opts: list[Opt]
+  # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
+  launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
   @property
   def threads(self) -> int:
     return next((v.arg[2] + 1 for v in self.variables if v.arg[0] == CORE_ID), 1)
   def __call__(self, bufs: list[Any], var_vals: dict[UOp, int] | None) -> None:
     vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
+    if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
     # one slice per core: the program is a C call that releases the GIL, so the slices run in parallel
     core = next(i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID)
@@ -44,14 +48,18 @@ def count_ops(uops: list[UOp]) -> int:
       total += prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 for r in u.live_ranges)
   return total
 
-_kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
-def get_kernel(ast: UOp, device: str) -> CompiledKernel:
-  if (ck := _kernel_cache.get((ast, device))) is not None: return ck
+_kernel_cache: dict[tuple, CompiledKernel] = {}
+def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None) -> CompiledKernel:
+  """The kernel compiled for device, with the given Opts or else the heuristics' (cached)."""
+  key = (ast, device) if opts is None else (ast, device, *opts)
+  if (ck := _kernel_cache.get(key)) is not None: return ck
   dev = Device[device]
   if dev.renderer is None:
     raise RuntimeError(f"{device} stores bytes and can't run kernels: move the tensor to a compute device first, e.g. t.to('CPU')")
   st = time.perf_counter()
-  opts = [] if NOOPT else hand_coded_opts(ast, THREADS.value if dev.renderer.has_threads else 1)
+  gpu = dev.renderer.global_max is not None
+  if opts is None: opts = [] if NOOPT else gpu_hand_coded_opts(ast, dev.renderer) if gpu else \
+    hand_coded_opts(ast, THREADS.value if dev.renderer.has_threads else 1)
   name, src, uops = to_program(ast, dev.renderer, opts)
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
@@ -60,8 +68,8 @@ def get_kernel(ast: UOp, device: str) -> CompiledKernel:
   prog = dev.runtime(name, dev.compiler.compile(src))
   if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
   variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
-  ck = _kernel_cache[(ast, device)] = CompiledKernel(name, src, prog, 0, variables, opts)
-  ck.ops = count_ops(uops) * ck.threads
+  ck = _kernel_cache[key] = CompiledKernel(name, src, prog, 0, variables, opts, launch_dims(uops) if gpu else None)
+  ck.ops = count_ops(uops) * ck.threads * prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else count_ops(uops) * ck.threads
   return ck
 
 def buffer_of(u: UOp) -> Buffer:

@@ -5,11 +5,17 @@ from attograd.uop.ops import UOp, Ops
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
+  # GPU targets: the most work-groups per launch dimension (None: a CPU-shaped target, loops stay loops),
+  # the most threads per work-group in each dimension and in all, and the preferred work-group size
+  global_max: tuple[int, ...] | None = None
+  local_max: tuple[int, ...] = (1, 1, 1)
+  workgroup_max: int = 1
+  workgroup_pref: int = 1
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
 def kernel_name(uops: list[UOp]) -> str:
   """A readable, deterministic name: r_ for reductions, E_ for elementwise, then the loop sizes."""
-  ranges = [u for u in uops if u.op is Ops.RANGE]
-  kind = "r" if any(r.arg[1] == "reduce" for r in ranges) else "E"
+  ranges = [u for u in uops if u.op is Ops.RANGE or u.op is Ops.SPECIAL]
+  kind = "r" if any(r.op is Ops.RANGE and r.arg[1] == "reduce" for r in ranges) else "E"
   sizes = "_".join(str(r.src[0].arg) if r.src[0].op is Ops.CONST else "n" for r in ranges)
   return f"{kind}_{sizes}" if sizes else kind

@@ -80,6 +80,12 @@ class CStyleRenderer(Renderer):
   def bitcast(self, x: str, frm: DType, to: DType) -> str:
     return f"((union {{ {self.dt(frm)} a; {self.dt(to)} b; }}){{.a={x}}}).b"
 
+  def load(self, ptr: str, dtype: DType) -> str: return f"(*{ptr})"
+  def store(self, ptr: str, value: str, dtype: DType) -> str: return f"*{ptr} = {value};"
+  # GPU-style languages: how thread ids, work-group memory and barriers are spelled
+  def special(self, name: str) -> str: raise NotImplementedError(f"{type(self).__name__} has no thread ids")
+  local_decl, barrier = "", ""
+
   def signature(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
     args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
     return f"{self.func_prefix}void {name}({', '.join(args)})"
@@ -112,22 +118,26 @@ class CStyleRenderer(Renderer):
       elif op is Ops.DEFINE_REG:
         r[u] = f"acc{u.arg}"; emit(f"{self.dt(u.dtype.base)} {r[u]}[{u.dtype.size}];")
       elif op is Ops.AFTER: r[u] = r[u.src[0]]
+      elif op is Ops.SPECIAL: r[u] = u.arg; emit(f"int {u.arg} = {self.special(u.arg)};")
+      elif op is Ops.DEFINE_LOCAL:
+        r[u] = f"temp{u.arg}"; emit(f"{self.local_decl}{self.dt(u.dtype.base)} {r[u]}[{u.dtype.size}];")
+      elif op is Ops.BARRIER: emit(self.barrier)
       elif op is Ops.INDEX: r[u] = f"({r[u.src[0]]}+{r[u.src[1]]})"
       elif op is Ops.LOAD:
         idx = u.src[0]
-        expr = f"(*{r[idx]})"
+        expr = self.load(r[idx], u.dtype)
         if len(idx.src) > 2: expr = f"({r[idx.src[2]]}?{expr}:{self.const(0, u.dtype)})"
         var(u, "val", expr)
       elif op is Ops.STORE:
         idx = u.src[0]
-        line = f"*{r[idx]} = {r[u.src[1]]};"
+        line = self.store(r[idx], r[u.src[1]], u.src[1].dtype)
         emit(f"if ({r[idx.src[2]]}) {line}" if len(idx.src) > 2 else line)
       elif op in GroupOp.ALU or op is Ops.CAST or op is Ops.BITCAST:
         if op is Ops.CAST: expr = self.cast(r[u.src[0]], u.src[0].dtype, u.dtype)
         elif op is Ops.BITCAST: expr = self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype)
         elif op in WRAPPING and dtypes.is_int(u.dtype) and not dtypes.is_unsigned(u.dtype) and u.dtype.itemsize >= 4 and not u.exact:
           # signed overflow is undefined in C: math that bounds can't prove safe wraps through unsigned
-          unsigned = {4: "unsigned int", 8: "unsigned long long"}[u.dtype.itemsize]
+          unsigned = self.dt({4: dtypes.uint32, 8: dtypes.uint64}[u.dtype.itemsize])
           expr = f"(({self.dt(u.dtype)})" + self.alu(op, u.dtype, [f"({unsigned})({r[s]})" for s in u.src], u.src) + ")"
         else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
         # C computes 8- and 16-bit integer math in int: wrap the result back into its type

@@ -1,8 +1,8 @@
 """PYTHON device: executes the linear UOps directly. It is slow and it is the reference
 semantics: every other backend must agree with it."""
 from __future__ import annotations
-import pickle, struct
-from typing import Any
+import itertools, pickle, struct
+from typing import Any, Iterator
 from attograd.dtype import DType, dtypes, truncate
 from attograd.helpers import bf16_bits_to_float, float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp, exec_alu
@@ -44,15 +44,24 @@ def bitcast(v: Any, frm: DType, to: DType) -> Any:
   return bf16_bits_to_float(out) if to == dtypes.bfloat16 else out
 
 class PythonProgram:
+  """Runs the uops once, or for a GPU-style program (SPECIAL thread ids) once per thread: the threads of
+  a work-group take turns, each running until its next BARRIER, so local memory is shared as on a GPU."""
   def __init__(self, name: str, lib: bytes):
     self.uops: list[UOp] = pickle.loads(bytes.fromhex(lib.decode()))
-  def __call__(self, bufs: list[bytearray], vals: list[int]) -> None:
+  def __call__(self, bufs: list[bytearray], vals: list[int], groups: tuple[int, ...] = (1, 1, 1), local: tuple[int, ...] = (1, 1, 1)) -> None:
+    params = sorted((u for u in self.uops if u.op is Ops.PARAM), key=lambda u: u.arg)
+    variables = sorted((u for u in self.uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    args: dict[UOp, Any] = {p: Memory(b, p.dtype.base) for p, b in zip(params, bufs)}
+    args.update(zip(variables, vals))
+    for g in itertools.product(*(range(n) for n in reversed(groups))):
+      shared: dict[UOp, Memory] = {}
+      threads = [self.thread(dict(args), shared, {**_ids("gidx", g), **_ids("lidx", l)})
+                 for l in itertools.product(*(range(n) for n in reversed(local)))]
+      while threads: threads = [t for t in threads if next(t, None) is not None]
+
+  def thread(self, val: dict[UOp, Any], shared: dict[UOp, Memory], ids: dict[str, int]) -> Iterator[bool]:
+    """One thread's run; yields True at each barrier."""
     uops = self.uops
-    params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
-    val: dict[UOp, Any] = {}
-    for p, b in zip(params, bufs): val[p] = Memory(b, p.dtype.base)
-    for v, x in zip(variables, vals): val[v] = x
     range_at = {u: i for i, u in enumerate(uops) if u.op is Ops.RANGE}
     pc = 0
     while pc < len(uops):
@@ -69,7 +78,12 @@ class PythonProgram:
         val[r] += 1
         if val[r] < val[r.src[0]]: pc = range_at[r]; pc += 1; continue
         val[r] = None
+      elif op is Ops.SPECIAL: val[u] = ids[u.arg]
       elif op is Ops.DEFINE_REG: val[u] = Memory(bytearray(u.dtype.size * u.dtype.base.itemsize), u.dtype.base)
+      elif op is Ops.DEFINE_LOCAL:
+        if u not in shared: shared[u] = Memory(bytearray(u.dtype.size * u.dtype.base.itemsize), u.dtype.base)
+        val[u] = shared[u]
+      elif op is Ops.BARRIER: yield True
       elif op is Ops.AFTER: val[u] = val[u.src[0]]
       elif op is Ops.INDEX: val[u] = (val[u.src[0]], val[u.src[1]], val[u.src[2]] if len(u.src) > 2 else True)
       elif op is Ops.LOAD:
@@ -84,6 +98,10 @@ class PythonProgram:
       elif op in (Ops.SINK, Ops.NOOP, Ops.PARAM, Ops.DEFINE_VAR): pass
       else: raise NotImplementedError(f"PYTHON device can't run {op}")
       pc += 1
+
+def _ids(prefix: str, coords: tuple[int, ...]) -> dict[str, int]:
+  """Thread ids by SPECIAL name; coords come outermost dimension first."""
+  return {f"{prefix}{d}": c for d, c in enumerate(reversed(coords))}
 
 class PythonDevice(Compiled):
   def __init__(self, name: str):

@@ -21,6 +21,10 @@ class Ops(Enum):
   # kernel level
   SINK = auto(); PARAM = auto(); DEFINE_VAR = auto(); DEFINE_REG = auto(); RANGE = auto(); END = auto()
   INDEX = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto(); AFTER = auto(); NOOP = auto()
+  # GPU targets (codegen/gpudims.py): SPECIAL(count) is a thread id, arg "gidx<d>" (work-group id in launch
+  # dimension d) or "lidx<d>" (id within the work-group), valued 0..count-1; DEFINE_LOCAL is memory shared
+  # by a work-group; BARRIER(stores) waits until every thread of the work-group has done its stores
+  SPECIAL = auto(); DEFINE_LOCAL = auto(); BARRIER = auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow Python on the hot path
 
@@ -302,7 +306,7 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType, bool]:
   dt = u.dtype
   if u.op is Ops.CONST: return u.arg, u.arg, True
   if u.op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2], True
-  if u.op is Ops.RANGE: return 0, u.src[0].vmax - 1, True
+  if u.op is Ops.RANGE or u.op is Ops.SPECIAL: return 0, u.src[0].vmax - 1, True
   if not (dtypes.is_int(dt) or dtypes.is_bool(dt)) or dt.count > 1: return dtypes.min(dt), dtypes.max(dt), True
   lo, hi = dtypes.min(dt), dtypes.max(dt)
   s = u.src
@@ -367,6 +371,7 @@ def _render(u: UOp) -> str:
   if u.op is Ops.CONST: return str(u.arg)
   if u.op is Ops.DEFINE_VAR: return u.arg[0]
   if u.op is Ops.RANGE: return f"r{u.arg[0]}"
+  if u.op is Ops.SPECIAL: return u.arg
   if u.op in _infix: return f"({_render(u.src[0])}{_infix[u.op]}{_render(u.src[1])})"
   if u.op is Ops.NEG: return f"(-{_render(u.src[0])})"
   if u.op is Ops.MAX: return f"max({_render(u.src[0])}, {_render(u.src[1])})"

@@ -17,6 +17,9 @@ kernel_spec = PatternMatcher([
   (UPat(Ops.DEFINE_REG, name="r"), lambda r: isinstance(r.dtype, PtrDType) and r.dtype.addrspace == "reg"),
   (UPat(Ops.CONST, name="c"), lambda c: not c.src),
   (UPat(Ops.RANGE, name="r"), lambda r: dtypes.is_int(r.dtype) and r.src[0].dtype == r.dtype),
+  (UPat(Ops.SPECIAL, name="s"), lambda s: s.dtype == dtypes.int32 == s.src[0].dtype and s.arg[:4] in ("gidx", "lidx")),
+  (UPat(Ops.DEFINE_LOCAL, name="l"), lambda l: isinstance(l.dtype, PtrDType) and l.dtype.addrspace == "local"),
+  (UPat(Ops.BARRIER, src=UPat((Ops.STORE, Ops.END))), lambda: True),
   (UPat(Ops.END, src=(UPat(), UPat(Ops.RANGE))), lambda: True),
   (UPat(Ops.AFTER, name="a"), lambda a: a.dtype == a.src[0].dtype),
   (UPat(Ops.INDEX, name="i"), lambda i: isinstance(i.dtype, PtrDType) and dtypes.is_int(i.src[1].dtype) and

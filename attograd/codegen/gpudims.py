@@ -1,0 +1,188 @@
+"""Thread ids for GPU targets (DESIGN §3.5), and the two Opts that shape work-groups.
+
+A GPU runs a kernel as a grid of work-groups, each a block of threads that share fast local memory
+and can wait for each other at a barrier. Here that is explicit in the IR:
+
+- SPECIAL(count) is a thread id valued 0..count-1. arg "gidx<d>" is the work-group's id in launch
+  dimension d (OpenCL get_group_id(d), CUDA blockIdx, WGSL workgroup_id); "lidx<d>" is the thread's
+  id within its work-group (get_local_id(d), threadIdx, local_invocation_id). Dimension 0 is the one
+  whose neighbouring ids are neighbouring threads, so it takes the innermost axis (contiguous memory).
+- On a GPU target (a renderer with `global_max`), add_gpudims turns every global RANGE into gidx
+  ids and every local RANGE into lidx ids, so those loops disappear: the launch runs one thread per
+  iteration. Reduce loops stay loops inside each thread.
+- LOCAL(global i, n) splits global axis i into n threads of one work-group times size/n work-groups.
+- GROUP(reduce i, n) splits reduce axis i across n threads of a work-group: each thread reduces
+  every n-th element into a register, writes its partial result to local memory (DEFINE_LOCAL),
+  waits at a BARRIER, then reads the n partials back and finishes the reduction.
+
+Both Opts are ordinary loop rewrites, so the graph they build also means the right thing as plain
+loops: a local axis is a loop like any other until add_gpudims makes it a thread id. A store that
+doesn't depend on some local axis would then be done by every thread of that axis; add_gpudims
+gates it to thread 0 (after GROUP every thread of the group holds the finished value).
+
+The launch size comes from the SPECIALs of the linear program (launch_dims): work-groups per
+dimension (which may be symbolic) and threads per work-group."""
+from __future__ import annotations
+from attograd.dtype import dtypes
+from attograd.helpers import prod
+from attograd.uop.ops import UOp, Ops, sym_infer
+from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
+from attograd.uop.symbolic import symbolic
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, global_ranges, apply_opts
+from attograd.codegen.lower import NARROW_FLOATS
+from attograd.renderer import Renderer
+
+def ranges_of(ast: UOp, kind: str) -> list[UOp]:
+  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
+
+def _fresh_id(ast: UOp) -> int: return 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
+
+def _const_size(r: UOp, opt: Opt) -> int:
+  if r.src[0].op is not Ops.CONST: raise KernelOptError(f"{opt}: the axis has a symbolic size")
+  size = r.src[0].arg
+  if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
+  return size
+
+# ***** the Opts *****
+
+def apply_local(ast: UOp, opt: Opt) -> UOp:
+  """Global axis of size S -> g*n + l: g a global axis of size S/n, l a local axis of size n."""
+  if any(u.op is Ops.DEFINE_LOCAL for u in ast.toposort): raise KernelOptError(f"{opt}: LOCAL opts come before GROUP")
+  ranges = global_ranges(ast)
+  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} global axes")
+  r = ranges[opt.axis]
+  size = _const_size(r, opt)
+  outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (_fresh_id(ast), "local"))
+  ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
+  return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic)
+
+def apply_group(ast: UOp, opt: Opt) -> UOp:
+  """REDUCE over an axis of size S -> n partial reduces (thread l takes elements l, l+n, ...) stored to
+  local memory, a barrier, and a reduce over the n partials."""
+  ranges = ranges_of(ast, "reduce")
+  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} reduce axes")
+  r = ranges[opt.axis]
+  size, n = _const_size(r, opt), opt.amount
+  red = next(u for u in ast.toposort if u.op is Ops.REDUCE and r in u.src[1:])
+  # local memory is written once per thread: a reduce inside another loop would overwrite it while
+  # other threads still read it
+  nested = {x for u in red.src[0].toposort if u.op is Ops.REDUCE for x in u.src[1:]}
+  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] == "reduce"]):
+    raise KernelOptError(f"{opt}: the reduce is inside loop r{loops[0].arg[0]}: GROUP needs it outside every loop")
+  new = _fresh_id(ast)
+  rr = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // n),), r.arg)
+  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, "local"))
+  dt = dtypes.float32 if red.dtype in NARROW_FLOATS else red.dtype  # partials of narrow floats stay float32
+  value = red.src[0].substitute({r: rr * n + lid}).cast(dt)
+  partial = UOp(Ops.REDUCE, dt, (value, *(rr if x is r else x for x in red.src[1:])), red.arg)
+  # threads of other local axes (LOCAL opts) reduce their own rows: each gets its own n slots
+  others = sorted((x for x in partial.live_ranges if x.arg[1] == "local" and x is not lid), key=lambda x: x.arg)
+  row, slots = UOp.const(r.dtype, 0), n
+  for x in others: row, slots = row * x.src[0].arg + x, slots * x.src[0].arg
+  nlocal = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_LOCAL)
+  buf = UOp(Ops.DEFINE_LOCAL, dt.ptr(slots, "local"), (), nlocal)
+  barrier = UOp(Ops.BARRIER, dtypes.void, (buf.index(row * n + lid).store(partial).end(lid),))
+  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, "reduce"))
+  final = UOp(Ops.REDUCE, dt, (buf.after(barrier).index(row * n + lid2).load(), lid2), red.arg).cast(red.dtype)
+  return graph_rewrite(ast.substitute({red: final}), symbolic)
+
+def apply_gpu_opt(ast: UOp, opt: Opt) -> UOp:
+  return apply_local(ast, opt) if opt.op is OptOps.LOCAL else apply_group(ast, opt)
+
+# ***** ranges -> thread ids *****
+
+drop_ends = PatternMatcher([
+  (UPat(Ops.END, src=(UPat.var("x"), UPat(name="r"))), lambda x, r: x if r.op is not Ops.RANGE else None),
+])
+
+def _thread_ids(ranges: list[UOp], prefix: str, maxes: tuple[int, ...]) -> dict[UOp, UOp]:
+  """Ranges (innermost first) -> expressions of SPECIALs. One range per launch dimension where that
+  fits; beyond the dimensions there are, the outermost share the last one (div/mod), and where a
+  size exceeds its dimension's limit everything shares dimension 0."""
+  if not ranges: return {}
+  def fits(dims: list[list[UOp]]) -> bool:
+    return len(dims) <= len(maxes) and all(not isinstance(s := _size(d), int) or s <= m for d, m in zip(dims, maxes))
+  dims = [[r] for r in ranges[:len(maxes) - 1]] + [ranges[len(maxes) - 1:]] if len(ranges) >= len(maxes) else [[r] for r in ranges]
+  if not fits(dims): dims = [ranges]
+  if not fits(dims): raise KernelOptError(f"{_size(dims[0])} threads in one dimension is over this device's limit of {maxes[0]}")
+  out: dict[UOp, UOp] = {}
+  for d, group in enumerate(dims):
+    size = _size(group)
+    sp = UOp(Ops.SPECIAL, dtypes.int32, (UOp.const(dtypes.int32, size) if isinstance(size, int) else size.cast(dtypes.int32),), f"{prefix}{d}")
+    stride: UOp | int = 1
+    for i, r in enumerate(group):
+      v = sp if stride == 1 else sp // (stride if isinstance(stride, UOp) else UOp.const(dtypes.int32, stride))
+      if i < len(group) - 1: v = v % r.src[0].cast(dtypes.int32)
+      out[r] = v.cast(r.dtype)
+      stride = stride * r.src[0].cast(dtypes.int32) if isinstance(stride, UOp) or r.src[0].op is not Ops.CONST else stride * r.src[0].arg
+  return out
+
+def _size(group: list[UOp]) -> UOp | int:
+  """The product of the ranges' sizes: an int when all are constants."""
+  if all(r.src[0].op is Ops.CONST for r in group): return prod(r.src[0].arg for r in group)
+  return prod((r.src[0] for r in group[1:]), group[0].src[0])
+
+def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
+  """On a GPU target, global and local loops become thread ids; elsewhere a local axis is refused."""
+  local = ranges_of(ast, "local")[::-1]
+  if renderer.global_max is None:
+    if local: raise KernelOptError(f"{renderer.device or type(renderer).__name__} has no work-groups: LOCAL and GROUP need a GPU target")
+    return ast
+  if (threads := prod(r.src[0].arg for r in local)) > renderer.workgroup_max:
+    raise KernelOptError(f"{threads} threads per work-group is over this device's limit of {renderer.workgroup_max}")
+  gated: dict[UOp, UOp] = {}
+  for st in ast.toposort:
+    if st.op is Ops.STORE and st.src[0].dtype.addrspace == "global" and (idle := [l for l in local if l not in st.live_ranges]):
+      gate = idle[0].eq(0)
+      for l in idle[1:]: gate = gate & l.eq(0)
+      ix = st.src[0]
+      ix = ix.replace(src=(*ix.src[:2], ix.src[2] & gate if len(ix.src) > 2 else gate))
+      gated[st] = st.replace(src=(ix, *st.src[1:]))
+  ids = _thread_ids(ranges_of(ast, "global")[::-1], "gidx", renderer.global_max) | _thread_ids(local, "lidx", renderer.local_max)
+  return graph_rewrite(ast.substitute(gated).substitute(ids), drop_ends)
+
+def launch_dims(uops: list[UOp]) -> tuple[tuple[UOp | int, ...], tuple[int, ...]]:
+  """(work-groups per dimension, threads per work-group per dimension), three of each. Counts of
+  work-groups may be symbolic: evaluate them with global_size(var_vals)."""
+  groups: list[UOp | int] = [1, 1, 1]
+  local = [1, 1, 1]
+  for u in uops:
+    if u.op is not Ops.SPECIAL: continue
+    c = u.src[0].arg if u.src[0].op is Ops.CONST else u.src[0]
+    if u.arg.startswith("gidx"): groups[int(u.arg[4:])] = c
+    else: local[int(u.arg[4:])] = c
+  return tuple(groups), tuple(local)
+
+def eval_dims(dims: tuple[UOp | int, ...], var_vals: dict[UOp, int] | None) -> tuple[int, ...]:
+  return tuple(d if isinstance(d, int) else int(sym_infer(d, var_vals or {})) for d in dims)
+
+# ***** heuristics *****
+
+def _divisor(size: int, limit: int) -> int:
+  """The largest divisor of size that is at most limit."""
+  return max(d for d in range(1, min(size, limit) + 1) if size % d == 0)
+
+def gpu_hand_coded_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+  """Work-groups of about the device's preferred size over the innermost global axes (neighbouring
+  threads then touch neighbouring memory); a long reduce with few outputs is split across a
+  work-group (GROUP) so that the device has threads to run."""
+  opts: list[Opt] = []
+  budget = renderer.workgroup_pref
+  glob = global_ranges(ast)
+  for axis, r in reversed(list(enumerate(glob))):
+    if budget < 2 or r.src[0].op is not Ops.CONST or len(opts) >= len(renderer.local_max): break
+    if (n := _divisor(r.src[0].arg, min(budget, renderer.local_max[len(opts)]))) > 1:
+      opts.append(Opt(OptOps.LOCAL, axis, n))
+      budget //= n
+  outputs = prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 << 16 for r in glob)
+  if outputs >= GROUP_OUTPUTS or budget < 16: return opts
+  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(ranges_of(ast, "reduce")) if r.src[0].op is Ops.CONST]
+  for size, axis in sorted(reduces, reverse=True):  # the longest reduce gains most
+    if (n := _divisor(size, min(budget, size // 4))) < 16: continue  # and each thread reduces 4 elements or more
+    try: apply_opts(ast, cand := opts + [Opt(OptOps.GROUP, axis, n)])
+    except KernelOptError: continue
+    return cand
+  return opts
+
+GROUP_OUTPUTS = 4096  # below this many outputs a kernel can't fill a GPU one thread per output
