@@ -34,8 +34,6 @@ COMPUTE: dict[DType, str] = {
 PACKED = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16)
 # which adapter feature a dtype needs
 FEATURE = {dtypes.int64: "shader-int64", dtypes.uint64: "shader-int64", dtypes.float64: "shader-f64", dtypes.float16: "shader-f16"}
-WORKGROUP = 64       # invocations per workgroup for the element-per-invocation mapping
-MAX_GROUPS = 65535   # workgroups per dispatch dimension (WebGPU's default limit)
 INT_SUFFIX = {"i32": "i", "u32": "u", "i64": "li", "u64": "lu"}
 
 def to_bits(x: str, dt: DType) -> str:
@@ -86,6 +84,11 @@ def helpers_for(src: str) -> str:
 
 class WGSLRenderer(Renderer):
   device = "WEBGPU"
+  # WebGPU's default limits; the device raises them to what its adapter allows
+  global_max: tuple[int, ...] | None = (65535, 65535, 65535)
+  local_max: tuple[int, ...] = (256, 256, 64)
+  workgroup_max = 256
+  workgroup_pref = 64
 
   def __init__(self, features: frozenset[str] | set[str] = frozenset(), loop_limit: int | None = None):
     # loop_limit: back-edges one invocation may take per outermost loop nest (llvmpipe/lavapipe
@@ -197,24 +200,9 @@ class WGSLRenderer(Renderer):
     r: dict[UOp, str] = {}
     lines: list[str] = []
     depth = 1
-    # global axes of constant size are spread over invocations, one element each, last axis fastest;
-    # the rest stay loops. A global axis carries no state between its iterations, so this is exact
-    threaded = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global" and u.src[0].op is Ops.CONST]
-    total = 1
-    for t in threaded: total *= t.src[0].arg
-    self.check_loops(uops, set(threaded))
-    wg = min(WORKGROUP, max(total, 1))
-    groups = -(-total // wg)
-    dispatch = (min(groups, MAX_GROUPS), -(-groups // MAX_GROUPS), 1)
-    if dispatch[1] > MAX_GROUPS: raise RuntimeError(f"WEBGPU can't dispatch {total} invocations (at most {MAX_GROUPS}**2 workgroups of {wg})")
-    if threaded:
-      lines.append(f"  let gid = (wid.y * nwg.x + wid.x) * {wg}u + lid.x;")
-      lines.append(f"  if (gid >= {total}u) {{ return; }}")
-      stride = 1
-      for t in reversed(threaded):
-        size = t.src[0].arg
-        lines.append(f"  let r{t.arg[0]} = {self.dt(t.dtype)}((gid / {stride}u) % {size}u);")
-        stride *= size
+    self.check_loops(uops)
+    local_size = [1, 1, 1]
+    shared: list[str] = []
     counter = 0
     def emit(line: str) -> None: lines.append("  " * depth + line)
     def var(u: UOp, prefix: str, expr: str) -> None:
@@ -227,8 +215,16 @@ class WGSLRenderer(Renderer):
       elif op is Ops.DEFINE_VAR: r[u] = f"vars.v{variables.index(u)}"
       elif op is Ops.CONST: r[u] = self.const(u.arg, u.dtype)
       elif op is Ops.SINK or op is Ops.NOOP: pass
-      elif op is Ops.RANGE and u in threaded: r[u] = f"r{u.arg[0]}"  # an invocation id, declared on entry
-      elif op is Ops.END and u.src[1] in threaded: pass
+      elif op is Ops.SPECIAL:
+        # gidx<d>: work-group id, lidx<d>: invocation id within it, in launch dimension d
+        r[u] = u.arg
+        d = int(u.arg[4:])
+        if u.arg.startswith("lidx"): local_size[d] = u.src[0].arg
+        emit(f"let {u.arg} = i32({'wid' if u.arg.startswith('gidx') else 'lid'}.{'xyz'[d]});")
+      elif op is Ops.DEFINE_LOCAL:
+        r[u] = f"temp{u.arg}"
+        shared.append(f"var<workgroup> {r[u]}: array<{self.dt(u.dtype.base)}, {u.dtype.size}>;")
+      elif op is Ops.BARRIER: emit("workgroupBarrier();")
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
         cond = self.alu(Ops.CMPLT, dtypes.bool, [r[u], r[u.src[0]]], (u, u.src[0]))
@@ -267,21 +263,21 @@ class WGSLRenderer(Renderer):
       decls.append(f"struct Vars {{ {fields} }}\n@group(0) @binding({len(params)}) var<uniform> vars: Vars;")
     src = "\n".join(lines)
     prelude = "enable f16;\n" if "f16" in self.features_used(uops) else ""
-    args = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>"
-    return f"// dispatch {dispatch[0] if total else 0} {dispatch[1]} {dispatch[2]}\n{prelude}{helpers_for(src)}{chr(10).join(decls)}\n" \
-           f"@compute @workgroup_size({wg})\nfn {name}({args}) {{\n{src}\n}}\n"
+    args = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>"
+    return f"{prelude}{helpers_for(src)}{chr(10).join(decls + shared)}\n" \
+           f"@compute @workgroup_size({', '.join(map(str, local_size))})\nfn {name}({args}) {{\n{src}\n}}\n"
 
-  def check_loops(self, uops: list[UOp], threaded: set[UOp]) -> None:
+  def check_loops(self, uops: list[UOp]) -> None:
     """Refuse a kernel whose loops could run past the driver's per-invocation limit."""
     if self.loop_limit is None: return
     open_loops: list[int] = []  # trip count of each open loop times those around it
     nest = 0
     for u in uops:
-      if u.op is Ops.RANGE and u not in threaded:
+      if u.op is Ops.RANGE:
         trips = (open_loops[-1] if open_loops else 1) * max(int(u.src[0].vmax), 0)
         open_loops.append(trips)
         nest += trips
-      elif u.op is Ops.END and u.src[1] not in threaded:
+      elif u.op is Ops.END:
         open_loops.pop()
         if not open_loops:
           if nest > self.loop_limit:

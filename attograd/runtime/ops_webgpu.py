@@ -59,8 +59,6 @@ class WebgpuProgram:
   def __init__(self, device: Any, wgpu: Any, name: str, lib: bytes):
     self.device, self.wgpu, self.name = device, wgpu, name
     src = lib.decode()
-    # the renderer's first line: workgroups to dispatch
-    self.dispatch = tuple(int(x) for x in re.match(r"// dispatch (\d+) (\d+) (\d+)", src).groups())
     try: module = device.create_shader_module(code=src)
     except Exception as e: raise RuntimeError(f"WEBGPU failed to compile a kernel: {e}\n--- source ---\n{src}") from e
     kinds = {"storage, read_write": wgpu.BufferBindingType.storage, "storage, read": wgpu.BufferBindingType.read_only_storage,
@@ -85,18 +83,19 @@ class WebgpuProgram:
       out += b"\0" * (-len(out) % size) + struct.pack(fmt, v)
     return out + b"\0" * (-len(out) % 16)
 
-  def __call__(self, bufs: list[Any], vals: list[int]) -> None:
+  def __call__(self, bufs: list[Any], vals: list[int], groups: tuple[int, ...] = (1, 1, 1), local: tuple[int, ...] = (1, 1, 1)) -> None:
+    # the work-group size is in the shader (@workgroup_size): only the count of work-groups is dispatched
+    if 0 in groups: return
     entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(bufs)]
     if self.uniform is not None:
       self.device.queue.write_buffer(self.uniform, 0, self.pack_vars(vals))
       entries.append({"binding": len(bufs), "resource": {"buffer": self.uniform, "offset": 0, "size": self.uniform.size}})
-    if 0 in self.dispatch: return
     bind_group = self.device.create_bind_group(layout=self.layout, entries=entries)
     encoder = self.device.create_command_encoder()
     cpass = encoder.begin_compute_pass()
     cpass.set_pipeline(self.pipeline)
     cpass.set_bind_group(0, bind_group)
-    cpass.dispatch_workgroups(*self.dispatch)
+    cpass.dispatch_workgroups(*groups)
     cpass.end()
     self.device.queue.submit([encoder.finish()])
 
@@ -106,5 +105,10 @@ class WebgpuDevice(Compiled):
     self.device = device
     # pipelines are cached by source: ASTs that render alike share one
     program = functools.cache(functools.partial(WebgpuProgram, device, wgpu))
-    super().__init__(name, WebgpuAllocator(wgpu, device), WGSLRenderer(frozenset(device.features), LLVMPIPE_LOOP_LIMIT if "llvmpipe" in adapter.info["device"] else None), Compiler(), program)
+    renderer = WGSLRenderer(frozenset(device.features), LLVMPIPE_LOOP_LIMIT if "llvmpipe" in adapter.info["device"] else None)
+    lim = device.limits
+    renderer.global_max = (lim["max-compute-workgroups-per-dimension"],) * 3
+    renderer.local_max = (lim["max-compute-workgroup-size-x"], lim["max-compute-workgroup-size-y"], lim["max-compute-workgroup-size-z"])
+    renderer.workgroup_max = lim["max-compute-invocations-per-workgroup"]
+    super().__init__(name, WebgpuAllocator(wgpu, device), renderer, Compiler(), program)
   def synchronize(self) -> None: self.device.queue.on_submitted_work_done_sync()
