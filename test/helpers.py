@@ -3,6 +3,7 @@ inputs and compare shape, dtype and values."""
 from __future__ import annotations
 from typing import Any, Callable, Sequence
 import numpy as np
+import pytest
 import torch
 from attograd import Tensor, dtypes, DType
 
@@ -14,6 +15,17 @@ def _available(device: str) -> bool:
   return True
 
 DEVICES = ["CPU", "PYTHON"] + [d for d in ("WEBGPU",) if _available(d)]
+
+# What a backend refuses, by name, with the reason. A test that needs it calls expect_refusal: on that
+# backend it is marked xfail, strictly and only for the refusal's TypeError, so a wrong answer (or a
+# backend that learns the feature) still fails the run. `pytest -rx` lists and counts them by reason.
+LIMITS: dict[str, dict[str, str]] = {
+  "WEBGPU": {"f64_math": "WEBGPU refuses float64 exp2/log2/sin: Vulkan defines them for 16/32-bit floats only"},
+}
+
+def expect_refusal(request: pytest.FixtureRequest, device: str, limit: str, applies: bool = True) -> None:
+  if applies and (reason := LIMITS.get(device, {}).get(limit)):
+    request.applymarker(pytest.mark.xfail(reason=reason, raises=TypeError, strict=True))
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
   dtypes.bool: torch.bool, dtypes.int8: torch.int8, dtypes.uint8: torch.uint8, dtypes.int16: torch.int16,
