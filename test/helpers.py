@@ -7,6 +7,9 @@ import pytest
 import torch
 from attograd import Tensor, dtypes, DType
 
+try: import z3  # noqa: F401  libz3 loaded after lavapipe's LLVM (the WEBGPU probe below) segfaults; loaded first, both work
+except ImportError: pass
+
 def _available(device: str) -> bool:
   """Whether a backend can run here (WEBGPU needs the wgpu package and a Vulkan driver)."""
   from attograd.runtime.device import Device
