@@ -1,23 +1,26 @@
 """Shared helpers for the op tests: run the same function on attograd and on torch with the same
 inputs and compare shape, dtype and values."""
 from __future__ import annotations
+import os
 from typing import Any, Callable, Sequence
 import numpy as np
 import pytest
 import torch
 from attograd import Tensor, dtypes, DType
+from attograd.runtime.device import Device
 
 try: import z3  # noqa: F401  libz3 loaded after lavapipe's LLVM (the WEBGPU probe below) segfaults; loaded first, both work
 except ImportError: pass
 
 def _available(device: str) -> bool:
-  """Whether a backend can run here (WEBGPU needs the wgpu package and a Vulkan driver)."""
-  from attograd.runtime.device import Device
+  """Whether a backend can run here (CL needs an OpenCL driver, WEBGPU the wgpu package and a Vulkan driver)."""
   try: Device[device]
   except (RuntimeError, ImportError): return False
   return True
 
-DEVICES = ["CPU", "PYTHON"] + [d for d in ("WEBGPU",) if _available(d)]
+# every op test runs on each device with the same expectations; devices whose driver is missing here drop out.
+# TEST_DEVICES=CPU,PYTHON picks the list (PoCL's first compile of a kernel takes ~0.5 s: a cold CL run is slow)
+DEVICES = [d for d in os.getenv("TEST_DEVICES", "CPU,PYTHON,CL,WEBGPU").split(",") if d in ("CPU", "PYTHON") or _available(d)]
 
 # What a backend refuses, by name, with the reason. A test that needs it calls expect_refusal: on that
 # backend it is marked xfail, strictly and only for the refusal's TypeError, so a wrong answer (or a

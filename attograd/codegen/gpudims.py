@@ -161,7 +161,7 @@ def eval_dims(dims: tuple[UOp | int, ...], var_vals: dict[UOp, int] | None) -> t
 
 def _divisor(size: int, limit: int) -> int:
   """The largest divisor of size that is at most limit."""
-  return max((d for d in range(1, min(size, limit) + 1) if size % d == 0), default=1)  # an empty axis: 1
+  return max((d for d in range(1, min(size, limit) + 1) if size % d == 0), default=1)
 
 def gpu_hand_coded_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
   """Work-groups of about the device's preferred size over the innermost global axes (neighbouring

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# System packages the optional backends need, installed with apt-get when missing (Debian/Ubuntu).
+#   CL: an OpenCL ICD loader and PoCL, the portable CPU OpenCL driver
+#   WEBGPU: the Vulkan loader and Mesa's lavapipe (software Vulkan) that wgpu (pip extra [webgpu]) runs on
+# Usage: scripts/install_deps.sh   (as root, or with sudo available). Safe to run again.
+set -euo pipefail
+packages=(ocl-icd-libopencl1 pocl-opencl-icd)
+packages+=(libvulkan1 mesa-vulkan-drivers)  # WEBGPU
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null; then
+  echo "install_deps: no apt-get here; install these packages (or your system's equivalents) yourself: ${missing[*]}" >&2
+  exit 1
+fi
+sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
