@@ -6,6 +6,7 @@ import pytest
 from attograd import Tensor, dtypes
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, OptOps
+from attograd.uop.ops import UOp, Ops
 from attograd.engine.realize import run_schedule, buffer_of, get_kernel
 from attograd.renderer.wgsl import WGSLRenderer
 from attograd.runtime.device import Device
@@ -75,3 +76,26 @@ def test_refuses_dtypes_the_adapter_lacks():
 
 def test_refuses_float64_transcendentals():
   with pytest.raises(TypeError, match="exp2 in float64"): W(np.ones(3)).exp().numpy()
+
+def test_symbolic_size_goes_through_the_uniform():
+  """A kernel over a Variable-sized axis: its value reaches the shader and the launch size."""
+  x = Tensor(np.arange(16, dtype=np.float32), device="WEBGPU")
+  sched = (x * 2 + 1).contiguous().schedule()
+  run_schedule(sched[:-1])
+  si = sched[-1]
+  r = next(u for u in si.ast.toposort if u.op is Ops.RANGE)
+  n = UOp.variable("n", 1, 16)
+  bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
+  ck = get_kernel(si.ast.substitute({r.src[0]: n}), "WEBGPU")
+  assert "var<uniform> vars" in ck.src
+  ck([b._buf for b in bufs], {n: 10})
+  got = np.frombuffer(bytes(bufs[0].as_bytes()), np.float32)
+  np.testing.assert_array_equal(got, np.concatenate([np.arange(10) * 2 + 1, np.zeros(6)]).astype(np.float32))
+
+def test_heuristics_fill_work_groups():
+  """Work-groups of the device's preferred size over a matmul's outputs; a long reduce with one output is GROUPed."""
+  mm = _ast(W(A) @ W(B))
+  opts = get_kernel(mm, "WEBGPU").opts
+  threads = int(np.prod([o.amount for o in opts if o.op is L]))
+  assert 16 <= threads <= Device["WEBGPU"].renderer.workgroup_pref, opts
+  assert any(o.op is G for o in get_kernel(_ast(W(R).sum()), "WEBGPU").opts)
