@@ -65,7 +65,6 @@ class WebgpuProgram:
              "uniform": wgpu.BufferBindingType.uniform}
     entries = [{"binding": int(b), "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kinds[k]}} for b, k in _BINDING.findall(src)]
     self.layout = device.create_bind_group_layout(entries=entries)
-    self.n_storage = sum(k != "uniform" for _, k in _BINDING.findall(src))
     layout = device.create_pipeline_layout(bind_group_layouts=[self.layout])
     self.pipeline = device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": name})
     # uniform scalars: the renderer's struct holds them in order, each aligned to its size
@@ -86,6 +85,8 @@ class WebgpuProgram:
   def __call__(self, bufs: list[Any], vals: list[int], groups: tuple[int, ...] = (1, 1, 1), local: tuple[int, ...] = (1, 1, 1)) -> None:
     # the work-group size is in the shader (@workgroup_size): only the count of work-groups is dispatched
     if 0 in groups: return
+    if (big := max((b.size for b in bufs), default=0)) > (limit := self.device.limits["max-storage-buffer-binding-size"]):
+      raise RuntimeError(f"WEBGPU can bind at most {limit} bytes per buffer to a kernel on this adapter; this kernel needs {big}")
     entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(bufs)]
     if self.uniform is not None:
       self.device.queue.write_buffer(self.uniform, 0, self.pack_vars(vals))
