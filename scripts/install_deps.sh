@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # System packages the optional backends need, installed with apt-get when missing (Debian/Ubuntu).
 #   CL: an OpenCL ICD loader and PoCL, the portable CPU OpenCL driver
+#   WEBGPU: the Vulkan loader and Mesa's lavapipe (software Vulkan) that wgpu (pip extra [webgpu]) runs on
 # Usage: scripts/install_deps.sh   (as root, or with sudo available). Safe to run again.
 set -euo pipefail
 packages=(ocl-icd-libopencl1 pocl-opencl-icd)
+packages+=(libvulkan1 mesa-vulkan-drivers)  # WEBGPU
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

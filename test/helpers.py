@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 import numpy as np
+import pytest
 import torch
 from attograd import Tensor, dtypes, DType
 from attograd.runtime.device import Device
@@ -21,6 +22,17 @@ def _available(device: str) -> bool:
 # CL is left out by default: PoCL's first compile of a kernel takes 0.1-0.9 s, so a run with an empty cache
 # takes over 6 minutes for test_ops alone. The whole matrix: TEST_DEVICES=CPU,PYTHON,LLVM,CL,WEBGPU
 DEVICES = [d for d in os.getenv("TEST_DEVICES", "CPU,PYTHON,LLVM,WEBGPU").split(",") if d in ("CPU", "PYTHON") or _available(d)]
+
+# What a backend refuses, by name, with the reason. A test that needs it calls expect_refusal: on that
+# backend it is marked xfail, strictly and only for the refusal's TypeError, so a wrong answer (or a
+# backend that learns the feature) still fails the run. `pytest -rx` lists and counts them by reason.
+LIMITS: dict[str, dict[str, str]] = {
+  "WEBGPU": {"f64_math": "WEBGPU refuses float64 exp2/log2/sin: Vulkan defines them for 16/32-bit floats only"},
+}
+
+def expect_refusal(request: pytest.FixtureRequest, device: str, limit: str, applies: bool = True) -> None:
+  if applies and (reason := LIMITS.get(device, {}).get(limit)):
+    request.applymarker(pytest.mark.xfail(reason=reason, raises=TypeError, strict=True))
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
   dtypes.bool: torch.bool, dtypes.int8: torch.int8, dtypes.uint8: torch.uint8, dtypes.int16: torch.int16,

@@ -53,7 +53,7 @@ def count_ops(uops: list[UOp]) -> int:
 _kernel_cache: dict[tuple, CompiledKernel] = {}
 def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None) -> CompiledKernel:
   """The kernel compiled for device, with the given Opts or else the search's or heuristics' (cached)."""
-  key = (ast, device) if opts is None else (ast, device, tuple(opts))
+  key = (ast, device) if opts is None else (ast, device, tuple(opts))  # explicit [] is not the heuristics' choice
   if (ck := _kernel_cache.get(key)) is not None: return ck
   dev = Device[device]
   if dev.renderer is None:

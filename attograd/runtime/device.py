@@ -62,7 +62,7 @@ class Compiled:
 # one module per device: attograd/runtime/ops_<name>.py defines <Name>Device
 # CUDA is compile-only here (no driver): kernels render and compile with nvcc
 # DISK:<path> is storage only: a file seen as bytes, read by copying to a compute device
-BACKENDS = ("CPU", "PYTHON", "LLVM", "CL", "CUDA", "DISK")
+BACKENDS = ("CPU", "PYTHON", "LLVM", "CL", "CUDA", "WEBGPU", "DISK")
 
 class _Device:
   @functools.cache
