@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attograd import Tensor, dtypes
-from helpers import DEVICES, check, compare, grad_check
+from helpers import DEVICES, check, compare, grad_check, expect_refusal
 
 pytestmark = pytest.mark.parametrize("device", DEVICES)
 f32, f16, f64, i32, i64 = dtypes.float32, dtypes.float16, dtypes.float64, dtypes.int32, dtypes.int64
@@ -53,10 +53,12 @@ def test_erf_accuracy(device):
 EXP_RANGE = {np.float32: (-104.0, 89.0, 1.5e-7), np.float64: (-746.0, 710.0, 3e-16)}
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
-def test_exp_accuracy(device, dt):
+def test_exp_accuracy(device, dt, request):
   """exp over its whole range (past overflow and past the smallest denormal): within about one ulp of float64 exp
   (float32) or of torch (float64); denormal results within one denormal step; inf, -inf, nan, overflow, underflow exact."""
+  expect_refusal(request, device, "f64_math", dt == np.float64)
   lo, hi, tol = EXP_RANGE[dt]
+  if device == "WEBGPU": tol *= 2  # the reduced exp2 is the driver's: Vulkan allows it 3 ulp (lavapipe's is off by ~1.6)
   n = 400_001 if device == "CPU" else 101
   x = np.linspace(lo, hi, n).astype(dt)
   got = Tensor(x, device=device).exp().numpy()
