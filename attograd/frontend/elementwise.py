@@ -5,7 +5,7 @@ The transcendental functions without a primitive (erf, asin, atan, ...) are poly
 coefficients were fitted for this file (least squares on Chebyshev nodes against float64 references,
 then checked in float32 arithmetic); the maximum errors measured are noted next to each table."""
 from __future__ import annotations
-import math
+import math, struct
 from decimal import Decimal, localcontext
 from typing import Sequence
 from attograd.dtype import dtypes
@@ -83,7 +83,11 @@ class ElementwiseOps:
     n = (xc * (1 / math.log(2))).trunc()
     f = ((x - n * ln2_hi) - n * ln2_lo) * (1 / math.log(2))
     n1 = (n * 0.5).trunc()
-    scale = lambda k: (k.cast(idt) + bias)._logic(Ops.SHL, mbits).bitcast(x.dtype)
+    # 2**k from exponent bits. k is an integer-valued float: adding 1.5*2**mbits puts k in the low mantissa bits
+    # (read by a bitcast), a float -> int cast would take the checked conversion that doesn't vectorize
+    magic = 1.5 * 2.0 ** mbits
+    magic_bits = struct.unpack("<q" if idt == dtypes.int64 else "<i", struct.pack("<d" if idt == dtypes.int64 else "<f", magic))[0]
+    scale = lambda k: ((k + (magic + bias)).bitcast(idt) - magic_bits)._logic(Ops.SHL, mbits).bitcast(x.dtype)
     return (f.exp2() * scale(n1)) * scale(n - n1)
   def _exp_neg_square(self):
     """exp(-x*x) without the rounding of x*x (which costs up to 4e-6 relative at x = 9): x*x = h*h + (x-h)*(x+h) with h = x

@@ -50,8 +50,9 @@ class CPUCompiler(Compiler):
   def __init__(self):
     self.cc = find_c_compiler()
     # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0).
-    # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself
-    self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off", "-lm"]
+    # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
+    # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
+    self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-lm"]
   def compile(self, src: str) -> bytes:
     key = content_hash(src, self.cc, " ".join(self.flags))
     path = cache_dir() / f"{key}.so"
