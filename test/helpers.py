@@ -12,7 +12,7 @@ from attograd.runtime.device import Device
 try: import z3  # noqa: F401  libz3 loaded after lavapipe's LLVM (the WEBGPU probe below) segfaults; loaded first, both work
 except ImportError: pass
 
-def _available(device: str) -> bool:
+def available(device: str) -> bool:
   """Whether a backend can run here (LLVM needs llvmlite, CL an OpenCL driver, WEBGPU wgpu and a Vulkan driver)."""
   try: Device[device]
   except (RuntimeError, ImportError): return False
@@ -21,7 +21,7 @@ def _available(device: str) -> bool:
 # every op test runs on each device with the same expectations; devices whose driver is missing here drop out.
 # CL is left out by default: PoCL's first compile of a kernel takes 0.1-0.9 s, so a run with an empty cache
 # takes over 6 minutes for test_ops alone. The whole matrix: TEST_DEVICES=CPU,PYTHON,LLVM,CL,WEBGPU
-DEVICES = [d for d in os.getenv("TEST_DEVICES", "CPU,PYTHON,LLVM,WEBGPU").split(",") if d in ("CPU", "PYTHON") or _available(d)]
+DEVICES = [d for d in os.getenv("TEST_DEVICES", "CPU,PYTHON,LLVM,WEBGPU").split(",") if d in ("CPU", "PYTHON") or available(d)]
 
 # What a backend refuses, by name, with the reason. A test that needs it calls expect_refusal: on that
 # backend it is marked xfail, strictly and only for the refusal's TypeError, so a wrong answer (or a
@@ -115,3 +115,16 @@ def grad_check(fa: Callable[..., Any], ft: Callable[..., Any], vals: Sequence[An
   for o, t in zip(ours, theirs):
     assert o.grad is not None and o.grad.shape == tuple(t.grad.shape)
     np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=atol, rtol=rtol)
+
+def run_last_kernel(t: Tensor, device: str, opts: list) -> np.ndarray:
+  """t's last kernel compiled for `device` with exactly these Opts (the kernels before it run as usual)."""
+  from attograd.engine.realize import get_kernel, buffer_of, run_schedule
+  sched = t.contiguous().schedule()
+  run_schedule(sched[:-1])
+  si = sched[-1]
+  bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
+  ck = get_kernel(si.ast, device, opts)
+  assert ck.opts == opts
+  ck([b._buf for b in bufs], {})
+  np_dtype = {dtypes.float16: np.float16}.get(t.dtype) or np.dtype(t.dtype.fmt)
+  return np.frombuffer(bytes(bufs[0].as_bytes()), dtype=np_dtype).reshape(t.shape)

@@ -10,22 +10,13 @@ from attograd.uop.ops import UOp, Ops
 from attograd.engine.realize import run_schedule, buffer_of, get_kernel
 from attograd.renderer.wgsl import WGSLRenderer
 from attograd.runtime.device import Device
-from helpers import DEVICES
+from helpers import DEVICES, run_last_kernel
 
 pytestmark = pytest.mark.skipif("WEBGPU" not in DEVICES, reason="no WEBGPU here: pip install wgpu; apt-get install mesa-vulkan-drivers libvulkan1")
 L, G = OptOps.LOCAL, OptOps.GROUP
 NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.int8: np.int8, dtypes.float16: np.float16}
 
-def run_webgpu(t: Tensor, opts: list[Opt]) -> np.ndarray:
-  """t's last kernel compiled for WEBGPU with exactly these opts (what it needs computed first)."""
-  sched = t.contiguous().schedule()
-  run_schedule(sched[:-1])
-  si = sched[-1]
-  bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
-  ck = get_kernel(si.ast, "WEBGPU", opts)
-  assert ck.opts == opts
-  ck([b._buf for b in bufs], {})
-  return np.frombuffer(bytes(bufs[0].as_bytes()), dtype=NP[t.dtype]).reshape(t.shape)
+def run_webgpu(t: Tensor, opts: list[Opt]) -> np.ndarray: return run_last_kernel(t, "WEBGPU", opts)
 
 rng = np.random.default_rng(0)
 A, B = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 24)).astype(np.float32)
