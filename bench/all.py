@@ -2,6 +2,8 @@
   python bench/all.py            # everything (a few minutes)
   QUICK=1 python bench/all.py    # smaller sizes, a smoke run
   BENCH_BEAM=2 python bench/all.py   # also matmul 512/1024 with BEAM=2 (the search's winners are cached on disk)
+  BENCH_DEVICES=LLVM,CL,WEBGPU python bench/all.py   # a column per backend (default LLVM; CL on PoCL and WEBGPU
+                                                     # on lavapipe are GPUs emulated on the CPU: slow at these sizes)
 Ratios are peer time / attograd time: above 1 means attograd is faster. After the table: the speedup
 of 2 cores over 1 (THREADS=1) and the first-call compile latency of a small kernel."""
 from __future__ import annotations
@@ -22,7 +24,12 @@ def ours(make, *arrays, device: str = "CPU"):
   inputs = [[Tensor(a, device=device).realize() for a in arrays] for _ in range(6)]
   make(*inputs[0]).realize()
   it = iter(inputs[1:])
-  return lambda: make(*next(it)).realize()
+  from attograd.runtime.device import Device
+  dev = Device[device]
+  def run() -> None:
+    make(*next(it)).realize()
+    dev.synchronize()  # GPU-style devices queue kernels: the time is until they finished
+  return run
 
 def cases():
   import torch
@@ -80,21 +87,33 @@ def compile_latency() -> None:
       st = time.perf_counter(); (x * (3.5 + i) + 1).sqrt().realize(); times.append(time.perf_counter() - st)
   print(f"first-call latency of a small kernel (compile included): {statistics.median(times) * 1e3:.1f} ms (median of 5)")
 
+def other_devices() -> list[str]:
+  """The backends named by BENCH_DEVICES that run here (the ratios are the CPU device's)."""
+  from attograd.runtime.device import Device
+  def runs(d: str) -> bool:
+    try: return Device[d].renderer is not None
+    except Exception: return False
+  return [d for d in os.getenv("BENCH_DEVICES", "LLVM").split(",") if d and runs(d)]
+
+def on_device(make, arrays, device: str) -> float:
+  try: return median_ms(ours(make, *arrays, device=device), 5)
+  except (TypeError, RuntimeError): return float("nan")  # a kernel the backend refuses (WEBGPU: lavapipe's loop limit)
+
 def main() -> None:
   import torch
   torch.set_num_threads(os.cpu_count() or 1)
   beam = int(os.getenv("BENCH_BEAM", "0"))
-  import importlib.util
-  llvm = importlib.util.find_spec("llvmlite") is not None  # the LLVM device's column (the ratios are the CPU device's)
-  print(f"{'benchmark':30s} {'attograd ms':>12s} {'LLVM ms':>9s} {'numpy ms':>10s} {'torch ms':>10s} {'vs numpy':>9s} {'vs torch':>9s} {'GFLOPS':>8s}"
+  devices = other_devices()
+  print(f"{'benchmark':30s} {'attograd ms':>12s}" + "".join(f" {d + ' ms':>9s}" for d in devices) +
+        f" {'numpy ms':>10s} {'torch ms':>10s} {'vs numpy':>9s} {'vs torch':>9s} {'GFLOPS':>8s}"
         + (f" {f'BEAM={beam} ms':>11s} {'vs numpy':>9s} {'GFLOPS':>8s}" if beam else ""))
   for name, flops, (make, *arrays), np_fn, torch_fn in cases():
     a = median_ms(ours(make, *arrays), 5)
-    lv = median_ms(ours(make, *arrays, device="LLVM"), 5) if llvm else float("nan")
+    others = "".join(f" {on_device(make, arrays, d):9.2f}" for d in devices)
     n = median_ms(np_fn, 5) if np_fn else float("nan")
     t = median_ms(torch_fn, 5)
     gf = f"{flops / a / 1e6:8.1f}" if flops else f"{'':8s}"
-    line = f"{name:30s} {a:12.2f} {lv:9.2f} {n:10.2f} {t:10.2f} {n / a:8.2f}x {t / a:8.2f}x {gf}"
+    line = f"{name:30s} {a:12.2f}{others} {n:10.2f} {t:10.2f} {n / a:8.2f}x {t / a:8.2f}x {gf}"
     if beam and name in ("matmul 1024", "matmul 512"):  # the search takes minutes per kernel: the target size only
       bm = with_beam(make, arrays, beam)
       line += f" {bm:11.2f} {n / bm:8.2f}x {flops / bm / 1e6:8.1f}"

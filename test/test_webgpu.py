@@ -90,3 +90,9 @@ def test_heuristics_fill_work_groups():
   threads = int(np.prod([o.amount for o in opts if o.op is L]))
   assert 16 <= threads <= Device["WEBGPU"].renderer.workgroup_pref, opts
   assert any(o.op is G for o in get_kernel(_ast(W(R).sum()), "WEBGPU").opts)
+
+def test_synchronize_waits_for_queued_kernels():
+  from attograd.runtime.device import Device
+  t = (Tensor(np.arange(1024, dtype=np.float32), device="WEBGPU") * 2).realize()
+  Device["WEBGPU"].synchronize()
+  assert t.numpy()[-1] == 2046.0

@@ -112,4 +112,8 @@ class WebgpuDevice(Compiled):
     renderer.local_max = (lim["max-compute-workgroup-size-x"], lim["max-compute-workgroup-size-y"], lim["max-compute-workgroup-size-z"])
     renderer.workgroup_max = lim["max-compute-invocations-per-workgroup"]
     super().__init__(name, WebgpuAllocator(wgpu, device), renderer, Compiler(), program)
-  def synchronize(self) -> None: self.device.queue.on_submitted_work_done_sync()
+  def synchronize(self) -> None:
+    # reading a buffer back waits for the work queued before it (wgpu 0.32's on_submitted_work_done_sync
+    # passes a callback of the wrong type to wgpu-native)
+    if not hasattr(self, "_fence"): self._fence = self.allocator.alloc(4)
+    self.device.queue.read_buffer(self._fence, 0, 4)
