@@ -109,7 +109,8 @@ class TinyJit(Generic[ReturnType]):
   def reset(self) -> None: self.cnt, self.signature, self.replay, self.ret = 0, None, None, None
 
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
-    if not JIT.value: return self.fxn(*args, **kwargs)
+    # inside another TinyJit's capture, run plainly: the outer one records these kernels with its own
+    if not JIT.value or _captures: return self.fxn(*args, **kwargs)
     tensors, signature = _describe(args, kwargs)
     if self.signature is not None and signature != self.signature:
       raise JitError(f"{self.fxn.__name__} was captured for other inputs: {_mismatch(self.signature, signature)}. "

@@ -177,3 +177,10 @@ def test_variable_in_jit_replay():
   x = Tensor(np.arange(32, dtype=np.float32))
   for i in range(8): assert f(x, pos.bind(i * 3)).item() == sum(range(i * 3)) + i * 3
   with pytest.raises(JitError): f(x, 3)
+
+def test_nested_jit_is_captured_by_the_outer():
+  inner = TinyJit(lambda a: (a * 2).realize())
+  for _ in range(3): inner(Tensor.ones(4))  # inner is replaying by now
+  @TinyJit
+  def outer(a): return (inner(a) + 1).realize()
+  for i in range(4): assert outer(Tensor.full((4,), float(i)).contiguous()).tolist() == [2.0 * i + 1] * 4
