@@ -1,4 +1,5 @@
-"""Thread ids for GPU targets (DESIGN §3.5), and the two Opts that shape work-groups.
+"""Thread ids for GPU targets (DESIGN §3.5), and the heuristics for the two Opts that shape work-groups
+(LOCAL and GROUP, applied in codegen/opt.py with the other Opts).
 
 A GPU runs a kernel as a grid of work-groups, each a block of threads that share fast local memory
 and can wait for each other at a barrier. Here that is explicit in the IR:
@@ -27,68 +28,8 @@ from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops, sym_infer
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
-from attograd.uop.symbolic import symbolic
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, global_ranges, apply_opts
-from attograd.codegen.lower import NARROW_FLOATS
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, global_ranges, ranges_of, apply_opts
 from attograd.renderer import Renderer
-
-def ranges_of(ast: UOp, kind: str) -> list[UOp]:
-  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
-
-def _fresh_id(ast: UOp) -> int: return 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
-
-def _const_size(r: UOp, opt: Opt) -> int:
-  if r.src[0].op is not Ops.CONST: raise KernelOptError(f"{opt}: the axis has a symbolic size")
-  size = r.src[0].arg
-  if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
-  return size
-
-# ***** the Opts *****
-
-def apply_local(ast: UOp, opt: Opt) -> UOp:
-  """Global axis of size S -> g*n + l: g a global axis of size S/n, l a local axis of size n."""
-  if any(u.op is Ops.DEFINE_LOCAL for u in ast.toposort): raise KernelOptError(f"{opt}: LOCAL opts come before GROUP")
-  ranges = global_ranges(ast)
-  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} global axes")
-  r = ranges[opt.axis]
-  size = _const_size(r, opt)
-  outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
-  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (_fresh_id(ast), "local"))
-  ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
-  return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic)
-
-def apply_group(ast: UOp, opt: Opt) -> UOp:
-  """REDUCE over an axis of size S -> n partial reduces (thread l takes elements l, l+n, ...) stored to
-  local memory, a barrier, and a reduce over the n partials."""
-  ranges = ranges_of(ast, "reduce")
-  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} reduce axes")
-  r = ranges[opt.axis]
-  size, n = _const_size(r, opt), opt.amount
-  red = next(u for u in ast.toposort if u.op is Ops.REDUCE and r in u.src[1:])
-  # local memory is written once per thread: a reduce inside another loop would overwrite it while
-  # other threads still read it
-  nested = {x for u in red.src[0].toposort if u.op is Ops.REDUCE for x in u.src[1:]}
-  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] == "reduce"]):
-    raise KernelOptError(f"{opt}: the reduce is inside loop r{loops[0].arg[0]}: GROUP needs it outside every loop")
-  new = _fresh_id(ast)
-  rr = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // n),), r.arg)
-  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, "local"))
-  dt = dtypes.float32 if red.dtype in NARROW_FLOATS else red.dtype  # partials of narrow floats stay float32
-  value = red.src[0].substitute({r: rr * n + lid}).cast(dt)
-  partial = UOp(Ops.REDUCE, dt, (value, *(rr if x is r else x for x in red.src[1:])), red.arg)
-  # threads of other local axes (LOCAL opts) reduce their own rows: each gets its own n slots
-  others = sorted((x for x in partial.live_ranges if x.arg[1] == "local" and x is not lid), key=lambda x: x.arg)
-  row, slots = UOp.const(r.dtype, 0), n
-  for x in others: row, slots = row * x.src[0].arg + x, slots * x.src[0].arg
-  nlocal = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_LOCAL)
-  buf = UOp(Ops.DEFINE_LOCAL, dt.ptr(slots, "local"), (), nlocal)
-  barrier = UOp(Ops.BARRIER, dtypes.void, (buf.index(row * n + lid).store(partial).end(lid),))
-  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, "reduce"))
-  final = UOp(Ops.REDUCE, dt, (buf.after(barrier).index(row * n + lid2).load(), lid2), red.arg).cast(red.dtype)
-  return graph_rewrite(ast.substitute({red: final}), symbolic)
-
-def apply_gpu_opt(ast: UOp, opt: Opt) -> UOp:
-  return apply_local(ast, opt) if opt.op is OptOps.LOCAL else apply_group(ast, opt)
 
 # ***** ranges -> thread ids *****
 

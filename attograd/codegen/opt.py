@@ -15,6 +15,7 @@ from attograd.helpers import ContextVar, prod
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic
+from attograd.codegen.lower import reduce_identity, NARROW_FLOATS
 
 class OptOps(Enum):
   THREAD = auto()   # split a global axis across CPU cores: each core runs one contiguous slice
@@ -45,6 +46,14 @@ def ranges_of(ast: UOp, kind: str) -> list[UOp]:
 def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, "global")
 def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, "global") + ranges_of(ast, "reduce")
 def const_size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
+def fresh_range_id(ast: UOp) -> int: return 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
+
+def split_size(r: UOp, opt: Opt) -> int:
+  """The size of the axis opt splits, which must be a constant that opt.amount divides."""
+  if (size := const_size(r)) is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+  if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
+  return size
+
 def copies(ast: UOp) -> int: return prod(const_size(r) for r in ranges_of(ast, "upcast") + ranges_of(ast, "unroll"))
 
 def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
@@ -53,25 +62,23 @@ def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
 
 def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel."""
+  if opt.op in (OptOps.LOCAL, OptOps.GROUP):
+    if not has_local: raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
+    return apply_local(ast, opt) if opt.op is OptOps.LOCAL else apply_group(ast, opt)  # LOCAL counts global axes, GROUP reduce axes
   ax = axes(ast)
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
   is_global = r.arg[1] == "global"
-  if opt.op in (OptOps.LOCAL, OptOps.GROUP):
-    if not has_local: raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
-    from attograd.codegen.gpudims import apply_gpu_opt  # it builds on this module: imported when used
-    return apply_gpu_opt(ast, opt)  # LOCAL counts global axes, GROUP counts reduce axes
-  need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.LOCAL: True, OptOps.UNROLL: False, OptOps.GROUP: False}
+  need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.UNROLL: False}
   if opt.op in need and need[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if need[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
-  size = const_size(r)
-  if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
   if opt.op is OptOps.PADTO:
+    if (size := const_size(r)) is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
     if opt.amount < 2 or size % opt.amount == 0: raise KernelOptError(f"{opt}: axis size {size} is already a multiple of {opt.amount}")
     if opt.amount > 2 * size: raise KernelOptError(f"{opt}: padding {size} to {opt.amount} more than doubles the work")
     return apply_padto(ast, r, -(-size // opt.amount) * opt.amount, size)
-  if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
+  split_size(r, opt)
   if opt.op is OptOps.THREAD: return apply_thread(ast, opt, r)
   if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
     if copies(ast) * opt.amount > MAX_COPIES: raise KernelOptError(f"{opt}: more than {MAX_COPIES} copies of the loop body")
@@ -84,7 +91,7 @@ def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
   range remembers the axis it came from (arg[2]): lowering orders the copies by it."""
   size = const_size(r)
   outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // amount),), r.arg)
-  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (1 + max(u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), kind, r.arg[0]))
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (fresh_range_id(ast), kind, r.arg[0]))
   new: dict[UOp, UOp] = {r: outer * amount + inner}
   for u in ast.toposort:
     if u in new: continue
@@ -108,7 +115,6 @@ def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
 def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
   """The loop runs to `padded`; every memory access that depends on it is gated by r < size, and a
   reduce over it sees its identity there, so the extra iterations read, write and add nothing."""
-  from attograd.codegen.lower import reduce_identity
   big = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, padded),), r.arg)
   valid = big < size
   new: dict[UOp, UOp] = {r: big}
@@ -135,6 +141,51 @@ def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   body = ends[inner].src[0]
   swapped = UOp(Ops.END, ends[outer].dtype, (UOp(Ops.END, ends[inner].dtype, (body, outer)), inner))
   return ast.substitute({ends[outer]: swapped}).substitute(new)
+
+# ***** GPU work-groups (the thread ids themselves come from codegen/gpudims.py) *****
+
+def apply_local(ast: UOp, opt: Opt) -> UOp:
+  """Global axis of size S -> g*n + l: g a global axis of size S/n, l a local axis of size n."""
+  if any(u.op is Ops.DEFINE_LOCAL for u in ast.toposort): raise KernelOptError(f"{opt}: LOCAL opts come before GROUP")
+  ranges = global_ranges(ast)
+  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} global axes")
+  r = ranges[opt.axis]
+  size = split_size(r, opt)
+  outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), "local"))
+  ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
+  return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic)
+
+def apply_group(ast: UOp, opt: Opt) -> UOp:
+  """REDUCE over an axis of size S -> n partial reduces (thread l takes elements l, l+n, ...) stored to
+  local memory, a barrier, and a reduce over the n partials."""
+  ranges = ranges_of(ast, "reduce")
+  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} reduce axes")
+  r = ranges[opt.axis]
+  size, n = split_size(r, opt), opt.amount
+  red = next(u for u in ast.toposort if u.op is Ops.REDUCE and r in u.src[1:])
+  # local memory is written once per thread: a reduce inside another loop would overwrite it while
+  # other threads still read it
+  nested = {x for u in red.src[0].toposort if u.op is Ops.REDUCE for x in u.src[1:]}
+  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] == "reduce"]):
+    raise KernelOptError(f"{opt}: the reduce is inside loop r{loops[0].arg[0]}: GROUP needs it outside every loop")
+  new = fresh_range_id(ast)
+  rr = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // n),), r.arg)
+  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, "local"))
+  dt = dtypes.float32 if red.dtype in NARROW_FLOATS else red.dtype  # partials of narrow floats stay float32
+  value = red.src[0].substitute({r: rr * n + lid}).cast(dt)
+  partial = UOp(Ops.REDUCE, dt, (value, *(rr if x is r else x for x in red.src[1:])), red.arg)
+  # threads of other local axes (LOCAL opts) reduce their own rows: each gets its own n slots
+  others = sorted((x for x in partial.live_ranges if x.arg[1] == "local" and x is not lid), key=lambda x: x.arg)
+  row, slots = UOp.const(r.dtype, 0), n
+  for x in others: row, slots = row * x.src[0].arg + x, slots * x.src[0].arg
+  nlocal = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_LOCAL)
+  buf = UOp(Ops.DEFINE_LOCAL, dt.ptr(slots, "local"), (), nlocal)
+  barrier = UOp(Ops.BARRIER, dtypes.void, (buf.index(row * n + lid).store(partial).end(lid),))
+  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, "reduce"))
+  final = UOp(Ops.REDUCE, dt, (buf.after(barrier).index(row * n + lid2).load(), lid2), red.arg).cast(red.dtype)
+  return graph_rewrite(ast.substitute({red: final}), symbolic)
+
 
 def _try(ast: UOp, opts: list[Opt], opt: Opt) -> UOp:
   """Apply opt and record it, or leave the kernel as it is where it doesn't apply."""
