@@ -13,18 +13,15 @@ from attograd.tensor import Tensor
 JIT = ContextVar("JIT", 1)
 ReturnType = TypeVar("ReturnType")
 
-def _tensors_in(x: Any) -> list[Tensor]:
-  """The tensors of an argument or a return value, looking into lists, tuples and dicts."""
-  if isinstance(x, Tensor): return [x]
-  if isinstance(x, (list, tuple)): return [t for v in x for t in _tensors_in(v)]
-  if isinstance(x, dict): return [t for v in x.values() for t in _tensors_in(v)]
+def _find(x: Any, want: Callable[[Any], bool]) -> list[Any]:
+  """The values of an argument or a return value that `want` picks, looking into lists, tuples and dicts."""
+  if want(x): return [x]
+  if isinstance(x, (list, tuple)): return [v for y in x for v in _find(y, want)]
+  if isinstance(x, dict): return [v for y in x.values() for v in _find(y, want)]
   return []
-
-def _binds_in(x: Any) -> list[UOp]:
-  if isinstance(x, UOp) and x.op is Ops.BIND: return [x]
-  if isinstance(x, (list, tuple)): return [b for v in x for b in _binds_in(v)]
-  if isinstance(x, dict): return [b for v in x.values() for b in _binds_in(v)]
-  return []
+def _is_tensor(x: Any) -> bool: return isinstance(x, Tensor)
+def _is_bound_variable(x: Any) -> bool: return isinstance(x, UOp) and x.op is Ops.BIND
+def _tensors_in(x: Any) -> list[Tensor]: return _find(x, _is_tensor)
 
 def _describe(args: tuple, kwargs: dict) -> tuple[list[Tensor], tuple]:
   """The input tensors and what a replay must match: each tensor's shape, dtype and device, and the
@@ -32,7 +29,7 @@ def _describe(args: tuple, kwargs: dict) -> tuple[list[Tensor], tuple]:
   tensors = _tensors_in(list(args) + list(kwargs.values()))
   def sig(x: Any) -> Any:
     if isinstance(x, Tensor): return ("Tensor", x.shape, x.dtype, x.device)
-    if isinstance(x, UOp) and x.op is Ops.BIND: return ("Variable", x.src[0].arg)  # its value may change
+    if _is_bound_variable(x): return ("Variable", x.src[0].arg)  # its value may change
     if isinstance(x, (list, tuple)): return (type(x).__name__, tuple(sig(v) for v in x))
     if isinstance(x, dict): return ("dict", tuple((k, sig(v)) for k, v in x.items()))
     return ("value", x)
@@ -122,7 +119,7 @@ class TinyJit(Generic[ReturnType]):
       return self.fxn(*args, **kwargs)
     if self.cnt == 1: return self._capture(tensors, args, kwargs)
     assert self.replay is not None
-    bound = {b.src[0]: b.src[1].arg for b in _binds_in(list(args) + list(kwargs.values()))}
+    bound = {b.src[0]: b.src[1].arg for b in _find(list(args) + list(kwargs.values()), _is_bound_variable)}
     self.replay([buffer_of(t.uop.base) for t in tensors], {**self.var_vals, **bound})
     return self.ret
 
@@ -137,7 +134,7 @@ class TinyJit(Generic[ReturnType]):
     inputs = [buffer_of(t.uop.base) for t in tensors]
     kept_inputs = {id(b) for b in inputs}
     calls = capture.calls
-    kept = {id(b) for b in inputs} | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}
+    kept = kept_inputs | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}
     for t, before in capture.assigned.items(): calls = self._write_in_place(calls, t, before, kept, capture.nodes)
     # buffers first seen as a kernel's output were made inside: the ones nothing outside keeps share memory
     seen: set[int] = set()
