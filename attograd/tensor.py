@@ -46,13 +46,19 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     expanded |= swap.keys()
     root = root.substitute(swap)
 
-def _var_vals(root: UOp) -> dict[UOp, int]:
-  """The value each Variable is bound to in this graph; one variable can't have two at once."""
+def _runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
+  """The graph with realized nodes (below the roots) read from their buffers and bound Variables
+  unbound (kernels take the variable, the run gets the value), and those values. One variable can't
+  have two values at once."""
+  swap: dict[UOp, UOp] = {}
   vals: dict[UOp, int] = {}
-  for n in root.toposort:
-    if n.op is Ops.BIND and vals.setdefault(n.src[0], n.src[1].arg) != n.src[1].arg:
-      raise ValueError(f"variable {n.src[0].arg[0]!r} is bound to both {vals[n.src[0]]} and {n.src[1].arg} in one graph")
-  return vals
+  for n in roots.toposort:
+    if n.op is Ops.BIND:
+      if vals.setdefault(n.src[0], n.src[1].arg) != n.src[1].arg:
+        raise ValueError(f"variable {n.src[0].arg[0]!r} is bound to both {vals[n.src[0]]} and {n.src[1].arg} in one graph")
+      swap[n] = n.src[0]
+    elif (v := _realized(n)) is not None and n not in roots.src: swap[n] = v
+  return (roots.substitute(swap) if swap else roots), vals
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -167,10 +173,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
-    done = {n: v for n in roots.toposort if (v := _realized(n)) is not None and n not in roots.src}
-    var_vals = _var_vals(roots)
-    done.update((n, n.src[0]) for n in roots.toposort if n.op is Ops.BIND)  # kernels take the variable, run with the value
-    if done: roots = roots.substitute(done)
+    roots, var_vals = _runnable(roots)
     for t, u in zip(tensors, roots.src):
       t.uop = u
       if not is_view_of_buffer(u): todo.append(t)
