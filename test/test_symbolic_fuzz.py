@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 from attograd import dtypes
 from attograd.uop.ops import UOp, Ops
-from z3_uop import prove_equal, prove_bounds
+from z3_uop import prove_equal, prove_bounds, RLIMIT
 
 I32 = dtypes.int32
 N_EXAMPLES = int(os.getenv("FUZZ_EXAMPLES", "5000"))
@@ -123,7 +123,7 @@ def test_fuzz_z3_wide_ranges(ev):
   e, vs = ev
   s = e.simplify()
   if s is e: return
-  res, why = prove_equal(e, s, timeout_ms=2000)
+  res, why = prove_equal(e, s, rlimit=RLIMIT // 40)
   assert res != "counterexample", f"{e.render()} simplified to {s.render()}: {why}"
-  res, why = prove_bounds(s, timeout_ms=2000)
+  res, why = prove_bounds(s, rlimit=RLIMIT // 40)
   assert res != "counterexample", f"bounds [{s.vmin}, {s.vmax}] of {s.render()}: {why}"

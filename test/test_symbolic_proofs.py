@@ -13,7 +13,7 @@ from attograd import dtypes
 from attograd.uop.ops import UOp, Ops, sym_infer
 from attograd.uop.symbolic import symbolic, gated_index
 from attograd.codegen.divmod import divmod_lowering
-from z3_uop import prove, prove_equal, prove_bounds
+from z3_uop import prove, prove_equal, prove_bounds, RLIMIT
 
 I32, I8, U8, I64, F32 = dtypes.int32, dtypes.int8, dtypes.uint8, dtypes.int64, dtypes.float32
 def c(v, dt=I32): return UOp.const(dt, v)
@@ -239,7 +239,7 @@ def test_magic_number_lemma():
       (z3.And(q * P <= x * M, x * M < (q + 1) * P), [x == q * d + r, x <= n]),          # x >= 0: floor(x*M/P) = q = x//d
       (z3.And(-(q + 1) * P <= x * M, x * M < -q * P), [x == -(q * d + r), -x <= n, x < 0, e > 0])):  # x < 0: floor = -q-1
     s = z3.Solver()
-    s.set("timeout", 60000)
+    s.set("rlimit", RLIMIT)
     s.add(*hyps, *extra, z3.Not(goal))
     assert s.check() == z3.unsat
 

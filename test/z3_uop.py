@@ -137,19 +137,23 @@ class Z3IntModel(Z3Model):
     v = m.eval(x, model_completion=True)
     return z3.is_true(v) if dtypes.is_bool(dt) else v.as_long()
 
-def prove(claim_of, *uops: UOp, timeout_ms: int = 20000, assume=None) -> tuple[str, str]:
+# Z3's work budget per check, in its resource units (the slowest proof in the suite takes ~0.6M). A
+# count of steps, not seconds: a loaded machine makes proofs slower, never "unknown"
+RLIMIT = 20_000_000
+
+def prove(claim_of, *uops: UOp, rlimit: int = RLIMIT, assume=None) -> tuple[str, str]:
   """Prove claim_of(model, *z3 exprs) for every variable value in bounds (and under `assume`, a bool
   UOp, if given). Returns ("proven", "") / ("counterexample", text) / ("unknown", reason).
   The integer model is tried first; the bit-vector model decides whatever it can't prove."""
   try:
-    if _check(Z3IntModel(), claim_of, uops, timeout_ms, assume, ranges=True)[0] == "proven": return "proven", ""
+    if _check(Z3IntModel(), claim_of, uops, rlimit, assume, ranges=True)[0] == "proven": return "proven", ""
   except NotImplementedError: pass
-  return _check(Z3Model(), claim_of, uops, timeout_ms, assume)
+  return _check(Z3Model(), claim_of, uops, rlimit, assume)
 
-def _check(m: Z3Model, claim_of, uops, timeout_ms, assume, ranges=False) -> tuple[str, str]:
+def _check(m: Z3Model, claim_of, uops, rlimit, assume, ranges=False) -> tuple[str, str]:
   exprs = [m(u) for u in uops]
   solver = z3.Solver()
-  solver.set("timeout", timeout_ms)
+  solver.set("rlimit", rlimit)
   if assume is not None: solver.add(m(assume))
   solver.add(*m.constraints)
   solver.add(z3.Not(z3.And(claim_of(m, *exprs), *m.in_range)))
