@@ -166,13 +166,13 @@ import os
 from attograd import Tensor
 x = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]], device="LLVM")
 print((x * 3 + 17.25).sum(1).tolist(), (x.T @ x).max().item())
-print("objects", sum(f.endswith(".llvm.o") for f in os.listdir(os.environ["ATTOGRAD_CACHE"])))
+print("libraries", sum(f.endswith(".llvm.so") for f in os.listdir(os.environ["ATTOGRAD_CACHE"])))
 """
 
 @needs_llvm
 def test_llvm_compiler_caches_on_disk(tmp_path):
   first = run_python(LLVM_CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")
-  n = int(re.search(r"objects (\d+)", first).group(1))
+  n = int(re.search(r"libraries (\d+)", first).group(1))
   assert n >= 2, first
   files = sorted(p.name for p in tmp_path.iterdir())
   second = run_python(LLVM_CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")

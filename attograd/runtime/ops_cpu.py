@@ -67,6 +67,7 @@ class CPUCompiler(Compiler):
     return lib
 
 class CPUProgram:
+  var_type = ctypes.c_int32  # the C renderer declares kernel variables int
   def __init__(self, name: str, lib: bytes):
     # ctypes loads from a path: keep one file per content hash
     path = cache_dir() / f"{content_hash(lib)}.lib.so"
@@ -75,7 +76,7 @@ class CPUProgram:
     self.fxn = getattr(self.lib, name)
     self.fxn.restype = None
   def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:
-    self.fxn(*[ctypes.c_void_p(b.addr) for b in bufs], *[ctypes.c_int32(v) for v in vals])
+    self.fxn(*[ctypes.c_void_p(b.addr) for b in bufs], *[self.var_type(v) for v in vals])
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):

@@ -1,12 +1,14 @@
 """LLVM device: LLVM IR compiled in-process by llvmlite at O3 for the host CPU (its name and
-features, like -march=native), cached on disk as an object file by content hash, linked into
-this process by LLVM's ORC JIT and called through ctypes. Memory is the CPU device's."""
+features, like -march=native) to an object file, which the system linker makes a shared library
+(cached on disk by content hash), loaded and called through ctypes like the CPU device's. Memory is
+the CPU device's. Not LLVM's in-process JIT linker: one less LLVM subsystem living in the process
+(Mesa's lavapipe brings a second LLVM), and a cached kernel needs no LLVM at all."""
 from __future__ import annotations
-import ctypes, functools, itertools
+import ctypes, functools, pathlib, subprocess, tempfile
 from typing import Any
 from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Compiler, Compiled
-from attograd.runtime.ops_cpu import CPUAllocator, CPUMemory
+from attograd.runtime.ops_cpu import CPUAllocator, CPUProgram, find_c_compiler
 from attograd.renderer.llvmir import LLVMRenderer
 
 @functools.cache
@@ -27,6 +29,7 @@ def _target_machine() -> Any:
 class LLVMCompiler(Compiler):
   def __init__(self):
     llvm, tm = _llvm(), _target_machine()
+    self.linker = find_c_compiler()
     self.target = f"{llvm.llvm_version_info} {llvm.get_process_triple()} {tm.target_data} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
   def optimized(self, src: str) -> Any:
     """The module of src after LLVM's O3 pipeline for this machine."""
@@ -41,35 +44,22 @@ class LLVMCompiler(Compiler):
     return mod
   def assembly(self, src: str) -> str: return _target_machine().emit_assembly(self.optimized(src))
   def compile(self, src: str) -> bytes:
-    key = content_hash(src, self.target)
-    path = cache_dir() / f"{key}.llvm.o"
+    """A shared library holding the kernel: LLVM makes the object file, the system linker the library."""
+    key = content_hash(src, self.target, self.linker)
+    path = cache_dir() / f"{key}.llvm.so"
     if CACHELEVEL >= 1 and path.exists(): return path.read_bytes()
     obj = _target_machine().emit_object(self.optimized(src))
-    if CACHELEVEL >= 1: atomic_write(path, obj)
-    return obj
+    with tempfile.TemporaryDirectory() as tmp:
+      (o := pathlib.Path(tmp) / "k.o").write_bytes(obj)
+      proc = subprocess.run([self.linker, "-shared", str(o), "-o", str(so := pathlib.Path(tmp) / "k.so"), "-lm"], capture_output=True)
+      if proc.returncode != 0: raise RuntimeError(f"{self.linker} failed to link a kernel:\n{proc.stderr.decode()}")
+      lib = so.read_bytes()
+    if CACHELEVEL >= 1: atomic_write(path, lib)
+    return lib
 
-@functools.cache
-def _jit() -> Any: return _llvm().create_lljit_compiler(_target_machine())
-_library_ids = itertools.count()
-
-class LLVMProgram:
-  """One kernel linked as its own JIT library (kernel names repeat across kernels); math functions
-  the code calls (sinf, exp2f, ...) resolve to this process's C library."""
-  def __init__(self, name: str, lib: bytes):
-    llvm = _llvm()
-    self.tracker = llvm.JITLibraryBuilder().add_object_img(lib).add_current_process().export_symbol(name) \
-      .link(_jit(), f"attograd_{name}_{next(_library_ids)}")
-    self.addr = self.tracker[name]
-    self.fxn: Any = None
-  def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:
-    if self.fxn is None: self.fxn = _prototype(len(bufs), len(vals))(self.addr)
-    self.fxn(*[b.addr for b in bufs], *vals)
-
-@functools.cache
-def _prototype(nbufs: int, nvals: int) -> Any:
-  # buffers are pointers, variables are i64 (the renderer truncates them); ctypes releases the GIL, so
-  # the THREAD opt's slices run in parallel
-  return ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * nbufs, *[ctypes.c_int64] * nvals)
+class LLVMProgram(CPUProgram):
+  # variables arrive as i64 (one calling convention for every kernel; the renderer truncates them)
+  var_type = ctypes.c_int64
 
 class LlvmDevice(Compiled):
   def __init__(self, name: str):
