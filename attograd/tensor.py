@@ -200,7 +200,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     for t, u in zip(tensors, roots.src):
       t.uop = u
       if not is_view_of_buffer(u): todo.append(t)
-      elif var_vals and u.sym_args: t.uop = _bind_shapes(u, var_vals)
+      elif var_vals: t.uop = _bind_shapes(u, var_vals)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
     run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
@@ -215,7 +215,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
         was.base.__dict__["assigned_to"] = t.uop.base
       # a symbolic shape shows its bound value: the tensor's view takes the variables' values back
-      if var_vals and t.uop.sym_args: t.uop = _bind_shapes(t.uop, var_vals)
+      if var_vals: t.uop = _bind_shapes(t.uop, var_vals)
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
