@@ -78,8 +78,8 @@ def _check_size(s: Any, what: str) -> sint:
     topo = s.toposort
     if (free := [u.arg[0] for u in topo if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in topo)]):
       raise ValueError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
-    if s.vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
-    return s.simplify()
+    if (s := s.simplify()).vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
+    return s
   if not isinstance(s, int) or s < 0: raise ValueError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
   return s
 
@@ -413,14 +413,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else:
       if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis ({self.ndim})")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
-    if any(isinstance(x, UOp) for p in pairs for x in p):
-      raise ValueError(f"padding {pairs}: a Variable as a pad amount is not supported (pad to the maximum and shrink with the Variable)")
+    if any(isinstance(x, UOp) for p in pairs for x in p):  # a symbolic amount must be a size: never negative
+      pairs = [tuple(x if isinstance(x, int) else _check_size(x, f"padding {pairs}") for x in p) for p in pairs]
     if mode != "constant":
       if value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
       return self._pad_mode(pairs, mode)
     # negative padding cuts
-    t = self.shrink(tuple((-min(b, 0), s + a if a < 0 else s) for (b, a), s in zip(pairs, self.shape)))
-    pos = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+    neg = lambda x: isinstance(x, int) and x < 0
+    t = self.shrink(tuple((-b if neg(b) else 0, s + a if neg(a) else s) for (b, a), s in zip(pairs, self.shape)))
+    pos = tuple((0 if neg(b) else b, 0 if neg(a) else a) for b, a in pairs)
     if all(p == (0, 0) for p in pos): return t
     out = self._new(UOp(Ops.PAD, t.dtype, (t.uop,), pos))
     if value == 0: return out

@@ -68,9 +68,9 @@ def push_pad(p: UOp, gate: UOp, idxs: tuple[UOp, ...]) -> UOp:
   src = p.src[0]
   valid = UOp.const(dtypes.bool, True)
   for i, s, (b, a) in zip(idxs, src.shape, p.arg):
-    if b: valid = valid & (i > b - 1)
-    if a: valid = valid & (i < b + s)
-  new = tuple(i - b if b else i for i, (b, _) in zip(idxs, p.arg))
+    if b != 0: valid = valid & (i > b - 1)  # != 0, not truthiness: an amount can be symbolic
+    if a != 0: valid = valid & (i < b + s)
+  new = tuple(i - b if b != 0 else i for i, (b, _) in zip(idxs, p.arg))
   return valid.where(tindex(src, gate & valid, new), UOp.const(p.dtype, 0))
 
 def push_reduce(red: UOp, gate: UOp, idxs: tuple[UOp, ...], ctx: IndexingContext) -> UOp:
@@ -94,7 +94,7 @@ pushdown = PatternMatcher([
   (tpat(Ops.EXPAND), lambda ix, x, gate: tindex(x.src[0], gate, tuple(
     i.const_like(0) if s == 1 and n != 1 else i for i, s, n in zip(I(ix), x.src[0].shape, x.shape)))),
   (tpat(Ops.PAD), lambda ix, x, gate: push_pad(x, gate, I(ix))),
-  (tpat(Ops.SHRINK), lambda ix, x, gate: tindex(x.src[0], gate, tuple(i + b if b else i for i, (b, _) in zip(I(ix), x.arg)))),
+  (tpat(Ops.SHRINK), lambda ix, x, gate: tindex(x.src[0], gate, tuple(i + b if b != 0 else i for i, (b, _) in zip(I(ix), x.arg)))),
   (tpat(Ops.FLIP), lambda ix, x, gate: tindex(x.src[0], gate, tuple((s - 1) - i if f else i for i, s, f in zip(I(ix), x.shape, x.arg)))),
   (tpat(GroupOp.Elementwise), lambda ix, x, gate: x.replace(src=tuple(tindex(s, gate, I(ix)) for s in x.src))),
   (tpat({Ops.DETACH, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD}), lambda ix, x, gate: tindex(x.src[0], gate, I(ix))),

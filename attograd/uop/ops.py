@@ -334,8 +334,9 @@ def sym_eq(a: sint, b: sint) -> bool:
   d = (a - b if isinstance(a, UOp) else b - a).simplify()
   return d.op is Ops.CONST and d.arg == 0
 def sym_le(a: sint, b: sint) -> bool:
-  """Is a <= b for every value of the Variables? (equal expressions, or by their bounds)"""
-  return a <= b if isinstance(a, int) and isinstance(b, int) else sym_eq(a, b) or smax(a) <= smin(b)
+  """Is a <= b for every value of the Variables? (b - a, simplified, is never negative)"""
+  if isinstance(a, int) and isinstance(b, int): return a <= b
+  return (b - a if isinstance(b, UOp) else -(a - b)).simplify().vmin >= 0
 def sym_value(x: sint) -> int:
   """A size with its Variables' bound values (the value to read back, to show in numpy)."""
   return x if isinstance(x, int) else int(sym_infer(x, {b.src[0]: b.src[1].arg for b in x.toposort if b.op is Ops.BIND}))
