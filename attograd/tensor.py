@@ -61,7 +61,7 @@ def _runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
       value_of(n)
       swap[n] = n.src[0]
     elif (v := _realized(n)) is not None and n not in roots.src: swap[n] = v
-    elif n.sym_args:
+    elif n.op in GroupOp.Sized and n.sym_args:
       for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
   if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals
   return (roots.substitute(swap) if swap else roots), vals
@@ -527,7 +527,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       dt = _weak_promote(self.dtype, dtypes.from_py(x))  # Python scalars are weak
       x = Tensor(_const(x, dt, self.device))
     elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
-      dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x, device=self.device)
+      dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
@@ -1030,9 +1030,9 @@ def _from_numpy_dtype(npdt) -> DType:
 def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
   """The graph node for Tensor(data): a constant, or a buffer filled from Python/numpy data."""
   if isinstance(data, UOp):
-    # a bound Variable (or a symbolic size, e.g. a tensor's shape[0]) is a 0-d tensor of its value, on the device it is used on
-    binds = {b: b.replace(src=(b.src[0], _const(b.src[1].arg, b.dtype, device))) for b in data.toposort if b.op is Ops.BIND and b.src[1].device is None}
-    return data.substitute(binds) if binds else data
+    # a bound Variable is a 0-d tensor of its value, on the device it is used on
+    if data.op is Ops.BIND and data.src[1].device is None: return data.replace(src=(data.src[0], _const(data.src[1].arg, data.dtype, device)))
+    return data
   if isinstance(data, Tensor):
     t = data.to(device)
     return (t.cast(dtype) if dtype is not None else t).uop

@@ -39,6 +39,7 @@ class GroupOp:
   Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
   Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
   Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+  Sized = {Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.IOTA}  # ops whose arg holds sizes, which may be symbolic
 
 # ***** Python semantics of every ALU op, with C's truncating division (DESIGN §4.4) *****
 
@@ -341,9 +342,8 @@ def sym_value(x: sint) -> int:
   """A size with its Variables' bound values (the value to read back, to show in numpy)."""
   return x if isinstance(x, int) else int(sym_infer(x, {b.src[0]: b.src[1].arg for b in x.toposort if b.op is Ops.BIND}))
 
-_SIZED_ARGS = {Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.PAD, Ops.IOTA}
 def _arg_sizes(u: UOp) -> tuple:
-  if u.op not in _SIZED_ARGS: return ()
+  if u.op not in GroupOp.Sized: return ()
   if u.op is Ops.IOTA: return (u.arg,)
   return tuple(x for p in u.arg for x in p) if u.op in (Ops.SHRINK, Ops.PAD) else u.arg
 
