@@ -273,6 +273,8 @@ class UOp(metaclass=UOpMeta):
   # ***** tensor level: shape and device *****
   @functools.cached_property
   def shape(self) -> tuple[sint, ...]: return _shape(self)
+  @functools.cached_property
+  def symbolic_shape(self) -> bool: return not all(type(s) is int for s in self.shape)
   @property
   def size(self) -> sint: return sym_prod(self.shape)
   @functools.cached_property
