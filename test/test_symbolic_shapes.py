@@ -184,4 +184,5 @@ def test_errors():
   with pytest.raises(ValueError, match="out of bounds"): x[:Variable("big", 1, 32).bind(4)]  # 32 > 16 rows: a replay could read past them
   with pytest.raises(IndexError, match="step 1"): x[:N.bind(4):2]
   with pytest.raises(ValueError, match="cannot reshape"): x[:N.bind(4)].reshape(4, 4)
+  with pytest.raises(TypeError, match="doesn't support symbolic sizes"): x[:N.bind(4)].cumsum(0)  # ops built on int-only window math refuse
   with pytest.raises(ValueError, match="both 2 and 3"): (x[:N.bind(2)].sum() + x[:N.bind(3)].sum()).realize()

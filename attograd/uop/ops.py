@@ -114,7 +114,10 @@ class UOp(metaclass=UOpMeta):
     return self if new == (self.op, self.dtype, self.src, self.arg) else UOp(*new)
   def __repr__(self) -> str:  # a symbolic size reads as text in shapes and errors: (n=10, 4)
     return (_render(self)[1:-1] if self.op is Ops.BIND else _render(self)) if _is_sym_int(self) else pretty(self)
-  def __bool__(self) -> bool: raise TypeError(f"a UOp has no truth value; use .simplify() and check for CONST (got {self.op})")
+  def __bool__(self) -> bool:
+    if _is_sym_int(self):  # a comparison of symbolic sizes reached an int-only path of the front end
+      raise TypeError(f"{self!r} depends on the value of a Variable: this operation doesn't support symbolic sizes")
+    raise TypeError(f"a UOp has no truth value; use .simplify() and check for CONST (got {self.op})")
 
   # ***** graph walking *****
   @functools.cached_property
@@ -366,8 +369,10 @@ def substitute_sym(root: UOp, mapping: dict[UOp, UOp], in_sizes: Callable[[UOp],
   return new[root]
 
 def _is_sym_int(u: UOp) -> bool:
+  """Is u integer math (or a comparison) over Variables and constants: a symbolic size, not a tensor?"""
   return u.op in (Ops.DEFINE_VAR, Ops.BIND) and not (u.op is Ops.BIND and u.src[1].src) or \
-    (dtypes.is_int(u.dtype) and u.op in GroupOp.ALU and all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
+    (u.op in GroupOp.ALU and (dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison) and
+     all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
 
 def _range_info(u: UOp) -> tuple[ConstType, ConstType, bool]:
   """(vmin, vmax, exact) of a node from those of its sources."""
