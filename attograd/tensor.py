@@ -196,6 +196,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
+    bound_graphs = roots.src
     roots, var_vals = _runnable(roots)
     for t, u in zip(tensors, roots.src):
       t.uop = u
@@ -206,16 +207,18 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
+    graph_of = dict(zip(roots.src, bound_graphs))
     for t in todo:
       old, t.uop = t.uop, becomes[t.uop]
+      # a symbolic shape shows its bound value: the tensor's view takes the variables' values back
+      if var_vals: t.uop = _bind_shapes(t.uop, var_vals)
       # a computed tensor remembers the graph it came from, so backward() still works after item()
+      # (with its Variables bound: gradients must run with this run's values)
       if old.op is not Ops.ASSIGN and not t.requires_grad and is_view_of_buffer(t.uop) and t.uop is not old:
-        t.uop.__dict__["source"] = old
+        t.uop.__dict__["source"] = graph_of[old] if var_vals else old
       # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
       if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
         was.base.__dict__["assigned_to"] = t.uop.base
-      # a symbolic shape shows its bound value: the tensor's view takes the variables' values back
-      if var_vals: t.uop = _bind_shapes(t.uop, var_vals)
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
