@@ -9,7 +9,6 @@ from attograd.engine.realize import _kernel_cache, buffer_of
 from attograd.schedule.schedule import _schedule_cache
 from helpers import DEVICES
 
-SYM_DEVICES = [d for d in DEVICES if d != "WEBGPU"]
 N = Variable("n", 0, 16)
 rng = np.random.default_rng(0)
 XN = rng.standard_normal((16, 4)).astype(np.float32)
@@ -44,7 +43,7 @@ CASES = {
   "matmul_inner": (lambda t: t.T @ t, lambda a: a.T @ a),
 }
 
-@pytest.mark.parametrize("device", SYM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_ops_match_numpy(device, name):
   ours, theirs = CASES[name]
@@ -52,7 +51,7 @@ def test_ops_match_numpy(device, name):
   for n in (5, 1, 16):
     np.testing.assert_allclose(ours(x[:N.bind(n)]).numpy(), theirs(XN[:n]), rtol=1e-5, atol=1e-6, err_msg=f"n={n}")
 
-@pytest.mark.parametrize("device", SYM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_mean_and_var_divide_by_the_bound_count(device):
   x = Tensor(XN, device=device).realize()
   for n in (2, 7):
@@ -61,7 +60,7 @@ def test_mean_and_var_divide_by_the_bound_count(device):
     np.testing.assert_allclose(x[:v].var(0).numpy(), XN[:n].var(0, ddof=1), rtol=1e-4)
     np.testing.assert_allclose((x[:v] * v).numpy(), XN[:n] * n, rtol=1e-6)  # a Variable is a value too
 
-@pytest.mark.parametrize("device", SYM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_symbolic_start_and_cat(device):
   x = Tensor(XN, device=device).realize()
   m = Variable("m", 0, 8)
@@ -101,7 +100,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, pos: UOp) -> Tensor:
 def _attention_np(q, k, v, p):
   return softmax(q @ k[:p].T / 2.0, -1) @ v[:p]
 
-@pytest.mark.parametrize("device", SYM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_kv_cache_attention_compiles_once(device):
   pos = Variable("pos", 1, 32)
   kn, vn = rng.standard_normal((32, 8)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
@@ -136,7 +135,7 @@ def test_buffers_sized_for_the_maximum():
   np.testing.assert_allclose(y.numpy(), XN[:3] + 1)
   assert y.contiguous() is y  # the prefix of its buffer is already contiguous: reading it back copies nothing
 
-@pytest.mark.parametrize("device", SYM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_jit_replays_attention_over_positions(device):
   pos = Variable("pos", 1, 32)
   kn, vn = rng.standard_normal((32, 8)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
