@@ -5,7 +5,7 @@ import math, struct, weakref
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
-from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_eq, sym_le, sym_value, substitute_sym
+from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, substitute_sym
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import run_schedule, buffer_of, capturing, JitError
@@ -78,7 +78,7 @@ def _check_size(s: Any, what: str) -> sint:
     topo = s.toposort
     if (free := [u.arg[0] for u in topo if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in topo)]):
       raise ValueError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
-    if (s := s.simplify()).vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
+    if (s := s if s.op is Ops.BIND else s.simplify()).vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
     return s
   if not isinstance(s, int) or s < 0: raise ValueError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
   return s
@@ -501,7 +501,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         start, stop = 0 if i.start is None else i.start, size if i.stop is None else i.stop
         if i.step not in (None, 1) or any(isinstance(x, int) and x < 0 for x in (start, stop)):
           raise IndexError(f"slice {i} of a symbolic axis (size {size}): only non-negative start:stop with step 1 is supported")
-        shrink.append((start, stop)); flips.append(False); steps.append(1); out_shape.append(stop - start)
+        shrink.append((start, stop)); flips.append(False); steps.append(1); out_shape.append(sym_sum(stop, sym_neg(start)))
       else:
         start, stop, step = i.indices(size)
         if step == 0: raise ValueError("slice step cannot be zero")
@@ -517,7 +517,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       padded = t.shape
       t = t.reshape(flatten((s // k, k) for s, k in zip(padded, steps)))
       t = t.shrink(tuple(flatten(((0, s // k), (0, 1)) for s, k in zip(padded, steps))))
-    return t.reshape(tuple(s if isinstance(s, int) else s.simplify() for s in out_shape))
+    return t.reshape(tuple(out_shape))
 
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:

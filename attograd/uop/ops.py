@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate
-from attograd.helpers import prod, all_same
+from attograd.helpers import all_same
 
 class Ops(Enum):
   # tensor level: storage, constants and the movement ops (which never reach a kernel)
@@ -305,8 +305,8 @@ def _shape(u: UOp) -> tuple[int, ...]:
   if u.op in {Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND}: return ()
   if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
   if u.op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in u.arg)
-  if u.op is Ops.PAD: return tuple(_sym(s + b + a) for s, (b, a) in zip(u.src[0].shape, u.arg))
-  if u.op is Ops.SHRINK: return tuple(_sym(e - b) for b, e in u.arg)
+  if u.op is Ops.PAD: return tuple(sym_sum(s, b, a) for s, (b, a) in zip(u.src[0].shape, u.arg))
+  if u.op is Ops.SHRINK: return tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg)
   if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape))
   if u.op is Ops.ASSIGN: return u.src[0].shape
   shapes = [s.shape for s in u.src if s.op is not Ops.DEVICE]
@@ -318,7 +318,17 @@ def _shape(u: UOp) -> tuple[int, ...]:
 
 sint = int | UOp  # a size: an int, or an integer expression of Variables
 
-def _sym(x: sint) -> sint: return x if isinstance(x, int) else x.simplify()
+_LEAVES = (Ops.BIND, Ops.DEFINE_VAR, Ops.CONST)
+def sym_sum(*xs: sint) -> sint:
+  """The sum of sizes, simplified only when two symbolic terms meet (x[:v] keeps v itself as its size)."""
+  n, syms = 0, []
+  for x in xs:
+    if isinstance(x, int): n += x
+    else: syms.append(x)
+  if not syms: return n
+  if len(syms) == 1 and n == 0 and syms[0].op in _LEAVES: return syms[0]
+  return (functools.reduce(operator.add, syms) + n).simplify()
+def sym_neg(x: sint) -> sint: return -x if isinstance(x, int) else x * -1  # x*-1: the form sums simplify with
 def smax(x: sint) -> int:
   """The largest value x can take (what memory is allocated for)."""
   return x if isinstance(x, int) else x.vmax
@@ -331,6 +341,7 @@ def sym_prod(xs) -> sint:
     if isinstance(x, int): n *= x
     else: syms.append(x)
   if not syms or n == 0: return n
+  if len(syms) == 1 and syms[0].op in _LEAVES: return syms[0] * n if n != 1 else syms[0]  # already canonical: x*c
   ret = functools.reduce(operator.mul, sorted(syms, key=_render))
   return (ret * n if n != 1 else ret).simplify()
 def sym_eq(a: sint, b: sint) -> bool:
@@ -342,7 +353,7 @@ def sym_eq(a: sint, b: sint) -> bool:
 def sym_le(a: sint, b: sint) -> bool:
   """Is a <= b for every value of the Variables? (b - a, simplified, is never negative)"""
   if isinstance(a, int) and isinstance(b, int): return a <= b
-  return (b - a if isinstance(b, UOp) else -(a - b)).simplify().vmin >= 0
+  return smax(a) <= smin(b) or (b - a if isinstance(b, UOp) else -(a - b)).simplify().vmin >= 0
 def sym_value(x: sint) -> int:
   """A size with its Variables' bound values (the value to read back, to show in numpy)."""
   return x if isinstance(x, int) else int(sym_infer(x, {b.src[0]: b.src[1].arg for b in x.toposort if b.op is Ops.BIND}))
