@@ -207,7 +207,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
-    graph_of = dict(zip(roots.src, bound_graphs))
+    graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}
     for t in todo:
       old, t.uop = t.uop, becomes[t.uop]
       # a symbolic shape shows its bound value: the tensor's view takes the variables' values back
@@ -233,7 +233,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     raw = buffer_of(t.uop.base).as_bytes()
     # a symbolic shape lives in a buffer made for the variable's maximum: the tensor is its prefix
     return raw if isinstance(n := self.numel(), int) else raw[:sym_value(n) * self.dtype.itemsize]
-  def _value_shape(self) -> tuple[int, ...]: return tuple(sym_value(s) for s in self.shape)
+  def _value_shape(self) -> tuple[int, ...]: return tuple(sym_value(s) for s in self.shape) if self.uop.symbolic_shape else self.shape
   def data(self) -> memoryview: return self._raw()
   def tolist(self) -> Any:
     if self.dtype == dtypes.bool: flat = [bool(b) for b in self._raw().cast("B")]

@@ -276,8 +276,8 @@ class UOp(metaclass=UOpMeta):
   # ***** tensor level: shape and device *****
   @functools.cached_property
   def shape(self) -> tuple[sint, ...]: return _shape(self)
-  @functools.cached_property
-  def symbolic_shape(self) -> bool: return not all(type(s) is int for s in self.shape)
+  @property
+  def symbolic_shape(self) -> bool: return not isinstance(math.prod(self.shape), int)  # one C call for static shapes
   @property
   def size(self) -> sint: return sym_prod(self.shape)
   @functools.cached_property
@@ -336,6 +336,7 @@ def smin(x: sint) -> int: return x if isinstance(x, int) else x.vmin
 def sym_prod(xs) -> sint:
   """The product of sizes: an int when all are ints, else one simplified UOp (factors in a fixed order,
   so equal products are the same node)."""
+  if isinstance(n := math.prod(xs := tuple(xs)), int): return n  # static sizes: one C call
   n, syms = 1, []
   for x in xs:
     if isinstance(x, int): n *= x
