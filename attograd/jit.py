@@ -4,11 +4,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG, GlobalCounters
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
 from attograd.engine.realize import Capture, CompiledKernel, JitError, _captures, buffer_of
 from attograd.engine.memory import planned_buffers
-from attograd.tensor import Tensor
+from attograd.tensor import Tensor, _bind_shapes
+from attograd.schedule.schedule import is_contiguous_buffer
 
 JIT = ContextVar("JIT", 1)
 ReturnType = TypeVar("ReturnType")
@@ -22,13 +23,18 @@ def _find(x: Any, want: Callable[[Any], bool]) -> list[Any]:
 def _is_tensor(x: Any) -> bool: return isinstance(x, Tensor)
 def _is_bound_variable(x: Any) -> bool: return isinstance(x, UOp) and x.op is Ops.BIND
 def _tensors_in(x: Any) -> list[Tensor]: return _find(x, _is_tensor)
+def _shape_binds(t: Tensor) -> list[UOp]: return [b for s in t.shape if isinstance(s, UOp) for b in s.toposort if b.op is Ops.BIND]
+def _unbind(x: UOp) -> UOp: return x.substitute({b: b.src[0] for b in x.toposort if b.op is Ops.BIND})
+def _shape_sig(t: Tensor) -> tuple:
+  """A shape as the kernels see it: a symbolic size by its Variables, whatever values they are bound to."""
+  return tuple(s if isinstance(s, int) else _unbind(s) for s in t.shape)
 
 def _describe(args: tuple, kwargs: dict) -> tuple[list[Tensor], tuple]:
   """The input tensors and what a replay must match: each tensor's shape, dtype and device, and the
   value of everything that isn't a tensor (it was baked into the kernels)."""
   tensors = _tensors_in(list(args) + list(kwargs.values()))
   def sig(x: Any) -> Any:
-    if isinstance(x, Tensor): return ("Tensor", x.shape, x.dtype, x.device)
+    if isinstance(x, Tensor): return ("Tensor", _shape_sig(x) if x.uop.symbolic_shape else x.shape, x.dtype, x.device)
     if _is_bound_variable(x): return ("Variable", x.src[0].arg)  # its value may change
     if isinstance(x, (list, tuple)): return (type(x).__name__, tuple(sig(v) for v in x))
     if isinstance(x, dict): return ("dict", tuple((k, sig(v)) for k, v in x.items()))
@@ -41,7 +47,7 @@ def _as_plain_buffers(tensors: list[Tensor]) -> None:
   Tensor.realize_all(tensors)
   for t in tensors:
     u = t.uop
-    if not (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)) or u.base.arg.offset:
+    if not (u.op is Ops.BUFFER or is_contiguous_buffer(u)) or u.base.arg.offset:
       t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (u,))).realize().uop
 
 def _mismatch(old: tuple, new: tuple) -> str:
@@ -101,9 +107,11 @@ class TinyJit(Generic[ReturnType]):
     self.replay: _Replay | None = None
     self.ret: Any = None
     self.var_vals: dict[UOp, int] = {}
+    self.sym_outputs: list[tuple[Tensor, UOp]] = []  # returned tensors of symbolic shape, with their view unbound
+    self.symbolic = False  # inputs or outputs of symbolic shape
     functools.update_wrapper(self, fxn)
   def __get__(self, obj: Any, objtype: Any = None) -> Any: return self if obj is None else functools.partial(self.__call__, obj)
-  def reset(self) -> None: self.cnt, self.signature, self.replay, self.ret = 0, None, None, None
+  def reset(self) -> None: self.cnt, self.signature, self.replay, self.ret, self.sym_outputs, self.symbolic = 0, None, None, None, [], False
 
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
     # inside another TinyJit's capture, run plainly: the outer one records these kernels with its own
@@ -120,7 +128,12 @@ class TinyJit(Generic[ReturnType]):
     if self.cnt == 1: return self._capture(tensors, args, kwargs)
     assert self.replay is not None
     bound = {b.src[0]: b.src[1].arg for b in _find(list(args) + list(kwargs.values()), _is_bound_variable)}
-    self.replay([buffer_of(t.uop.base) for t in tensors], {**self.var_vals, **bound})
+    if self.symbolic:  # Variables can come in the shapes of the inputs too, and outputs' shapes show this call's values
+      bound.update((b.src[0], b.src[1].arg) for t in tensors for b in _shape_binds(t))
+    var_vals = {**self.var_vals, **bound}
+    self.replay([buffer_of(t.uop.base) for t in tensors], var_vals)
+    if self.symbolic:
+      for t, view in self.sym_outputs: t.uop = _bind_shapes(view, var_vals)
     return self.ret
 
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
@@ -150,6 +163,8 @@ class TinyJit(Generic[ReturnType]):
     outside = {id(b): capture.nodes[id(b)] for _, _, bufs in calls for b in bufs
                if id(b) not in made_inside and id(b) in capture.nodes and id(b) not in kept_inputs}
     self.replay, self.ret, self.cnt, self.var_vals = _Replay(calls, inputs, outside), ret, 2, capture.var_vals
+    self.sym_outputs = [(t, substitute_sym(t.uop, {}, _unbind)) for t in outputs if any(u.sym_args for u in t.uop.toposort)]
+    self.symbolic = bool(self.sym_outputs) or any(t.uop.symbolic_shape for t in tensors)
     if DEBUG >= 1: print(f"TinyJit {self.fxn.__name__}: captured {len(calls)} kernels")
     return ret
 

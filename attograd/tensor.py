@@ -5,9 +5,9 @@ import math, struct, weakref
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, substitute_sym
 from attograd.runtime.device import Device
-from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer
+from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import run_schedule, buffer_of, capturing, JitError
 from attograd.gradient import compute_gradient
 from attograd.frontend.indexing import IndexingOps
@@ -48,17 +48,40 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
 
 def _runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
   """The graph with realized nodes (below the roots) read from their buffers and bound Variables
-  unbound (kernels take the variable, the run gets the value), and those values. One variable can't
-  have two values at once."""
+  unbound (kernels take the variable, the run gets the value), and those values. Variables are found
+  as values and in symbolic shapes. One variable can't have two values at once."""
   swap: dict[UOp, UOp] = {}
   vals: dict[UOp, int] = {}
+  in_shapes: dict[UOp, UOp] = {}
+  def value_of(b: UOp) -> None:
+    if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg:
+      raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
   for n in roots.toposort:
     if n.op is Ops.BIND:
-      if vals.setdefault(n.src[0], n.src[1].arg) != n.src[1].arg:
-        raise ValueError(f"variable {n.src[0].arg[0]!r} is bound to both {vals[n.src[0]]} and {n.src[1].arg} in one graph")
+      value_of(n)
       swap[n] = n.src[0]
     elif (v := _realized(n)) is not None and n not in roots.src: swap[n] = v
+    elif n.op in GroupOp.Sized and n.sym_args:
+      for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
+  if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals
   return (roots.substitute(swap) if swap else roots), vals
+
+def _bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
+  """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
+  binds = {v: v.bind(x) for v, x in var_vals.items()}
+  return substitute_sym(u, {}, lambda x: x.substitute(binds))
+
+def _check_size(s: Any, what: str) -> sint:
+  """A size in a shape: a non-negative int, or an integer expression of bound Variables, never negative."""
+  if isinstance(s, UOp):
+    if not dtypes.is_int(s.dtype) or s.shape != (): raise ValueError(f"invalid size {s!r} in {what}: a size must be an int or an integer Variable")
+    topo = s.toposort
+    if (free := [u.arg[0] for u in topo if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in topo)]):
+      raise ValueError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
+    if (s := s if s.op is Ops.BIND else s.simplify()).vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
+    return s
+  if not isinstance(s, int) or s < 0: raise ValueError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
+  return s
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -91,9 +114,9 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
 
-def _split_for_cores(n: int) -> int:
+def _split_for_cores(n: sint) -> int:
   """How many partial reductions a full reduction of n elements is split into (1: none)."""
-  if n < 1 << 20: return 1
+  if not isinstance(n, int) or n < 1 << 20: return 1
   return next((p for p in (64, 32, 16, 8, 4, 2) if n % p == 0), 1)
 
 class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
@@ -119,7 +142,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def device(self) -> str: return self.uop.device
   @property
   def ndim(self) -> int: return len(self.shape)
-  def numel(self) -> int: return prod(self.shape)
+  def numel(self) -> sint: return sym_prod(self.shape)
   def element_size(self) -> int: return self.dtype.itemsize
   def nbytes(self) -> int: return self.numel() * self.element_size()
   def size(self, dim: int | None = None) -> tuple[int, ...] | int:
@@ -173,20 +196,26 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     _pending_assigns.clear()
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
+    bound_graphs = roots.src
     roots, var_vals = _runnable(roots)
     for t, u in zip(tensors, roots.src):
       t.uop = u
       if not is_view_of_buffer(u): todo.append(t)
+      elif var_vals: t.uop = _bind_shapes(u, var_vals)
     if not todo: return
     schedule, becomes = create_schedule([t.uop for t in todo])
     run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
     for k, v in becomes.items():
       if is_view_of_buffer(v): _remember(k, v)
+    graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}
     for t in todo:
       old, t.uop = t.uop, becomes[t.uop]
+      # a symbolic shape shows its bound value: the tensor's view takes the variables' values back
+      if var_vals: t.uop = _bind_shapes(t.uop, var_vals)
       # a computed tensor remembers the graph it came from, so backward() still works after item()
+      # (with its Variables bound: gradients must run with this run's values)
       if old.op is not Ops.ASSIGN and not t.requires_grad and is_view_of_buffer(t.uop) and t.uop is not old:
-        t.uop.__dict__["source"] = old
+        t.uop.__dict__["source"] = graph_of[old] if var_vals else old
       # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
       if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
         was.base.__dict__["assigned_to"] = t.uop.base
@@ -194,26 +223,29 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
     u = self.uop
-    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return self
+    if is_contiguous_buffer(u): return self
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (u,)))
   def _raw(self) -> memoryview:
     if capturing() is not None:
       raise JitError("reading a tensor's values into Python inside a TinyJit function: the replay would reuse this call's "
                      "value. Return the tensor from the function and read it outside")
     t = self.realize().contiguous().realize()  # realize self first: later reads reuse its buffer
-    return buffer_of(t.uop.base).as_bytes()
+    raw = buffer_of(t.uop.base).as_bytes()
+    # a symbolic shape lives in a buffer made for the variable's maximum: the tensor is its prefix
+    return raw if isinstance(n := self.numel(), int) else raw[:sym_value(n) * self.dtype.itemsize]
+  def _value_shape(self) -> tuple[int, ...]: return tuple(sym_value(s) for s in self.shape) if self.uop.symbolic_shape else self.shape
   def data(self) -> memoryview: return self._raw()
   def tolist(self) -> Any:
     if self.dtype == dtypes.bool: flat = [bool(b) for b in self._raw().cast("B")]
     else: flat = _unpack(self._raw(), self.dtype)
-    return _nest(flat, self.shape) if self.shape else flat[0]
+    return _nest(flat, self._value_shape()) if self.shape else flat[0]
   def item(self) -> ConstType:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
     return _unpack(self._raw(), self.dtype)[0] if self.dtype != dtypes.bool else bool(self._raw().cast("B")[0])
   def numpy(self):
     import numpy as np
     if self.dtype == dtypes.bfloat16: raise TypeError("numpy has no bfloat16: call .float() first")
-    return np.frombuffer(bytes(self._raw()), dtype=np.dtype(_NUMPY_NAMES[self.dtype])).reshape(self.shape).copy()
+    return np.frombuffer(bytes(self._raw()), dtype=np.dtype(_NUMPY_NAMES[self.dtype])).reshape(self._value_shape()).copy()
   def __bool__(self) -> bool:
     if self.numel() != 1: raise RuntimeError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
     return bool(self.item())
@@ -248,11 +280,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
 
   # ***** creation *****
   @staticmethod
-  def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+  def _shape_arg(shape: tuple[Any, ...]) -> tuple[sint, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
-    for s in shape:
-      if not isinstance(s, int) or s < 0: raise ValueError(f"invalid shape {shape}: sizes must be non-negative ints")
-    return tuple(shape)
+    return tuple(s if type(s) is int and s >= 0 else _check_size(s, f"shape {shape}") for s in shape)
   @staticmethod
   def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = Tensor._shape_arg(shape if isinstance(shape, tuple) else (shape,))
@@ -266,11 +296,17 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @staticmethod
   def empty(*shape, dtype=None, device=None, **kw) -> Tensor:
     shape, dtype, device = Tensor._shape_arg(shape), to_dtype(dtype or dtypes.default_float), Device.canonicalize(device)
-    buf = new_buffer(device, prod(shape), dtype)
-    return Tensor(buf if len(shape) == 1 else UOp(Ops.RESHAPE, dtype, (buf,), shape), **kw)
+    return Tensor(buffer_view(new_buffer(device, sym_prod(shape), dtype), shape), **kw)
   @staticmethod
   def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype=None, device=None, **kw) -> Tensor:
     if stop is None: start, stop = 0, start
+    if any(isinstance(v, UOp) for v in (start, stop, step)):
+      if not (isinstance(start, int) and start == 0 and step == 1):
+        raise ValueError(f"arange with a Variable takes only a stop: arange(n), not arange({start}, {stop}, {step})")
+      dtype = to_dtype(dtype) if dtype is not None else dtypes.default_int
+      idx = Tensor(UOp(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32, (_device_node(Device.canonicalize(device)),),
+                       _check_size(stop, "arange")), **kw)
+      return idx.cast(dtype)
     if step == 0: raise ValueError("arange step must be nonzero")
     if (stop - start) * step < 0: raise ValueError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
     n = max(0, math.ceil((stop - start) / step))
@@ -314,13 +350,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @staticmethod
   def rand(*shape, dtype=None, device=None, **kw) -> Tensor:
     shape = Tensor._shape_arg(shape)
-    bits = Tensor._random_bits(prod(shape), device)
+    if isinstance(n := sym_prod(shape), UOp):
+      # numbers for the variable's largest value: the same kernels (and RNG advance) for every value bound
+      return Tensor(Tensor.rand(smax(n), dtype=dtype, device=device).shrink(((0, n),)).reshape(shape).uop, **kw)
+    bits = Tensor._random_bits(n, device)
     out = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
     return Tensor(out.reshape(shape).cast(dtype or dtypes.default_float).uop, **kw)
   @staticmethod
   def randn(*shape, dtype=None, device=None, **kw) -> Tensor:
     shape = Tensor._shape_arg(shape)
-    u = Tensor.rand(2, prod(shape), dtype=dtypes.float32, device=device)
+    u = Tensor.rand(2, sym_prod(shape), dtype=dtypes.float32, device=device)
     z = ((1 - u[0]).log() * -2).sqrt() * (u[1] * (2 * math.pi)).cos()
     return Tensor(z.reshape(shape).cast(dtype or dtypes.default_float).uop, **kw)
   @staticmethod
@@ -335,12 +374,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
     if shape.count(-1) > 1: raise ValueError(f"reshape to {shape}: only one dimension can be -1")
+    numel = self.numel()
     if -1 in shape:
-      known = prod(s for s in shape if s != -1)
-      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
-      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-    if any(not isinstance(s, int) or s < 0 for s in shape): raise ValueError(f"invalid shape {shape}")
-    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) to {shape}")
+      known = sym_prod(s for s in shape if s != -1)
+      if isinstance(known, int) and isinstance(numel, int):
+        if known == 0 or numel % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+      else: shape = tuple((numel // known).simplify() if s == -1 else s for s in shape)  # checked with the rest below
+    if any(type(s) is not int or s < 0 for s in shape): shape = tuple(_check_size(s, f"shape {shape}") for s in shape)
+    if not sym_eq(sym_prod(shape), numel): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
     if shape == self.shape: return self
     return self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
   def view(self, *shape) -> Tensor: return self.reshape(*shape)
@@ -374,12 +416,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else:
       if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis ({self.ndim})")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
+    if any(isinstance(x, UOp) for p in pairs for x in p):  # a symbolic amount must be a size: never negative
+      pairs = [tuple(x if isinstance(x, int) else _check_size(x, f"padding {pairs}") for x in p) for p in pairs]
     if mode != "constant":
       if value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
       return self._pad_mode(pairs, mode)
     # negative padding cuts
-    t = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
-    pos = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+    neg = lambda x: isinstance(x, int) and x < 0
+    t = self.shrink(tuple((-b if neg(b) else 0, s + a if neg(a) else s) for (b, a), s in zip(pairs, self.shape)))
+    pos = tuple((0 if neg(b) else b, 0 if neg(a) else a) for b, a in pairs)
     if all(p == (0, 0) for p in pos): return t
     out = self._new(UOp(Ops.PAD, t.dtype, (t.uop,), pos))
     if value == 0: return out
@@ -387,9 +432,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return inside.where(out, Tensor(_const(value, self.dtype, self.device)))  # the value takes the tensor's dtype, as in torch
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
     if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis ({self.ndim})")
-    arg = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
+    arg = tuple((0, s) if a is None else tuple(x if type(x) is int else _check_size(x, f"shrink {arg}") for x in a) for a, s in zip(arg, self.shape))
     for (b, e), s in zip(arg, self.shape):
-      if not 0 <= b <= e <= s: raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
+      # with Variables it must hold for every value they can take: a TinyJit replay may bind any of them
+      if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, s)):
+        raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}" + ("" if all(isinstance(x, int) for x in (b, e, s)) else
+                         f" for some values of its Variables (the range [{smin(b)}, {smax(e)}] must fit in {smin(s)})"))
     if all(a == (0, s) for a, s in zip(arg, self.shape)): return self
     return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
   def flip(self, *axis) -> Tensor:
@@ -448,6 +496,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for axis {dim} with size {size}")
         i %= size
         shrink.append((i, i + 1)); flips.append(False); steps.append(1)
+      elif any(isinstance(x, UOp) for x in (i.start, i.stop, i.step, size)):
+        # a symbolic slice or axis: no clamping or negative positions, which would depend on the value
+        start, stop = 0 if i.start is None else i.start, size if i.stop is None else i.stop
+        if i.step not in (None, 1) or any(isinstance(x, int) and x < 0 for x in (start, stop)):
+          raise IndexError(f"slice {i} of a symbolic axis (size {size}): only non-negative start:stop with step 1 is supported")
+        shrink.append((start, stop)); flips.append(False); steps.append(1); out_shape.append(sym_sum(stop, sym_neg(start)))
       else:
         start, stop, step = i.indices(size)
         if step == 0: raise ValueError("slice step cannot be zero")
@@ -475,8 +529,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     elif isinstance(x, (bool, int, float)):
       dt = _weak_promote(self.dtype, dtypes.from_py(x))  # Python scalars are weak
       x = Tensor(_const(x, dt, self.device))
-    elif isinstance(x, UOp) and x.op is Ops.BIND:  # a bound Variable: an int scalar whose value can change
-      dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x, device=self.device)
+    elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
+      dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
@@ -715,13 +769,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def mean(self, axis=None, keepdim: bool = False) -> Tensor:
     if not dtypes.is_float(self.dtype):
       raise TypeError(f"mean of a {self.dtype} tensor: PyTorch needs a floating dtype here too; use .float().mean()")
-    n = prod(self.shape[a] for a in self._axes(axis))
+    n = sym_prod(self.shape[a] for a in self._axes(axis))
     s = self.sum(axis, keepdim)
-    return s / n if n else s * math.nan
+    return s / n if not isinstance(n, int) or n else s * math.nan  # a symbolic count of 0 divides 0 by 0: nan, as torch
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
-    n = prod(self.shape[a] for a in self._axes(axis))
+    n = sym_prod(self.shape[a] for a in self._axes(axis))
     sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-    return sq / max(n - correction, 0)  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
+    return sq / (max(n - correction, 0) if isinstance(n, int) else (n - correction).maximum(0))  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
   def any(self, axis=None, keepdim: bool = False) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
@@ -747,14 +801,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.ndim == 0 or x.ndim == 0: raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
     a = self.reshape(1, -1) if self.ndim == 1 else self
     b = x.reshape(-1, 1) if x.ndim == 1 else x
-    if a.shape[-1] != b.shape[-2]:
+    if not sym_eq(a.shape[-1], b.shape[-2]):
       raise ValueError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
     dt = least_upper_dtype(a.dtype, b.dtype)
     a, b = a.cast(dt), b.cast(dt)
     k, m = a.shape[-1], b.shape[-1]
     try: broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
-    if b.ndim == 2 and m % 32 == 0 and k * m >= 1 << 20 and prod(a.shape[:-1]) >= 256:
+    if b.ndim == 2 and isinstance(n_rows := sym_prod(a.shape[:-1]), int) and isinstance(k, int) and isinstance(m, int) and \
+       m % 32 == 0 and k * m >= 1 << 20 and n_rows >= 256:
       # a big right operand is read in panels of 32 columns down all k rows: stored panel by panel
       # (one copy, k*m of a matmul's k*m*n work), a panel is contiguous instead of k rows a power of
       # two apart, which would all compete for the same few cache sets

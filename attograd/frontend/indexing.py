@@ -15,6 +15,7 @@ indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
 from typing import Any
 from attograd.dtype import dtypes
+from attograd.uop.ops import UOp
 from attograd.helpers import prod, broadcast_shape
 from attograd.schedule.schedule import is_view_of_buffer
 
@@ -135,6 +136,10 @@ class IndexingOps:
     movement ops on the value (pads, no compares); advanced ones compare every element of x with every
     written position (numel(x) * numel(x[index]) work), so they suit small writes."""
     T = type(self)
+    if any(isinstance(x, UOp) for i in (index if isinstance(index, tuple) else (index,)) for x in
+           ((i.start, i.stop, i.step) if isinstance(i, slice) else (i,))):
+      raise TypeError(f"setitem at a Variable position ({index}) is not supported: write with a mask, e.g. "
+                      "x.assign((Tensor.arange(n) == v).reshape(n, 1).where(value, x))")
     v = value if _is_tensor(value) else T(value, device=self.device, dtype=self.dtype)
     if v.device != self.device: raise ValueError(f"setitem from device {v.device} into a tensor on {self.device}")
     target_shape = self[index].shape

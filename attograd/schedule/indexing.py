@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from attograd.dtype import dtypes, DType
 from attograd.helpers import strides_for_shape
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import UOp, Ops, GroupOp, sint, substitute_sym
 from attograd.uop.patterns import UPat, PatternMatcher
 
 @dataclass
@@ -28,25 +28,49 @@ def tindex(x: UOp, gate: UOp, idxs: tuple[UOp, ...]) -> UOp:
   assert len(idxs) == len(x.shape), f"index rank {len(idxs)} for shape {x.shape}"
   return UOp(Ops.INDEX, x.dtype, (x, gate, *idxs))
 
-def linearize_index(idxs: tuple[UOp, ...], shape: tuple[int, ...], zero: UOp) -> UOp:
+def as_index_size(x: UOp, dtype: DType) -> UOp:
+  """A symbolic size (integer math over Variables) computed in the kernel's index dtype."""
+  if x.dtype == dtype: return x
+  new: dict[UOp, UOp] = {}
+  for u in x.toposort:
+    if u.op is Ops.CONST: new[u] = UOp.const(dtype, u.arg)
+    elif u.op is Ops.DEFINE_VAR: new[u] = u.cast(dtype)
+    else: new[u] = u.replace(dtype=dtype, src=tuple(new[s] for s in u.src))
+  return new[x]
+
+def sizes_in_index_dtype(value: UOp, shape: tuple[sint, ...], dtype: DType) -> tuple[UOp, tuple[sint, ...]]:
+  """The graph and shape with every symbolic size in the index dtype, so index math never mixes dtypes."""
+  if all(x.dtype == dtype for u in value.toposort for x in u.sym_args) and all(s.dtype == dtype for s in shape if isinstance(s, UOp)):
+    return value, shape
+  f = lambda x: as_index_size(x, dtype)
+  return substitute_sym(value, {}, f), tuple(f(s) if isinstance(s, UOp) else s for s in shape)
+
+def linearize_index(idxs: tuple[UOp, ...], shape: tuple[sint, ...], zero: UOp) -> UOp:
   ret = zero
   for i, st in zip(idxs, strides_for_shape(shape)): ret = ret + i * st
   return ret
 
-def unflatten_index(lin: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
-  return tuple((lin // st) % s if s != 1 else lin.const_like(0) for s, st in zip(shape, strides_for_shape(shape)))
+def unflatten_index(lin: UOp, shape: tuple[sint, ...]) -> tuple[UOp, ...]:
+  # lin < prod(shape), so the outermost axis needs no modulo (with a symbolic size no bound could drop it)
+  outer = next((d for d, s in enumerate(shape) if s != 1), None)
+  return tuple(lin.const_like(0) if s == 1 else lin // st if d == outer else (lin // st) % s
+               for d, (s, st) in enumerate(zip(shape, strides_for_shape(shape))))
 
 def push_reshape(r: UOp, gate: UOp, idxs: tuple[UOp, ...], ctx: IndexingContext) -> UOp:
   src = r.src[0]
+  if [s for s in r.shape if s != 1] == [s for s in src.shape if s != 1]:
+    # only size-1 axes come or go: each other axis keeps its index (no div/mod, which a symbolic size couldn't simplify)
+    kept = iter(i for i, s in zip(idxs, r.shape) if s != 1)
+    return tindex(src, gate, tuple(next(kept) if s != 1 else UOp.const(ctx.idx_dtype, 0) for s in src.shape))
   return tindex(src, gate, unflatten_index(linearize_index(idxs, r.shape, UOp.const(ctx.idx_dtype, 0)), src.shape))
 
 def push_pad(p: UOp, gate: UOp, idxs: tuple[UOp, ...]) -> UOp:
   src = p.src[0]
   valid = UOp.const(dtypes.bool, True)
   for i, s, (b, a) in zip(idxs, src.shape, p.arg):
-    if b: valid = valid & (i > b - 1)
-    if a: valid = valid & (i < b + s)
-  new = tuple(i - b if b else i for i, (b, _) in zip(idxs, p.arg))
+    if b != 0: valid = valid & (i > b - 1)  # != 0, not truthiness: an amount can be symbolic
+    if a != 0: valid = valid & (i < b + s)
+  new = tuple(i - b if b != 0 else i for i, (b, _) in zip(idxs, p.arg))
   return valid.where(tindex(src, gate & valid, new), UOp.const(p.dtype, 0))
 
 def push_reduce(red: UOp, gate: UOp, idxs: tuple[UOp, ...], ctx: IndexingContext) -> UOp:
@@ -70,7 +94,7 @@ pushdown = PatternMatcher([
   (tpat(Ops.EXPAND), lambda ix, x, gate: tindex(x.src[0], gate, tuple(
     i.const_like(0) if s == 1 and n != 1 else i for i, s, n in zip(I(ix), x.src[0].shape, x.shape)))),
   (tpat(Ops.PAD), lambda ix, x, gate: push_pad(x, gate, I(ix))),
-  (tpat(Ops.SHRINK), lambda ix, x, gate: tindex(x.src[0], gate, tuple(i + b if b else i for i, (b, _) in zip(I(ix), x.arg)))),
+  (tpat(Ops.SHRINK), lambda ix, x, gate: tindex(x.src[0], gate, tuple(i + b if b != 0 else i for i, (b, _) in zip(I(ix), x.arg)))),
   (tpat(Ops.FLIP), lambda ix, x, gate: tindex(x.src[0], gate, tuple((s - 1) - i if f else i for i, s, f in zip(I(ix), x.shape, x.arg)))),
   (tpat(GroupOp.Elementwise), lambda ix, x, gate: x.replace(src=tuple(tindex(s, gate, I(ix)) for s in x.src))),
   (tpat({Ops.DETACH, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD}), lambda ix, x, gate: tindex(x.src[0], gate, I(ix))),

@@ -5,11 +5,11 @@ import itertools
 from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
 from attograd.helpers import prod, dedup, DEBUG
-from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg
+from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.symbolic import symbolic, gated_index
 from attograd.codegen.lower import reduce_identity
-from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index
+from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
 
 @dataclass(frozen=True)
 class ScheduleItem:
@@ -19,13 +19,25 @@ class ScheduleItem:
   bufs: tuple[UOp, ...]
 
 _buffer_ids = itertools.count()
-def new_buffer(device: str, size: int, dtype) -> UOp: return UOp(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_ids), device, size))
+def new_buffer(device: str, size: sint, dtype) -> UOp:
+  """A buffer of `size` elements; a symbolic size gets memory for its largest value, so every value
+  bound later (a TinyJit replay) fits in it."""
+  return UOp(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_ids), device, smax(size)))
 
-def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
-  return buf if shape == buf.shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+def buffer_view(buf: UOp, shape: tuple[sint, ...]) -> UOp:
+  """buf holding a tensor of `shape` contiguously; with a symbolic shape, the tensor is a prefix of it."""
+  if shape == buf.shape: return buf
+  if isinstance(n := sym_prod(shape), UOp): buf = UOp(Ops.SHRINK, buf.dtype, (buf,), ((0, n),))
+  return UOp(Ops.RESHAPE, buf.dtype, (buf,), shape) if shape != buf.shape else buf
+
+def is_contiguous_buffer(u: UOp) -> bool:
+  """A whole buffer seen in some shape, or the prefix of one that a symbolic shape fills (buffer_view)."""
+  if u.op is Ops.RESHAPE: u = u.src[0]
+  if u.op is Ops.SHRINK and len(u.arg) == 1 and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp): u = u.src[0]
+  return u.op is Ops.BUFFER
 
 def is_view_of_buffer(u: UOp) -> bool: return u.base.op is Ops.BUFFER
-def has_real_expand(u: UOp) -> bool: return u.op is Ops.EXPAND and prod(u.src[0].shape) != prod(u.shape)
+def has_real_expand(u: UOp) -> bool: return u.op is Ops.EXPAND and not sym_eq(sym_prod(u.src[0].shape), sym_prod(u.shape))
 
 def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
   """Is what `expand` broadcasts (src, holding reduces) computed once per value it has when left
@@ -123,11 +135,11 @@ def kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, l
 def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
   buf_sizes = [u.arg.size for u in value.toposort if u.op is Ops.BUFFER]
   # constants of the index math (a dim, a pad or shrink offset) must fit the dtype before bounds can say anything
-  consts = [abs(c) for u in value.toposort if u.op in GroupOp.Movement for c in
+  consts = [abs(smax(c)) for u in value.toposort if u.op in GroupOp.Movement for c in
             (*u.shape, *(x for p in (u.arg if u.op in {Ops.PAD, Ops.SHRINK} else ()) for x in p))]
   # int32 index math where it provably can't overflow, else int64: a reshape of an expand can index a
   # virtual 2**32 elements on the way to a small buffer
-  ast, params = _pushdown(value, shape, out_buf, index_dtype_for(out_buf.arg.size, prod(shape), *buf_sizes, *consts))
+  ast, params = _pushdown(value, shape, out_buf, index_dtype_for(out_buf.arg.size, prod(smax(s) for s in shape), *buf_sizes, *consts))
   if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64)
   return ast, params
 
@@ -135,6 +147,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
   (bench/rewrite.py times the two steps apart)."""
   out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg.size), (), 0)
+  value, shape = sizes_in_index_dtype(value, shape, idx_dtype)
   ctx = IndexingContext(idx_dtype, len(shape), {out_buf: out})  # PARAM 0 is the output, inputs count from 1
   ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))

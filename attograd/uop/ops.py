@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate
-from attograd.helpers import prod, all_same
+from attograd.helpers import all_same
 
 class Ops(Enum):
   # tensor level: storage, constants and the movement ops (which never reach a kernel)
@@ -39,6 +39,7 @@ class GroupOp:
   Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
   Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
   Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+  Sized = {Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.IOTA}  # ops whose arg holds sizes, which may be symbolic
 
 # ***** Python semantics of every ALU op, with C's truncating division (DESIGN §4.4) *****
 
@@ -111,8 +112,12 @@ class UOp(metaclass=UOpMeta):
   def replace(self, **kwargs: Any) -> UOp:
     new = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
     return self if new == (self.op, self.dtype, self.src, self.arg) else UOp(*new)
-  def __repr__(self) -> str: return pretty(self)
-  def __bool__(self) -> bool: raise TypeError(f"a UOp has no truth value; use .simplify() and check for CONST (got {self.op})")
+  def __repr__(self) -> str:  # a symbolic size reads as text in shapes and errors: (n=10, 4)
+    return (_render(self)[1:-1] if self.op is Ops.BIND else _render(self)) if _is_sym_int(self) else pretty(self)
+  def __bool__(self) -> bool:
+    if _is_sym_int(self):  # a comparison of symbolic sizes reached an int-only path of the front end
+      raise TypeError(f"{self!r} depends on the value of a Variable: this operation doesn't support symbolic sizes")
+    raise TypeError(f"a UOp has no truth value; use .simplify() and check for CONST (got {self.op})")
 
   # ***** graph walking *****
   @functools.cached_property
@@ -270,9 +275,15 @@ class UOp(metaclass=UOpMeta):
 
   # ***** tensor level: shape and device *****
   @functools.cached_property
-  def shape(self) -> tuple[int, ...]: return _shape(self)
+  def shape(self) -> tuple[sint, ...]: return _shape(self)
   @property
-  def size(self) -> int: return prod(self.shape)
+  def symbolic_shape(self) -> bool: return not isinstance(math.prod(self.shape), int)  # one C call for static shapes
+  @property
+  def size(self) -> sint: return sym_prod(self.shape)
+  @functools.cached_property
+  def sym_args(self) -> tuple[UOp, ...]:
+    """The symbolic sizes (UOps) in this node's arg: a shape or a shrink/pad amount that is a Variable."""
+    return tuple(x for x in _arg_sizes(self) if isinstance(x, UOp))
   @functools.cached_property
   def device(self) -> str:
     if self.op is Ops.DEVICE: return self.arg
@@ -294,13 +305,86 @@ def _shape(u: UOp) -> tuple[int, ...]:
   if u.op in {Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND}: return ()
   if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
   if u.op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in u.arg)
-  if u.op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg))
-  if u.op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
+  if u.op is Ops.PAD: return tuple(sym_sum(s, b, a) for s, (b, a) in zip(u.src[0].shape, u.arg))
+  if u.op is Ops.SHRINK: return tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg)
   if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape))
   if u.op is Ops.ASSIGN: return u.src[0].shape
   shapes = [s.shape for s in u.src if s.op is not Ops.DEVICE]
   assert shapes and all_same(shapes), f"{u.op} with mismatched source shapes {shapes}"
   return shapes[0]
+
+# ***** symbolic sizes: a size is an int or an integer UOp over (bound) Variables *****
+# int-only shapes take the plain int paths of these helpers, so static shapes pay nothing for them
+
+sint = int | UOp  # a size: an int, or an integer expression of Variables
+
+_LEAVES = (Ops.BIND, Ops.DEFINE_VAR, Ops.CONST)
+def sym_sum(*xs: sint) -> sint:
+  """The sum of sizes, simplified only when two symbolic terms meet (x[:v] keeps v itself as its size)."""
+  n, syms = 0, []
+  for x in xs:
+    if isinstance(x, int): n += x
+    else: syms.append(x)
+  if not syms: return n
+  if len(syms) == 1 and n == 0 and syms[0].op in _LEAVES: return syms[0]
+  return (functools.reduce(operator.add, syms) + n).simplify()
+def sym_neg(x: sint) -> sint: return -x if isinstance(x, int) else x * -1  # x*-1: the form sums simplify with
+def smax(x: sint) -> int:
+  """The largest value x can take (what memory is allocated for)."""
+  return x if isinstance(x, int) else x.vmax
+def smin(x: sint) -> int: return x if isinstance(x, int) else x.vmin
+def sym_prod(xs) -> sint:
+  """The product of sizes: an int when all are ints, else one simplified UOp (factors in a fixed order,
+  so equal products are the same node)."""
+  if isinstance(n := math.prod(xs := tuple(xs)), int): return n  # static sizes: one C call
+  n, syms = 1, []
+  for x in xs:
+    if isinstance(x, int): n *= x
+    else: syms.append(x)
+  if not syms or n == 0: return n
+  if len(syms) == 1 and syms[0].op in _LEAVES: return syms[0] * n if n != 1 else syms[0]  # already canonical: x*c
+  ret = functools.reduce(operator.mul, sorted(syms, key=_render))
+  return (ret * n if n != 1 else ret).simplify()
+def sym_eq(a: sint, b: sint) -> bool:
+  """Are two sizes equal for every value of their Variables?"""
+  if a is b: return True
+  if isinstance(a, int) and isinstance(b, int): return a == b
+  d = (a - b if isinstance(a, UOp) else b - a).simplify()
+  return d.op is Ops.CONST and d.arg == 0
+def sym_le(a: sint, b: sint) -> bool:
+  """Is a <= b for every value of the Variables? (b - a, simplified, is never negative)"""
+  if isinstance(a, int) and isinstance(b, int): return a <= b
+  return smax(a) <= smin(b) or (b - a if isinstance(b, UOp) else -(a - b)).simplify().vmin >= 0
+def sym_value(x: sint) -> int:
+  """A size with its Variables' bound values (the value to read back, to show in numpy)."""
+  return x if isinstance(x, int) else int(sym_infer(x, {b.src[0]: b.src[1].arg for b in x.toposort if b.op is Ops.BIND}))
+
+def _arg_sizes(u: UOp) -> tuple:
+  if u.op not in GroupOp.Sized: return ()
+  if u.op is Ops.IOTA: return (u.arg,)
+  return tuple(x for p in u.arg for x in p) if u.op in (Ops.SHRINK, Ops.PAD) else u.arg
+
+def _map_arg(u: UOp, f: Callable[[UOp], UOp]) -> Any:
+  g = lambda x: f(x) if isinstance(x, UOp) else x
+  if u.op is Ops.IOTA: return g(u.arg)
+  if u.op in (Ops.SHRINK, Ops.PAD): return tuple((g(a), g(b)) for a, b in u.arg)
+  return tuple(g(x) for x in u.arg)
+
+def substitute_sym(root: UOp, mapping: dict[UOp, UOp], in_sizes: Callable[[UOp], UOp] | None) -> UOp:
+  """root.substitute(mapping), with every symbolic size in a movement op's arg (sizes live in args,
+  not in sources) mapped by in_sizes: binding or unbinding the Variables of shapes."""
+  new: dict[UOp, UOp] = {}
+  for u in root.toposort:
+    if u in mapping: new[u] = mapping[u]; continue
+    arg = _map_arg(u, in_sizes) if in_sizes is not None and u.sym_args else u.arg
+    new[u] = u.replace(src=tuple(new[s] for s in u.src), arg=arg) if u.src or arg is not u.arg else u
+  return new[root]
+
+def _is_sym_int(u: UOp) -> bool:
+  """Is u integer math (or a comparison) over Variables and constants: a symbolic size, not a tensor?"""
+  return u.op in (Ops.DEFINE_VAR, Ops.BIND) and not (u.op is Ops.BIND and u.src[1].src) or \
+    (u.op in GroupOp.ALU and (dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison) and
+     all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
 
 def _range_info(u: UOp) -> tuple[ConstType, ConstType, bool]:
   """(vmin, vmax, exact) of a node from those of its sources."""
@@ -313,6 +397,7 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType, bool]:
   dt = u.dtype
   if u.op is Ops.CONST: return u.arg, u.arg, True
   if u.op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2], True
+  if u.op is Ops.BIND: return u.src[0].arg[1], u.src[0].arg[2], True  # the value is data: any value in range can come
   if u.op is Ops.RANGE or u.op is Ops.SPECIAL: return 0, u.src[0].vmax - 1, True
   if not (dtypes.is_int(dt) or dtypes.is_bool(dt)) or dt.count > 1: return dtypes.min(dt), dtypes.max(dt), True
   lo, hi = dtypes.min(dt), dtypes.max(dt)
@@ -364,6 +449,7 @@ def sym_infer(expr: UOp | int, var_vals: dict[UOp, int]) -> ConstType:
   vals: dict[UOp, ConstType] = {}
   for u in expr.toposort:
     if u.op is Ops.CONST: vals[u] = u.arg
+    elif u.op is Ops.BIND: vals[u] = u.src[1].arg
     elif u.op is Ops.DEFINE_VAR:
       if u not in var_vals: raise KeyError(f"no value given for variable {u.arg[0]!r}")
       vals[u] = var_vals[u]
@@ -377,6 +463,7 @@ _infix = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%",
 def _render(u: UOp) -> str:
   if u.op is Ops.CONST: return str(u.arg)
   if u.op is Ops.DEFINE_VAR: return u.arg[0]
+  if u.op is Ops.BIND: return f"({u.src[0].arg[0]}={u.src[1].arg})"
   if u.op is Ops.RANGE: return f"r{u.arg[0]}"
   if u.op is Ops.SPECIAL: return u.arg
   if u.op in _infix: return f"({_render(u.src[0])}{_infix[u.op]}{_render(u.src[1])})"
