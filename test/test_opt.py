@@ -3,9 +3,10 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from attograd import Tensor, Context
+from attograd import Tensor, Context, GlobalCounters
+from attograd.uop.ops import Ops
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, hand_coded_opts
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes, hand_coded_opts
 from attograd.engine import realize, search
 from attograd.runtime.device import Device, Buffer
 
@@ -134,9 +135,43 @@ def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
   def no_compile(*a): raise AssertionError("BEAM searched again instead of using its cache")
   assert search.beam_search(ast, "CPU", 1, no_compile) == [Opt(OptOps[op], ax, n) for op, ax, n in winner]
 
-def test_big_matmul_reads_its_right_operand_in_panels():
+def test_big_matmul_packs_each_column_panel_per_call():
   rng = np.random.default_rng(4)
   na, nb = rng.standard_normal((256, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
   a, b = Tensor(na).realize(), Tensor(nb).realize()
-  assert len((a @ b).schedule()) == 2  # the panel copy, then the matmul
-  np.testing.assert_allclose((a @ b).numpy(), na @ nb, rtol=1e-4, atol=1e-3)
+  (si,) = (a @ b).schedule()  # no copy of b: the matmul kernel packs what it reads
+  opts = hand_coded_opts(si.ast, 2)
+  assert opts[2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 0, 2)]
+  _, _, uops = to_program(si.ast, Device["CPU"].renderer, opts)
+  assert [u.dtype.size for u in uops if u.op is Ops.DEFINE_REG and u.dtype.size > 256] == [1024 * 32]  # one k x 32 panel
+  one, two = _run_on(lambda: a @ b, 1), _run_on(lambda: a @ b, 2)
+  GlobalCounters.reset()
+  before = GlobalCounters.mem_used
+  out = (a @ b).realize()
+  assert GlobalCounters.mem_peak - before == out.nbytes()  # the scratch is on each call's stack: no device memory but the output
+  np.testing.assert_array_equal(one, two)
+  np.testing.assert_allclose(two, na @ nb, rtol=1e-4, atol=1e-3)
+
+def _run_on(make, threads):
+  realize._kernel_cache.clear()
+  with Context(THREADS=threads): return make().numpy()
+
+@pytest.mark.parametrize("name", ["matmul", "conv"])
+def test_pack_keeps_results(kernels, name):
+  si, reference = kernels[name]
+  ax = axes(si.ast)
+  glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
+  packed = 0
+  for i in glob:
+    for opts in ([Opt(OptOps.PACK, i, 0)], [Opt(OptOps.UPCAST, glob[-1], 2), Opt(OptOps.PACK, i, 0), Opt(OptOps.THREAD, glob[0], 2)]):
+      try: got = _exec(si, opts)
+      except KernelOptError: continue
+      packed += 1
+      np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5, err_msg=f"{name} with {opts}")
+  assert packed >= 2
+
+def test_pack_refuses_what_it_cant_copy():
+  renderer = Device["CPU"].renderer
+  with pytest.raises(KernelOptError, match="one read inside a reduce"): to_program(_ast(Tensor.rand(6, 5).realize() + 1), renderer, [Opt(OptOps.PACK, 0, 0)])
+  mm = _ast(Tensor.rand(16, 16).realize() @ Tensor.rand(16, 16).realize())
+  with pytest.raises(KernelOptError, match="only THREAD may follow PACK"): to_program(mm, renderer, [Opt(OptOps.PACK, 1, 0), Opt(OptOps.UPCAST, 1, 2)])
