@@ -25,6 +25,14 @@ def test_threaded_equals_single_threaded(name, make):
   np.testing.assert_array_equal(one, two)
   assert any(ck.threads == 2 for ck in realize._kernel_cache.values()), "the heuristic should thread a kernel this big"
 
+def test_more_slices_than_cores_all_run():
+  rng = np.random.default_rng(5)
+  x = Tensor(rng.standard_normal((64, 96), dtype=np.float32)).realize()
+  si = (x.exp() * 2).schedule()[-1]
+  plain = _exec(si, [])
+  for threads in (1, 2, 3):  # slices are taken by however many cores there are, down to one
+    with Context(THREADS=threads): np.testing.assert_array_equal(_exec(si, [Opt(OptOps.THREAD, 0, 8)]), plain)
+
 def _ast(t: Tensor):
   return t.schedule()[-1].ast
 
@@ -103,7 +111,9 @@ def test_random_opts_keep_results(kernels, name, picks):
 
 def test_heuristics_pick_tiles_and_accumulators():
   mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
-  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 2)]
+  # 4 slices per core: cores take them as they come free
+  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 8)]
+  assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
 
@@ -141,7 +151,7 @@ def test_big_matmul_packs_each_column_panel_per_call():
   a, b = Tensor(na).realize(), Tensor(nb).realize()
   (si,) = (a @ b).schedule()  # no copy of b: the matmul kernel packs what it reads
   opts = hand_coded_opts(si.ast, 2)
-  assert opts[2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 0, 2)]
+  assert opts[2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 0, 8)]
   _, _, uops = to_program(si.ast, Device["CPU"].renderer, opts)
   assert [u.dtype.size for u in uops if u.op is Ops.DEFINE_REG and u.dtype.size > 256] == [1024 * 32]  # one k x 32 panel
   one, two = _run_on(lambda: a @ b, 1), _run_on(lambda: a @ b, 2)

@@ -275,7 +275,10 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       if inner is not None and (a := _largest(const_size(inner), (16, 8, 4))) is not None:
         ast = _try(ast, opts, Opt(OptOps.UPCAST, axes(ast).index(inner), a))
   if threads >= 2 and work >= 1 << 16:  # below that, a launch on another core costs more than it saves
+    # a big kernel is cut in 4 slices per core, which the cores take as they come free (engine/realize.py):
+    # on a machine shared with other work, a core that another process holds back leaves its slices to the rest
+    counts = (4 * threads, threads) if work >= 1 << 22 else (threads,)
     for k, r in enumerate(axes(ast)):
-      if r.arg[1] == "global" and (const_size(r) or 0) % threads == 0 and (const_size(r) or 0) >= threads:
-        ast = _try(ast, opts, Opt(OptOps.THREAD, k, threads)); break
+      if r.arg[1] == "global" and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+        ast = _try(ast, opts, Opt(OptOps.THREAD, k, n)); break
   return opts

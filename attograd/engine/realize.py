@@ -31,11 +31,14 @@ class CompiledKernel:
     vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
-    # one slice per core: the program is a C call that releases the GIL, so the slices run in parallel
+    # the program is a C call that releases the GIL, so slices run in parallel. Each core takes the next
+    # slice when it is done with one: a core that another process holds back does less of the work
     core = next(i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID)
-    slices = [vals[:core] + [c] + vals[core + 1:] for c in range(n)]
-    pending = [_thread_pool().submit(self.program, bufs, s) for s in slices[1:]]
-    self.program(bufs, slices[0])
+    todo = iter(range(n))  # shared: taking the next item is atomic under the GIL
+    def work() -> None:
+      for c in todo: self.program(bufs, vals[:core] + [c] + vals[core + 1:])
+    pending = [_thread_pool().submit(work) for _ in range(min(n, THREADS.value) - 1)]
+    work()
     for p in pending: p.result()
 
 @functools.cache
