@@ -105,12 +105,13 @@ _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
-  """Run the kernels in order. With `keep` (the buffers that outlive the schedule), every other buffer
-  the schedule creates shares memory with those whose lifetimes don't overlap (engine/memory.py)."""
+  """Run the kernels in order. With `keep` (the buffers that outlive the schedule), the buffers the
+  schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept one may take
+  the memory of one that died before it was written (an MLP's output, that of its second-last layer)."""
   if keep is not None:
     internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
-                if si.bufs[0] not in keep and "buffer" not in si.bufs[0].__dict__}
-    for u, b in planned_buffers([si.bufs for si in schedule], internal).items(): u.__dict__["buffer"] = b
+                if "buffer" not in si.bufs[0].__dict__}
+    for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): u.__dict__["buffer"] = b
   for si in schedule:
     bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
     ck = None if si.ast.op is Ops.COPY else get_kernel(si.ast, bufs[0].device)
