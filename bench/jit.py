@@ -82,8 +82,8 @@ def main() -> None:
   print(f"mnist training step, batch 128: TinyJit {jit:.2f} ms, eager {eager:.2f} ms, torch {torch_ms:.2f} ms "
         f"(TinyJit {torch_ms / jit:.2f}x torch's speed)")
   peak = mlp_memory()
-  # a big matmul packs the column panels of its right operand inside its kernel, on each call's stack:
-  # what stays is the output and the planned activations
+  # a big matmul packs the column panels of its right operand inside its kernel, on each call's stack;
+  # the activations share two planned buffers, and the output takes the memory of the layer two before it
   print(f"16-layer MLP forward (256x1024): peak added memory {peak:.1f} layer outputs; target <= 3")
 
 if __name__ == "__main__": main()
