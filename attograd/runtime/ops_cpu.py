@@ -24,19 +24,13 @@ class MemoryPool:
     self.held += len(mem)
 POOL = MemoryPool()
 
-HUGE_PAGE = 1 << 21
-
 class CPUMemory:
   """Page-aligned memory that kernels may vectorize over, and its address (zero-filled when fresh)."""
   __slots__ = ("mem", "addr")
   def __init__(self, nbytes: int):
     if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
     else:
-      # private, not mmap's default shared mapping: only private anonymous memory gets transparent huge
-      # pages, and a 2 MiB page instead of 512 small ones spares a big buffer's streaming kernels a TLB
-      # miss every 4 KiB (sum of 16M floats: a fifth faster)
-      self.mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-      if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"): self.mem.madvise(mmap.MADV_HUGEPAGE)
+      self.mem = mmap.mmap(-1, nbytes)
       self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
   def __del__(self):
     try: POOL.give(self.mem, self.addr)
