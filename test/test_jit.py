@@ -122,7 +122,7 @@ def test_memory_plan_never_aliases_live_buffers(seed):
   kept = {int(k) for k in rng.choice(40, 8, replace=False)}
   slot_of, slots = plan_slots(steps, internal, kept)
   spans = [(a, 99 if k in kept else b) for k, (a, b) in enumerate(spans)]
-  assert len(set(slot_of[k] for k in kept)) == len(kept)
+  assert len({slot_of[k] for k in kept}) == len(kept)
   for i, (a, b) in enumerate(spans):
     assert slots[slot_of[i]][1] == internal[i][1] if i in kept else slots[slot_of[i]][1] >= internal[i][1]
     for j, (c, d) in enumerate(spans[:i]):
