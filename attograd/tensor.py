@@ -808,12 +808,6 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     k, m = a.shape[-1], b.shape[-1]
     try: broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
-    if b.ndim == 2 and isinstance(n_rows := sym_prod(a.shape[:-1]), int) and isinstance(k, int) and isinstance(m, int) and \
-       m % 32 == 0 and k * m >= 1 << 20 and n_rows >= 256:
-      # a big right operand is read in panels of 32 columns down all k rows: stored panel by panel
-      # (one copy, k*m of a matmul's k*m*n work), a panel is contiguous instead of k rows a power of
-      # two apart, which would all compete for the same few cache sets
-      b = b.reshape(k, m // 32, 32).permute(1, 0, 2).contiguous().permute(1, 0, 2).reshape(k, m)
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
     out = prod_._reduce(Ops.ADD, -1)
     if self.ndim == 1: out = out.squeeze(-2)

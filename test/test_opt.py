@@ -3,9 +3,10 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from attograd import Tensor, Context
+from attograd import Tensor, Context, GlobalCounters
+from attograd.uop.ops import Ops
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, hand_coded_opts
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes, hand_coded_opts
 from attograd.engine import realize, search
 from attograd.runtime.device import Device, Buffer
 
@@ -23,6 +24,14 @@ def test_threaded_equals_single_threaded(name, make):
   one, two = _run(make, 1), _run(make, 2)
   np.testing.assert_array_equal(one, two)
   assert any(ck.threads == 2 for ck in realize._kernel_cache.values()), "the heuristic should thread a kernel this big"
+
+def test_more_slices_than_cores_all_run():
+  rng = np.random.default_rng(5)
+  x = Tensor(rng.standard_normal((64, 96), dtype=np.float32)).realize()
+  si = (x.exp() * 2).schedule()[-1]
+  plain = _exec(si, [])
+  for threads in (1, 2, 3):  # slices are taken by however many cores there are, down to one
+    with Context(THREADS=threads): np.testing.assert_array_equal(_exec(si, [Opt(OptOps.THREAD, 0, 8)]), plain)
 
 def _ast(t: Tensor):
   return t.schedule()[-1].ast
@@ -102,7 +111,9 @@ def test_random_opts_keep_results(kernels, name, picks):
 
 def test_heuristics_pick_tiles_and_accumulators():
   mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
-  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 2)]
+  # 4 slices per core: cores take them as they come free
+  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 8)]
+  assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
 
@@ -134,9 +145,43 @@ def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
   def no_compile(*a): raise AssertionError("BEAM searched again instead of using its cache")
   assert search.beam_search(ast, "CPU", 1, no_compile) == [Opt(OptOps[op], ax, n) for op, ax, n in winner]
 
-def test_big_matmul_reads_its_right_operand_in_panels():
+def test_big_matmul_packs_each_column_panel_per_call():
   rng = np.random.default_rng(4)
   na, nb = rng.standard_normal((256, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
   a, b = Tensor(na).realize(), Tensor(nb).realize()
-  assert len((a @ b).schedule()) == 2  # the panel copy, then the matmul
-  np.testing.assert_allclose((a @ b).numpy(), na @ nb, rtol=1e-4, atol=1e-3)
+  (si,) = (a @ b).schedule()  # no copy of b: the matmul kernel packs what it reads
+  opts = hand_coded_opts(si.ast, 2)
+  assert opts[2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 0, 8)]
+  _, _, uops = to_program(si.ast, Device["CPU"].renderer, opts)
+  assert [u.dtype.size for u in uops if u.op is Ops.DEFINE_REG and u.dtype.size > 256] == [1024 * 32]  # one k x 32 panel
+  one, two = _run_on(lambda: a @ b, 1), _run_on(lambda: a @ b, 2)
+  GlobalCounters.reset()
+  before = GlobalCounters.mem_used
+  out = (a @ b).realize()
+  assert GlobalCounters.mem_peak - before == out.nbytes()  # the scratch is on each call's stack: no device memory but the output
+  np.testing.assert_array_equal(one, two)
+  np.testing.assert_allclose(two, na @ nb, rtol=1e-4, atol=1e-3)
+
+def _run_on(make, threads):
+  realize._kernel_cache.clear()
+  with Context(THREADS=threads): return make().numpy()
+
+@pytest.mark.parametrize("name", ["matmul", "conv"])
+def test_pack_keeps_results(kernels, name):
+  si, reference = kernels[name]
+  ax = axes(si.ast)
+  glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
+  packed = 0
+  for i in glob:
+    for opts in ([Opt(OptOps.PACK, i, 0)], [Opt(OptOps.UPCAST, glob[-1], 2), Opt(OptOps.PACK, i, 0), Opt(OptOps.THREAD, glob[0], 2)]):
+      try: got = _exec(si, opts)
+      except KernelOptError: continue
+      packed += 1
+      np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5, err_msg=f"{name} with {opts}")
+  assert packed >= 2
+
+def test_pack_refuses_what_it_cant_copy():
+  renderer = Device["CPU"].renderer
+  with pytest.raises(KernelOptError, match="one read inside a reduce"): to_program(_ast(Tensor.rand(6, 5).realize() + 1), renderer, [Opt(OptOps.PACK, 0, 0)])
+  mm = _ast(Tensor.rand(16, 16).realize() @ Tensor.rand(16, 16).realize())
+  with pytest.raises(KernelOptError, match="only THREAD may follow PACK"): to_program(mm, renderer, [Opt(OptOps.PACK, 1, 0), Opt(OptOps.UPCAST, 1, 2)])

@@ -96,7 +96,7 @@ def lower_reduces(sink: UOp) -> UOp:
   """Every REDUCE -> accumulators, innermost first. Not a PatternMatcher pass: copies of one reduce
   made by an upcast must be lowered together (one loop, several accumulators), and a rule sees one
   node at a time."""
-  ctx = [0]
+  ctx = [sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG)]  # after the scratches opts made (PACK)
   while reds := [u for u in sink.toposort if u.op is Ops.REDUCE]:
     loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] != "unroll"]
     group = [u for u in reds if u.src[1:] == reds[0].src[1:]] if loops else [reds[0]]

@@ -7,7 +7,7 @@ its reduce loops sorted by id; `Opt.axis` indexes that list. An Opt never renumb
 keeps the outer loop's name and gives the inner part a new kind ('upcast', 'unroll', 'lane'), which
 is no longer an axis of its own."""
 from __future__ import annotations
-import os
+import functools, os
 from dataclasses import dataclass
 from enum import Enum, auto
 from attograd.dtype import dtypes
@@ -26,6 +26,8 @@ class OptOps(Enum):
   SWAP = auto()     # exchange the loop nesting of two global axes (`amount` names the other axis)
   LOCAL = auto()    # GPU-style targets: a global axis split into workgroup-local threads
   GROUP = auto()    # GPU-style targets: a reduce axis split across the threads of a workgroup
+  PACK = auto()     # CPU: what an input read inside a reduce needs for one iteration of a global axis (a
+                    # matmul's column panel) is copied to a contiguous scratch before that iteration's inner loops
 
 @dataclass(frozen=True)
 class Opt:
@@ -65,14 +67,20 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if opt.op in (OptOps.LOCAL, OptOps.GROUP):
     if not has_local: raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
     return apply_local(ast, opt) if opt.op is OptOps.LOCAL else apply_group(ast, opt)  # LOCAL counts global axes, GROUP reduce axes
+  if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] == "pack" for u in ast.toposort):
+    # the copy is laid out for the loops as they were: only splitting the work across cores keeps it valid
+    raise KernelOptError(f"{opt}: only THREAD may follow PACK")
   ax = axes(ast)
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
   is_global = r.arg[1] == "global"
-  need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.UNROLL: False}
+  need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.UNROLL: False}
   if opt.op in need and need[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if need[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
+  if opt.op is OptOps.PACK:
+    if has_local: raise KernelOptError(f"{opt}: PACK's scratch is per call: a target with work-groups would share it")
+    return apply_pack(ast, opt, r)
   if opt.op is OptOps.PADTO:
     if (size := const_size(r)) is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
     if opt.amount < 2 or size % opt.amount == 0: raise KernelOptError(f"{opt}: axis size {size} is already a multiple of {opt.amount}")
@@ -142,6 +150,35 @@ def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   swapped = UOp(Ops.END, ends[outer].dtype, (UOp(Ops.END, ends[inner].dtype, (body, outer)), inner))
   return ast.substitute({ends[outer]: swapped}).substitute(new)
 
+PACK_MAX = 1 << 16  # elements of one scratch: it lives on the stack of each core's call
+
+def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
+  """The reads of one input inside a reduce that depend on global axis r, and otherwise only on loops
+  inside it that aren't global (a matmul's right operand: k rows of the 32 columns of an upcast tile),
+  are copied once per iteration of r to a scratch (DEFINE_REG), laid out in the order the reduce reads
+  it, and read from there. The copy is per call, so each core packs its own slice; rows of a big
+  matrix are a power of two apart and would otherwise all compete for the same few cache sets."""
+  globs = global_ranges(ast)
+  outside = set(globs[:globs.index(r)])  # loops open in the order of their ids
+  def inner_ranges(ld: UOp) -> list[UOp] | None:
+    rs = [u for u in ld.src[0].src[1].toposort if u.op is Ops.RANGE and u is not r and u not in outside]
+    return None if any(x.arg[1] == "global" or const_size(x) is None for x in rs) else rs
+  reads = [ld for red in ast.toposort if red.op is Ops.REDUCE for ld in red.src[0].toposort
+           if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and len(ld.src[0].src) == 2 and r in ld.src[0].src[1].toposort]
+  if len(loads := set(reads)) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
+    raise KernelOptError(f"{opt}: PACK needs one read inside a reduce along axis {opt.axis} that no other global axis moves")
+  # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
+  rs = sorted(rs, key=lambda x: (x.arg[1] != "reduce", x.arg))
+  if (size := prod(const_size(x) for x in rs)) > PACK_MAX: raise KernelOptError(f"{opt}: a {size}-element scratch is over {PACK_MAX}")
+  nreg = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_REG)
+  scratch = UOp(Ops.DEFINE_REG, read.dtype.ptr(size, "reg"), (), nreg)
+  def offset(ranges: list[UOp]) -> UOp:
+    return functools.reduce(lambda acc, x: acc * const_size(x[1]) + x[0], zip(ranges[1:], rs[1:]), ranges[0])
+  first = fresh_range_id(ast)
+  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, "pack")) for n, x in enumerate(rs)]
+  copy = scratch.index(offset(loops)).store(read.substitute(dict(zip(rs, loops)))).end(*loops)
+  return graph_rewrite(ast.substitute({read: scratch.after(copy).index(offset(rs)).load()}), symbolic)
+
 # ***** GPU work-groups (the thread ids themselves come from codegen/gpudims.py) *****
 
 def apply_local(ast: UOp, opt: Opt) -> UOp:
@@ -187,12 +224,12 @@ def apply_group(ast: UOp, opt: Opt) -> UOp:
   return graph_rewrite(ast.substitute({red: final}), symbolic)
 
 
-def _try(ast: UOp, opts: list[Opt], opt: Opt) -> UOp:
-  """Apply opt and record it, or leave the kernel as it is where it doesn't apply."""
-  try: new = apply_opt(ast, opt)
+def _try(ast: UOp, opts: list[Opt], *new: Opt) -> UOp:
+  """Apply the opts and record them, or (if one doesn't apply) leave the kernel as it is."""
+  try: out = apply_opts(ast, list(new))
   except KernelOptError: return ast
-  opts.append(opt)
-  return new
+  opts.extend(new)
+  return out
 
 def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
@@ -226,6 +263,11 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       tiled = True
       for k, r in reversed(list(enumerate(axes(ast)))):  # a small window (3x3) is written out from its innermost axis
         if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4: ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
+      reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
+      if len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20:
+        # a big matmul: the loop over column panels goes outside the rows loop, and each panel (k rows
+        # of the tile's width) is packed once, so every row block streams it contiguously from cache
+        ast = _try(ast, opts, Opt(OptOps.SWAP, i, j), Opt(OptOps.PACK, i, 0))
   if not tiled:
     for red in reds:
       if not (red.arg in (Ops.ADD, Ops.MAX) and dtypes.is_float(red.dtype)): continue
@@ -233,7 +275,10 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       if inner is not None and (a := _largest(const_size(inner), (16, 8, 4))) is not None:
         ast = _try(ast, opts, Opt(OptOps.UPCAST, axes(ast).index(inner), a))
   if threads >= 2 and work >= 1 << 16:  # below that, a launch on another core costs more than it saves
+    # a big kernel is cut in 4 slices per core, which the cores take as they come free (engine/realize.py):
+    # on a machine shared with other work, a core that another process holds back leaves its slices to the rest
+    counts = (4 * threads, threads) if work >= 1 << 22 else (threads,)
     for k, r in enumerate(axes(ast)):
-      if r.arg[1] == "global" and (const_size(r) or 0) % threads == 0 and (const_size(r) or 0) >= threads:
-        ast = _try(ast, opts, Opt(OptOps.THREAD, k, threads)); break
+      if r.arg[1] == "global" and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+        ast = _try(ast, opts, Opt(OptOps.THREAD, k, n)); break
   return opts

@@ -31,11 +31,14 @@ class CompiledKernel:
     vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
-    # one slice per core: the program is a C call that releases the GIL, so the slices run in parallel
+    # the program is a C call that releases the GIL, so slices run in parallel. Each core takes the next
+    # slice when it is done with one: a core that another process holds back does less of the work
     core = next(i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID)
-    slices = [vals[:core] + [c] + vals[core + 1:] for c in range(n)]
-    pending = [_thread_pool().submit(self.program, bufs, s) for s in slices[1:]]
-    self.program(bufs, slices[0])
+    todo = iter(range(n))  # shared: taking the next item is atomic under the GIL
+    def work() -> None:
+      for c in todo: self.program(bufs, vals[:core] + [c] + vals[core + 1:])
+    pending = [_thread_pool().submit(work) for _ in range(min(n, THREADS.value) - 1)]
+    work()
     for p in pending: p.result()
 
 @functools.cache
@@ -102,12 +105,13 @@ _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
-  """Run the kernels in order. With `keep` (the buffers that outlive the schedule), every other buffer
-  the schedule creates shares memory with those whose lifetimes don't overlap (engine/memory.py)."""
+  """Run the kernels in order. With `keep` (the buffers that outlive the schedule), the buffers the
+  schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept one may take
+  the memory of one that died before it was written (an MLP's output, that of its second-last layer)."""
   if keep is not None:
     internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
-                if si.bufs[0] not in keep and "buffer" not in si.bufs[0].__dict__}
-    for u, b in planned_buffers([si.bufs for si in schedule], internal).items(): u.__dict__["buffer"] = b
+                if "buffer" not in si.bufs[0].__dict__}
+    for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): u.__dict__["buffer"] = b
   for si in schedule:
     bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
     ck = None if si.ast.op is Ops.COPY else get_kernel(si.ast, bufs[0].device)

@@ -22,8 +22,9 @@ def actions(ast: UOp, threads: int) -> list[Opt]:
     if r.arg[1] == "global":
       out += [Opt(OptOps.UPCAST, i, n) for n in (2, 3, 4, 8, 16, 32)]
       if size is not None and size % 8: out += [Opt(OptOps.PADTO, i, n) for n in (8, 32)]
-      if threads > 1: out.append(Opt(OptOps.THREAD, i, threads))
+      if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see hand_coded_opts
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
+      out.append(Opt(OptOps.PACK, i, 0))
     else:
       out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
       out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]
