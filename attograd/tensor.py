@@ -796,12 +796,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """(..., *spatial) -> (..., *out, *kernel): the windows a conv or pool reduces over."""
     n, x = len(kernel), self
     lead = self.ndim - n
-    for a in range(n):
-      # layout (*lead, spatial a.., o0, k0, ..): move spatial axis a to the end and window it there
-      x = x.permute(*range(lead), *range(lead + 1, x.ndim), lead)._window_last(kernel[a], stride[a], dilation[a])
-    # now (..., o0, k0, o1, k1, ...) -> (..., o0, o1, ..., k0, k1, ...)
-    base = x.ndim - 2 * n
-    return x.permute(*range(base), *(base + 2 * a for a in range(n)), *(base + 2 * a + 1 for a in range(n)))
+    # the last spatial axis first (no permute needed), then each earlier one moved to the end: a gradient
+    # through the windows then comes out in the input's own axis order (row-major, not transposed)
+    for a in reversed(range(n)):
+      x = x.permute(*range(lead + a), *range(lead + a + 1, x.ndim), lead + a)._window_last(kernel[a], stride[a], dilation[a])
+    # now (..., o_{n-1}, k_{n-1}, ..., o0, k0) -> (..., o0, o1, ..., k0, k1, ...)
+    return x.permute(*range(lead), *(lead + 2 * (n - 1 - a) for a in range(n)), *(lead + 2 * (n - 1 - a) + 1 for a in range(n)))
   @staticmethod
   def _tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     t = (v,) * n if isinstance(v, int) else tuple(v)
