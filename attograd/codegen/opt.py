@@ -235,8 +235,12 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       ai = _largest(const_size(axes(ast)[i]), tuple(a for a in (8, 4, 2) if copies(ast) * a <= cap))
       if ai is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, i, ai))
       tiled = True
-      for k, r in reversed(list(enumerate(axes(ast)))):  # a small window (3x3) is written out from its innermost axis
-        if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4: ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
+      # a small window (3x3) is written out from its innermost axis, unless reads along it are gated (a conv's input
+      # gradient, padded): then each copy tests its own gate, measured slower than the loop
+      gates = [u.src[0].src[2].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+      for k, r in reversed(list(enumerate(axes(ast)))):
+        if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(r in g for g in gates):
+          ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
   if not tiled:
     for red in reds:
       if not (red.arg in (Ops.ADD, Ops.MAX) and dtypes.is_float(red.dtype)): continue
