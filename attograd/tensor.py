@@ -786,6 +786,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     o = (i - dilation * (k - 1) - 1) // stride + 1
     if o <= 0: raise ValueError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
     keep, nopad = tuple((0, s) for s in lead), ((0, 0),) * len(lead)
+    if dilation * (k - 1) < stride:
+      # windows that don't overlap (pooling): rows of `stride` elements, a window at the start of each row.
+      # No repeat of the input, so the gradient is a pad and a reshape, without a sum over the window
+      x = self.shrink(keep + ((0, o * stride),)) if i >= o * stride else self.pad(nopad + ((0, o * stride - i),))
+      row = -(-stride // dilation) * dilation
+      x = x.reshape(*lead, o, stride).pad(nopad + ((0, 0), (0, row - stride)))
+      return x.reshape(*lead, o, row // dilation, dilation).shrink(keep + ((0, o), (0, k), (0, 1))).reshape(*lead, o, k)
     x = self.pad(nopad + ((0, max(0, o * stride - i - dilation)),))
     i = x.shape[-1]
     x = x.reshape(*lead, 1, i).expand(*lead, k, i).reshape(*lead, k * i).pad(nopad + ((0, k * dilation),))
@@ -834,7 +841,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     w = weight.reshape(1, groups, cout // groups, cin, *(1,) * n, *kernel)
     red = (3, *range(4 + n, 4 + 2 * n))
     out = (x * w)._reduce(Ops.ADD, red).reshape(bs, cout, *out_sp)
-    return out if bias is None else out + bias.reshape(1, cout, *(1,) * n)
+    out = out if bias is None else out + bias.reshape(1, cout, *(1,) * n)
+    # the output's gradient is read by the weight's, the input's and the bias's gradient kernels, the first
+    # two once per window element: computed once into a buffer rather than in each of their inner loops
+    return out.contiguous_backward()
   conv1d = conv3d = conv2d
   def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0,
                        output_padding=0) -> Tensor:
