@@ -1,7 +1,7 @@
 """TinyJit: run a function twice the usual way (the second time recording every kernel it launches),
 then replay the recorded kernels on new inputs with no graph building, scheduling or compiling."""
 from __future__ import annotations
-import functools
+import functools, time
 from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG, GlobalCounters
 from attograd.uop.ops import UOp, Ops, substitute_sym
@@ -88,9 +88,12 @@ class _Replay:
       if (node := _latest(entry[0])) is not entry[0]:
         entry[0], raw = node, buffer_of(node).ensure_allocated()
         for c, j in entry[1]: self.calls[c][1][j], self.calls[c][2][j] = raw._buf, raw
-    for ck, raw, bufs in self.calls:
+    timed = DEBUG >= 2  # where a replayed step's time goes, kernel by kernel
+    for name, (ck, raw, bufs) in zip(self.names, self.calls):
+      st = time.perf_counter() if timed else 0.0
       if ck is None: bufs[0].copyin(bufs[1].as_bytes())
       else: ck(raw, var_vals)
+      if timed: print(f"  replay {name:30s} {(time.perf_counter() - st) * 1e6:9.2f} us")
     GlobalCounters.kernel_count += len(self.calls)
     GlobalCounters.global_ops += self.ops
 

@@ -835,6 +835,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     o = (i - dilation * (k - 1) - 1) // stride + 1
     if o <= 0: raise ValueError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
     keep, nopad = tuple((0, s) for s in lead), ((0, 0),) * len(lead)
+    if dilation * (k - 1) < stride:
+      # windows that don't overlap (pooling): rows of `stride` elements, a window at the start of each row.
+      # No repeat of the input, so the gradient is a pad and a reshape, without a sum over the window
+      x = self.shrink(keep + ((0, o * stride),)) if i >= o * stride else self.pad(nopad + ((0, o * stride - i),))
+      row = -(-stride // dilation) * dilation
+      x = x.reshape(*lead, o, stride).pad(nopad + ((0, 0), (0, row - stride)))
+      return x.reshape(*lead, o, row // dilation, dilation).shrink(keep + ((0, o), (0, k), (0, 1))).reshape(*lead, o, k)
     x = self.pad(nopad + ((0, max(0, o * stride - i - dilation)),))
     i = x.shape[-1]
     x = x.reshape(*lead, 1, i).expand(*lead, k, i).reshape(*lead, k * i).pad(nopad + ((0, k * dilation),))
@@ -845,12 +852,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """(..., *spatial) -> (..., *out, *kernel): the windows a conv or pool reduces over."""
     n, x = len(kernel), self
     lead = self.ndim - n
-    for a in range(n):
-      # layout (*lead, spatial a.., o0, k0, ..): move spatial axis a to the end and window it there
-      x = x.permute(*range(lead), *range(lead + 1, x.ndim), lead)._window_last(kernel[a], stride[a], dilation[a])
-    # now (..., o0, k0, o1, k1, ...) -> (..., o0, o1, ..., k0, k1, ...)
-    base = x.ndim - 2 * n
-    return x.permute(*range(base), *(base + 2 * a for a in range(n)), *(base + 2 * a + 1 for a in range(n)))
+    # the last spatial axis first (no permute needed), then each earlier one moved to the end: a gradient
+    # through the windows then comes out in the input's own axis order (row-major, not transposed)
+    for a in reversed(range(n)):
+      x = x.permute(*range(lead + a), *range(lead + a + 1, x.ndim), lead + a)._window_last(kernel[a], stride[a], dilation[a])
+    # now (..., o_{n-1}, k_{n-1}, ..., o0, k0) -> (..., o0, o1, ..., k0, k1, ...)
+    return x.permute(*range(lead), *(lead + 2 * (n - 1 - a) for a in range(n)), *(lead + 2 * (n - 1 - a) + 1 for a in range(n)))
   @staticmethod
   def _tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     t = (v,) * n if isinstance(v, int) else tuple(v)
@@ -883,7 +890,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     w = weight.reshape(1, groups, cout // groups, cin, *(1,) * n, *kernel)
     red = (3, *range(4 + n, 4 + 2 * n))
     out = (x * w)._reduce(Ops.ADD, red).reshape(bs, cout, *out_sp)
-    return out if bias is None else out + bias.reshape(1, cout, *(1,) * n)
+    out = out if bias is None else out + bias.reshape(1, cout, *(1,) * n)
+    # the output's gradient is read by the weight's, the input's and the bias's gradient kernels, the first
+    # two once per window element: computed once into a buffer rather than in each of their inner loops
+    return out.contiguous_backward()
   conv1d = conv3d = conv2d
   def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0,
                        output_padding=0) -> Tensor:

@@ -124,3 +124,22 @@ def test_nested_reduces_share_one_accumulator():
   m = a.max(2).max(1)
   assert sum(u.op is Ops.DEFINE_REG for u in lower(create_schedule([m.uop])[0][0].ast).toposort) == 1
   check(m, na.max((1, 2)), 1)
+
+def test_conv_backward_reads_its_output_gradient_from_one_buffer():
+  # conv -> relu -> max_pool: the pool's gradient is elementwise (its windows don't overlap: no sum over the
+  # window), and the gradient at the conv's output is computed once for the weight, input and bias gradients
+  import torch
+  from attograd.uop.ops import Ops
+  from attograd.schedule.schedule import create_schedule
+  rng = np.random.default_rng(0)
+  nx, nw, nb = rng.standard_normal((4, 3, 10, 10)).astype(np.float32), rng.standard_normal((5, 3, 3, 3)).astype(np.float32), \
+    rng.standard_normal(5).astype(np.float32)
+  x, w, b = (Tensor(v, requires_grad=True) for v in (nx, nw, nb))
+  x.conv2d(w, b).relu().max_pool2d(2).sum().backward()
+  sched = create_schedule([x.grad.uop, w.grad.uop, b.grad.uop])[0]
+  pool_grad = [si for si in sched if si.ast.op is Ops.SINK and not any(u.op is Ops.REDUCE for u in si.ast.toposort)]
+  assert len(pool_grad) == 1, "one elementwise kernel: the pool's and the relu's gradient at the conv's output"
+  assert sum(pool_grad[0].bufs[0] in si.bufs[1:] for si in sched) == 3, "read by the weight, input and bias gradients"
+  tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (nx, nw, nb))
+  torch.nn.functional.max_pool2d(torch.nn.functional.conv2d(tx, tw, tb).relu(), 2).sum().backward()
+  for ours, theirs in ((x, tx), (w, tw), (b, tb)): np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), atol=1e-4, rtol=1e-4)

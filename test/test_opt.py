@@ -185,3 +185,32 @@ def test_pack_refuses_what_it_cant_copy():
   with pytest.raises(KernelOptError, match="one read inside a reduce"): to_program(_ast(Tensor.rand(6, 5).realize() + 1), renderer, [Opt(OptOps.PACK, 0, 0)])
   mm = _ast(Tensor.rand(16, 16).realize() @ Tensor.rand(16, 16).realize())
   with pytest.raises(KernelOptError, match="only THREAD may follow PACK"): to_program(mm, renderer, [Opt(OptOps.PACK, 1, 0), Opt(OptOps.UPCAST, 1, 2)])
+
+def _conv_backward_asts():
+  from attograd.schedule.schedule import create_schedule
+  x = Tensor.empty(16, 8, 13, 13, requires_grad=True)
+  w = Tensor.empty(16, 8, 3, 3, requires_grad=True)
+  x.conv2d(w).relu().sum().backward()
+  return [si.ast for si in create_schedule([x.grad.uop, w.grad.uop])[0] if si.ast.op.name == "SINK"]
+
+def test_conv_backward_indexes_without_divmod():
+  # a window's gradient reads its rows one longer than the data (pad, reshape): under the pad's gate that is
+  # plain y - ky, with no division or remainder left in any index or gate
+  from attograd.uop.ops import Ops
+  asts = _conv_backward_asts()
+  for ast in asts:
+    assert not {Ops.IDIV, Ops.MOD} & {u.op for u in ast.toposort}, "div/mod left in a conv backward kernel"
+  # the input gradient: each window position tested once per axis, the weight read without a gate
+  dx = next(a for a in asts if any(u.op is Ops.INDEX and len(u.src) == 3 for u in a.toposort))
+  gates = {u.src[2].render() for u in dx.toposort if u.op is Ops.INDEX and len(u.src) == 3}
+  assert gates == {"(((-1<(r4+(r5*-1)))&((r4+(r5*-1))<11))&((-1<(r2+(r6*-1)))&((r2+(r6*-1))<11)))"}, gates
+  loads = [u.src[0] for u in dx.toposort if u.op is Ops.LOAD]
+  assert sum(len(ld.src) == 2 for ld in loads) >= 1, "the weight's address is always in bounds: no gate"
+
+def test_heuristics_write_out_a_conv_weight_gradient_window():
+  # dW is (16, 8, 3, 3) summed over batch and image: the 3x3 window and 4 output channels in registers,
+  # so each loaded gradient value feeds 36 multiply-adds
+  from attograd.codegen.opt import global_ranges, const_size
+  dw = next(a for a in _conv_backward_asts() if [const_size(r) for r in global_ranges(a)] == [16, 8, 3, 3])
+  opts = hand_coded_opts(dw, 1)
+  assert opts[:3] == [Opt(OptOps.UPCAST, 2, 3), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 0, 4)], opts

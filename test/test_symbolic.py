@@ -156,3 +156,11 @@ def test_simplify_keeps_values(ev, data):
     for u in e.toposort:
       if u.op in {Ops.DEFINE_VAR, Ops.CONST}: continue
       assert u.vmin <= sym_infer(u, env) <= u.vmax, f"{where}: bounds of {u.render()} [{u.vmin},{u.vmax}]"
+
+def test_window_remainder_test_becomes_a_range_test():
+  # (kk*13 + p) % 14 < 11 is 0 <= p - kk < 11: for p < kk the remainder wraps to at least 12
+  p = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 13),), (0, "global"))
+  kk = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 3),), (1, "reduce"))
+  assert ((kk * 13 + p) % 14 < 11).simplify().render() == "((-1<(r0+(r1*-1)))&((r0+(r1*-1))<11))"
+  # where the wrapped values can reach below the bound, the test stays as it is
+  assert ((kk * 13 + p) % 14 < 13).simplify().render() == "(((r0+(r1*13))%14)<13)"

@@ -250,19 +250,34 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   work = prod(const_size(r) or 1 for r in ax)
   tiled = False
   if len(reds) == 1 and reds[0].arg is Ops.ADD and len(glob) >= 2:
-    loads = [u for u in reds[0].src[0].toposort if u.op is Ops.LOAD]
+    # what a load reads is decided by its address: a pad's gate (which a conv's gradient puts on every load) doesn't
+    # make a weight vary along the image
+    loads = [u.src[0].src[1].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD]
     j = glob[-1]
     # the other tile axis: one that an input read along j doesn't depend on (matmul's rows, conv's channels)
-    along_j = [ld for ld in loads if ax[j] in ld.toposort]
-    i = next((g for g in glob[:-1] if any(ax[g] not in ld.toposort for ld in along_j) and (const_size(ax[g]) or 0) >= 8), None)
+    along_j = [ld for ld in loads if ax[j] in ld]
+    i = next((g for g in glob[:-1] if any(ax[g] not in ld for ld in along_j) and (const_size(ax[g]) or 0) >= 8), None)
     if i is not None and len(along_j) < len(loads) and work >= 1 << 16:
       # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
-      if (aj := _largest(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, j, aj))
-      if (ai := _largest(const_size(axes(ast)[i]), (8, 4, 2))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, i, ai))
+      cap = MAX_COPIES
+      if (const_size(ax[j]) or 99) <= 4:
+        # a small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input
+        # doesn't read along is written out whole, so each value loaded (and whatever is fused into it, a relu's
+        # gradient) feeds all of the window; scalar accumulators, so fewer of the other axis (measured: 4 x 3x3)
+        for g in glob:
+          if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): ast = _try(ast, opts, Opt(OptOps.UPCAST, g, const_size(ax[g])))
+        cap = 36
+      elif (aj := _largest(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, j, aj))
+      ai = _largest(const_size(axes(ast)[i]), tuple(a for a in (8, 4, 2) if copies(ast) * a <= cap))
+      if ai is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, i, ai))
       tiled = True
-      for k, r in reversed(list(enumerate(axes(ast)))):  # a small window (3x3) is written out from its innermost axis
-        if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4: ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
+      # a small window (3x3) is written out from its innermost axis, unless reads along it are gated (a conv's input
+      # gradient, padded): then each copy tests its own gate, measured slower than the loop
+      gates = [u.src[0].src[2].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+      for k, r in reversed(list(enumerate(axes(ast)))):
+        if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(r in g for g in gates):
+          ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
       if len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20:
         # a big matmul: the loop over column panels goes outside the rows loop, and each panel (k rows

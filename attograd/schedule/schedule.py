@@ -7,7 +7,7 @@ from attograd.dtype import dtypes, DType
 from attograd.helpers import prod, dedup, DEBUG
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
-from attograd.uop.symbolic import symbolic, gated_index
+from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
 from attograd.codegen.lower import reduce_identity
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
 
@@ -104,7 +104,7 @@ kernel_cleanup = PatternMatcher([
   (UPat(Ops.REDUCE, name="outer"), merge_nested_reduce),
   (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
-]) + symbolic + gated_index
+]) + symbolic + gated_index + inbounds_load
 
 def index_dtype_for(*sizes: int):
   """The narrowest index dtype a kernel might use: a loop or buffer of 2**31 elements needs int64.

@@ -80,7 +80,7 @@ def join_digits(dt: DType, terms: dict[UOp, int]) -> bool:
       if terms.get(d) == k * c1 and (rest := digits(y, c1, k)) is not None: return [(d, k * c1)] + rest
     return None
   for q, kq in terms.items():
-    if q.op is not Ops.IDIV or q.src[1].op is not Ops.CONST or (c := q.src[1].arg) <= 1 or kq % c != 0: continue
+    if q.op is not Ops.IDIV or q.src[1].op is not Ops.CONST or (c := q.src[1].arg) <= 1 or kq == 0 or kq % c != 0: continue
     if (found := digits(q.src[0], c, kq // c)) is None or len({n for n, _ in found}) != len(found): continue
     for n, _ in found: del terms[n]
     del terms[q]
@@ -103,6 +103,23 @@ def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
   if x.vmin < 0 or rest.vmin < 0 or not (x.exact and rest.exact): return None
   if d.op is Ops.MOD: return UOp(Ops.MOD, x.dtype, (rest, c))
   return build_sum(x.dtype, [(n, k // cv) for n, k in terms] + [(UOp(Ops.IDIV, x.dtype, (rest, c)), 1)], const // cv)
+
+def balanced_split(y: UOp, c: int) -> tuple[UOp, UOp]:
+  """y = c*Q + R with each coefficient's remainder in (-c/2, c/2]: kk*13 + p over 14 is 14*kk + (p - kk).
+  Where R stays in [0, c), y//c = Q and y%c = R (for y >= 0)."""
+  terms, const = split_terms(y)
+  bal = lambda k: k % c - c if k % c > c // 2 else k % c
+  q = build_sum(y.dtype, [(n, (k - bal(k)) // c) for n, k in terms], (const - bal(const)) // c)
+  return q, build_sum(y.dtype, [(n, bal(k)) for n, k in terms], bal(const))
+
+def remainder_below(y: UOp, c: UOp, b: UOp) -> UOp | None:
+  """y%c < b as a range test on R (y = c*Q + R, balanced_split): for y >= 0 and R in [-c, c), y%c is R where
+  R >= 0 and R + c where R < 0; when R + c can't get below b, y%c < b is 0 <= R < b. A window's gradient
+  asks this of a row-major index into rows one longer than the data (pad, reshape)."""
+  if not y.exact or y.vmin < 0 or (cv := c.arg) <= 0: return None
+  _, r = balanced_split(y, cv)
+  if not r.exact or r.vmin >= 0 or r.vmin < -cv or r.vmax >= cv or r.vmin + cv < b.arg: return None
+  return (r.const_like(-1) < r) & (r < b.arg)
 
 def fold_const(a: UOp) -> UOp: return a.const_like(exec_alu(a.op, a.dtype, [s.arg for s in a.src]))
 
@@ -135,6 +152,8 @@ symbolic = PatternMatcher([
   (UPat((Ops.AND, Ops.OR), dtype=dtypes.bool, src=(x, x)), lambda x: x),
   (UPat(Ops.WHERE, src=(UPat(Ops.CONST, name="c"), x, y)), lambda c, x, y: x if c.arg else y),
   (UPat(Ops.WHERE, src=(UPat.var(), x, x)), lambda x: x),
+  # nested pad gates become one conjunction, whose clauses gated_index simplifies under each other
+  (UPat(Ops.WHERE, src=(UPat.var("g1"), UPat(Ops.WHERE, src=(UPat.var("g2"), x, y)), y)), lambda g1, g2, x, y: (g1 & g2).where(x, y)),
   (UPat(Ops.CAST, name="a", src=(x,)), lambda a, x: x if a.dtype == x.dtype else None),
   (UPat((Ops.CMPLT, Ops.CMPNE), src=(ix, ix)), lambda x: UOp.const(dtypes.bool, False)),
   (UPat(Ops.MAX, src=(x, y)), lambda x, y: (x if x.vmin >= y.vmax else y if y.vmin >= x.vmax else None)
@@ -156,6 +175,7 @@ symbolic = PatternMatcher([
   # (x%c1)%c2 = x%c2 when c2 divides c1, but not for c1 = 0 (x%0 is 0, and 0 "divides" by every c2: Z3 found it)
   (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(ix, c1)), c2)),
    lambda x, c1, c2: x % c2 if c1.arg != 0 and c2.arg != 0 and c1.arg % c2.arg == 0 else None),
+  (UPat(Ops.CMPLT, src=(UPat(Ops.MOD, src=(ix, c1)), c2)), lambda x, c1, c2: remainder_below(x, c1, c2)),
   # comparisons against constants move the constants to one side
   (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, dtype=INT_TYPES, src=(x, c1), name="a"), c2)),
    lambda x, c1, c2, a: x < (c2.arg - c1.arg) if a.exact and x.dtype.scalar() == a.dtype and
@@ -189,19 +209,69 @@ def gate_bounds(gate: UOp) -> dict[UOp, tuple[int, int]]:
     out[e] = (max(olo, lo) if lo is not None else olo, min(ohi, hi) if hi is not None else ohi)
   return out
 
+def standin(e: UOp, lo: int, hi: int, inside: set[UOp], change: bool) -> tuple[dict[UOp, UOp], UOp] | None:
+  """A variable v in [lo, hi] for the expression e, as ({node: its form in v}, v). e itself stands in where x uses
+  it; with `change`, a sum e = n + rest (n a term of coefficient +-1 that x uses) instead replaces n by v - rest
+  everywhere, so a window's p - kk reaches the kk*13 + p that a reshape made of it."""
+  if lo > hi or (lo, hi) == (e.vmin, e.vmax) or not e.exact: return None
+  v = UOp.variable("gate", lo, hi, e.dtype)
+  if not change: return ({e: v}, v) if e in inside else None
+  if e.op is not Ops.ADD: return None
+  terms, const = split_terms(e)
+  if (unit := next(((n, k) for n, k in terms if k in (1, -1) and n in inside), None)) is None: return None
+  rest = build_sum(e.dtype, [(n, k) for n, k in terms if n is not unit[0]], const)
+  return {unit[0]: v - rest if unit[1] == 1 else rest - v}, v
+
+def under_bounds(x: UOp, bounds: dict[UOp, tuple[int, int]]) -> UOp | None:
+  """x simplified as if each bounded expression were a variable with the narrowed bounds, then put back, one
+  expression at a time: equal to x wherever the bounds hold. None unless that makes x smaller."""
+  if not x.exact: return None
+  best = x
+  for e, (lo, hi) in bounds.items():
+    for change in (True, False):
+      if (sub := standin(e, lo, hi, set(best.toposort), change)) is None: continue
+      # simplified again after e is back, so the result is a fixed point of symbolic (no rewrite undoes it)
+      new = simplify(simplify(best.substitute(sub[0])).substitute({sub[1]: e}))
+      if len(new.toposort) < len(best.toposort): best = new
+  return None if best is x else best
+
+def clauses(gate: UOp) -> list[UOp]: return [c for s in gate.src for c in clauses(s)] if gate.op is Ops.AND else [gate]
+
+def simplify_gate(gate: UOp) -> UOp | None:
+  """Each clause of an AND-ed gate simplified where the others hold: the same conjunction, smaller (the
+  second axis of a conv's gradient window is only simple once the first axis is known to be in range)."""
+  cs = clauses(gate)
+  if len(cs) < 2: return None
+  changed = False
+  for j in range(len(cs)):
+    others = [c for k, c in enumerate(cs) if k != j]
+    if (new := under_bounds(cs[j], gate_bounds(functools.reduce(lambda a, b: a & b, others)))) is not None:
+      cs[j], changed = simplify(new), True
+  if not changed: return None
+  new = simplify(functools.reduce(lambda a, b: a & b, cs))
+  return new if len(new.toposort) < len(gate.toposort) else None
+
 def simplify_under_gate(i: UOp, idx: UOp, gate: UOp) -> UOp | None:
-  """Simplify idx as if each expression the gate bounds were a variable with the narrowed bounds,
-  then put the expressions back. Equal to idx wherever the gate holds, which is everywhere idx is used."""
-  if not idx.exact: return None
-  inside = idx.toposort
-  standins = {e: UOp.variable(f"gate.{i}", lo, hi, e.dtype) for i, (e, (lo, hi)) in enumerate(gate_bounds(gate).items())
-              if e in inside and lo <= hi and (lo, hi) != (e.vmin, e.vmax)}
-  if not standins: return None
-  new = simplify(idx.substitute(standins)).substitute({v: e for e, v in standins.items()})
-  if len(new.toposort) >= len(inside): return None  # only a smaller index is worth it
-  return i.replace(src=(i.src[0], new, gate))
+  """The gate's clauses simplified under each other, and idx under the gate: the INDEX reads the same
+  memory wherever the gate holds, and nowhere else."""
+  if (g := simplify_gate(gate)) is not None: gate = g
+  if (x := under_bounds(idx, gate_bounds(gate))) is not None: idx = x
+  return None if idx is i.src[1] and gate is i.src[2] else i.replace(src=(i.src[0], idx, gate))
 
 gated_index = PatternMatcher([
   (UPat(Ops.INDEX, src=(UPat((Ops.PARAM, Ops.DEFINE_REG), name="buf"), UPat.var("idx"), UPat.var("gate")), name="i"),
    lambda buf, idx, gate, i: simplify_under_gate(i, idx, gate)),
+  (UPat(Ops.WHERE, src=(UPat(Ops.AND, name="gate"), x, y)), lambda gate, x, y: None if (g := simplify_gate(gate)) is None else g.where(x, y)),
+])
+
+def ungate_load(ld: UOp, i: UOp, buf: UOp, idx: UOp) -> UOp | None:
+  """A load whose address is in the buffer for every value of the loops needs no gate. What a gate hides is
+  masked where it is used (a pad's WHERE, a padded reduce's identity, a gated store), so the gate only ever
+  kept the read itself in bounds; a conv's gradient puts the image's pad gate on every weight read."""
+  if not idx.exact or idx.vmin < 0 or idx.vmax >= buf.dtype.size or buf.dtype.size < 0: return None
+  return ld.replace(src=(i.replace(src=(buf, idx)), *ld.src[1:]))
+
+inbounds_load = PatternMatcher([
+  (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, src=(UPat(Ops.PARAM, name="buf"), UPat.var("idx"), UPat.var()), name="i"),), allow_any_len=True,
+        name="ld"), ungate_load),
 ])
