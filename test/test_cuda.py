@@ -47,7 +47,7 @@ def kernels() -> tuple[list[str], dict[str, int]]:
   asts = {ast: None for ast in op_suite_asts()} | {si.ast: None for t in tensors_of_every_op() for si in t.schedule() if si.ast.op is Ops.SINK}
   srcs, refused = render_each(list(asts), lambda ast: to_program(ast, renderer, gpu_hand_coded_opts(ast, renderer))[1])
   a, b = Tensor.empty(64, 32).realize(), Tensor.empty(32, 48).realize()
-  srcs.append(to_program((a @ b).schedule()[-1].ast, renderer, [Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 8)])[1])
+  srcs.append(to_program((a @ b).schedule()[-1].ast, renderer, [Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 2, 8)])[1])
   srcs.append(to_program(a.sum().schedule()[-1].ast, renderer, [Opt(OptOps.GROUP, 1, 32)])[1])
   return srcs, refused
 
@@ -79,7 +79,7 @@ def test_every_kernel_compiles(arch):
 
 def test_source_spells_cuda():
   a, b = Tensor.empty(64, 32).realize(), Tensor.empty(32, 48).realize()
-  src = to_program((a @ b).schedule()[-1].ast, CUDARenderer(), [Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 8)])[1]
+  src = to_program((a @ b).schedule()[-1].ast, CUDARenderer(), [Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 2, 8)])[1]
   assert '__launch_bounds__(128)' in src and "blockIdx.y" in src and "threadIdx.x" in src and "threadIdx.y" in src
   assert "__shared__ float temp0[128];" in src and src.count("__syncthreads();") == 1
   half = to_program((Tensor.empty(8, dtype=dtypes.float16).realize() * 2).schedule()[-1].ast, CUDARenderer(), [])[1]
