@@ -10,7 +10,7 @@ from attograd.engine.realize import get_kernel
 from attograd.renderer.opencl import OpenCLRenderer
 from helpers import available, run_last_kernel
 
-# these run whenever CL can (the op suite runs on CL only when TEST_DEVICES names it: PoCL compiles slowly)
+# these run whenever CL can (the op suite runs on CL through helpers.DEVICES: one case of each test unless TEST_DEVICES names CL)
 pytestmark = pytest.mark.skipif(not available("CL"), reason="no OpenCL driver here (scripts/install_deps.sh installs PoCL)")
 L, G = OptOps.LOCAL, OptOps.GROUP
 rng = np.random.default_rng(0)
