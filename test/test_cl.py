@@ -10,21 +10,21 @@ from attograd.engine.realize import get_kernel
 from attograd.renderer.opencl import OpenCLRenderer
 from helpers import available, run_last_kernel
 
-# these run whenever CL can (the op suite runs on CL only when TEST_DEVICES names it: PoCL compiles slowly)
+# these run whenever CL can (the op suite runs on CL through helpers.DEVICES: one case of each test unless TEST_DEVICES names CL)
 pytestmark = pytest.mark.skipif(not available("CL"), reason="no OpenCL driver here (scripts/install_deps.sh installs PoCL)")
 L, G = OptOps.LOCAL, OptOps.GROUP
 rng = np.random.default_rng(0)
 
 def run_with(t: Tensor, opts: list[Opt]) -> np.ndarray: return run_last_kernel(t, "CL", opts)
 
-@pytest.mark.parametrize("opts", [[], [Opt(L, 1, 16), Opt(L, 0, 4)], [Opt(G, 0, 16)], [Opt(L, 1, 8), Opt(L, 0, 2), Opt(G, 0, 32)]],
+@pytest.mark.parametrize("opts", [[], [Opt(L, 1, 16), Opt(L, 0, 4)], [Opt(G, 2, 16)], [Opt(L, 1, 8), Opt(L, 0, 2), Opt(G, 2, 32)]],
                          ids=["plain", "local", "group", "local_group"])
 def test_matmul_opts(opts):
   a, b = rng.standard_normal((32, 96)).astype(np.float32), rng.standard_normal((96, 48)).astype(np.float32)
   got = run_with(Tensor(a, device="CL") @ Tensor(b, device="CL"), opts)
   np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
 
-@pytest.mark.parametrize("rows, opts", [(1, [Opt(G, 0, 64)]), (1, [Opt(G, 0, 256)]), (8, [Opt(G, 0, 128)]), (8, [Opt(L, 0, 4), Opt(G, 0, 32)])],
+@pytest.mark.parametrize("rows, opts", [(1, [Opt(G, 0, 64)]), (1, [Opt(G, 0, 256)]), (8, [Opt(G, 1, 128)]), (8, [Opt(L, 0, 4), Opt(G, 1, 32)])],
                          ids=["total_group64", "total_group256", "rows_group", "rows_local_group"])
 def test_sum_opts(rows, opts):
   x = rng.standard_normal((rows, 4096)).astype(np.float32)

@@ -6,7 +6,8 @@ import pytest
 from attograd import Tensor, dtypes
 from attograd.codegen import to_program
 from attograd.codegen.gpudims import launch_dims, eval_dims, gpu_hand_coded_opts
-from attograd.codegen.opt import Opt, OptOps, KernelOptError
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, apply_opts, axes
+from attograd.engine import search
 from attograd.engine.realize import run_schedule, buffer_of
 from attograd.runtime.device import Device
 from attograd.runtime.ops_python import PythonRenderer, PythonProgram
@@ -66,20 +67,20 @@ def test_thread_ids_compute_the_same(case, opts):
   np.testing.assert_allclose(got, ref(), rtol=1e-5, atol=1e-5)
 
 @pytest.mark.parametrize("opts", [
-  [Opt(G, 0, 4)], [Opt(G, 0, 12)], [Opt(L, 0, 2), Opt(G, 0, 6)], [Opt(L, 1, 3), Opt(L, 0, 2), Opt(G, 0, 3)]],
+  [Opt(G, 2, 4)], [Opt(G, 2, 12)], [Opt(L, 0, 2), Opt(G, 2, 6)], [Opt(L, 1, 3), Opt(L, 0, 2), Opt(G, 2, 3)]],
   ids=["group4", "group12", "local_group", "2local_group"])
 def test_group_matmul(opts):
   np.testing.assert_allclose(run_gpu(Tensor(A, device="PYTHON") @ Tensor(B, device="PYTHON"), opts), A @ B, rtol=1e-5, atol=1e-5)
 
-@pytest.mark.parametrize("case, opts", [("sum_all", [Opt(G, 1, 16)]), ("row_sum", [Opt(L, 0, 2), Opt(G, 0, 32)]),
-                                        ("max_rows", [Opt(G, 0, 8)]), ("softmax", [Opt(G, 0, 4)])])
+@pytest.mark.parametrize("case, opts", [("sum_all", [Opt(G, 1, 16)]), ("row_sum", [Opt(L, 0, 2), Opt(G, 1, 32)]),
+                                        ("max_rows", [Opt(G, 1, 8)]), ("softmax", [Opt(G, 2, 4)])])
 def test_group_reduce(case, opts):
   make, ref, _ = CASES[case]
   np.testing.assert_allclose(run_gpu(make(), opts), ref(), rtol=1e-5, atol=1e-5)
 
 def test_group_makes_local_memory_and_a_barrier():
   ast = (Tensor(R, device="PYTHON").sum(1)).schedule()[-1].ast
-  _, _, uops = to_program(ast, GPU, [Opt(L, 0, 4), Opt(G, 0, 16)])
+  _, _, uops = to_program(ast, GPU, [Opt(L, 0, 4), Opt(G, 1, 16)])
   ops = [u.op for u in uops]
   assert ops.count(Ops.BARRIER) == 1 and ops.count(Ops.DEFINE_LOCAL) == 1
   local = next(u for u in uops if u.op is Ops.DEFINE_LOCAL)
@@ -107,6 +108,22 @@ def test_symbolic_size_launch():
   PythonProgram("k", src.encode())([mem], [10], eval_dims(groups, {n: 10}), local)
   np.testing.assert_array_equal(np.frombuffer(mem, np.float32)[:12], [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 0, 0])
 
+@pytest.mark.parametrize("case", ["matmul", "row_sum", "sum_all"])
+def test_beam_work_group_actions_compute_the_same(case):
+  """BEAM's LOCAL and GROUP actions on a GPU target, numbered like every other Opt (global axes, then
+  reduce axes): each legal one, and each after the heuristics' LOCALs, keeps the result."""
+  make, ref, local = CASES[case]
+  ast = make().contiguous().schedule()[-1].ast
+  tried = 0
+  for base in ([], local):
+    for o in search.actions(apply_opts(ast, base, has_local=True), 1, local=True):
+      if o.op not in (L, G): continue
+      try: to_program(ast, GPU, base + [o])
+      except KernelOptError: continue
+      np.testing.assert_allclose(run_gpu(make(), base + [o]), ref(), rtol=1e-5, atol=1e-5, err_msg=f"{base + [o]}")
+      tried += 1
+  assert tried >= 4
+
 def test_heuristics_pick_work_groups():
   matmul = (Tensor(A, device="PYTHON") @ Tensor(B, device="PYTHON")).schedule()[-1].ast
   assert gpu_hand_coded_opts(matmul, GPU) == [Opt(L, 1, 6), Opt(L, 0, 4)]  # 6*4 of the preferred 32 threads
@@ -117,14 +134,16 @@ def test_opt_errors():
   ast = (Tensor(R, device="PYTHON").sum(1)).schedule()[-1].ast
   with pytest.raises(KernelOptError, match="no work-groups"): to_program(ast, Device["CPU"].renderer, [Opt(L, 0, 2)])
   with pytest.raises(KernelOptError, match="doesn't split"): to_program(ast, GPU, [Opt(L, 0, 3)])
-  with pytest.raises(KernelOptError, match="global axes"): to_program(ast, GPU, [Opt(L, 1, 2)])
-  with pytest.raises(KernelOptError, match="before GROUP"): to_program(ast, GPU, [Opt(G, 0, 4), Opt(L, 0, 2)])
-  with pytest.raises(KernelOptError, match="over this device's limit"): to_program(ast, GPU, [Opt(L, 0, 4), Opt(G, 0, 96)])
+  with pytest.raises(KernelOptError, match="LOCAL applies to a global axis, axis 1 is reduce"): to_program(ast, GPU, [Opt(L, 1, 2)])
+  with pytest.raises(KernelOptError, match="GROUP applies to a reduce axis, axis 0 is global"): to_program(ast, GPU, [Opt(G, 0, 2)])
+  with pytest.raises(KernelOptError, match="the kernel has 2 axes"): to_program(ast, GPU, [Opt(G, 2, 2)])
+  with pytest.raises(KernelOptError, match="before GROUP"): to_program(ast, GPU, [Opt(G, 1, 4), Opt(L, 0, 2)])
+  with pytest.raises(KernelOptError, match="over this device's limit"): to_program(ast, GPU, [Opt(L, 0, 4), Opt(G, 1, 96)])
   # a reduce inside another reduce's loop would overwrite local memory other threads still read
   x = Tensor(R, device="PYTHON")
   inner = (x.reshape(4, 96, 1) * x.reshape(4, 1, 96)).max(2).sum(1)
   sast = inner.schedule()[-1].ast
-  nred = sum(1 for u in sast.toposort if u.op is Ops.RANGE and u.arg[1] == "reduce")
-  if nred == 2:
-    inner_axis = max(range(2), key=lambda i: sorted(u.arg for u in sast.toposort if u.op is Ops.RANGE and u.arg[1] == "reduce")[i])
-    with pytest.raises(KernelOptError, match="inside loop"): to_program(sast, GPU, [Opt(G, inner_axis, 4)])
+  ax = axes(sast)
+  assert [r.arg[1] for r in ax] == ["global", "reduce", "reduce"]
+  inner_axis = max((1, 2), key=lambda i: ax[i].arg)
+  with pytest.raises(KernelOptError, match="inside loop"): to_program(sast, GPU, [Opt(G, inner_axis, 4)])

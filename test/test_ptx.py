@@ -1,7 +1,7 @@
-"""PTX: the kernels of a representative set of ops, every dtype included, render and assemble with
-ptxas for sm_80 and sm_90 (nothing can run them here: there is no GPU). The float64 math library the
+"""PTX: every kernel the op suite (test_ops.py) runs, and those of a set of ops in every dtype, render
+and assemble with ptxas for sm_80 and sm_90 (one module per architecture, one ptxas run) (nothing can run them here: there is no GPU). The float64 math library the
 PTX renderer uses is checked for accuracy where it can run, on CPU."""
-import math, re, shutil, subprocess
+import functools, math, re, shutil, subprocess
 import numpy as np
 import pytest
 from attograd import Tensor, dtypes
@@ -13,6 +13,7 @@ from attograd.engine import realize
 from attograd.renderer.ptx import PTXRenderer
 from attograd.runtime.device import Device
 from attograd.uop.mathlib import float64_math
+from op_suite_kernels import op_suite_asts, render_each
 
 ALL = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -47,24 +48,28 @@ def op_kernels() -> list:
   kernels.append((big, [Opt(OptOps.THREAD, 0, 4)]))  # a kernel variable: the thread count's core id
   return kernels
 
-def module(arch: str, kernels: list) -> str:
-  """All kernels as one PTX module (one ptxas run), each entry named k<i>."""
-  renderer = PTXRenderer(arch)
-  # the opts a CUDA device would pick (work-group sizes, reductions split across a work-group)
-  entries = [renderer.render_entry(f"k{i}", to_program(ast, renderer, opts if opts else gpu_hand_coded_opts(ast, renderer))[2])
-             for i, (ast, opts) in enumerate(kernels)]
-  return renderer.header() + "\n".join(entries)
+# kernels the PTX renderer refuses, by error message (each must name the problem): none today
+EXPECTED_REFUSALS: dict[str, int] = {}
 
-@pytest.fixture(scope="module")
-def kernels():
-  ks = op_kernels()
-  assert len(ks) > 300
-  return ks
+@functools.cache  # the entries don't depend on the architecture (only the header does): render once
+def entries() -> tuple[list[str], dict[str, int]]:
+  """Every kernel's PTX entry, named k<i>, with the opts a CUDA device would pick (work-group sizes,
+  reductions split across a work-group) unless the kernel names its own; and the refusals."""
+  renderer = PTXRenderer()
+  kernels = op_kernels() + [(ast, []) for ast in dict.fromkeys(op_suite_asts())]
+  def render(k) -> str: return renderer.render_entry("k", to_program(k[0], renderer, k[1] or gpu_hand_coded_opts(k[0], renderer))[2])
+  ents, refused = render_each(kernels, render)
+  return [e.replace(".entry k(", f".entry k{i}(", 1) for i, e in enumerate(ents)], refused
+
+def test_refusals_are_listed():
+  ents, refused = entries()
+  assert len(ents) > 2000  # the op suite makes about 2300 distinct kernels
+  assert refused == EXPECTED_REFUSALS, "the PTX renderer refused:\n" + "\n".join(f"{n:4d} x {m}" for m, n in refused.items())
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_op_kernels_assemble(arch, kernels, tmp_path):
-  src = module(arch, kernels)
+def test_op_kernels_assemble(arch, tmp_path):
+  src = PTXRenderer(arch).header() + "\n".join(entries()[0])
   f = tmp_path / "ops.ptx"
   f.write_text(src)
   out = subprocess.run(["ptxas", f"-arch={arch}", "-o", str(tmp_path / "ops.cubin"), str(f)], capture_output=True, text=True, timeout=600)
@@ -75,8 +80,8 @@ def test_op_kernels_assemble(arch, kernels, tmp_path):
     pytest.fail(f"ptxas -arch={arch} rejected the module:\n{out.stderr[:3000]}\n{context}")
   assert (tmp_path / "ops.cubin").stat().st_size > 0
 
-def test_ptx_is_deterministic(kernels):
-  ast, opts = kernels[0]
+def test_ptx_is_deterministic():
+  ast, opts = op_kernels()[0]
   assert to_program(ast, PTXRenderer(), opts)[1] == to_program(ast, PTXRenderer(), list(opts))[1]
 
 # ***** the float64 math library, run on CPU *****

@@ -24,7 +24,7 @@ R = rng.standard_normal((4, 4096)).astype(np.float32)
 def W(x: np.ndarray) -> Tensor: return Tensor(x, device="WEBGPU")
 
 @pytest.mark.parametrize("opts", [
-  [], [Opt(L, 1, 8), Opt(L, 0, 4)], [Opt(G, 0, 16)], [Opt(L, 1, 4), Opt(G, 0, 12)], [Opt(L, 1, 3), Opt(L, 0, 2), Opt(G, 0, 8)], None],
+  [], [Opt(L, 1, 8), Opt(L, 0, 4)], [Opt(G, 2, 16)], [Opt(L, 1, 4), Opt(G, 2, 12)], [Opt(L, 1, 3), Opt(L, 0, 2), Opt(G, 2, 8)], None],
   ids=["none", "local", "group", "local_group", "2local_group", "heuristic"])
 def test_matmul(opts):
   t = W(A) @ W(B)
@@ -34,8 +34,8 @@ def test_matmul(opts):
   np.testing.assert_allclose(run_webgpu(t, opts), A @ B, rtol=1e-5, atol=1e-5)
 
 @pytest.mark.parametrize("case, opts", [
-  ("sum", [Opt(G, 1, 256)]), ("row_sum", [Opt(G, 0, 64)]), ("row_sum", [Opt(L, 0, 4), Opt(G, 0, 32)]),
-  ("row_max", [Opt(G, 0, 128)]), ("row_max", [Opt(L, 0, 2)])])
+  ("sum", [Opt(G, 1, 256)]), ("row_sum", [Opt(G, 1, 64)]), ("row_sum", [Opt(L, 0, 4), Opt(G, 1, 32)]),
+  ("row_max", [Opt(G, 1, 128)]), ("row_max", [Opt(L, 0, 2)])])
 def test_reduce(case, opts):
   t, ref = {"sum": (W(R).sum(), R.sum()), "row_sum": (W(R).sum(1), R.sum(1)), "row_max": (W(R).max(1), R.max(1))}[case]
   np.testing.assert_allclose(run_webgpu(t, opts), ref, rtol=1e-4, atol=1e-4)

@@ -11,8 +11,8 @@ and can wait for each other at a barrier. Here that is explicit in the IR:
 - On a GPU target (a renderer with `global_max`), add_gpudims turns every global RANGE into gidx
   ids and every local RANGE into lidx ids, so those loops disappear: the launch runs one thread per
   iteration. Reduce loops stay loops inside each thread.
-- LOCAL(global i, n) splits global axis i into n threads of one work-group times size/n work-groups.
-- GROUP(reduce i, n) splits reduce axis i across n threads of a work-group: each thread reduces
+- LOCAL(i, n) splits global axis i into n threads of one work-group times size/n work-groups.
+- GROUP(i, n) splits reduce axis i across n threads of a work-group: each thread reduces
   every n-th element into a register, writes its partial result to local memory (DEFINE_LOCAL),
   waits at a BARRIER, then reads the n partials back and finishes the reduction.
 
@@ -28,7 +28,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops, sym_infer
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, global_ranges, ranges_of, apply_opts
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, axes, global_ranges, ranges_of, apply_opts
 from attograd.renderer import Renderer
 
 # ***** ranges -> thread ids *****
@@ -118,7 +118,7 @@ def gpu_hand_coded_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
       budget //= n
   outputs = prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 << 16 for r in glob)
   if outputs >= GROUP_OUTPUTS or budget < 16: return opts
-  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(ranges_of(ast, "reduce")) if r.src[0].op is Ops.CONST]
+  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(axes(ast)) if r.arg[1] == "reduce" and r.src[0].op is Ops.CONST]
   for size, axis in sorted(reduces, reverse=True):  # the longest reduce gains most
     if (n := _divisor(size, min(budget, size // 4))) < 16: continue  # and each thread reduces 4 elements or more
     try: apply_opts(ast, cand := opts + [Opt(OptOps.GROUP, axis, n)], has_local=True)

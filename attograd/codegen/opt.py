@@ -38,6 +38,9 @@ class Opt:
 
 class KernelOptError(ValueError): pass
 
+# the kind of axis an Opt applies to (True: global, False: reduce); the others take either
+NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.LOCAL: True, OptOps.UNROLL: False, OptOps.GROUP: False}
+
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
 CORE_ID = "core_id"
 MAX_COPIES = 512  # upcast x unroll: the number of copies of the loop body written out
@@ -64,9 +67,8 @@ def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
 
 def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel."""
-  if opt.op in (OptOps.LOCAL, OptOps.GROUP):
-    if not has_local: raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
-    return apply_local(ast, opt) if opt.op is OptOps.LOCAL else apply_group(ast, opt)  # LOCAL counts global axes, GROUP reduce axes
+  if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
+    raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
   if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] == "pack" for u in ast.toposort):
     # the copy is laid out for the loops as they were: only splitting the work across cores keeps it valid
     raise KernelOptError(f"{opt}: only THREAD may follow PACK")
@@ -74,10 +76,11 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
   is_global = r.arg[1] == "global"
-  need = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.UNROLL: False}
-  if opt.op in need and need[opt.op] != is_global:
-    raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if need[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
+  if opt.op in NEEDS and NEEDS[opt.op] != is_global:
+    raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if NEEDS[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
+  if opt.op is OptOps.LOCAL: return apply_local(ast, opt, r)
+  if opt.op is OptOps.GROUP: return apply_group(ast, opt, r)
   if opt.op is OptOps.PACK:
     if has_local: raise KernelOptError(f"{opt}: PACK's scratch is per call: a target with work-groups would share it")
     return apply_pack(ast, opt, r)
@@ -181,24 +184,18 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
 
 # ***** GPU work-groups (the thread ids themselves come from codegen/gpudims.py) *****
 
-def apply_local(ast: UOp, opt: Opt) -> UOp:
-  """Global axis of size S -> g*n + l: g a global axis of size S/n, l a local axis of size n."""
+def apply_local(ast: UOp, opt: Opt, r: UOp) -> UOp:
+  """Global axis r of size S -> g*n + l: g a global axis of size S/n, l a local axis of size n."""
   if any(u.op is Ops.DEFINE_LOCAL for u in ast.toposort): raise KernelOptError(f"{opt}: LOCAL opts come before GROUP")
-  ranges = global_ranges(ast)
-  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} global axes")
-  r = ranges[opt.axis]
   size = split_size(r, opt)
   outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
   inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), "local"))
   ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
   return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic)
 
-def apply_group(ast: UOp, opt: Opt) -> UOp:
-  """REDUCE over an axis of size S -> n partial reduces (thread l takes elements l, l+n, ...) stored to
-  local memory, a barrier, and a reduce over the n partials."""
-  ranges = ranges_of(ast, "reduce")
-  if not 0 <= opt.axis < len(ranges): raise KernelOptError(f"{opt}: the kernel has {len(ranges)} reduce axes")
-  r = ranges[opt.axis]
+def apply_group(ast: UOp, opt: Opt, r: UOp) -> UOp:
+  """REDUCE over reduce axis r of size S -> n partial reduces (thread l takes elements l, l+n, ...)
+  stored to local memory, a barrier, and a reduce over the n partials."""
   size, n = split_size(r, opt), opt.amount
   red = next(u for u in ast.toposort if u.op is Ops.REDUCE and r in u.src[1:])
   # local memory is written once per thread: a reduce inside another loop would overwrite it while

@@ -8,13 +8,15 @@ from typing import Any, Callable
 from attograd.helpers import DEBUG, CACHELEVEL, cache_dir, content_hash, atomic_write
 from attograd.uop.ops import UOp, Ops
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
+from attograd.codegen.gpudims import gpu_hand_coded_opts
 from attograd.runtime.device import Device, Buffer
 
-SEARCH_VERSION = "1"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
+SEARCH_VERSION = "2"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
 MAX_ROUNDS = 8
 
-def actions(ast: UOp, threads: int) -> list[Opt]:
-  """Every Opt worth trying next on this kernel (illegal ones are weeded out by applying them)."""
+def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
+  """Every Opt worth trying next on this kernel (illegal ones are weeded out by applying them); with
+  `local` (a GPU target), work-groups too: LOCAL on global axes, GROUP on reduce axes."""
   out: list[Opt] = []
   ax = axes(ast)
   for i, r in enumerate(ax):
@@ -24,11 +26,13 @@ def actions(ast: UOp, threads: int) -> list[Opt]:
       if size is not None and size % 8: out += [Opt(OptOps.PADTO, i, n) for n in (8, 32)]
       if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see hand_coded_opts
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
-      out.append(Opt(OptOps.PACK, i, 0))
+      if local: out += [Opt(OptOps.LOCAL, i, n) for n in (2, 4, 8, 16, 32)]
+      else: out.append(Opt(OptOps.PACK, i, 0))  # a per-call scratch: CPU only
     else:
       out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
       out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]
       if size is not None and size <= 8 and size not in (2, 4): out.append(Opt(OptOps.UNROLL, i, size))
+      if local: out += [Opt(OptOps.GROUP, i, n) for n in (8, 16, 32, 64, 128, 256)]
   return out
 
 def _buffers(ast: UOp, device: str) -> list[Any]:
@@ -66,12 +70,13 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   beam: list[tuple[float, list[Opt]]] = [(time_kernel(base, bufs, dev.synchronize), [])]
   seen = {base.src}
   # the heuristics' choice starts in the beam too: the search only ever improves on it
-  if (hc := hand_coded_opts(ast, threads)) and (built := build(hc)) is not None:
+  local = dev.renderer.has_local
+  if (hc := gpu_hand_coded_opts(ast, dev.renderer) if local else hand_coded_opts(ast, threads)) and (built := build(hc)) is not None:
     seen.add(built[1].src)
     beam = sorted(beam + [(time_kernel(built[1], bufs, dev.synchronize), hc)], key=lambda x: x[0])[:max(width, 1)]
   try:
     for _ in range(MAX_ROUNDS):
-      candidates = [opts + [a] for _, opts in beam for a in actions(ast, threads)]
+      candidates = [opts + [a] for _, opts in beam for a in actions(ast, threads, local)]
       # compile everything first, then time one kernel at a time on a machine the compiler left alone
       built = [b for b in pool.map(build, candidates) if b is not None]
       timed: list[tuple[float, list[Opt]]] = []
