@@ -125,6 +125,33 @@ def test_padto_masks_extra_iterations():
   for opts in ([Opt(OptOps.PADTO, 0, 8)], [Opt(OptOps.PADTO, 1, 8)], [Opt(OptOps.PADTO, 1, 4), Opt(OptOps.UPCAST, 1, 4)]):
     np.testing.assert_allclose(_exec(si, opts), plain, rtol=1e-6)
 
+def test_simd_loop_keeps_results():
+  # a SIMD axis stays a loop inside the reduce's loops (one accumulator per iteration) and again around the store;
+  # padded (gated reads and writes) or not, next to written-out copies of another axis, it computes the same
+  rng = np.random.default_rng(3)
+  a, b = Tensor(rng.standard_normal((12, 10), dtype=np.float32)).realize(), Tensor(rng.standard_normal((10, 30), dtype=np.float32)).realize()
+  si = (a @ b).relu().schedule()[-1]
+  plain = _exec(si, [])
+  for opts in ([Opt(OptOps.SIMD, 1, 10)], [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 4)],
+               [Opt(OptOps.SIMD, 0, 4), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.THREAD, 1, 3)]):
+    np.testing.assert_array_equal(_exec(si, opts), plain, err_msg=str(opts))
+  with pytest.raises(KernelOptError, match="already has a SIMD loop"):
+    to_program(si.ast, Device["CPU"].renderer, [Opt(OptOps.SIMD, 1, 10), Opt(OptOps.SIMD, 0, 2)])
+
+def test_heuristics_pad_a_conv_width_to_a_simd_loop():
+  # a 30-wide conv output: no multiple of 8 divides it, so it is padded to 32 and run as a 16-iteration loop that
+  # gcc vectorizes, with 8 output channels written out around it; the result is exact
+  rng = np.random.default_rng(4)
+  img, w = Tensor(rng.standard_normal((2, 4, 32, 32), dtype=np.float32)).realize(), Tensor(rng.standard_normal((16, 4, 3, 3), dtype=np.float32)).realize()
+  out = img.conv2d(w)
+  opts = hand_coded_opts(_ast(out), 1)
+  assert opts[:3] == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)], opts
+  src = to_program(_ast(out), Device["CPU"].renderer, opts)[1]
+  assert "#pragma GCC unroll 1" in src
+  torch = pytest.importorskip("torch")
+  ref = torch.nn.functional.conv2d(torch.tensor(img.numpy()), torch.tensor(w.numpy())).numpy()
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
 # ***** BEAM *****
 
 def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):

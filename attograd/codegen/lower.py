@@ -62,11 +62,19 @@ def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
   dtype and op), initialised before the loops, updated inside, read after their END. An unrolled
   range is written out inside the loop, its values accumulated in order. A lane range (UPCAST of a
   reduce axis) stays an innermost loop with one accumulator per iteration, which the C compiler
-  turns into a SIMD register; the lanes are combined after the loops."""
+  turns into a SIMD register; the lanes are combined after the loops. A simd range (SIMD of an output axis)
+  the values depend on is moved inside the reduce's loops, as a loop of its own (one accumulator per
+  iteration); after them, each iteration of the outer simd loop reads its own accumulator."""
   ranges = group[0].src[1:]
   loops, unrolled, lanes = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] != "unroll"], kind_of(ranges, "unroll"), kind_of(ranges, "lane")
   values = {red: instances(red.src[0], unrolled) for red in group}
   if not loops: return {red: functools.reduce(lambda a, b: fold(red.arg, a, b), vs) for red, vs in values.items()}
+  simd = kind_of(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)), "simd")
+  if simd:
+    inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (ctx[1] + n, "simd", *r.arg[2:])) for n, r in enumerate(simd)}
+    ctx[1] += len(simd)
+    values = {red: [v.substitute(inner) for v in vs] for red, vs in values.items()}
+    loops, lanes = loops + list(inner.values()), lanes + list(inner.values())
   n_lanes = prod(r.src[0].arg for r in lanes)
   lane = functools.reduce(lambda a, r: a * r.src[0].arg + r, lanes[1:], lanes[0]).cast(dtypes.int32) if lanes else UOp.const(dtypes.int32, 0)
   outer = tuple(sorted(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)) - set(loops), key=lambda r: r.arg))
@@ -86,9 +94,11 @@ def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
     i = lane + base if base else lane
     updates.append(acc.index(i).store(functools.reduce(lambda a, b: fold(red.arg, a, b), values[red], acc.after(init, *loops).index(i).load())))
   end = (updates[0] if len(updates) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(updates))).end(*loops)
+  n_simd = prod(r.src[0].arg for r in simd)
+  at = functools.reduce(lambda a, r: a * r.src[0].arg + r, simd[1:], simd[0]).cast(dtypes.int32) if simd else UOp.const(dtypes.int32, 0)
   def read(red: UOp) -> UOp:
     acc, base = slot[red]
-    parts = [acc.after(end).index(UOp.const(dtypes.int32, base + c)).load() for c in range(n_lanes)]
+    parts = [acc.after(end).index(at + (base + c * n_simd)).load() for c in range(n_lanes // n_simd)]
     return functools.reduce(lambda a, b: a.alu(red.arg, b), parts)
   return {red: read(red) for red in group}
 
@@ -96,7 +106,8 @@ def lower_reduces(sink: UOp) -> UOp:
   """Every REDUCE -> accumulators, innermost first. Not a PatternMatcher pass: copies of one reduce
   made by an upcast must be lowered together (one loop, several accumulators), and a rule sees one
   node at a time."""
-  ctx = [sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG)]  # after the scratches opts made (PACK)
+  # registers after the scratches opts made (PACK); new loop ids after every loop's
+  ctx = [sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG), 1 + max((u.arg[0] for u in sink.toposort if u.op is Ops.RANGE), default=-1)]
   while reds := [u for u in sink.toposort if u.op is Ops.REDUCE]:
     loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] != "unroll"]
     group = [u for u in reds if u.src[1:] == reds[0].src[1:]] if loops else [reds[0]]

@@ -27,7 +27,7 @@ def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
       if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see hand_coded_opts
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
       if local: out += [Opt(OptOps.LOCAL, i, n) for n in (2, 4, 8, 16, 32)]
-      else: out.append(Opt(OptOps.PACK, i, 0))  # a per-call scratch: CPU only
+      else: out += [Opt(OptOps.PACK, i, 0), *(Opt(OptOps.SIMD, i, n) for n in (8, 16))]  # a per-call scratch, a C loop: CPU only
     else:
       out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
       out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]

@@ -125,6 +125,18 @@ class CStyleRenderer(Renderer):
     args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
     return f"{self.func_prefix}void {name}({', '.join(args)})"
 
+  @staticmethod
+  def offset(idx: UOp, r: dict[UOp, str]) -> str:
+    """An index inside a simd loop as (the part the loop doesn't move)+(the part it does): gcc's loop vectorizer
+    sees pointer + a masked (gated) read's offset as affine only when the loop's part isn't summed in int with the
+    rest (that sum could wrap on the lanes the mask turns off), and otherwise reads it with a gather."""
+    def terms(x: UOp) -> list[UOp]: return [t for s in x.src for t in terms(s)] if x.op is Ops.ADD else [x]
+    def moves(x: UOp) -> bool: return any(y.op is Ops.RANGE and y.arg[1] == "simd" for y in x.toposort)
+    parts = terms(idx)
+    if not any(moves(t) for t in parts) or all(moves(t) for t in parts): return r[idx]
+    still, moving = [r[t] for t in parts if not moves(t)], [r[t] for t in parts if moves(t)]
+    return f"({'+'.join(still)})+({'+'.join(moving)})"
+
   def render(self, name: str, uops: list[UOp]) -> str:
     uses: dict[UOp, int] = {}
     for u in uops:
@@ -149,8 +161,8 @@ class CStyleRenderer(Renderer):
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
-        # a lane loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
-        if u.arg[1] == "lane": lines.append("#pragma GCC unroll 1")
+        # a lane or simd loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
+        if u.arg[1] in ("lane", "simd"): lines.append("#pragma GCC unroll 1")
         emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); depth += 1
       elif op is Ops.END: depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
@@ -160,7 +172,7 @@ class CStyleRenderer(Renderer):
       elif op is Ops.DEFINE_LOCAL:
         r[u] = f"temp{u.arg}"; emit(f"{self.local_decl}{self.dt(u.dtype.base)} {r[u]}[{u.dtype.size}];")
       elif op is Ops.BARRIER: emit(self.barrier)
-      elif op is Ops.INDEX: r[u] = f"({r[u.src[0]]}+{r[u.src[1]]})"
+      elif op is Ops.INDEX: r[u] = f"({r[u.src[0]]}+{self.offset(u.src[1], r)})"
       elif op is Ops.LOAD:
         idx = u.src[0]
         expr = self.load(r[idx], u.dtype)
