@@ -24,16 +24,19 @@ class CompiledKernel:
   opts: list[Opt]
   # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
   launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
+  @functools.cached_property
+  def core_slot(self) -> int | None:
+    """The argument that is the THREAD opt's core id (None: one core runs the kernel). Found once: replays call this often."""
+    return next((i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID), None)
   @property
-  def threads(self) -> int:
-    return next((v.arg[2] + 1 for v in self.variables if v.arg[0] == CORE_ID), 1)
+  def threads(self) -> int: return 1 if (core := self.core_slot) is None else self.variables[core].arg[2] + 1
   def __call__(self, bufs: list[Any], var_vals: dict[UOp, int] | None) -> None:
     vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
     # the program is a C call that releases the GIL, so slices run in parallel. Each core takes the next
     # slice when it is done with one: a core that another process holds back does less of the work
-    core = next(i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID)
+    core = self.core_slot
     todo = iter(range(n))  # shared: taking the next item is atomic under the GIL
     def work() -> None:
       for c in todo: self.program(bufs, vals[:core] + [c] + vals[core + 1:])
