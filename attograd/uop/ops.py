@@ -120,12 +120,20 @@ class UOp(metaclass=UOpMeta):
     raise TypeError(f"a UOp has no truth value; use .simplify() and check for CONST (got {self.op})")
 
   # ***** graph walking *****
-  @functools.cached_property
+  @property
   def toposort(self) -> dict[UOp, None]:
-    """Every node this one depends on, children before parents (iterative: graphs can be deep)."""
+    """Every node this one depends on, children before parents, itself last (a fresh dict: callers may keep it)."""
+    out = self.ancestors.copy()
+    out[self] = None
+    return out
+  @functools.cached_property
+  def ancestors(self) -> dict[UOp, None]:
+    """toposort without the node itself. Cached without it on purpose: a node that held itself would form a
+    reference cycle, and a graph's buffers would then wait for the garbage collector instead of dying with
+    their last tensor (each step would page-fault fresh memory in)."""
     out: dict[UOp, None] = {}
-    stack: list[tuple[UOp, bool]] = [(self, False)]
-    while stack:
+    stack: list[tuple[UOp, bool]] = [(s, False) for s in reversed(self.src)]
+    while stack:  # iterative: graphs can be deep
       node, expanded = stack.pop()
       if node in out: continue
       if expanded: out[node] = None
