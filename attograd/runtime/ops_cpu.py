@@ -24,13 +24,16 @@ class MemoryPool:
     self.held += len(mem)
 POOL = MemoryPool()
 
+# mapped after every buffer: kernels may read them (and ignore what they read) instead of a masked read (codegen/lower.py)
+SPARE_BYTES = 64
+
 class CPUMemory:
   """Page-aligned memory that kernels may vectorize over, and its address (zero-filled when fresh)."""
   __slots__ = ("mem", "addr")
   def __init__(self, nbytes: int):
-    if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
+    if (block := POOL.take(nbytes + SPARE_BYTES)) is not None: self.mem, self.addr = block
     else:
-      self.mem = mmap.mmap(-1, nbytes)
+      self.mem = mmap.mmap(-1, nbytes + SPARE_BYTES)
       self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
   def __del__(self):
     try: POOL.give(self.mem, self.addr)
@@ -80,4 +83,4 @@ class CPUProgram:
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):
-    super().__init__(name, CPUAllocator(), CStyleRenderer(), CPUCompiler(), CPUProgram)
+    super().__init__(name, CPUAllocator(), CStyleRenderer(SPARE_BYTES), CPUCompiler(), CPUProgram)
