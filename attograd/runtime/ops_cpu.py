@@ -24,7 +24,7 @@ class MemoryPool:
     self.held += len(mem)
 POOL = MemoryPool()
 
-# mapped after every buffer: kernels may read them (and ignore what they read) instead of a masked read (codegen/lower.py)
+# mapped after every buffer: a kernel may read them (and ignore what it read) where it would need a gated read (uop/symbolic.py ungate_load)
 SPARE_BYTES = 64
 
 class CPUMemory:
