@@ -3,6 +3,7 @@
 from __future__ import annotations
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import graph_rewrite
+from attograd.uop.symbolic import inbounds_load_spare
 from attograd.codegen.lower import lower
 from attograd.codegen.linearize import linearize
 from attograd.codegen.opt import Opt, apply_opts
@@ -12,6 +13,8 @@ from attograd.renderer import Renderer, kernel_name
 def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""
   sink = lower(add_gpudims(apply_opts(ast, opts or [], renderer.has_local), renderer))
+  # gcc vectorizes a gated read as a masked load, and then keeps a loop nest's accumulators in memory
+  if renderer.spare_bytes: sink = graph_rewrite(sink, inbounds_load_spare, ctx=renderer.spare_bytes)
   if renderer.rewrites is not None: sink = graph_rewrite(sink, renderer.rewrites)
   uops = linearize(sink)
   name = kernel_name(uops)

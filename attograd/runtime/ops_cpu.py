@@ -6,10 +6,14 @@ from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 
+# mapped after every buffer: a kernel may read them (and ignore what it read) where it would need a gated read (uop/symbolic.py ungate_load)
+SPARE_BYTES = 64
+
 class MemoryPool:
   """Big blocks of freed memory, kept for the next allocation of the same size. A fresh mapping costs a
   page fault per 4 KiB on first touch (25 ms for 16 MiB here, more than the kernel that fills it);
-  a reused one costs nothing. Reused memory holds old bytes, as torch.empty's does."""
+  a reused one costs nothing. Reused memory holds old bytes, as torch.empty's does. Blocks are counted by the
+  bytes they hold for a buffer, without the spare ones."""
   MIN_BYTES, MAX_BYTES = 1 << 16, 1 << 30
   def __init__(self):
     self.free: dict[int, list[tuple[mmap.mmap, int]]] = {}
@@ -19,9 +23,10 @@ class MemoryPool:
     self.held -= nbytes
     return blocks.pop()
   def give(self, mem: mmap.mmap, addr: int) -> None:
-    if len(mem) < self.MIN_BYTES or self.held + len(mem) > self.MAX_BYTES: return  # dropped: unmapped by its own refcount
-    self.free.setdefault(len(mem), []).append((mem, addr))
-    self.held += len(mem)
+    nbytes = len(mem) - SPARE_BYTES
+    if nbytes < self.MIN_BYTES or self.held + nbytes > self.MAX_BYTES: return  # dropped: unmapped by its own refcount
+    self.free.setdefault(nbytes, []).append((mem, addr))
+    self.held += nbytes
 POOL = MemoryPool()
 
 HUGE_PAGE = 1 << 21
@@ -35,7 +40,7 @@ class CPUMemory:
   def __init__(self, nbytes: int):
     if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
     else:
-      self.mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+      self.mem = mmap.mmap(-1, nbytes + SPARE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
       if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"): self.mem.madvise(mmap.MADV_HUGEPAGE)
       self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
   def __del__(self):
@@ -86,4 +91,4 @@ class CPUProgram:
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):
-    super().__init__(name, CPUAllocator(), CStyleRenderer(), CPUCompiler(), CPUProgram)
+    super().__init__(name, CPUAllocator(), CStyleRenderer(SPARE_BYTES), CPUCompiler(), CPUProgram)
