@@ -1,6 +1,6 @@
 """Devices: the PYTHON emulator (the reference semantics), CPU and LLVM agree; copies between them;
 the compilers' disk caches; DEBUG=4 shows the source."""
-import importlib.util, mmap, os, pathlib, re, subprocess, sys
+import ctypes, importlib.util, mmap, os, pathlib, re, subprocess, sys
 import numpy as np
 import pytest
 from attograd import Tensor, GlobalCounters
@@ -130,19 +130,23 @@ def test_debug4_prints_source(tmp_path):
   assert len(re.findall(r"^void \w+\(", out, re.M)) == 2, out  # one function per kernel
 
 def test_cpu_memory_maps_spare_bytes_fresh_or_pooled(monkeypatch):
-  # kernels may read SPARE_BYTES past a buffer's end (codegen drops such reads' gates); the pool reuses a block for a
-  # buffer of the same size and counts what it holds without them (1 GiB of 64 MiB buffers is 16 blocks, as before)
+  # kernels may read SPARE_BYTES before and after a buffer (codegen drops such reads' gates); the pool reuses a block for
+  # a buffer of the same size and counts what it holds without them (1 GiB of 64 MiB buffers is 16 blocks)
   import attograd.runtime.ops_cpu as cpu
   monkeypatch.setattr(cpu, "POOL", cpu.MemoryPool())
-  assert cpu.SPARE_BYTES > 0
+  before, after = cpu.SPARE_BYTES
+  assert before > 0 and after > 0
   a = cpu.CPUMemory(1 << 20)
-  assert len(a.mem) == (1 << 20) + cpu.SPARE_BYTES
+  base = ctypes.addressof(ctypes.c_char.from_buffer(a.mem))
+  assert len(a.mem) == before + (1 << 20) + after and a.addr == base + before and a.addr % 64 == 0
+  a.data[:] = b"\1" * (1 << 20)  # the buffer's bytes are the middle of the mapping
+  assert bytes(a.mem[before - 1:before + 1]) == b"\0\1" and bytes(a.mem[before + (1 << 20) - 1:before + (1 << 20) + 1]) == b"\1\0"
   mem, addr = a.mem, a.addr
   del a
   b = cpu.CPUMemory(1 << 20)
   assert (b.mem, b.addr) == (mem, addr)
   pool = cpu.MemoryPool()
-  for _ in range(17): pool.give(mmap.mmap(-1, (64 << 20) + cpu.SPARE_BYTES), 0)
+  for _ in range(17): pool.give(mmap.mmap(-1, (64 << 20) + sum(cpu.SPARE_BYTES)), 0)
   assert sum(len(v) for v in pool.free.values()) == 16 and pool.held == 1 << 30 and pool.take(64 << 20) is not None
 
 # ***** LLVM: the casts C leaves undefined, threads, its disk cache *****

@@ -154,20 +154,23 @@ def test_heuristics_pad_a_conv_width_to_a_simd_loop():
   np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
 def test_reads_into_the_spare_bytes_lose_their_gate():
-  # a conv row padded to 32 reads up to 2 elements past the image's end; the CPU maps spare bytes after every buffer, so
-  # that read needs no gate (gcc's masked load kept the accumulators in memory). The image ends on a page boundary: a
-  # read past it without the spare bytes would fault. A read before the buffer (padding=1) keeps its gate
+  # a conv row padded to 32 reads up to 2 elements past the image's end, and a padded conv reads above its first row; the
+  # CPU maps spare bytes before and after every buffer, so those reads need no gate (gcc's masked load kept the
+  # accumulators in memory). The image ends on a page boundary: a read past it without the spare bytes would fault. A
+  # read further before the buffer than the spare bytes reach keeps its gate
   rng = np.random.default_rng(5)
   img, w = Tensor(rng.standard_normal((2, 4, 32, 32), dtype=np.float32)).realize(), Tensor(rng.standard_normal((16, 4, 3, 3), dtype=np.float32)).realize()
   def gated_image_reads(out: Tensor, renderer) -> int:
     ast = _ast(out)
     uops = to_program(ast, renderer, hand_coded_opts(ast, 1))[2]
     return sum(1 for u in uops if u.op is Ops.LOAD and len(u.src[0].src) == 3 and u.src[0].src[0].dtype.size == img.numel())
-  assert Device["CPU"].renderer.spare_bytes > 0
-  assert gated_image_reads(img.conv2d(w), CStyleRenderer()) > 0 and gated_image_reads(img.conv2d(w), Device["CPU"].renderer) == 0
-  assert gated_image_reads(img.conv2d(w, padding=1), Device["CPU"].renderer) > 0
-  torch = pytest.importorskip("torch")
+  before, after = Device["CPU"].renderer.spare_bytes
+  assert before >= 33 * 4 and after >= 2 * 4
   for pad in (0, 1):
+    assert gated_image_reads(img.conv2d(w, padding=pad), CStyleRenderer()) > 0 and gated_image_reads(img.conv2d(w, padding=pad), Device["CPU"].renderer) == 0
+  assert gated_image_reads(img.conv2d(w, padding=before // 4 // 32 + 2), Device["CPU"].renderer) > 0
+  torch = pytest.importorskip("torch")
+  for pad in (0, 1, 40):
     ref = torch.nn.functional.conv2d(torch.tensor(img.numpy()), torch.tensor(w.numpy()), padding=pad).numpy()
     np.testing.assert_allclose(img.conv2d(w, padding=pad).numpy(), ref, rtol=1e-5, atol=1e-5)
 

@@ -14,7 +14,7 @@ def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> t
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""
   sink = lower(add_gpudims(apply_opts(ast, opts or [], renderer.has_local), renderer))
   # gcc vectorizes a gated read as a masked load, and then keeps a loop nest's accumulators in memory
-  if renderer.spare_bytes: sink = graph_rewrite(sink, inbounds_load_spare, ctx=renderer.spare_bytes)
+  if any(renderer.spare_bytes): sink = graph_rewrite(sink, inbounds_load_spare, ctx=renderer.spare_bytes)
   if renderer.rewrites is not None: sink = graph_rewrite(sink, renderer.rewrites)
   uops = linearize(sink)
   name = kernel_name(uops)

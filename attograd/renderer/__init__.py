@@ -13,9 +13,9 @@ class Renderer:
   local_max: tuple[int, ...] = (1, 1, 1)
   workgroup_max: int = 1
   workgroup_pref: int = 1
-  # bytes after the end of every buffer that the device's allocator keeps mapped: a gated read whose address stays in
+  # bytes before and after every buffer that the device's allocator keeps mapped: a gated read whose address stays in
   # the buffer or in them needs no gate (uop/symbolic.py, ungate_load)
-  spare_bytes: int = 0
+  spare_bytes: tuple[int, int] = (0, 0)
   @property
   def has_local(self) -> bool: return self.global_max is not None  # work-groups sharing local memory (LOCAL, GROUP)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError

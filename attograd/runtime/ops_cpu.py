@@ -6,8 +6,10 @@ from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 
-# mapped after every buffer: a kernel may read them (and ignore what it read) where it would need a gated read (uop/symbolic.py ungate_load)
-SPARE_BYTES = 64
+# mapped before and after every buffer: a kernel may read them (and ignore what it read) where it would need a gated
+# read (uop/symbolic.py ungate_load). A page on each side covers a padded conv's reads above its first and below its
+# last row (rows of up to 1000 floats) and a row padded to a multiple of 16 floats
+SPARE_BYTES = (4096, 4096)
 
 class MemoryPool:
   """Big blocks of freed memory, kept for the next allocation of the same size. A fresh mapping costs a
@@ -23,7 +25,7 @@ class MemoryPool:
     self.held -= nbytes
     return blocks.pop()
   def give(self, mem: mmap.mmap, addr: int) -> None:
-    nbytes = len(mem) - SPARE_BYTES
+    nbytes = len(mem) - sum(SPARE_BYTES)
     if nbytes < self.MIN_BYTES or self.held + nbytes > self.MAX_BYTES: return  # dropped: unmapped by its own refcount
     self.free.setdefault(nbytes, []).append((mem, addr))
     self.held += nbytes
@@ -40,17 +42,21 @@ class CPUMemory:
   def __init__(self, nbytes: int):
     if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
     else:
-      self.mem = mmap.mmap(-1, nbytes + SPARE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+      self.mem = mmap.mmap(-1, nbytes + sum(SPARE_BYTES), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
       if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"): self.mem.madvise(mmap.MADV_HUGEPAGE)
-      self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+      self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem)) + SPARE_BYTES[0]
+  @property
+  def data(self) -> memoryview:
+    """The buffer's bytes, without the spare ones around them."""
+    return memoryview(self.mem)[SPARE_BYTES[0]:len(self.mem) - SPARE_BYTES[1]]
   def __del__(self):
     try: POOL.give(self.mem, self.addr)
     except Exception: pass  # interpreter shutdown: the pool may already be gone
 
 class CPUAllocator(Allocator):
   def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)
-  def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.mem[:src.nbytes] = src.cast("B")
-  def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.mem[:dest.nbytes]
+  def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.data[:src.nbytes] = src.cast("B")
+  def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
 
 def find_c_compiler() -> str:
   for cc in (os.getenv("CC"), "clang", "gcc", "cc"):

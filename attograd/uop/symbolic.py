@@ -264,13 +264,14 @@ gated_index = PatternMatcher([
   (UPat(Ops.WHERE, src=(UPat(Ops.AND, name="gate"), x, y)), lambda gate, x, y: None if (g := simplify_gate(gate)) is None else g.where(x, y)),
 ])
 
-def ungate_load(ld: UOp, i: UOp, buf: UOp, idx: UOp, spare_bytes: int = 0) -> UOp | None:
+def ungate_load(ld: UOp, i: UOp, buf: UOp, idx: UOp, spare_bytes: tuple[int, int] = (0, 0)) -> UOp | None:
   """A load whose address is in the buffer for every value of the loops needs no gate. What a gate hides is
   masked where it is used (a pad's WHERE, a padded reduce's identity, a gated store), so the gate only ever
   kept the read itself in bounds; a conv's gradient puts the image's pad gate on every weight read. On a device
-  that keeps `spare_bytes` mapped after every buffer, an address in them is as good (a conv's row padded to 32
-  reads 2 elements past the image)."""
-  if not idx.exact or idx.vmin < 0 or buf.dtype.size < 0 or idx.vmax >= buf.dtype.size + spare_bytes // buf.dtype.base.itemsize: return None
+  that keeps `spare_bytes` mapped before and after every buffer, an address in them is as good (a padded conv
+  reads above its first row; a conv's row padded to 32 reads 2 elements past the image)."""
+  before, after = (n // buf.dtype.base.itemsize for n in spare_bytes)
+  if not idx.exact or buf.dtype.size < 0 or idx.vmin < -before or idx.vmax >= buf.dtype.size + after: return None
   return ld.replace(src=(i.replace(src=(buf, idx)), *ld.src[1:]))
 
 gated_param_load = UPat(Ops.LOAD, src=(UPat(Ops.INDEX, src=(UPat(Ops.PARAM, name="buf"), UPat.var("idx"), UPat.var()), name="i"),),
