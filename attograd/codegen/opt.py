@@ -293,8 +293,10 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   # input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's
   # window leaves a plain loop over its outputs that gcc vectorizes (measured 5x)
   gates = [u.src[0].src[2].toposort for red in reds for u in red.src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+  # (only a reduce with no reduce inside it: written-out copies of a loop around another loop are not lowered)
+  innermost = {ax.index(r) for red in reds if not any(u.op is Ops.REDUCE for u in red.src[0].toposort) for r in red.src[1:] if r in ax}
   for k, r in reversed(list(enumerate(axes(ast)))):
-    if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(r in g for g in gates):
+    if k in innermost and r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in gates):
       ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
   if not tiled:
     for red in reds:
