@@ -241,3 +241,25 @@ def test_heuristics_write_out_a_conv_weight_gradient_window():
   dw = next(a for a in _conv_backward_asts() if [const_size(r) for r in global_ranges(a)] == [16, 8, 3, 3])
   opts = hand_coded_opts(dw, 1)
   assert opts[:3] == [Opt(OptOps.UPCAST, 2, 3), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 0, 4)], opts
+
+def test_heuristics_for_pooling_and_bias_gradients():
+  rng = np.random.default_rng(6)
+  x = Tensor(rng.standard_normal((4, 8, 26, 26), dtype=np.float32)).realize()
+  # a pool's 2x2 window is written out (a plain loop over outputs is left, which gcc vectorizes)
+  si = x.max_pool2d(2).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UNROLL, 5, 2), Opt(OptOps.UNROLL, 4, 2)], opts
+  np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
+  # a sum over batch x 26 x 26 (a conv's bias gradient): no 4 divides the innermost axis, so 2 accumulators from
+  # each axis outward, 8 in all
+  g = Tensor(rng.standard_normal((16, 8, 26, 26), dtype=np.float32)).realize()
+  si = g.sum((0, 2, 3)).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 2)], opts
+  np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
+  # an elementwise kernel that reads pooled[y//2, x//2] (a pool's gradient) is written out in steps of 2 along both
+  p = Tensor(rng.standard_normal((4, 8, 13, 13), dtype=np.float32)).realize()
+  si = (x * p.reshape(4, 8, 13, 1, 13, 1).expand(4, 8, 13, 2, 13, 2).reshape(4, 8, 26, 26)).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 2, 2)], opts
+  np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
