@@ -282,20 +282,3 @@ def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
   tx = torch.tensor(nx, requires_grad=True)
   torch.nn.functional.conv2d(tx, torch.tensor(nw)).relu().sum().backward()
   np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
-
-def test_heuristics_pad_a_floor_pool_gradient_to_its_divisor():
-  # max_pool2d on 11x11 (floor mode): the gradient reads pooled[x//2] under a gate; its 11 is padded to 12 and written
-  # out in pairs, so each copy's address is a plain offset
-  from attograd.schedule.schedule import create_schedule
-  from attograd.codegen.opt import global_ranges, const_size
-  torch = pytest.importorskip("torch")
-  na = np.random.default_rng(8).standard_normal((4, 8, 11, 11), dtype=np.float32)
-  nw = np.random.default_rng(9).standard_normal((4, 8, 5, 5), dtype=np.float32)
-  a = Tensor(na, requires_grad=True)
-  (a.relu().max_pool2d(2) * Tensor(nw)).sum().backward()
-  asts = [si.ast for si in create_schedule([a.grad.uop])[0] if si.ast.op is Ops.SINK]
-  ew = next(x for x in asts if [const_size(r) for r in global_ranges(x)] == [4, 8, 11, 11] and not any(u.op is Ops.REDUCE for u in x.toposort))
-  assert hand_coded_opts(ew, 1) == [Opt(OptOps.PADTO, 3, 12), Opt(OptOps.UPCAST, 3, 2)]
-  ta = torch.tensor(na, requires_grad=True)
-  (torch.nn.functional.max_pool2d(ta.relu(), 2) * torch.tensor(nw)).sum().backward()
-  np.testing.assert_array_equal(a.grad.numpy(), ta.grad.numpy())

@@ -322,10 +322,7 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
     divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
                    and u.src[0].arg[1] == "global" and u.src[1].op is Ops.CONST}, reverse=True)
     for k, c in divs:
-      if not (2 <= c <= 8 and copies(ast) * c <= 16 and (size := const_size(axes(ast)[k]) or 0) >= c): continue
-      # the innermost axis is padded to a multiple when that adds at most 1/8 (a floor-mode pool's 11 -> 12, measured 1.5x)
-      if size % c and k == glob[-1] and (padded := -(-size // c) * c) - size <= size // 8: ast = _try(ast, opts, Opt(OptOps.PADTO, k, padded))
-      if (const_size(axes(ast)[k]) or 0) % c == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, k, c))
+      if 2 <= c <= 8 and (const_size(axes(ast)[k]) or 0) % c == 0 and copies(ast) * c <= 16: ast = _try(ast, opts, Opt(OptOps.UPCAST, k, c))
   if threads >= 2 and work >= 1 << 16:  # below that, a launch on another core costs more than it saves
     # a big kernel is cut in 4 slices per core, which the cores take as they come free (engine/realize.py):
     # on a machine shared with other work, a core that another process holds back leaves its slices to the rest
