@@ -282,3 +282,18 @@ def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
   tx = torch.tensor(nx, requires_grad=True)
   torch.nn.functional.conv2d(tx, torch.tensor(nw)).relu().sum().backward()
   np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+def test_heuristics_split_a_conv_weight_gradient_along_the_image_rows():
+  # conv1 of the MNIST example: dW (8, 1, 3, 3) summed over a 26-wide image: 2 partial sums along the rows too
+  from attograd.schedule.schedule import create_schedule
+  from attograd.codegen.opt import global_ranges, const_size
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(10)
+  nx, nw = rng.standard_normal((4, 1, 28, 28), dtype=np.float32), rng.standard_normal((8, 1, 3, 3), dtype=np.float32)
+  x, w = Tensor(nx), Tensor(nw, requires_grad=True)
+  x.conv2d(w).relu().sum().backward()
+  dw = next(si.ast for si in create_schedule([w.grad.uop])[0] if si.ast.op is Ops.SINK and [const_size(r) for r in global_ranges(si.ast)] == [8, 3, 3])
+  assert Opt(OptOps.UPCAST, 5, 2) in hand_coded_opts(dw, 1)
+  tw = torch.tensor(nw, requires_grad=True)
+  torch.nn.functional.conv2d(torch.tensor(nx), tw).relu().sum().backward()
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
