@@ -54,7 +54,7 @@ TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN}
 
 def realize_points(sink: UOp) -> dict[UOp, None]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, and a
-  reduce that would be recomputed for every element of an expand (softmax's x - x.max())."""
+  reduce that would be recomputed for every element of an expand (softmax's x - x.max()), and so an exp, log or sin."""
   points: dict[UOp, None] = {}
   for t in sink.src:
     if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = None
