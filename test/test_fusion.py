@@ -143,3 +143,16 @@ def test_conv_backward_reads_its_output_gradient_from_one_buffer():
   tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (nx, nw, nb))
   torch.nn.functional.max_pool2d(torch.nn.functional.conv2d(tx, tw, tb).relu(), 2).sum().backward()
   for ours, theirs in ((x, tx), (w, tw), (b, tb)): np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), atol=1e-4, rtol=1e-4)
+
+def test_exp_broadcast_into_a_matmul_is_computed_once():
+  # exp(a) @ b would redo each exp once per output column tile: the exp gets its own kernel, the matmul reads it
+  from attograd.uop.ops import Ops
+  from attograd.schedule.schedule import create_schedule
+  na, nb = rand(16, 10), rand(10, 40)
+  a, b = tensors(na, nb)
+  t = a.exp() @ b
+  mm = create_schedule([t.uop])[0][-1].ast
+  assert not any(u.op is Ops.EXP2 for u in mm.toposort), "the matmul recomputes the exp"
+  check(t, np.exp(na) @ nb, 2, atol=1e-4)
+  # an exp that is not broadcast stays fused
+  check((a.exp() * 2).sum(1), (np.exp(na) * 2).sum(1), 1, atol=1e-4)

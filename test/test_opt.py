@@ -263,3 +263,59 @@ def test_heuristics_write_out_a_conv_weight_gradient_window():
   dw = next(a for a in _conv_backward_asts() if [const_size(r) for r in global_ranges(a)] == [16, 8, 3, 3])
   opts = hand_coded_opts(dw, 1)
   assert opts[:3] == [Opt(OptOps.UPCAST, 2, 3), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 0, 4)], opts
+
+def test_heuristics_for_pooling_and_bias_gradients():
+  rng = np.random.default_rng(6)
+  x = Tensor(rng.standard_normal((4, 8, 26, 26), dtype=np.float32)).realize()
+  # a pool's 2x2 window is written out (a plain loop over outputs is left, which gcc vectorizes)
+  si = x.max_pool2d(2).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UNROLL, 5, 2), Opt(OptOps.UNROLL, 4, 2)], opts
+  np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
+  # a sum over batch x 26 x 26 (a conv's bias gradient): no 4 divides the innermost axis, so 2 accumulators from
+  # each axis outward, 8 in all
+  g = Tensor(rng.standard_normal((16, 8, 26, 26), dtype=np.float32)).realize()
+  si = g.sum((0, 2, 3)).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 2)], opts
+  np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
+  # an elementwise kernel that reads pooled[y//2, x//2] (a pool's gradient) is written out in steps of 2 along both
+  p = Tensor(rng.standard_normal((4, 8, 13, 13), dtype=np.float32)).realize()
+  si = (x * p.reshape(4, 8, 13, 1, 13, 1).expand(4, 8, 13, 2, 13, 2).reshape(4, 8, 26, 26)).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 2, 2)], opts
+  np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
+
+def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
+  # a conv's input gradient (13 wide) reads the output gradient under the window's gate: padded to 16 and run as a SIMD
+  # loop, with 8 input channels written out, and the channels summed in a loop of their own inside each window position
+  # (the gate tested once per sum, not once per multiply-add)
+  from attograd.codegen.lower import lower
+  from attograd.codegen.opt import apply_opts
+  dx = next(a for a in _conv_backward_asts() if any(u.op is Ops.INDEX and len(u.src) == 3 for u in a.toposort))
+  opts = hand_coded_opts(dx, 1)
+  assert opts[:3] == [Opt(OptOps.PADTO, 3, 16), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)], opts
+  assert sum(u.op is Ops.DEFINE_REG for u in lower(apply_opts(dx, opts)).toposort) == 2  # window sums, channel sums
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(7)
+  nx, nw = rng.standard_normal((16, 8, 13, 13), dtype=np.float32), rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+  x, w = Tensor(nx, requires_grad=True), Tensor(nw, requires_grad=True)
+  x.conv2d(w).relu().sum().backward()
+  tx = torch.tensor(nx, requires_grad=True)
+  torch.nn.functional.conv2d(tx, torch.tensor(nw)).relu().sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+def test_heuristics_split_a_conv_weight_gradient_along_the_image_rows():
+  # conv1 of the MNIST example: dW (8, 1, 3, 3) summed over a 26-wide image: 2 partial sums along the rows too
+  from attograd.schedule.schedule import create_schedule
+  from attograd.codegen.opt import global_ranges, const_size
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(10)
+  nx, nw = rng.standard_normal((4, 1, 28, 28), dtype=np.float32), rng.standard_normal((8, 1, 3, 3), dtype=np.float32)
+  x, w = Tensor(nx), Tensor(nw, requires_grad=True)
+  x.conv2d(w).relu().sum().backward()
+  dw = next(si.ast for si in create_schedule([w.grad.uop])[0] if si.ast.op is Ops.SINK and [const_size(r) for r in global_ranges(si.ast)] == [8, 3, 3])
+  assert Opt(OptOps.UPCAST, 5, 2) in hand_coded_opts(dw, 1)
+  tw = torch.tensor(nw, requires_grad=True)
+  torch.nn.functional.conv2d(torch.tensor(nx), tw).relu().sum().backward()
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)

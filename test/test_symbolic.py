@@ -28,6 +28,15 @@ def simp(u): return u.simplify().render()
 ])
 def test_index_patterns(expr, want): assert simp(expr) == want
 
+def test_divmod_by_a_multiple_of_a_coefficient():
+  # a permuted pool window's index: (y + 26*x)//52 with y in [0, 26) is x//2 (the 26 divides 52, y never carries)
+  y, x = UOp(Ops.RANGE, I32, (c(26),), (5, "global")), UOp(Ops.RANGE, I32, (c(26),), (6, "global"))
+  assert simp((y + x * 26) // 52) == "(r6/2)"
+  assert simp((y + x * 26) % 52) == "(((r6%2)*26)+r5)"
+  assert simp((y * 2 + x * 52 + 1) // 104) == "(r6/2)"
+  # y in [0, 26) no longer fits under the 13 that divides 26: nothing to take out
+  assert "r5" in simp((y + x * 13) // 26)
+
 @pytest.mark.parametrize("expr, want", [
   (c(2) + c(3) * 4, "14"), (c(7) // 2, "3"), (c(-7) // 2, "-3"), (c(7) // -2, "-3"), (c(-7) % 2, "-1"),
   (c(7) % -2, "1"), (c(-7) % -2, "-1"), (c(3) - c(5), "-2"), (c(3).maximum(c(-5)), "3"), (-c(4), "-4"),

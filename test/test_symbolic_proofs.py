@@ -96,6 +96,9 @@ def divmod_samples():
       yield x // c(d, dt)
       yield x % c(d, dt)
   yield rng(0, 96) // 12 + (rng(0, 96) % 12) * 100
+  # a common factor of the divisor and some coefficients, the other terms below it (a permuted window's index)
+  y, x = rng(2, 26), rng(3, 26)
+  for e in (y + x * 26, y * 2 + x * 52 + 1, y + x * 13, b + x * 26): yield e // c(52); yield e % c(52)
 
 def all_samples() -> list[UOp]:
   out = []

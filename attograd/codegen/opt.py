@@ -268,39 +268,65 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
       cap = MAX_COPIES
+      gated_along_j = any(ax[j] in u.src[0].src[2].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3)
       if (const_size(ax[j]) or 99) <= 4:
         # a small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input
         # doesn't read along is written out whole, so each value loaded (and whatever is fused into it, a relu's
         # gradient) feeds all of the window; scalar accumulators, so fewer of the other axis (measured: 4 x 3x3)
         for g in glob:
           if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): ast = _try(ast, opts, Opt(OptOps.UPCAST, g, const_size(ax[g])))
+        # and 2 partial sums along the innermost reduce axis (the image's rows) where it splits, in place of half the
+        # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
+        inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
+        if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, inner, 2))
         cap = 36
-      elif (n := const_size(ax[j]) or 0) % 8 and (padded := -(-n // 16) * 16) - n <= n // 8:
+      elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j):
         # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
-        # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop
+        # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
+        # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
+        # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
         if padded != n: ast = _try(ast, opts, Opt(OptOps.PADTO, j, padded))
         ast = _try(ast, opts, Opt(OptOps.SIMD, j, 16))
       elif (aj := _largest(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, j, aj))
       ai = _largest(const_size(axes(ast)[i]), tuple(a for a in (8, 4, 2) if copies(ast) * a <= cap))
       if ai is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, i, ai))
       tiled = True
-      # a small window (3x3) is written out from its innermost axis, unless reads along it are gated (a conv's input
-      # gradient, padded): then each copy tests its own gate, measured slower than the loop
-      gates = [u.src[0].src[2].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
-      for k, r in reversed(list(enumerate(axes(ast)))):
-        if r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(r in g for g in gates):
-          ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
       if len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20:
         # a big matmul: the loop over column panels goes outside the rows loop, and each panel (k rows
         # of the tile's width) is packed once, so every row block streams it contiguously from cache
         ast = _try(ast, opts, Opt(OptOps.SWAP, i, j), Opt(OptOps.PACK, i, 0))
+  # a small window (3x3, a pool's 2x2) is written out from its innermost axis, unless reads along it are gated (a conv's
+  # input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's
+  # window leaves a plain loop over its outputs that gcc vectorizes (measured 5x)
+  gates = [u.src[0].src[2].toposort for red in reds for u in red.src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+  # (only a reduce with no reduce inside it: written-out copies of a loop around another loop are not lowered)
+  innermost = {ax.index(r) for red in reds if not any(u.op is Ops.REDUCE for u in red.src[0].toposort) for r in red.src[1:] if r in ax}
+  for k, r in reversed(list(enumerate(axes(ast)))):
+    if k in innermost and r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in gates):
+      ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
   if not tiled:
     for red in reds:
       if not (red.arg in (Ops.ADD, Ops.MAX) and dtypes.is_float(red.dtype)): continue
-      inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
-      if inner is not None and (a := _largest(const_size(inner), (16, 8, 4))) is not None:
-        ast = _try(ast, opts, Opt(OptOps.UPCAST, axes(ast).index(inner), a))
+      # partial accumulators: 16 (a SIMD register) from the innermost reduce axis when they divide it; else factors of the
+      # axes from the innermost outward, up to 8, so the adds don't wait on each other (a conv's bias gradient over
+      # batch x 26 x 26: 2x2x2, measured 7x)
+      rs = [ax.index(r) for r in sorted((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, reverse=True)]
+      if rs and (a := _largest(const_size(axes(ast)[rs[0]]), (16, 8, 4))) is not None:
+        ast = _try(ast, opts, Opt(OptOps.UPCAST, rs[0], a)); continue
+      lanes = 1
+      for k in rs:
+        if (a := _largest(const_size(axes(ast)[k]), tuple(a for a in (8, 4, 2) if lanes * a <= 8))) is None: continue
+        n = len(opts)
+        ast = _try(ast, opts, Opt(OptOps.UPCAST, k, a))
+        if len(opts) > n: lanes *= a
+    # an output axis that an index divides (a pool's gradient reads pooled[x//2]): written out in steps of the divisor,
+    # each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient)
+    cur = axes(ast)
+    divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
+                   and u.src[0].arg[1] == "global" and u.src[1].op is Ops.CONST}, reverse=True)
+    for k, c in divs:
+      if 2 <= c <= 8 and (const_size(axes(ast)[k]) or 0) % c == 0 and copies(ast) * c <= 16: ast = _try(ast, opts, Opt(OptOps.UPCAST, k, c))
   if threads >= 2 and work >= 1 << 16:  # below that, a launch on another core costs more than it saves
     # a big kernel is cut in 4 slices per core, which the cores take as they come free (engine/realize.py):
     # on a machine shared with other work, a core that another process holds back leaves its slices to the rest

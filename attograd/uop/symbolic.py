@@ -98,11 +98,22 @@ def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
   if x.vmin >= 0 and x.vmax < cv: return x if d.op is Ops.MOD else x.const_like(0)
   if x.vmin >= 0 and x.vmin // cv == x.vmax // cv and d.op is Ops.IDIV: return x.const_like(x.vmin // cv)
   terms, const = split_terms(x)
-  if all(0 <= k < cv for _, k in terms) and 0 <= const < cv: return None
+  if all(0 <= k < cv for _, k in terms) and 0 <= const < cv: return common_factor(x, terms, const, cv, d)
   rest = build_sum(x.dtype, [(n, k % cv) for n, k in terms], const % cv)
   if x.vmin < 0 or rest.vmin < 0 or not (x.exact and rest.exact): return None
   if d.op is Ops.MOD: return UOp(Ops.MOD, x.dtype, (rest, c))
   return build_sum(x.dtype, [(n, k // cv) for n, k in terms] + [(UOp(Ops.IDIV, x.dtype, (rest, c)), 1)], const // cv)
+
+def common_factor(x: UOp, terms: list[tuple[UOp, int]], const: int, cv: int, d: UOp) -> UOp | None:
+  """x = g*B + S with g dividing c, B >= 0 and S in [0, g): x//c = B//(c/g) and x%c = (B%(c/g))*g + S. A permuted
+  window's (y + 26*x)//52 is x//2 when y < 26."""
+  for g in sorted({math.gcd(k, cv) for _, k in terms} - {1}, reverse=True):
+    big = build_sum(x.dtype, [(n, k // g) for n, k in terms if k % g == 0], const // g)
+    small = build_sum(x.dtype, [(n, k) for n, k in terms if k % g], const % g)
+    if not (big.exact and small.exact) or big.vmin < 0 or small.vmin < 0 or small.vmax >= g: continue
+    if d.op is Ops.IDIV: return UOp(Ops.IDIV, x.dtype, (big, UOp.const(x.dtype, cv // g)))
+    return UOp(Ops.MOD, x.dtype, (big, UOp.const(x.dtype, cv // g))) * g + small
+  return None
 
 def balanced_split(y: UOp, c: int) -> tuple[UOp, UOp]:
   """y = c*Q + R with each coefficient's remainder in (-c/2, c/2]: kk*13 + p over 14 is 14*kk + (p - kk).
