@@ -194,7 +194,7 @@ def test_z3_model_matches_sym_infer(dt):
              y: rnd.choice([0, -1 if dt != U8 else 1, dtypes.min(dt), rnd.randint(dtypes.min(dt), dtypes.max(dt))])}
       m = Z3Model()
       ze = m(e); m(x); m(y)
-      s = z3.Solver(); s.add(m.cache[x] == env[x], m.cache[y] == env[y]); assert s.check() == z3.sat
+      s = z3.Solver(ctx=m.ctx); s.add(m.cache[x] == env[x], m.cache[y] == env[y]); assert s.check() == z3.sat
       assert m.value(ze, e.dtype, s.model()) == sym_infer(e, env), f"{e.render()} at {env}"
 
 # ***** multiply-shift division: the whole int32 range, and int64 as wide as a 64-bit product allows *****
