@@ -84,29 +84,38 @@ _EXP_POLY = {dtypes.float32: (1.0, 1.0, 0.4999999403953552, 0.1666652113199234, 
 _EXP = {dtypes.float32: ((-104.0, 89.0), _ln2_split(16), 127, 23, dtypes.int32),
         dtypes.float64: ((-746.0, 710.0), _ln2_split(32), 1023, 52, dtypes.int64)}
 
+def _bits(v: float, dt) -> int:
+  fmt = {dtypes.float32: ("<f", "<i", "<I"), dtypes.float64: ("<d", "<q", "<Q")}[dt]
+  return struct.unpack(fmt[1] if v >= 0 else fmt[2], struct.pack(fmt[0], v))[0]
+
 def exp(x: UOp) -> UOp:
   """e**x = 2**n * e**r with n = round(x/ln2) and r = x - n*ln2 (ln2 in two parts, so r is exact up to the small
-  part's rounding). Branch-free and with no call, so a CPU loop around it vectorizes. The clamp passes NaN through;
-  inf and -inf become the bounds, which give inf and 0."""
+  part's rounding). Branch-free and with no call, so a CPU loop around it vectorizes."""
   dt = x.dtype
   (lo, hi), (ln2_hi, ln2_lo), bias, mbits, idt = _EXP[dt]
-  x = (x < lo).where(lo, (x.const_like(hi) < x).where(hi, x))
+  udt = {dtypes.int32: dtypes.uint32, dtypes.int64: dtypes.uint64}[idt]
+  # the clamp as integer minimums of the bits (past lo, a negative float's bits are the larger unsigned number; past
+  # hi, a positive float's are the larger signed one): a float compare-and-select per side costs gcc's AVX-512 code
+  # four mask instructions. inf and -inf become the bounds, which give inf and 0; NaN is put back at the end
+  u = x.bitcast(udt)
+  u = (u < _bits(lo, dt)).where(u, u.const_like(_bits(lo, dt))).bitcast(idt)
+  c = (u < _bits(hi, dt)).where(u, u.const_like(_bits(hi, dt))).bitcast(dt)
   # n = round(x/ln2) as floor(x/ln2 + 0.5), a trunc of a positive number (the clamp bounds it), and as an integer from
   # the low mantissa bits after adding 1.5*2**mbits. Rounding by adding and subtracting that constant would save the
-  # trunc, but shader compilers (WGSL's) fold (y + c) - c to y
+  # trunc, but shader compilers (WGSL's) fold (y + k) - k to y
   off = 2.0 ** math.ceil(math.log2(-lo / math.log(2)))
-  m = (x * (1 / math.log(2)) + (off + 0.5)).alu(Ops.TRUNC)
+  m = c.alu(Ops.MULACC, 1 / math.log(2), off + 0.5).alu(Ops.TRUNC)
   n = m - off
-  r = (x - n * ln2_hi) - n * ln2_lo
+  # c - n*ln2_hi is exact (n*ln2_hi has few bits and is close to c): a fused multiply-add rounds only its last step
+  r = n.alu(Ops.MULACC, -ln2_lo, n.alu(Ops.MULACC, -ln2_hi, c))
   coeffs = _EXP_POLY[dt]
   p = x.const_like(coeffs[-1])
   for k in reversed(coeffs[:-1]): p = p.alu(Ops.MULACC, r, k)
-  fmt = ("<d", "<q") if dt == dtypes.float64 else ("<f", "<i")
   magic = 1.5 * 2.0 ** mbits
-  ni = (m + magic).bitcast(idt) - (struct.unpack(fmt[1], struct.pack(fmt[0], magic))[0] + int(off))
-  # 2**n in two factors: each stays a normal float where 2**n alone would not, so subnormal results round once
+  ni = (m + magic).bitcast(idt) - (_bits(magic, dt) + int(off))
+  # 2**n in two factors: each stays a normal float where 2**n alone would not, so a subnormal result rounds once
   n1 = ni >> 1
   scale = lambda k: ((k + bias) << mbits).bitcast(dt)
-  return p * scale(n1) * scale(ni - n1)
+  return x.ne(x).where(x, p * scale(n1) * scale(ni - n1))
 
 exp_math = PatternMatcher([(UPat(Ops.EXP, dtype=(dtypes.float32, dtypes.float64), src=(UPat.var("x"),)), exp)])
