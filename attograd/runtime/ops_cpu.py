@@ -24,13 +24,19 @@ class MemoryPool:
     self.held += len(mem)
 POOL = MemoryPool()
 
+HUGE_PAGE = 1 << 21
+
 class CPUMemory:
-  """Page-aligned memory that kernels may vectorize over, and its address (zero-filled when fresh)."""
+  """Page-aligned memory that kernels may vectorize over, and its address (zero-filled when fresh).
+  Private, not shared: only private anonymous memory can be backed by 2 MiB pages (the kernel's transparent
+  huge pages, asked for with madvise as numpy does). With 4 KiB pages a stream over 64 MiB spends half its
+  time in TLB misses (sum of 16M floats, one core: 4.3 vs 2.2 ms) and first touch costs 3x more."""
   __slots__ = ("mem", "addr")
   def __init__(self, nbytes: int):
     if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
     else:
-      self.mem = mmap.mmap(-1, nbytes)
+      self.mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+      if nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"): self.mem.madvise(mmap.MADV_HUGEPAGE)
       self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
   def __del__(self):
     try: POOL.give(self.mem, self.addr)
