@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attograd import Tensor, dtypes
-from helpers import DEVICES, check, compare, grad_check, expect_refusal
+from helpers import DEVICES, check, compare, grad_check
 
 pytestmark = pytest.mark.parametrize("device", DEVICES)
 f32, f16, f64, i32, i64 = dtypes.float32, dtypes.float16, dtypes.float64, dtypes.int32, dtypes.int64

@@ -5,7 +5,7 @@ of the correctly rounded result (sin: for |x| < 2**20 * pi/2, where the three-pa
 from __future__ import annotations
 import math, struct
 from decimal import Decimal, localcontext
-from attograd.dtype import dtypes
+from attograd.dtype import DType, dtypes
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import UPat, PatternMatcher
 
@@ -84,7 +84,7 @@ _EXP_POLY = {dtypes.float32: (1.0, 1.0, 0.4999999403953552, 0.1666652113199234, 
 _EXP = {dtypes.float32: ((-104.0, 89.0), _ln2_split(16), 127, 23, dtypes.int32),
         dtypes.float64: ((-746.0, 710.0), _ln2_split(32), 1023, 52, dtypes.int64)}
 
-def _bits(v: float, dt) -> int:
+def _bits(v: float, dt: DType) -> int:
   fmt = {dtypes.float32: ("<f", "<i", "<I"), dtypes.float64: ("<d", "<q", "<Q")}[dt]
   return struct.unpack(fmt[1] if v >= 0 else fmt[2], struct.pack(fmt[0], v))[0]
 
