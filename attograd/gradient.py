@@ -45,6 +45,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0])),
   (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / ret.src[1], -ctx * ret / ret.src[1])),
   (UPat(Ops.NEG, name="ret"), lambda ctx, ret: (-ctx,)),
+  (UPat(Ops.EXP, name="ret"), lambda ctx, ret: (ctx * ret,)),
   (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * ret * _c(ctx, math.log(2)),)),
   (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _c(ctx, math.log(2))),)),
   (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * (_c(ctx, math.pi / 2) - ret.src[0]).alu(Ops.SIN),)),

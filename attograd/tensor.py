@@ -820,7 +820,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def softmax(self, axis: int = -1) -> Tensor:
     x = self._float_unary()  # ints first: x - max would wrap for unsigned ones
     e = (x - x.max(axis, keepdim=True)).exp()
-    return e / e.sum(axis, keepdim=True)
+    return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
   def log_softmax(self, axis: int = -1) -> Tensor:
     x = self._float_unary()
     m = x - x.max(axis, keepdim=True)

@@ -66,7 +66,13 @@ def test_refuses_dtypes_the_adapter_lacks():
   to_program(_ast(Tensor([1, 2], dtype=dtypes.int8, device="PYTHON") + 1), plain)  # packed in words: fine anywhere
 
 def test_refuses_float64_transcendentals():
-  with pytest.raises(TypeError, match="exp2 in float64"): W(np.ones(3)).exp().numpy()
+  with pytest.raises(TypeError, match="exp2 in float64"): W(np.ones(3)).exp2().numpy()
+  with pytest.raises(TypeError, match="log2 in float64"): W(np.ones(3)).log().numpy()
+
+def test_float64_exp():
+  """exp is arithmetic (uop/mathlib.py), so float64 exp runs where float64 exp2 is refused."""
+  x = np.array([-800.0, -700.0, -1.5, 0.0, 1e-10, 2.5, 700.0, 710.0, np.inf, -np.inf, np.nan])
+  with np.errstate(over="ignore"): np.testing.assert_allclose(W(x).exp().numpy(), np.exp(x), rtol=3e-16, atol=0)
 
 def test_symbolic_size_goes_through_the_uniform():
   """A kernel over a Variable-sized axis: its value reaches the shader and the launch size."""

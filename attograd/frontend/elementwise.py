@@ -5,8 +5,7 @@ The transcendental functions without a primitive (erf, asin, atan, ...) are poly
 coefficients were fitted for this file (least squares on Chebyshev nodes against float64 references,
 then checked in float32 arithmetic); the maximum errors measured are noted next to each table."""
 from __future__ import annotations
-import math, struct
-from decimal import Decimal, localcontext
+import math
 from typing import Sequence
 from attograd.dtype import dtypes
 from attograd.helpers import prod
@@ -27,18 +26,6 @@ _ATAN = (-0.03796789009712781, 0.0699366364327311, -0.08997352472192058, 0.11104
          0.19999994285167955, -0.33333333292895584, 0.999999999999708)
 _TAN_PI_8 = math.sqrt(2) - 1
 
-def _ln2_split(bits: int) -> tuple[float, float]:
-  """ln 2 = hi + lo with hi holding `bits` fractional bits (so n*hi is exact for small integers n) and lo the rest,
-  both correctly rounded from a 50-digit ln 2."""
-  with localcontext() as c:
-    c.prec = 50
-    ln2 = Decimal(2).ln()
-    hi = float(ln2 * 2 ** bits // 1) / 2 ** bits
-    return hi, float(ln2 - Decimal(hi))
-# exp by Cody-Waite reduction, per dtype: (clamp range for the exponent, ln2 hi/lo, exponent bias, mantissa bits, int dtype).
-# The clamp bounds lie past overflow and past the smallest denormal, so n always fits the split exponent below.
-_EXP = {dtypes.float32: ((-104.0, 89.0), _ln2_split(16), 127, 23, dtypes.int32),
-        dtypes.float64: ((-746.0, 710.0), _ln2_split(32), 1023, 52, dtypes.int64)}
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
 
 def _cubic_weights(t: float, a: float = -0.75) -> tuple[float, float, float, float]:
@@ -71,24 +58,8 @@ class ElementwiseOps:
 
   # ***** math *****
   def exp(self):
-    """e**x as exp2(n) * exp2(r * log2(e)) with n an integer near x*log2(e) and r = x - n*ln2 computed in two exact-ish
-    steps (Cody-Waite). exp2(x*log2(e)) alone loses the rounding error of the product, amplified by |x| (2.6e-6 at x=77).
-    n comes from the detached, clamped x, so inf/-inf/nan flow through r alone and the gradient is exp(x) through r.
-    2**n is built from exponent bits in two halves, so neither half overflows or goes denormal before the last product."""
-    x = self._float_unary()
-    if x.dtype not in _EXP: return x.cast(dtypes.float32).exp().cast(x.dtype)  # float16/bfloat16: once rounded from float32
-    (lo, hi), (ln2_hi, ln2_lo), bias, mbits, idt = _EXP[x.dtype]
-    xd = x.detach()
-    xc = (xd < hi).where((xd > lo).where(xd, lo), hi)  # nan -> hi: harmless, r carries the nan
-    n = (xc * (1 / math.log(2))).trunc()
-    f = ((x - n * ln2_hi) - n * ln2_lo) * (1 / math.log(2))
-    n1 = (n * 0.5).trunc()
-    # 2**k from exponent bits. k is an integer-valued float: adding 1.5*2**mbits puts k in the low mantissa bits
-    # (read by a bitcast), a float -> int cast would take the checked conversion that doesn't vectorize
-    magic = 1.5 * 2.0 ** mbits
-    magic_bits = struct.unpack("<q" if idt == dtypes.int64 else "<i", struct.pack("<d" if idt == dtypes.int64 else "<f", magic))[0]
-    scale = lambda k: ((k + (magic + bias)).bitcast(idt) - magic_bits)._logic(Ops.SHL, mbits).bitcast(x.dtype)
-    return (f.exp2() * scale(n1)) * scale(n - n1)
+    """e**x as one EXP node: codegen expands it into a range reduction and a polynomial (uop/mathlib.py), within 1 ulp."""
+    return self._float_unary()._alu(Ops.EXP)
   def _exp_neg_square(self):
     """exp(-x*x) without the rounding of x*x (which costs up to 4e-6 relative at x = 9): x*x = h*h + (x-h)*(x+h) with h = x
     rounded to 8 fractional bits, so h*h is exact for |x| < 16."""

@@ -50,7 +50,7 @@ def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
   if any(i in reduced for i in varies): return False
   return all(i in reduced or i > max(varies, default=-1) for i in broadcast)
 
-TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN}
+TRANSCENDENTAL = {Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN}
 
 def realize_points(sink: UOp) -> dict[UOp, None]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, and a

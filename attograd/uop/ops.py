@@ -15,7 +15,8 @@ class Ops(Enum):
   REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
   BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
-  NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
+  # EXP (e**x) is a primitive so the graph holds one node and its derivative is itself; codegen expands it (uop/mathlib.py)
+  NEG = auto(); EXP = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
   CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
   WHERE = auto(); MULACC = auto(); CAST = auto(); BITCAST = auto()
@@ -30,7 +31,7 @@ class Ops(Enum):
   __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow Python on the hot path
 
 class GroupOp:
-  Unary = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
+  Unary = {Ops.NEG, Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
   Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
             Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
   Ternary = {Ops.WHERE, Ops.MULACC}
@@ -56,6 +57,9 @@ def _safe(f: Callable[[float], float]) -> Callable[[float], float]:
 def _exp2(x: float) -> float:
   try: return 2.0 ** x
   except OverflowError: return math.inf
+def _exp(x: float) -> float:
+  try: return math.exp(x)
+  except OverflowError: return math.inf
 def _log2(x: float) -> float: return -math.inf if x == 0 else math.nan if x < 0 or math.isnan(x) else math.log2(x)
 def _sqrt(x: float) -> float: return math.nan if x < 0 or math.isnan(x) else math.sqrt(x)
 def _recip(x: float) -> float: return (math.copysign(math.inf, x) if x == 0 else 1.0 / x)
@@ -66,7 +70,7 @@ def _trunc(x: float) -> float: return x if math.isinf(x) or math.isnan(x) else f
 def _max(a: Any, b: Any) -> Any: return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
 
 python_alu: dict[Ops, Callable[..., Any]] = {
-  Ops.NEG: operator.neg, Ops.EXP2: _exp2, Ops.LOG2: _log2, Ops.SIN: _safe(math.sin), Ops.SQRT: _sqrt,
+  Ops.NEG: operator.neg, Ops.EXP: _exp, Ops.EXP2: _exp2, Ops.LOG2: _log2, Ops.SIN: _safe(math.sin), Ops.SQRT: _sqrt,
   Ops.RECIP: _recip, Ops.TRUNC: _trunc,
   Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _cdiv, Ops.MOD: _cmod,
   Ops.MAX: _max, Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
