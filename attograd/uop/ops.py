@@ -247,13 +247,21 @@ class UOp(metaclass=UOpMeta):
   __hash__ = object.__hash__
 
   # ***** symbolic integers *****
+  def _memo(self, key: str, compute: Callable[[UOp], Any]) -> Any:
+    """compute(u), kept in u.__dict__[key], for this node and every node below it that hasn't it yet, children
+    first. Iterative (graphs can be deeper than Python's recursion limit), and it stops where the value is known."""
+    if key not in self.__dict__:
+      stack: list[tuple[UOp, bool]] = [(self, False)]
+      while stack:
+        node, expanded = stack.pop()
+        if key in node.__dict__: continue
+        if expanded: node.__dict__[key] = compute(node)
+        else:
+          stack.append((node, True))
+          stack.extend((s, False) for s in node.src if key not in s.__dict__)
+    return self.__dict__[key]
   @property
-  def bounds(self) -> tuple[ConstType, ConstType]:
-    if "_range" not in self.__dict__:
-      # children first and iteratively: graphs can be deeper than Python's recursion limit
-      for u in self.toposort:
-        if "_range" not in u.__dict__: u.__dict__["_range"] = _range_info(u)
-    return self.__dict__["_range"][:2]
+  def bounds(self) -> tuple[ConstType, ConstType]: return self._memo("_range", _range_info)[:2]
   @property
   def vmin(self) -> ConstType: return self.bounds[0]
   @property
@@ -262,8 +270,7 @@ class UOp(metaclass=UOpMeta):
   def exact(self) -> bool:
     """No integer operation in this expression wraps around, for any value in bounds: rules that
     reason about magnitudes (division, comparisons) may only use expressions that are exact."""
-    self.bounds
-    return self.__dict__["_range"][2]
+    return self._memo("_range", _range_info)[2]
   simplifier: Callable[[UOp], UOp] | None = None  # installed by uop.symbolic (ops must not import it)
   def simplify(self) -> UOp:
     assert UOp.simplifier is not None, "import attograd.uop to install the symbolic rules"
@@ -276,14 +283,7 @@ class UOp(metaclass=UOpMeta):
   @property
   def live_ranges(self) -> frozenset[UOp]:
     """The loops this node lives in: RANGEs it depends on, less those closed by an END it depends on."""
-    if "_live" not in self.__dict__:
-      for u in self.toposort:
-        if "_live" in u.__dict__: continue
-        live = frozenset().union(*(s.__dict__["_live"] for s in u.src)) if u.src else frozenset()
-        if u.op is Ops.RANGE: live = live | {u}
-        elif u.op is Ops.END: live = live - {u.src[1]}
-        u.__dict__["_live"] = live
-    return self.__dict__["_live"]
+    return self._memo("_live", _live_info)
 
   # ***** tensor level: shape and device *****
   @functools.cached_property
@@ -397,6 +397,11 @@ def _is_sym_int(u: UOp) -> bool:
   return u.op in (Ops.DEFINE_VAR, Ops.BIND) and not (u.op is Ops.BIND and u.src[1].src) or \
     (u.op in GroupOp.ALU and (dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison) and
      all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
+
+def _live_info(u: UOp) -> frozenset[UOp]:
+  live = frozenset().union(*(s.__dict__["_live"] for s in u.src)) if u.src else frozenset()
+  if u.op is Ops.RANGE: return live | {u}
+  return live - {u.src[1]} if u.op is Ops.END else live
 
 def _range_info(u: UOp) -> tuple[ConstType, ConstType, bool]:
   """(vmin, vmax, exact) of a node from those of its sources."""
