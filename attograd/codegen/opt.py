@@ -255,6 +255,8 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
   reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
   work = prod(const_size(r) or 1 for r in ax)
+  # what the gated loads' gates depend on (a padded conv's input gradient gates its reads along the window and the width)
+  gates = [u.src[0].src[2].toposort for red in reds for u in red.src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
   tiled = False
   if len(reds) == 1 and reds[0].arg is Ops.ADD and len(glob) >= 2:
     # what a load reads is decided by its address: a pad's gate (which a conv's gradient puts on every load) doesn't
@@ -268,7 +270,7 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
       cap = MAX_COPIES
-      gated_along_j = any(ax[j] in u.src[0].src[2].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3)
+      gated_along_j = any(ax[j] in g for g in gates)
       if (const_size(ax[j]) or 99) <= 4:
         # a small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input
         # doesn't read along is written out whole, so each value loaded (and whatever is fused into it, a relu's
@@ -299,7 +301,6 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   # a small window (3x3, a pool's 2x2) is written out from its innermost axis, unless reads along it are gated (a conv's
   # input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's
   # window leaves a plain loop over its outputs that gcc vectorizes (measured 5x)
-  gates = [u.src[0].src[2].toposort for red in reds for u in red.src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
   # (only a reduce with no reduce inside it: written-out copies of a loop around another loop are not lowered)
   innermost = {ax.index(r) for red in reds if not any(u.op is Ops.REDUCE for u in red.src[0].toposort) for r in red.src[1:] if r in ax}
   for k, r in reversed(list(enumerate(axes(ast)))):
