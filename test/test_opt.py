@@ -319,3 +319,53 @@ def test_heuristics_split_a_conv_weight_gradient_along_the_image_rows():
   tw = torch.tensor(nw, requires_grad=True)
   torch.nn.functional.conv2d(torch.tensor(nx), tw).relu().sum().backward()
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+# ***** STASH: softmax's exp once per element *****
+
+def test_heuristics_stash_softmax_exp_once():
+  # the sum's loop stores each exp to the output and the output's loop scales it in place: exp's range reduction (its
+  # log2(e) constant) appears once in the source, and the result is torch's
+  rng = np.random.default_rng(6)
+  x = Tensor(rng.standard_normal((64, 256), dtype=np.float32)).realize()
+  ast = _ast(x.softmax(1))
+  opts = hand_coded_opts(ast, 2)
+  assert opts[0] == Opt(OptOps.STASH, 1, 3), opts
+  assert to_program(ast, Device["CPU"].renderer, opts)[1].count("1.4426950216293335f") == 1
+  assert to_program(ast, Device["CPU"].renderer, opts[1:])[1].count("1.4426950216293335f") == 2
+  torch = pytest.importorskip("torch")
+  np.testing.assert_allclose(x.softmax(1).numpy(), torch.tensor(x.numpy()).softmax(1).numpy(), rtol=1e-6, atol=1e-7)
+  # no transcendental to save: layernorm's x - mean is read back from the input instead
+  assert not any(o.op is OptOps.STASH for o in hand_coded_opts(_ast(x.layernorm(1)), 2))
+
+@pytest.mark.parametrize("shape, axis", [((3, 5, 40), -1), ((6, 20), 1), ((2, 33), 1)])
+def test_stash_keeps_results(shape, axis):
+  rng = np.random.default_rng(7)
+  x = Tensor(rng.standard_normal(shape, dtype=np.float32) * 4).realize()
+  si = x.softmax(axis).schedule()[-1]
+  plain = _exec(si, [])
+  ax = axes(si.ast)
+  o, r = len(shape) - 1, len(ax) - 1
+  tried = 0
+  for more in ([], [Opt(OptOps.UPCAST, r, 4)], [Opt(OptOps.UNROLL, r, 2), Opt(OptOps.UPCAST, o, 2)], [Opt(OptOps.SIMD, o, 4)],
+               [Opt(OptOps.PADTO, r, 48), Opt(OptOps.UPCAST, 0, 2)], [Opt(OptOps.THREAD, 0, 2)], [Opt(OptOps.PADTO, o, 48)]):
+    try: got = _exec(si, [Opt(OptOps.STASH, o, r), *more])
+    except KernelOptError: continue
+    tried += 1
+    np.testing.assert_allclose(got, plain, rtol=1e-6, atol=1e-7, err_msg=str(more))
+  assert tried >= 4
+
+def test_stash_refuses_what_would_overwrite_results():
+  renderer = Device["CPU"].renderer
+  x = Tensor.rand(8, 16).realize()
+  sm = _ast(x.softmax(1))
+  # every core would store the whole row, over outputs another core already scaled
+  with pytest.raises(KernelOptError, match="every core"): to_program(sm, renderer, [Opt(OptOps.STASH, 1, 3), Opt(OptOps.THREAD, 1, 2)])
+  # the reduce must stay outside the loop that reads the row back
+  sm3 = _ast(Tensor.rand(4, 8, 16).realize().softmax(2))
+  with pytest.raises(KernelOptError, match="outside the loop"): to_program(sm3, renderer, [Opt(OptOps.STASH, 2, 4), Opt(OptOps.SWAP, 1, 2)])
+  # with the row's axis outside another, the reduce runs inside the loop it would stash for
+  with pytest.raises(KernelOptError, match="innermost"): to_program(sm3, renderer, [Opt(OptOps.SWAP, 1, 2), Opt(OptOps.STASH, 1, 4)])
+  with pytest.raises(KernelOptError, match="before the opts that split"): to_program(sm, renderer, [Opt(OptOps.UPCAST, 3, 4), Opt(OptOps.STASH, 1, 3)])
+  with pytest.raises(KernelOptError, match="differ in size"): to_program(_ast(x[:, :8].exp() * x.exp().sum(1, keepdim=True)), renderer, [Opt(OptOps.STASH, 1, 2)])
+  with pytest.raises(KernelOptError, match="computes nothing"): to_program(_ast(x.sum(1, keepdim=True) + x.T.contiguous().T * 2), renderer, [Opt(OptOps.STASH, 1, 2)])
+  with pytest.raises(KernelOptError, match="work-groups"): apply_opt(sm, Opt(OptOps.STASH, 1, 3), has_local=True)

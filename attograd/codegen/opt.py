@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from attograd.dtype import dtypes
 from attograd.helpers import ContextVar, prod
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic
 from attograd.codegen.lower import reduce_identity, NARROW_FLOATS
@@ -31,6 +31,8 @@ class OptOps(Enum):
                     # makes a mix of vector and scalar code from the same iterations written out (UPCAST)
   PACK = auto()     # CPU: what an input read inside a reduce needs for one iteration of a global axis (a
                     # matmul's column panel) is copied to a contiguous scratch before that iteration's inner loops
+  STASH = auto()    # CPU: a value both the output and a reduce compute per element (softmax's exp) is stored to the
+                    # output inside the reduce's loop (`amount` names the reduce axis) and read back by the output's loop
 
 @dataclass(frozen=True)
 class Opt:
@@ -42,7 +44,8 @@ class Opt:
 class KernelOptError(ValueError): pass
 
 # the kind of axis an Opt applies to (True: global, False: reduce); the others take either
-NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.SIMD: True, OptOps.LOCAL: True, OptOps.UNROLL: False, OptOps.GROUP: False}
+NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.SIMD: True, OptOps.LOCAL: True, OptOps.STASH: True,
+         OptOps.UNROLL: False, OptOps.GROUP: False}
 
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
 CORE_ID = "core_id"
@@ -84,6 +87,10 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if opt.op in NEEDS and NEEDS[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if NEEDS[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
+  if opt.op is OptOps.STASH:
+    # on a GPU each output's thread runs the whole reduce: every thread would store the whole row
+    if has_local: raise KernelOptError(f"{opt}: STASH is for a loop that runs a reduce once per row; this target has work-groups")
+    return apply_stash(ast, *stash_plan(ast, opt, ax))
   if opt.op is OptOps.LOCAL: return apply_local(ast, opt, r)
   if opt.op is OptOps.GROUP: return apply_group(ast, opt, r)
   if opt.op is OptOps.PACK:
@@ -126,6 +133,10 @@ def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
   """Global axis `axis` of size S becomes core_id*(S/n) + r with r over S/n: core_id is a kernel
   argument from 0 to n-1, and the runtime calls the kernel once per core, in parallel."""
   if any(u.op is Ops.DEFINE_VAR and u.arg[0] == CORE_ID for u in ast.toposort): raise KernelOptError(f"{opt}: already threaded")
+  # each core writes its own slice of every output: a store the axis doesn't move (a STASH's, along the reduce) would be
+  # written by every core, over what another core already finished
+  if any(r not in st.src[0].toposort for st in ast.toposort if st.op is Ops.STORE and st.src[0].src[0].op is Ops.PARAM):
+    raise KernelOptError(f"{opt}: a store doesn't move along axis {opt.axis}: every core would write all of it")
   chunk = const_size(r) // opt.amount
   inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, chunk),), r.arg)
   core = UOp(Ops.DEFINE_VAR, r.dtype, (), (CORE_ID, 0, opt.amount - 1))
@@ -152,6 +163,7 @@ def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   """Loops open in the order of their ids and close in the order of their ENDs: both are exchanged."""
   if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "global" or opt.amount == opt.axis:
     raise KernelOptError(f"{opt}: SWAP needs another global axis as amount")
+  if stash_stores(ast): raise KernelOptError(f"{opt}: a STASH's reduce must stay outside the loop that reads it back")
   a, b = ax[opt.axis], ax[opt.amount]
   new = {a: UOp(Ops.RANGE, a.dtype, a.src, b.arg), b: UOp(Ops.RANGE, b.dtype, b.src, a.arg)}
   ends = {u.src[1]: u for u in ast.toposort if u.op is Ops.END and u.src[1] in (a, b)}
@@ -162,6 +174,64 @@ def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   body = ends[inner].src[0]
   swapped = UOp(Ops.END, ends[outer].dtype, (UOp(Ops.END, ends[inner].dtype, (body, outer)), inner))
   return ast.substitute({ends[outer]: swapped}).substitute(new)
+
+# ***** STASH: one value computed once for a reduce and its output *****
+
+def bound_ranges(x: UOp) -> set[UOp]:
+  """The loops x runs inside: the ranges it depends on, less those a reduce within it sums over."""
+  nodes = x.toposort
+  return {u for u in nodes if u.op is Ops.RANGE} - {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
+
+def outside_reduces(x: UOp) -> set[UOp]:
+  """x's nodes that are computed once per value of x's loops: those not inside any reduce within x."""
+  seen, stack = set(), [x]
+  while stack:
+    if (u := stack.pop()) in seen: continue
+    seen.add(u)
+    if u.op is not Ops.REDUCE: stack.extend(u.src)
+  return seen
+
+def stash_stores(ast: UOp) -> list[UOp]:
+  """Stores to an output from inside a reduce's loop."""
+  return [u for red in ast.toposort if red.op is Ops.REDUCE for u in red.src[0].toposort if u.op is Ops.STORE and u.src[0].src[0].op is Ops.PARAM]
+
+def stash_plan(ast: UOp, opt: Opt, ax: list[UOp]) -> tuple[UOp, UOp, UOp, UOp]:
+  """(the output store, the reduce, its value to stash, the output axis) for STASH(global o, reduce r), or KernelOptError.
+  The reduce runs over r alone, once per value of the store's other loops, before the loop over o (innermost) opens;
+  r and o have one size; the value depends on r and, with o for r, the output computes it outside every reduce. Then
+  the reduce's loop over r visits each element of the output's row once, and the loop over o reads them back before
+  the next row's reduce. Of several such values the biggest is stashed (softmax's exp, not the x - max under it)."""
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "reduce": raise KernelOptError(f"{opt}: STASH needs a reduce axis as amount")
+  o, r = ax[opt.axis], ax[opt.amount]
+  if any(u.op is Ops.RANGE and u.arg[1] not in ("global", "reduce") or u.op is Ops.DEFINE_VAR and u.arg[0] == CORE_ID for u in ast.toposort):
+    raise KernelOptError(f"{opt}: STASH comes before the opts that split axes")
+  if const_size(o) is None or const_size(o) != const_size(r): raise KernelOptError(f"{opt}: axes {opt.axis} and {opt.amount} differ in size")
+  ends = [u for u in ast.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE]
+  if len(ends) != 1 or ends[0].src[1] is not o: raise KernelOptError(f"{opt}: axis {opt.axis} isn't the innermost loop of the kernel's one store")
+  st = ends[0].src[0]
+  idx, out = st.src[0], st.src[0].src[0]
+  if len(idx.src) != 2 or any(out in u.src for u in ast.toposort if u is not idx):
+    raise KernelOptError(f"{opt}: the output is gated or read by the kernel: the stash would overwrite what it reads")
+  reds = [u for u in outside_reduces(st.src[1]) if u.op is Ops.REDUCE and u.src[1:] == (r,)]
+  if len(reds) != 1 or bound_ranges(reds[0].src[0]) - {r} != bound_ranges(idx) - {o}:
+    raise KernelOptError(f"{opt}: no reduce over axis {opt.amount} alone that runs once per row of the output")
+  red, computed = reds[0], outside_reduces(st.src[1])
+  values = [v for v in red.src[0].toposort if v.dtype == out.dtype.base and r in v.toposort and v.substitute({r: o}) in computed]
+  if not values: raise KernelOptError(f"{opt}: the output computes nothing the reduce over axis {opt.amount} does")
+  return st, red, max(values, key=lambda v: len(v.toposort)), o
+
+def apply_stash(ast: UOp, st: UOp, red: UOp, value: UOp, o: UOp) -> UOp:
+  r = red.src[1]
+  idx, out = st.src[0], st.src[0].src[0]
+  stash = out.index(idx.src[1].substitute({o: r})).store(value)
+  stashed = red.replace(src=(red.src[0].substitute({value: value.after(stash)}), r))
+  # the output's loop reads the value back once the reduce (and so its stores) is done
+  reread, again = out.after(stashed).index(idx.src[1]).load(), value.substitute({r: o})
+  memo: dict[UOp, UOp] = {again: reread, red: stashed}
+  def rebuild(u: UOp) -> UOp:  # outside every reduce only: another reduce may run before this one's stores
+    if u not in memo: memo[u] = u if u.op is Ops.REDUCE else u.replace(src=tuple(map(rebuild, u.src)))
+    return memo[u]
+  return ast.substitute({st: st.replace(src=(idx, rebuild(st.src[1])))})
 
 PACK_MAX = 1 << 16  # elements of one scratch: it lives on the stack of each core's call
 
@@ -249,10 +319,16 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   - any other float sum or max over a contiguous axis: 16 partial accumulators (a SIMD register);
   - a small reduce loop (conv's 3x3 window) is unrolled;
   - big kernels are split across the cores (THREAD), on the outermost axis that splits evenly.
+  - a transcendental that the output and a reduce both compute per element (softmax's exp) is STASHed;
   Elementwise loops are left to the C compiler's loop vectorizer."""
   opts: list[Opt] = []
   ax = axes(ast)
   glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
+  # a transcendental that both the output and a reduce compute per element (softmax's exp) is computed once
+  for g, k in ((g, k) for g in glob for k, r in enumerate(ax) if r.arg[1] == "reduce"):
+    try: value = stash_plan(ast, Opt(OptOps.STASH, g, k), ax)[2]
+    except KernelOptError: continue
+    if any(u.op in GroupOp.Transcendental for u in value.toposort): ast = _try(ast, opts, Opt(OptOps.STASH, g, k))
   reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
   work = prod(const_size(r) or 1 for r in ax)
   # what the gated loads' gates depend on (a padded conv's input gradient gates its reads along the window and the width)

@@ -11,7 +11,7 @@ from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, 
 from attograd.codegen.gpudims import gpu_hand_coded_opts
 from attograd.runtime.device import Device, Buffer
 
-SEARCH_VERSION = "2"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
+SEARCH_VERSION = "3"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
 MAX_ROUNDS = 8
 
 def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
@@ -27,7 +27,9 @@ def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
       if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see hand_coded_opts
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
       if local: out += [Opt(OptOps.LOCAL, i, n) for n in (2, 4, 8, 16, 32)]
-      else: out += [Opt(OptOps.PACK, i, 0), *(Opt(OptOps.SIMD, i, n) for n in (8, 16))]  # a per-call scratch, a C loop: CPU only
+      else:  # a per-call scratch, a C loop, a reduce run once per row: CPU only
+        out += [Opt(OptOps.PACK, i, 0), *(Opt(OptOps.SIMD, i, n) for n in (8, 16))]
+        out += [Opt(OptOps.STASH, i, j) for j in range(len(ax)) if ax[j].arg[1] == "reduce"]
     else:
       out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
       out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]

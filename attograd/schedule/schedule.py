@@ -50,8 +50,6 @@ def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
   if any(i in reduced for i in varies): return False
   return all(i in reduced or i > max(varies, default=-1) for i in broadcast)
 
-TRANSCENDENTAL = {Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN}
-
 def realize_points(sink: UOp) -> dict[UOp, None]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, and a
   reduce that would be recomputed for every element of an expand (softmax's x - x.max()), and so an exp, log or sin."""
@@ -88,7 +86,7 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
             if expanded_here: new.append(s); continue
           # a transcendental (an inline polynomial) broadcast into a reduce is computed once into a buffer: a linear
           # layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
-          if expanded_here and s.op in TRANSCENDENTAL: new.append(s); continue
+          if expanded_here and s.op in GroupOp.Transcendental: new.append(s); continue
           stack.append((s, *below))
     new += [r for r, ps in readers.items() if len(ps) > 1]
     if not new: break

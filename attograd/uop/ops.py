@@ -35,6 +35,7 @@ class GroupOp:
   Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
             Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
   Ternary = {Ops.WHERE, Ops.MULACC}
+  Transcendental = {Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN}  # tens of instructions each once expanded
   ALU = Unary | Binary | Ternary
   Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
   Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
