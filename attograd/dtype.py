@@ -1,18 +1,26 @@
 """Data types and PyTorch's promotion rules. Imports nothing of attograd but helpers."""
 from __future__ import annotations
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, Literal
 
 ConstType = float | int | bool
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
   priority: int        # orders dtypes of one category (used only for sorting and display)
   itemsize: int        # bytes per element (of one lane for vectors)
   name: str
   fmt: str | None      # struct/memoryview format, None where Python has none (bfloat16)
   count: int = 1       # lanes: 1 for scalars
+  # equal by value, but hashed once: every graph node's key holds a dtype, and the generated methods rebuilt a tuple
+  # of the fields on each call (a third of the hashing done building a small graph)
+  def __post_init__(self):
+    object.__setattr__(self, "_key", tuple(getattr(self, f.name) for f in fields(self)))
+    object.__setattr__(self, "_hash", hash(self._key))
+  def __eq__(self, o: object) -> bool: return self is o or (isinstance(o, DType) and self._hash == o._hash and self._key == o._key)
+  def __hash__(self) -> int: return self._hash
+  def __reduce__(self): return type(self), self._key  # rebuilt, not restored: a string's hash differs between processes
   def __repr__(self) -> str: return f"dtypes.{self.name}" + (f".vec({self.count})" if self.count > 1 else "")
   def __lt__(self, o: DType) -> bool: return (self.priority, self.itemsize, self.name) < (o.priority, o.itemsize, o.name)
   @property
@@ -24,7 +32,7 @@ class DType:
   def ptr(self, size: int = -1, addrspace: Literal["global", "reg", "local"] = "global") -> PtrDType:
     return PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, self, size, addrspace)
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class PtrDType(DType):
   base: DType | None = None
   size: int = -1

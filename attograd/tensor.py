@@ -192,8 +192,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
-    tensors = list({id(t): t for t in (*tensors, *_pending_assigns.values())}.values())
-    _pending_assigns.clear()
+    if _pending_assigns:
+      tensors = [*tensors, *_pending_assigns.values()]
+      _pending_assigns.clear()
+    tensors = list({id(t): t for t in tensors}.values())
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
     bound_graphs = roots.src
@@ -403,7 +405,6 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
-    broadcast_shape(self.shape, shape)
     if len(self.shape) > len(shape) or broadcast_shape(self.shape, shape) != shape:
       raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)

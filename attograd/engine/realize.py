@@ -4,7 +4,7 @@ import concurrent.futures, functools, time
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, prod, unwrap
+from attograd.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, cached_property, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
@@ -24,7 +24,7 @@ class CompiledKernel:
   opts: list[Opt]
   # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
   launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
-  @functools.cached_property
+  @cached_property
   def core_slot(self) -> int | None:
     """The argument that is the THREAD opt's core id (None: one core runs the kernel). Found once: replays call this often."""
     return next((i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID), None)
@@ -111,7 +111,8 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
   """Run the kernels in order. With `keep` (the buffers that outlive the schedule), the buffers the
   schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept one may take
   the memory of one that died before it was written (an MLP's output, that of its second-last layer)."""
-  if keep is not None:
+  # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
+  if keep is not None and not all(si.bufs[0] in keep for si in schedule):
     internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
                 if "buffer" not in si.bufs[0].__dict__}
     for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): u.__dict__["buffer"] = b

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools, importlib, os, weakref
 from typing import Any, Callable
 from attograd.dtype import DType
-from attograd.helpers import getenv, GlobalCounters
+from attograd.helpers import getenv, GlobalCounters, cached_property
 
 class Allocator:
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError
@@ -77,7 +77,7 @@ class _Device:
     base = base.upper()
     if base not in BACKENDS: raise ValueError(f"unknown device {name!r}; available: {', '.join(BACKENDS)}")
     return base if rest in ("", "0") else f"{base}:{rest if base == 'DISK' else rest.upper()}"
-  @functools.cached_property
+  @cached_property
   def DEFAULT(self) -> str:
     if (dev := os.getenv("DEV")): return self.canonicalize(dev)
     for b in BACKENDS:

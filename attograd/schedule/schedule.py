@@ -185,6 +185,7 @@ class ScheduleTemplate:
   outputs: tuple[tuple[str, int, DType], ...]        # device, size, dtype of each created buffer
   items: tuple[tuple[UOp, tuple[int, ...]], ...]     # AST (or COPY) and its buffers by number
   becomes: tuple[UOp, ...]                           # each target afterwards, over placeholder buffers
+  placeholders: tuple[tuple[UOp, int], ...]          # those placeholders and the numbers of the buffers they stand for
   key: int
 
 def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
@@ -196,8 +197,10 @@ def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
   placeholders = {b: _placeholder(i, b) for b, i in number.items()}
   items = tuple((si.ast if si.ast.op is not Ops.COPY else UOp(Ops.COPY, si.ast.dtype, (), si.ast.device), tuple(number[b] for b in si.bufs))
                 for si in schedule)
-  return ScheduleTemplate(len(inputs), tuple((b.arg.device, b.arg.size, b.dtype) for b in outputs), items,
-                          tuple(becomes[t].substitute(placeholders) for t in sink.src), key)
+  after = tuple(becomes[t].substitute(placeholders) for t in sink.src)
+  used = {u for b in after for u in b.toposort if u.op is Ops.BUFFER}
+  return ScheduleTemplate(len(inputs), tuple((b.arg.device, b.arg.size, b.dtype) for b in outputs), items, after,
+                          tuple((p, number[b]) for b, p in placeholders.items() if p in used), key)
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
@@ -214,7 +217,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
   schedule = [ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items]
-  fill = {_placeholder(i, b): b for i, b in enumerate(bufs)}
+  fill = {p: bufs[i] for p, i in template.placeholders}
   return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
 
 def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
