@@ -124,6 +124,7 @@ def _ancestors(t: DType) -> set[DType]:
 
 def least_upper_dtype(*ts: DType) -> DType:
   """The dtype PyTorch gives a binary op on tensors of these dtypes."""
+  if all(t is ts[0] for t in ts) and ts[0].count == 1: return ts[0]
   ts = tuple(t.scalar() for t in ts)
   if len(set(ts)) == 1: return ts[0]
   uppers = set.intersection(*(_ancestors(t) for t in ts))

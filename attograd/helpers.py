@@ -29,8 +29,8 @@ def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
   for dims in zip(*((1,) * (n - len(s)) + tuple(s) for s in shapes)):
     size = 1
     for d in dims:
-      if d == 1 or d is size: continue
-      if size != 1 and d != size: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+      if d == 1 or d == size: continue
+      if size != 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
       size = d
     out.append(size)
   return tuple(out)

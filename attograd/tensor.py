@@ -405,6 +405,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
+    if len(self.shape) == len(shape) and all(a == 1 or a == b for a, b in zip(self.shape, shape)):  # (4, 1) -> (4, 4): no reshape
+      return self._new(UOp(Ops.EXPAND, self.dtype, (self.uop,), shape))
     if len(self.shape) > len(shape) or broadcast_shape(self.shape, shape) != shape:
       raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)

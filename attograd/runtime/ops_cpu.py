@@ -34,12 +34,21 @@ POOL = MemoryPool()
 HUGE_PAGE = 1 << 21
 
 class CPUMemory:
-  """Page-aligned memory that kernels may vectorize over, and its address (zero-filled when fresh).
-  Private, not shared: only private anonymous memory can be backed by 2 MiB pages (the kernel's transparent
-  huge pages, asked for with madvise as numpy does). With 4 KiB pages a stream over 64 MiB spends half its
-  time in TLB misses (sum of 16M floats, one core: 4.3 vs 2.2 ms) and first touch costs 3x more."""
-  __slots__ = ("mem", "addr")
+  """Memory that kernels may vectorize over (64-byte aligned), and its address (zero-filled when fresh). A big buffer is
+  a private mapping, page aligned: only private anonymous memory can be backed by 2 MiB pages (the kernel's transparent
+  huge pages, asked for with madvise as numpy does). With 4 KiB pages a stream over 64 MiB spends half its time in TLB
+  misses (sum of 16M floats, one core: 4.3 vs 2.2 ms) and first touch costs 3x more. A small one comes from the Python
+  heap: a mapping of its own is a system call and a page fault, 7 us for a few bytes."""
+  __slots__ = ("mem", "addr", "start", "nbytes")
   def __init__(self, nbytes: int):
+    self.nbytes = nbytes
+    if nbytes < MemoryPool.MIN_BYTES:
+      self.mem: mmap.mmap | bytearray = bytearray(nbytes + sum(SPARE_BYTES) + 64)
+      heap = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+      self.start = SPARE_BYTES[0] + (-(heap + SPARE_BYTES[0]) % 64)
+      self.addr = heap + self.start
+      return
+    self.start = SPARE_BYTES[0]
     if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
     else:
       self.mem = mmap.mmap(-1, nbytes + sum(SPARE_BYTES), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -48,8 +57,9 @@ class CPUMemory:
   @property
   def data(self) -> memoryview:
     """The buffer's bytes, without the spare ones around them."""
-    return memoryview(self.mem)[SPARE_BYTES[0]:len(self.mem) - SPARE_BYTES[1]]
+    return memoryview(self.mem)[self.start:self.start + self.nbytes]
   def __del__(self):
+    if not isinstance(self.mem, mmap.mmap): return
     try: POOL.give(self.mem, self.addr)
     except Exception: pass  # interpreter shutdown: the pool may already be gone
 
