@@ -28,9 +28,10 @@ def _exec(ck, si, var_vals=None) -> np.ndarray:
 
 @pytest.mark.parametrize("device", THREADED)
 def test_many_launches_varying_slices(device):
-  si = _item((Tensor(X, device=device) * 3).exp2())
+  x = rng.standard_normal((768, 512), dtype=np.float32)  # big enough that a launch returning early would be seen
+  si = _item((Tensor(x, device=device) * 3).exp2())
   want = _exec(realize.compile_kernel(si.ast, device, []), si)
-  np.testing.assert_allclose(want, np.exp2(X * 3).reshape(-1), rtol=1e-6)
+  np.testing.assert_allclose(want, np.exp2(x * 3).reshape(-1), rtol=1e-6)
   kernels = {n: realize.compile_kernel(si.ast, device, [Opt(OptOps.THREAD, 0, n)]) for n in (2, 3, 4, 8, 12, 32, 96)}
   assert all(ck.threads == n for n, ck in kernels.items())
   # back to back, so workers are caught spinning as well as asleep, with every slice count after every other

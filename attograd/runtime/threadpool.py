@@ -5,6 +5,7 @@ Kernels are called through the entry point the renderers add to threaded kernels
 void <name>_slice(void *const *bufs, const long long *vals, long long core)."""
 from __future__ import annotations
 import ctypes, functools, pathlib, subprocess, tempfile
+from typing import Callable
 from attograd.helpers import cache_dir, content_hash, atomic_write
 
 SRC = r"""
@@ -128,7 +129,7 @@ void pool_run(slice_fn fn, void *const *bufs, const long long *vals, int n, int 
 """
 
 @functools.cache
-def _pool_run() -> ctypes._CFuncPtr:
+def _pool_run() -> Callable[..., None]:
   from attograd.runtime.ops_cpu import find_c_compiler  # here, not above: ops_cpu imports this module
   cc, flags = find_c_compiler(), ["-O2", "-fPIC", "-shared", "-pthread"]
   path = cache_dir() / f"{content_hash(SRC, cc, ' '.join(flags))}.pool.so"
