@@ -3,10 +3,11 @@ number of slices and cores, on both CPU backends, with symbolic variables, acros
 import os, pathlib, subprocess, sys, threading
 import numpy as np
 import pytest
-from attograd import Tensor, Context, Variable
+from attograd import Tensor, Context, Variable, dtypes
 from attograd.codegen.opt import Opt, OptOps, CORE_ID
 from attograd.engine import realize
 from attograd.runtime.device import Buffer
+from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram
 from attograd.schedule.schedule import create_schedule
 from attograd.tensor import _runnable
 from helpers import DEVICES
@@ -38,6 +39,26 @@ def test_many_launches_varying_slices(device):
   for i, n in enumerate(rng.choice(list(kernels), 300)):
     with Context(THREADS=int(1 + i % 3)):
       np.testing.assert_array_equal(_exec(kernels[n], si), want, err_msg=f"launch {i}, {n} slices")
+
+# a kernel's slice entry point that counts its calls per core id, each call sleeping first (slice 0, taken last,
+# 3 times longer): a launch that returned before its last slice finished, or ran a slice twice or never, shows
+# in the counts however loaded the machine is
+PROBE = """#include <time.h>
+void probe(void) {}
+void probe_slice(void *const *bufs, const long long *vals, long long core) {
+  struct timespec t = {0, core ? vals[0] : 3 * vals[0]};
+  nanosleep(&t, 0);
+  __atomic_fetch_add((int *)bufs[0] + core, 1, __ATOMIC_SEQ_CST);
+}
+"""
+
+@pytest.mark.parametrize("n, cores", [(2, 2), (5, 2), (16, 3), (4, 1)])
+def test_launch_returns_when_every_slice_ran_once(n, cores):
+  prog = CPUProgram("probe", CPUCompiler().compile(PROBE))
+  for sleep_ns in (0, 2_000_000):
+    counts = Buffer("CPU", n, dtypes.int32).ensure_allocated()
+    prog.run_slices([counts._buf], [sleep_ns], n, cores)
+    assert np.frombuffer(counts.as_bytes(), dtype=np.int32).tolist() == [1] * n
 
 def test_threads_one_after_threaded_launch():
   si = _item(Tensor(X) + 1)
@@ -79,6 +100,7 @@ from attograd import Tensor, Context
 from attograd.codegen.opt import Opt, OptOps
 from attograd.engine import realize
 from attograd.runtime.device import Buffer
+from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram
 x = Tensor(np.arange(96 * 64, dtype=np.float32).reshape(96, 64)).realize()
 si = (x + 1).schedule()[-1]
 ck = realize.compile_kernel(si.ast, "CPU", [Opt(OptOps.THREAD, 0, 8)])
