@@ -1,6 +1,6 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import concurrent.futures, functools, time
+import functools, time
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
@@ -34,19 +34,8 @@ class CompiledKernel:
     vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
-    # the program is a C call that releases the GIL, so slices run in parallel. Each core takes the next
-    # slice when it is done with one: a core that another process holds back does less of the work
-    core = self.core_slot
-    todo = iter(range(n))  # shared: taking the next item is atomic under the GIL
-    def work() -> None:
-      for c in todo: self.program(bufs, vals[:core] + [c] + vals[core + 1:])
-    pending = [_thread_pool().submit(work) for _ in range(min(n, THREADS.value) - 1)]
-    work()
-    for p in pending: p.result()
-
-@functools.cache
-def _thread_pool() -> concurrent.futures.ThreadPoolExecutor:
-  return concurrent.futures.ThreadPoolExecutor(max_workers=max(THREADS.value - 1, 1), thread_name_prefix="attograd-core")
+    # the CPU runtime's native thread pool: each core takes the next slice when it is done with one
+    self.program.run_slices(bufs, vals, n, min(n, THREADS.value))
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU ops executed, multiplying by the trip count of each enclosing loop."""

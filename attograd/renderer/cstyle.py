@@ -5,6 +5,7 @@ import math
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.renderer import Renderer
+from attograd.codegen.opt import CORE_ID
 
 def _float_literal(x: float, suffix: str) -> str:
   if math.isnan(x): return "NAN"
@@ -126,6 +127,13 @@ class CStyleRenderer(Renderer):
     args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
     return f"{self.func_prefix}void {name}({', '.join(args)})"
 
+  def slice_entry(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
+    """A threaded kernel's second entry point, of one C type for every kernel: the thread pool (runtime/threadpool.py)
+    calls it once per slice with the buffers and variables in arrays and the slice as the core id."""
+    args = [f"({self.dt(p.dtype)})bufs[{i}]" for i, p in enumerate(params)] + \
+           ["core" if v.arg[0] == CORE_ID else f"vals[{i}]" for i, v in enumerate(variables)]
+    return f"void {name}_slice(void *const *bufs, const long long *vals, long long core) {{ {name}({', '.join(args)}); }}\n"
+
   @staticmethod
   def offset(idx: UOp, r: dict[UOp, str]) -> str:
     """An index inside a simd loop as (the part the loop doesn't move)+(the part it does): gcc's loop vectorizer
@@ -198,4 +206,6 @@ class CStyleRenderer(Renderer):
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     body = "\n".join(lines)
-    return f"{self.prelude}{self.signature(name, params, variables)} {{\n{body}\n}}\n"
+    src = f"{self.prelude}{self.signature(name, params, variables)} {{\n{body}\n}}\n"
+    if self.has_threads and any(v.arg[0] == CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
+    return src

@@ -11,6 +11,7 @@ from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.renderer import Renderer
+from attograd.codegen.opt import CORE_ID
 
 SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16",
           dtypes.int32: "i32", dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64",
@@ -245,5 +246,18 @@ class LLVMRenderer(Renderer):
       else: raise NotImplementedError(f"LLVM renderer can't render {op}")
     args = [f"ptr noalias %data{p.arg}" for p in params] + [f"i64 %var{i}" for i in range(len(variables))]
     body = "\n".join(allocas + lines)
-    return (f"define void @{name}({', '.join(args)}) nounwind {{\nentry:\n{body}\n  ret void\n}}\n" +
-            "".join(d + "\n" for d in sorted(declares)))
+    # a threaded kernel is called per slice from its entry point: not inlined there, one copy of it to compile
+    threaded = any(v.arg[0] == CORE_ID for v in variables)
+    return (f"define void @{name}({', '.join(args)}) nounwind{' noinline' if threaded else ''} {{\nentry:\n{body}\n  ret void\n}}\n" +
+            "".join(d + "\n" for d in sorted(declares)) + (self.slice_entry(name, len(params), variables) if threaded else ""))
+
+  @staticmethod
+  def slice_entry(name: str, nparams: int, variables: list[UOp]) -> str:
+    """A threaded kernel's second entry point, of one C type for every kernel: the thread pool (runtime/threadpool.py) calls
+    void <name>_slice(void *const *bufs, const long long *vals, long long core) once per slice."""
+    lines = [f"  %b{i}.at = getelementptr inbounds ptr, ptr %bufs, i64 {i}\n  %b{i} = load ptr, ptr %b{i}.at" for i in range(nparams)]
+    lines += [f"  %v{i}.at = getelementptr inbounds i64, ptr %vals, i64 {i}\n  %v{i} = load i64, ptr %v{i}.at"
+              for i, v in enumerate(variables) if v.arg[0] != CORE_ID]
+    args = [f"ptr %b{i}" for i in range(nparams)] + [f"i64 {'%core' if v.arg[0] == CORE_ID else f'%v{i}'}" for i, v in enumerate(variables)]
+    return (f"define void @{name}_slice(ptr %bufs, ptr %vals, i64 %core) nounwind {{\nentry:\n" + "\n".join(lines) +
+            f"\n  call void @{name}({', '.join(args)})\n  ret void\n}}\n")

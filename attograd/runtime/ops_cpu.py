@@ -1,10 +1,11 @@
 """CPU device: C source compiled by the system compiler (clang when present, else gcc) into a
 shared library, cached on disk by source hash, and called in-process through ctypes."""
 from __future__ import annotations
-import ctypes, ctypes.util, mmap, os, shutil, subprocess, tempfile, pathlib
+import ctypes, ctypes.util, functools, mmap, os, shutil, subprocess, tempfile, pathlib
 from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
+from attograd.runtime import threadpool
 
 # mapped before and after every buffer: a kernel may read them (and ignore what it read) where it would need a gated
 # read (uop/symbolic.py ungate_load). A page on each side covers a padded conv's reads above its first and below its
@@ -99,11 +100,18 @@ class CPUProgram:
     # ctypes loads from a path: keep one file per content hash
     path = cache_dir() / f"{content_hash(lib)}.lib.so"
     if not path.exists(): atomic_write(path, lib)
-    self.lib = ctypes.CDLL(str(path))
+    self.name, self.lib = name, ctypes.CDLL(str(path))
     self.fxn = getattr(self.lib, name)
     self.fxn.restype = None
   def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:
     self.fxn(*[ctypes.c_void_p(b.addr) for b in bufs], *[self.var_type(v) for v in vals])
+  @functools.cached_property
+  def slice_entry(self) -> int:
+    """The address of the entry point the renderers give a threaded kernel (the core id is its argument)."""
+    return ctypes.cast(getattr(self.lib, f"{self.name}_slice"), ctypes.c_void_p).value
+  def run_slices(self, bufs: list[CPUMemory], vals: list[int], n: int, cores: int) -> None:
+    """A threaded kernel's n slices (core_id 0..n-1) on up to `cores` cores, results as if run one after another."""
+    threadpool.run_slices(self.slice_entry, [b.addr for b in bufs], vals, n, cores)
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):
