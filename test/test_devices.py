@@ -34,6 +34,14 @@ def test_elementwise():
   check(lambda x: (x > 0).where(x.sqrt(), -x), na, want=np.where(na > 0, np.sqrt(np.abs(na)), -na))
   check(lambda x: x.cast("int32") + (x < 0), na, want=na.astype(np.int32) + (na < 0), exact=True)
 
+def test_minus_a_negative_literal():
+  # written without spaces, a - -1.5 is a decrement (a--1.5): a negative literal is an operand in parentheses
+  check(lambda x: x - (-1.5), na, want=na + 1.5)
+  check(lambda x: x - float("-inf"), na, want=na + np.inf)
+  check(lambda x: x - (-3), ia, want=ia + 3, exact=True)
+  check(lambda x: x.cast("int64") - (-(1 << 40)), ia, want=ia.astype(np.int64) + (1 << 40), exact=True)
+  check(lambda x: x[:0].softmax(1), na, want=na[:0])  # the max over no rows is -inf, subtracted from each
+
 def test_reduce():
   check(lambda x: x.sum(1), na, want=na.sum(1))
   check(lambda x: x.max(0) + x.min(1).sum(), na, want=na.max(0) + na.min(1).sum())

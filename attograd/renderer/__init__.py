@@ -20,6 +20,10 @@ class Renderer:
   def has_local(self) -> bool: return self.global_max is not None  # work-groups sharing local memory (LOCAL, GROUP)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
+def literal_operand(lit: str) -> str:
+  """A literal as an operand: a negative one in parentheses, since a - -1.5 written without spaces is a decrement (a--1.5)."""
+  return f"({lit})" if lit.startswith("-") else lit
+
 def kernel_name(uops: list[UOp]) -> str:
   """A readable, deterministic name: r_ for reductions, E_ for elementwise, then the loop sizes."""
   ranges = [u for u in uops if u.op is Ops.RANGE or u.op is Ops.SPECIAL]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer
+from attograd.renderer import Renderer, literal_operand
 from attograd.codegen.opt import CORE_ID
 
 def _float_literal(x: float, suffix: str) -> str:
@@ -166,7 +166,7 @@ class CStyleRenderer(Renderer):
       op = u.op
       if op is Ops.PARAM: r[u] = f"data{u.arg}"
       elif op is Ops.DEFINE_VAR: r[u] = u.arg[0]
-      elif op is Ops.CONST: r[u] = self.const(u.arg, u.dtype)
+      elif op is Ops.CONST: r[u] = literal_operand(self.const(u.arg, u.dtype))
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"

@@ -23,7 +23,7 @@ import math, struct
 from attograd.dtype import DType, PtrDType, dtypes, truncate
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer
+from attograd.renderer import Renderer, literal_operand
 
 # the type a value of each dtype has in a shader
 COMPUTE: dict[DType, str] = {
@@ -213,7 +213,7 @@ class WGSLRenderer(Renderer):
       op = u.op
       if op is Ops.PARAM: r[u] = f"data{u.arg}"
       elif op is Ops.DEFINE_VAR: r[u] = f"vars.v{variables.index(u)}"
-      elif op is Ops.CONST: r[u] = self.const(u.arg, u.dtype)
+      elif op is Ops.CONST: r[u] = literal_operand(self.const(u.arg, u.dtype))
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.SPECIAL:
         # gidx<d>: work-group id, lidx<d>: invocation id within it, in launch dimension d
