@@ -369,3 +369,15 @@ def test_stash_refuses_what_would_overwrite_results():
   with pytest.raises(KernelOptError, match="differ in size"): to_program(_ast(x[:, :8].exp() * x.exp().sum(1, keepdim=True)), renderer, [Opt(OptOps.STASH, 1, 2)])
   with pytest.raises(KernelOptError, match="computes nothing"): to_program(_ast(x.sum(1, keepdim=True) + x.T.contiguous().T * 2), renderer, [Opt(OptOps.STASH, 1, 2)])
   with pytest.raises(KernelOptError, match="work-groups"): apply_opt(sm, Opt(OptOps.STASH, 1, 3), has_local=True)
+
+def test_stash_replaces_the_reduce_everywhere():
+  # softmax's gradient reads the row sum of exps inside other reduces too: they must read the stashing reduce, not keep
+  # a second copy of it (computed twice, and partial sums chosen for both)
+  x = Tensor.rand(8, 64, requires_grad=True).realize()
+  loss = (x.softmax(1) * Tensor.rand(8, 64).realize()).sum()
+  ast = _ast(loss.gradient(x)[0])
+  opts = hand_coded_opts(ast, 2)
+  assert opts[0].op is OptOps.STASH, opts
+  stashed = apply_opt(ast, opts[0])
+  count = lambda a: sum(1 for u in a.toposort if u.op is Ops.REDUCE)
+  assert count(stashed) == count(ast)

@@ -228,10 +228,11 @@ def apply_stash(ast: UOp, st: UOp, red: UOp, value: UOp, o: UOp) -> UOp:
   # the output's loop reads the value back once the reduce (and so its stores) is done
   reread, again = out.after(stashed).index(idx.src[1]).load(), value.substitute({r: o})
   memo: dict[UOp, UOp] = {again: reread, red: stashed}
-  def rebuild(u: UOp) -> UOp:  # outside every reduce only: another reduce may run before this one's stores
+  def rebuild(u: UOp) -> UOp:  # the value read back outside every reduce only: another reduce may run before this one
     if u not in memo: memo[u] = u if u.op is Ops.REDUCE else u.replace(src=tuple(map(rebuild, u.src)))
     return memo[u]
-  return ast.substitute({st: st.replace(src=(idx, rebuild(st.src[1])))})
+  # and the reduce is the stashing one everywhere, inside other reduces too: else it would be computed twice
+  return ast.substitute({st: st.replace(src=(idx, rebuild(st.src[1]).substitute({red: stashed})))})
 
 PACK_MAX = 1 << 16  # elements of one scratch: it lives on the stack of each core's call
 
