@@ -2,11 +2,11 @@
 index; accumulators are allocas that LLVM promotes to registers. Values keep their dtype's LLVM
 type except bool (i1 in registers, i8 in memory) and bfloat16 (its bits, i16, as in the C renderer:
 math on it was already moved to float32 by lowering). Float math is strict IEEE (no contraction, no
-fast-math) except that an accumulated product is a fused multiply-add, as in the C renderer's fmaf: a
-sum adds in the order the UOps give, the C backend's. Not reassociating is also what keeps LLVM's loop
-vectorizer off a reduce loop (it would vectorize it across iterations, reading the written-out copies of
-a register tile or the lanes of partial sums with gathers): the partial accumulators the opts made are
-packed into vector registers by the SLP vectorizer instead (ops_llvm.py turns it on), as gcc does."""
+fast-math) except that an accumulated product is a fused multiply-add, as the C renderer's fmaf: a sum
+adds in the order the UOps give, as the C backend does (the same bits). Not reassociating also keeps
+LLVM's loop vectorizer off a reduce loop, which it would vectorize across iterations, reading a register
+tile's written-out copies or a sum's partial accumulators with gathers (5-7x slower): the SLP vectorizer
+packs those into vector registers instead (ops_llvm.py turns it on), as gcc does."""
 from __future__ import annotations
 import struct
 from attograd.dtype import DType, PtrDType, dtypes
