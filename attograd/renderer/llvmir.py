@@ -2,8 +2,11 @@
 index; accumulators are allocas that LLVM promotes to registers. Values keep their dtype's LLVM
 type except bool (i1 in registers, i8 in memory) and bfloat16 (its bits, i16, as in the C renderer:
 math on it was already moved to float32 by lowering). Float math is strict IEEE (no contraction, no
-fast-math) except in a float accumulator's update: it may be reassociated (so sums vectorize) and an
-accumulated product is a fused multiply-add."""
+fast-math) except that an accumulated product is a fused multiply-add, as the C renderer's fmaf: a sum
+adds in the order the UOps give, as the C backend does (the same bits). Not reassociating also keeps
+LLVM's loop vectorizer off a reduce loop, which it would vectorize across iterations, reading a register
+tile's written-out copies or a sum's partial accumulators with gathers (5-7x slower): the SLP vectorizer
+packs those into vector registers instead (ops_llvm.py turns it on), as gcc does."""
 from __future__ import annotations
 import struct
 from attograd.dtype import DType, PtrDType, dtypes
@@ -72,9 +75,9 @@ class LLVMRenderer(Renderer):
       nonlocal block
       lines.append(f"{name}:")
       block = name
-    def call(fn: str, ret: str, args: list[tuple[str, str]], fmf: str = "") -> str:
+    def call(fn: str, ret: str, args: list[tuple[str, str]]) -> str:
       declares.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
-      return ins(f"call{fmf} {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
+      return ins(f"call {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
 
     def cast(x: str, frm: DType, to: DType) -> str:
       """Value x of dtype frm as dtype to, with the semantics of the PYTHON device."""
@@ -138,7 +141,7 @@ class LLVMRenderer(Renderer):
         return ins(f"xor i1 {a[0]}, true") if dtypes.is_bool(dt) else ins(f"sub {t} 0, {a[0]}")
       if op is Ops.WHERE: return ins(f"select i1 {a[0]}, {t} {a[1]}, {t} {a[2]}")
       if op is Ops.MULACC:
-        if fl: return call(f"llvm.fmuladd.{intr(dt)}", t, [(t, a[0]), (t, a[1]), (t, a[2])], flags(u))
+        if fl: return call(f"llvm.fmuladd.{intr(dt)}", t, [(t, a[0]), (t, a[1]), (t, a[2])])
         return ins(f"add {t} {ins(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
       if op is Ops.MAX:
         if fl:  # NaN propagates, as in torch; otherwise the C renderer's (a > b ? a : b)
@@ -165,7 +168,7 @@ class LLVMRenderer(Renderer):
         return ins(f"select i1 {zero}, {t} 0, {t} {q}")
       if dtypes.is_bool(dt) and op in (Ops.ADD, Ops.SUB, Ops.MUL):  # bool math saturates: or, xor, and
         return ins(f"{({Ops.ADD: 'or', Ops.SUB: 'xor', Ops.MUL: 'and'})[op]} i1 {a[0]}, {a[1]}")
-      if fl: return ins(f"{({Ops.ADD: 'fadd', Ops.SUB: 'fsub', Ops.MUL: 'fmul', Ops.FDIV: 'fdiv'})[op]}{flags(u)} {t} {a[0]}, {a[1]}")
+      if fl: return ins(f"{({Ops.ADD: 'fadd', Ops.SUB: 'fsub', Ops.MUL: 'fmul', Ops.FDIV: 'fdiv'})[op]} {t} {a[0]}, {a[1]}")
       inst = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
       # integer math wraps; where bounds prove it can't, say so and let LLVM reason about it
       nowrap = (" nsw" if is_signed(dt) else " nuw") if op in (Ops.ADD, Ops.SUB, Ops.MUL) and u.exact and not dtypes.is_bool(dt) else ""
@@ -183,11 +186,6 @@ class LLVMRenderer(Renderer):
       label(f"j{k}")
       return ins(f"phi {ty} [ {val}, %{end} ], [ {zero}, %{before} ]") if val is not None else None
 
-    # a float sum's accumulator update may be reassociated: LLVM then keeps several partial sums in a
-    # vector instead of one serial chain (a different order of the same additions, as torch's sums)
-    sums = {u.src[1] for u in uops if u.op is Ops.STORE and u.src[0].dtype.addrspace == "reg" and u.src[1].op in (Ops.ADD, Ops.MULACC)
-            and any(x.op is Ops.LOAD and x.src[0].dtype.addrspace == "reg" for x in u.src[1].src)}
-    def flags(u: UOp) -> str: return " reassoc" if u in sums else ""
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
     variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
     for v in variables:  # variables arrive as i64 (one calling convention for every kernel)
