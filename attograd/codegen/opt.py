@@ -309,6 +309,11 @@ def _try(ast: UOp, opts: list[Opt], *new: Opt) -> UOp:
   opts.extend(new)
   return out
 
+def unit_stride(index: UOp, r: UOp) -> bool:
+  """Do neighbouring iterations of loop r read neighbouring elements?"""
+  step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic)
+  return step.op is Ops.CONST and step.arg == 1
+
 def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
 
@@ -386,6 +391,19 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   if not tiled:
     for red in reds:
       if not (red.arg in (Ops.ADD, Ops.MAX) and dtypes.is_float(red.dtype)): continue
+      # reads contiguous along an output axis, not along the reduce (a column sum, x.sum(0) of a row-major matrix): a
+      # row of outputs is written out, up to 128 wide (as many independent accumulators, each row read is a contiguous
+      # run), leaving a slice of it per core; partial sums along the reduce would read one float per cache line
+      # (sum(0) of (4096, 1024): 14.4 -> 0.24 ms, torch 0.66)
+      cur = axes(ast)
+      reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
+      inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
+      along = [k for k, r in enumerate(cur) if r.arg[1] == "global" and any(unit_stride(i, r) for i in reads)]
+      if along and inner is not None and not any(unit_stride(i, inner) for i in reads):
+        size = const_size(cur[along[-1]]) or 0
+        widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
+        if (w := next((w for w in widths if size // w >= threads), widths[0] if widths else None)) is not None:
+          ast = _try(ast, opts, Opt(OptOps.UPCAST, along[-1], w)); continue
       # partial accumulators: 16 (a SIMD register) from the innermost reduce axis when they divide it; else factors of the
       # axes from the innermost outward, up to 8, so the adds don't wait on each other (a conv's bias gradient over
       # batch x 26 x 26: 2x2x2, measured 7x). A max that keeps NaN is a compare, a test and a select per step, twice an

@@ -150,6 +150,15 @@ class CStyleRenderer(Renderer):
     uses: dict[UOp, int] = {}
     for u in uops:
       for s in u.src: uses[s] = uses.get(s, 0) + 1
+    # the loop depth each value is computed at, and the deepest one it is used at: a value is written inline only into a
+    # use in its own loop. Inlined into an inner loop, a loop-invariant (a row's max, tested for inf, in logsumexp) became
+    # control flow inside it, and gcc left the loop scalar (logsumexp of (4096, 1024): 9.1 -> 2.8 ms)
+    level, deepest, d = {}, {}, 1
+    for u in uops:
+      if u.op is Ops.END: d -= 1
+      level[u] = d
+      for s in u.src: deepest[s] = max(deepest.get(s, 0), d)
+      if u.op is Ops.RANGE: d += 1
     r: dict[UOp, str] = {}
     lines: list[str] = []
     depth = 1
@@ -202,7 +211,7 @@ class CStyleRenderer(Renderer):
         # C computes 8- and 16-bit integer math in int: wrap the result back into its type
         if dtypes.is_int(u.dtype) and u.dtype.itemsize < 4 and op is not Ops.WHERE: expr = f"(({self.dt(u.dtype)}){expr})"
         # single-use pure values are written inline; the rest get a name (and so does what a float MAX spells thrice)
-        if uses.get(u, 0) <= 1 and len(expr) < 80 and u not in spelled_thrice: r[u] = expr
+        if uses.get(u, 0) <= 1 and deepest.get(u, 0) <= level[u] and len(expr) < 80 and u not in spelled_thrice: r[u] = expr
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     body = "\n".join(lines)
