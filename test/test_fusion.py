@@ -69,6 +69,17 @@ def test_softmax_kernels():
   np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), atol=1e-6, rtol=1e-5)
   assert k <= 3, f"softmax ran {k} kernels"
 
+def test_one_reduce_read_twice_is_computed_once():
+  # logsumexp reads its row max inside the sum and again outside it: one kernel, with the max computed once
+  from attograd.uop.ops import Ops
+  na = rand(6, 10)
+  (a,) = tensors(na)
+  t = a.logsumexp(1)
+  (si,) = t.schedule()
+  assert sum(1 for u in si.ast.toposort if u.op is Ops.REDUCE) == 2  # the max, and the sum of exps
+  m = na.max(1, keepdims=True)
+  np.testing.assert_allclose(t.numpy(), (m + np.log(np.exp(na - m).sum(1, keepdims=True)))[:, 0], atol=1e-6, rtol=1e-6)
+
 def test_realized_tensor_runs_nothing():
   na, nb = rand(3, 4), rand(3, 4)
   a, b = tensors(na, nb)

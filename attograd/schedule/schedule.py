@@ -102,6 +102,14 @@ def merge_nested_reduce(outer: UOp) -> UOp | None:
   x = v.src[0] if gate is None else UOp(Ops.WHERE, v.dtype, (gate, v.src[0], UOp.const(v.dtype, identity)))
   return UOp(Ops.REDUCE, outer.dtype, (x, *outer.src[1:], *v.src[1:]), outer.arg)
 
+def same_reduce(ctx: dict[UOp, UOp], red: UOp) -> UOp | None:
+  """A reduce computing what an earlier one does over loops of their own is that one: each use of a tensor gets
+  loops of its own in indexing (logsumexp's row max, read inside the sum and again outside, was computed twice)."""
+  canon = {r: UOp(Ops.RANGE, r.dtype, r.src, (-1 - i, "reduce")) for i, r in enumerate(red.src[1:])}
+  first = ctx.setdefault(red.replace(src=(red.src[0].substitute(canon), *canon.values())), red)
+  return None if first is red else first
+reduce_dedup = PatternMatcher([(UPat(Ops.REDUCE, name="red"), same_reduce)])
+
 # after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
 kernel_cleanup = PatternMatcher([
   (UPat(Ops.REDUCE, name="outer"), merge_nested_reduce),
@@ -156,7 +164,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
-  if cleanup: sink = graph_rewrite(sink, kernel_cleanup)
+  if cleanup: sink = graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {})
   # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
   used = {u for u in sink.toposort if u.op is Ops.PARAM}
   kept = [(b, p) for b, p in ctx.params.items() if p in used]
