@@ -212,10 +212,11 @@ def stash_plan(ast: UOp, opt: Opt, ax: list[UOp]) -> tuple[UOp, UOp, UOp, UOp]:
   idx, out = st.src[0], st.src[0].src[0]
   if len(idx.src) != 2 or any(out in u.src for u in ast.toposort if u is not idx):
     raise KernelOptError(f"{opt}: the output is gated or read by the kernel: the stash would overwrite what it reads")
-  reds = [u for u in outside_reduces(st.src[1]) if u.op is Ops.REDUCE and u.src[1:] == (r,)]
+  computed = outside_reduces(st.src[1])
+  reds = [u for u in computed if u.op is Ops.REDUCE and u.src[1:] == (r,)]
   if len(reds) != 1 or bound_ranges(reds[0].src[0]) - {r} != bound_ranges(idx) - {o}:
     raise KernelOptError(f"{opt}: no reduce over axis {opt.amount} alone that runs once per row of the output")
-  red, computed = reds[0], outside_reduces(st.src[1])
+  red = reds[0]
   values = [v for v in red.src[0].toposort if v.dtype == out.dtype.base and r in v.toposort and v.substitute({r: o}) in computed]
   if not values: raise KernelOptError(f"{opt}: the output computes nothing the reduce over axis {opt.amount} does")
   return st, red, max(values, key=lambda v: len(v.toposort)), o

@@ -1,11 +1,11 @@
-"""CPU device: C source compiled by the system compiler (clang when present, else gcc) into a
-shared library, cached on disk by source hash, and called in-process through ctypes."""
+"""CPU device: C source compiled by the system compiler (runtime/cc.py) into a shared library, cached on disk by
+source hash, and called in-process through ctypes."""
 from __future__ import annotations
-import ctypes, ctypes.util, functools, mmap, os, shutil, subprocess, tempfile, pathlib
-from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
+import ctypes, functools, mmap
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 from attograd.runtime import threadpool
+from attograd.runtime.cc import find_c_compiler, compile_c, load_library
 
 # mapped before and after every buffer: a kernel may read them (and ignore what it read) where it would need a gated
 # read (uop/symbolic.py ungate_load). A page on each side covers a padded conv's reads above its first and below its
@@ -69,11 +69,6 @@ class CPUAllocator(Allocator):
   def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.data[:src.nbytes] = src.cast("B")
   def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
 
-def find_c_compiler() -> str:
-  for cc in (os.getenv("CC"), "clang", "gcc", "cc"):
-    if cc and shutil.which(cc): return cc
-  raise RuntimeError("the CPU device needs a C compiler: install clang or gcc (apt-get install clang), or set CC")
-
 class CPUCompiler(Compiler):
   def __init__(self):
     self.cc = find_c_compiler()
@@ -81,26 +76,12 @@ class CPUCompiler(Compiler):
     # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
     # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
     self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-lm"]
-  def compile(self, src: str) -> bytes:
-    key = content_hash(src, self.cc, " ".join(self.flags))
-    path = cache_dir() / f"{key}.so"
-    if CACHELEVEL >= 1 and path.exists(): return path.read_bytes()
-    with tempfile.TemporaryDirectory() as tmp:
-      out = pathlib.Path(tmp) / "k.so"
-      proc = subprocess.run([self.cc, *self.flags, "-x", "c", "-", "-o", str(out)], input=src.encode(), capture_output=True)
-      if proc.returncode != 0:
-        raise RuntimeError(f"{self.cc} failed to compile a kernel:\n{proc.stderr.decode()}\n--- source ---\n{src}")
-      lib = out.read_bytes()
-    if CACHELEVEL >= 1: atomic_write(path, lib)
-    return lib
+  def compile(self, src: str) -> bytes: return compile_c(self.cc, src, self.flags, "a kernel")
 
 class CPUProgram:
   var_type = ctypes.c_int32  # the C renderer declares kernel variables int
   def __init__(self, name: str, lib: bytes):
-    # ctypes loads from a path: keep one file per content hash
-    path = cache_dir() / f"{content_hash(lib)}.lib.so"
-    if not path.exists(): atomic_write(path, lib)
-    self.name, self.lib = name, ctypes.CDLL(str(path))
+    self.name, self.lib = name, load_library(lib)
     self.fxn = getattr(self.lib, name)
     self.fxn.restype = None
   def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:

@@ -8,7 +8,8 @@ import ctypes, functools, pathlib, subprocess, tempfile
 from typing import Any
 from attograd.helpers import cache_dir, content_hash, atomic_write, CACHELEVEL
 from attograd.runtime.device import Compiler, Compiled
-from attograd.runtime.ops_cpu import CPUAllocator, CPUProgram, find_c_compiler
+from attograd.runtime.ops_cpu import CPUAllocator, CPUProgram
+from attograd.runtime.cc import find_c_compiler
 from attograd.renderer.llvmir import LLVMRenderer
 
 @functools.cache

@@ -4,9 +4,9 @@ is released for the whole run, and a launch costs a few microseconds instead of 
 Kernels are called through the entry point the renderers add to threaded kernels, one C type for all:
 void <name>_slice(void *const *bufs, const long long *vals, long long core)."""
 from __future__ import annotations
-import ctypes, functools, pathlib, subprocess, tempfile
+import ctypes, functools
 from typing import Callable
-from attograd.helpers import cache_dir, content_hash, atomic_write
+from attograd.runtime.cc import find_c_compiler, compile_c, load_library
 
 SRC = r"""
 #include <pthread.h>
@@ -130,15 +130,7 @@ void pool_run(slice_fn fn, void *const *bufs, const long long *vals, int n, int 
 
 @functools.cache
 def _pool_run() -> Callable[..., None]:
-  from attograd.runtime.ops_cpu import find_c_compiler  # here, not above: ops_cpu imports this module
-  cc, flags = find_c_compiler(), ["-O2", "-fPIC", "-shared", "-pthread"]
-  path = cache_dir() / f"{content_hash(SRC, cc, ' '.join(flags))}.pool.so"
-  if not path.exists():
-    with tempfile.TemporaryDirectory() as tmp:
-      proc = subprocess.run([cc, *flags, "-x", "c", "-", "-o", str(out := pathlib.Path(tmp) / "pool.so")], input=SRC.encode(), capture_output=True)
-      if proc.returncode != 0: raise RuntimeError(f"{cc} failed to compile the thread pool:\n{proc.stderr.decode()}")
-      atomic_write(path, out.read_bytes())
-  fn = ctypes.CDLL(str(path)).pool_run
+  fn = load_library(compile_c(find_c_compiler(), SRC, ["-O2", "-fPIC", "-shared", "-pthread"], "the thread pool")).pool_run
   fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int], None
   return fn
 
