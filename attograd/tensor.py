@@ -27,21 +27,36 @@ _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = weakref.ref(view)
 def _realized(node: UOp) -> UOp | None: return r() if (r := node.__dict__.get("realized")) is not None else None
 
-# tensors with an assign not yet realized: every realize flushes them, so writes land in order and
-# a chain of assigns (a running mean updated each step) never grows into an ever longer graph
+# tensors the next realize of anything realizes too: those with an assign not yet realized, so writes land in order and
+# a chain of assigns (a running mean updated each step) never grows into an ever longer graph; and a loss that
+# backward() ran from, as PyTorch computes it in the forward pass: `opt.step()` then `loss.item()` would otherwise run
+# the forward pass twice, once for the gradients and again for the loss
 # (keyed by id: a WeakSet would compare two references to one tensor with Tensor.__eq__, elementwise)
-_pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+_pending_realize: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
 def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
-  """The graph gradients flow through: a realized tensor is seen through to the graph it came from,
-  and a node that was realized into a target's memory is that target."""
+  """The graph gradients flow through: a realized tensor that depends on a target is seen through to the graph it
+  came from, and a node that was realized into a target's memory is that target. A realized tensor that depends on no
+  target stays its buffer: the gradient reads its values (seen through, a random tensor's graph would be rebuilt
+  around newer random state, and the gradient would recompute it)."""
+  reaches: dict[UOp, bool] = {}
+  def leads_to_target(n: UOp) -> bool:
+    # depth first over sources and the graphs realized nodes came from (iterative: a chain of realizes can be long)
+    stack = [(n, False)]
+    while stack:
+      u, ready = stack.pop()
+      if u in reaches: continue
+      below = (*u.src, *((src,) if (src := u.__dict__.get("source")) is not None else ()))
+      if ready: reaches[u] = u in targets or _realized(u) in targets or any(reaches[s] for s in below)
+      else: stack += [(u, True), *((s, False) for s in below if s not in reaches)]
+    return reaches[n]
   expanded: set[UOp] = set()  # each node is seen through once: no cycle can keep this going
   while True:
     swap = {}
     for n in root.toposort:
       if n in targets or n in expanded: continue
       if (v := _realized(n)) in targets: swap[n] = v
-      elif (src := n.__dict__.get("source")) is not None: swap[n] = src
+      elif (src := n.__dict__.get("source")) is not None and leads_to_target(src): swap[n] = src
     if not swap: return root
     expanded |= swap.keys()
     root = root.substitute(swap)
@@ -183,6 +198,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
     for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
       t.grad = g if t.grad is None else (t.grad + g)
+    if not is_view_of_buffer(self.uop): _pending_realize[id(self)] = self
     return self
 
   # ***** running *****
@@ -192,9 +208,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
-    if _pending_assigns:
-      tensors = [*tensors, *_pending_assigns.values()]
-      _pending_assigns.clear()
+    if _pending_realize:
+      tensors = [*tensors, *_pending_realize.values()]
+      _pending_realize.clear()
     tensors = list({id(t): t for t in tensors}.values())
     todo = []
     roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
@@ -274,7 +290,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
     if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
-    _pending_assigns[id(self)] = self
+    _pending_realize[id(self)] = self
     return self
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
@@ -822,11 +838,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return out + bias if bias is not None else out
   def softmax(self, axis: int = -1) -> Tensor:
     x = self._float_unary()  # ints first: x - max would wrap for unsigned ones
-    e = (x - x.max(axis, keepdim=True)).exp()
+    # the shift by the row's max changes nothing mathematically, so no gradient flows into it (as in torch): through
+    # the max it would be a sum of terms that cancel, at the cost of two more reductions in the backward pass
+    e = (x - x.max(axis, keepdim=True).detach()).exp()
     return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
   def log_softmax(self, axis: int = -1) -> Tensor:
     x = self._float_unary()
-    m = x - x.max(axis, keepdim=True)
+    m = x - x.max(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
     return m - m.exp().sum(axis, keepdim=True).log()
 
   # ***** nn functional *****

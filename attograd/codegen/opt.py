@@ -50,6 +50,9 @@ NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.SIMD:
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
 CORE_ID = "core_id"
 MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop body written out
+# nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300; a
+# 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
+MAX_WRITTEN_OUT = 2560
 
 def ranges_of(ast: UOp, kind: str) -> list[UOp]:
   return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
@@ -64,6 +67,22 @@ def split_size(r: UOp, opt: Opt) -> int:
   if (size := const_size(r)) is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
   if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
   return size
+
+WRITTEN_OUT = ("upcast", "unroll")  # the split-off kinds lowering writes out as copies (lane and simd stay loops)
+
+def written_out_size(ast: UOp) -> int:
+  """The kernel's nodes once lowering has written out its upcast and unrolled ranges: a node is copied once per
+  combination of those it depends on (a matmul tile's loads once per row or column, its multiply-adds once per
+  output). Lowering, rendering and the C compiler all take time in proportion to it."""
+  deps: dict[UOp, frozenset[UOp]] = {}
+  total = 0
+  for u in ast.toposort:
+    d = frozenset().union(*(deps[s] for s in u.src)) if u.src else frozenset()
+    if u.op is Ops.RANGE and u.arg[1] in WRITTEN_OUT: d = d | {u}
+    elif u.op is Ops.REDUCE: d = d - set(u.src[1:])
+    deps[u] = d
+    total += prod(const_size(r) for r in d)
+  return total
 
 def copies(ast: UOp) -> int:
   # a simd loop's iterations each hold their own accumulators too: they count against the same register budget
@@ -109,7 +128,9 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
     return split(ast, r, opt.amount, "simd")
   if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
     if copies(ast) * opt.amount > MAX_COPIES: raise KernelOptError(f"{opt}: more than {MAX_COPIES} copies of the loop body")
-    return split(ast, r, opt.amount, "unroll" if opt.op is OptOps.UNROLL else "upcast" if is_global else "lane")
+    out = split(ast, r, opt.amount, "unroll" if opt.op is OptOps.UNROLL else "upcast" if is_global else "lane")
+    if (n := written_out_size(out)) > MAX_WRITTEN_OUT: raise KernelOptError(f"{opt}: {n} nodes written out, over {MAX_WRITTEN_OUT}")
+    return out
   raise KernelOptError(f"{opt}: {opt.op.name} has no lowering for this target yet")
 
 def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
@@ -315,6 +336,18 @@ def unit_stride(index: UOp, r: UOp) -> bool:
   step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic)
   return step.op is Ops.CONST and step.arg == 1
 
+def _first(ast: UOp, opts: list[Opt], *choices: Opt) -> UOp:
+  """The first of the choices that applies (a smaller tile when a wider one is over the budget of written-out code)."""
+  for opt in choices:
+    try: out = apply_opt(ast, opt)
+    except KernelOptError: continue
+    opts.append(opt)
+    return out
+  return ast
+
+def _dividing(size: int | None, amounts: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(a for a in amounts if size is not None and size % a == 0 and size >= a)
+
 def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
 
@@ -349,7 +382,9 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
     # the other tile axis: one that an input read along j doesn't depend on (matmul's rows, conv's channels)
     along_j = [ld for ld in loads if ax[j] in ld]
     i = next((g for g in glob[:-1] if any(ax[g] not in ld for ld in along_j) and (const_size(ax[g]) or 0) >= 8), None)
-    if i is not None and len(along_j) < len(loads) and work >= 1 << 16:
+    # a tile pays when each load is reused along one of its axes: one that varies along both (a layernorm's gradient,
+    # whose rows are summed with the rows' own statistics) would be loaded once per output of the tile anyway
+    if i is not None and len(along_j) < len(loads) and work >= 1 << 16 and not any(ax[i] in ld and ax[j] in ld for ld in loads):
       # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
       cap = MAX_COPIES
@@ -372,9 +407,11 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
         if padded != n: ast = _try(ast, opts, Opt(OptOps.PADTO, j, padded))
         ast = _try(ast, opts, Opt(OptOps.SIMD, j, 16))
-      elif (aj := _largest(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))) is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, j, aj))
-      ai = _largest(const_size(axes(ast)[i]), tuple(a for a in (8, 4, 2) if copies(ast) * a <= cap))
-      if ai is not None: ast = _try(ast, opts, Opt(OptOps.UPCAST, i, ai))
+      else:
+        # written out where the budget allows; else (a costly value computed from the tile's sums: a GELU) a SIMD loop
+        ast = _first(ast, opts, *(Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))),
+                     *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))))
+      ast = _first(ast, opts, *(Opt(OptOps.UPCAST, i, a) for a in _dividing(const_size(axes(ast)[i]), (8, 4, 2)) if copies(ast) * a <= cap))
       tiled = True
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
       if len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20:
@@ -404,7 +441,11 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         size = const_size(cur[along[-1]]) or 0
         widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
         if (w := next((w for w in widths if size // w >= threads), widths[0] if widths else None)) is not None:
-          ast = _try(ast, opts, Opt(OptOps.UPCAST, along[-1], w)); continue
+          # narrower where a costly value summed (a GELU's gradient) would write out too much; then a SIMD loop
+          n = len(opts)
+          ast = _first(ast, opts, *(Opt(OptOps.UPCAST, along[-1], x) for x in widths if x <= w),
+                       *(Opt(OptOps.SIMD, along[-1], x) for x in (16, 8) if size % x == 0))
+          if len(opts) > n: continue
       # partial accumulators: 16 (a SIMD register) from the innermost reduce axis when they divide it; else factors of the
       # axes from the innermost outward, up to 8, so the adds don't wait on each other (a conv's bias gradient over
       # batch x 26 x 26: 2x2x2, measured 7x). A max that keeps NaN is a compare, a test and a select per step, twice an

@@ -19,6 +19,10 @@ _ERFC_MID = (0.005891582994599919, -0.05340146311728656, 0.2120114509939773, -0.
              -0.5668741181313797, 0.0709609110895966, 0.5541119342333078, 0.0006306839588767419)
 _ERFC_TAIL = (-0.1958281845540558, 0.7587785425070508, -1.156985305877795, 0.8149954215772056, -0.08297160594978352,
               -0.2707826378318313, -0.000965356324477318, 0.5642364593613558, -9.86773844057571e-07)
+# erfc(z) = t * exp(P(t) - z*z) with t = 1 / (1 + z/2), for every z >= 0 with relative error under 1.2e-7 (Numerical
+# Recipes' erfcc, a Chebyshev fit): one exp and no branches, so a GELU costs ~35 ops and vectorizes
+_ERFCC = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196, 1.00002368,
+          -1.26551223)
 # asin(z)/z in z*z on |z| <= 0.5 (abs error 6e-8), atan(z)/z in z*z on |z| <= tan(pi/8) (abs error 3e-8)
 _ASIN = (0.03447097986558798, 0.007657589150936929, 0.024556480167782682, 0.03012002957691565, 0.04465942361589885,
          0.07499950284915091, 0.1666666719534729, 0.9999999999942858)
@@ -212,12 +216,15 @@ class ElementwiseOps:
     return (x * x.sigmoid()).cast(dt)
   swish = silu
   def gelu(self, approximate: str = "none"):
-    """x * Phi(x), through erfc so the tiny values for very negative x keep their precision. gelu(inf) is inf
-    (torch returns nan there)."""
+    """x * Phi(x), with Phi's tail Phi(-|x|) = erfc(|x|/sqrt 2)/2 in relative terms, so the tiny values for very
+    negative x keep their precision. gelu(inf) is inf (torch returns nan there)."""
     x, dt = self._math_dtype()
     if approximate == "tanh": return (0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())).cast(dt)
     if approximate != "none": raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    return (0.5 * x * (x * -(1 / math.sqrt(2))).erfc()).cast(dt)
+    z = x.abs() * (1 / math.sqrt(2))
+    t = (1 + 0.5 * z).reciprocal()
+    tail = 0.5 * t * (_poly(t, _ERFCC) - z * z).exp()
+    return (x * (x >= 0).where(1 - tail, tail)).cast(dt)
   def quick_gelu(self):
     x, dt = self._math_dtype()
     return (x * (1.702 * x).sigmoid()).cast(dt)

@@ -50,9 +50,39 @@ def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
   if any(i in reduced for i in varies): return False
   return all(i in reduced or i > max(varies, default=-1) for i in broadcast)
 
+# ALU work of one op, in adds: what a fused value costs each time a loop around it repeats it. A transcendental is an
+# inline polynomial of tens of instructions; a division or square root is several adds' latency
+OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4, Ops.RECIP: 4}
+# a value costing more than this per element is computed once into a buffer rather than repeated: under an expand that
+# a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
+# scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
+RECOMPUTE_MAX = 8
+
+def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> int:
+  """Ops per element that computing u inside a kernel takes, down to the buffers, realize points and reduces it reads
+  (each shared node once, as the kernel computes it once). A scalar broadcast to every element is computed once, before
+  the loops: it costs nothing per element."""
+  if (hit := memo.get(u)) is not None: return hit
+  seen: set[UOp] = set()
+  stack, cost = [u], 0
+  while stack:
+    x = stack.pop()
+    if x in seen or (x is not u and x in points) or x.op in {Ops.BUFFER, Ops.DEVICE, Ops.REDUCE_AXIS}: continue
+    if x.op is Ops.EXPAND and all(d == 1 for d in x.src[0].shape): continue
+    seen.add(x)
+    if x.op in GroupOp.ALU: cost += OP_COST.get(x.op, 1)
+    stack.extend(x.src)
+  memo[u] = cost
+  return cost
+
+def reduce_cost(r: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> int:
+  """Ops per output element of a reduce: its value's ops (and the add) once per element reduced."""
+  return (elementwise_cost(r.src[0], points, memo) + 1) * prod(smax(r.src[0].shape[a]) for a in r.arg[1])
+
 def realize_points(sink: UOp) -> dict[UOp, None]:
-  """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, and a
-  reduce that would be recomputed for every element of an expand (softmax's x - x.max()), and so an exp, log or sin."""
+  """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, a reduce that would be
+  recomputed for every element of an expand (softmax's x - x.max()) or that two kernels read, and likewise a value
+  costing more than RECOMPUTE_MAX ops per element."""
   points: dict[UOp, None] = {}
   for t in sink.src:
     if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = None
@@ -61,34 +91,45 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
   # walk each kernel (from a realize point down to the next ones). A reduce read through an expand is
   # kept in the kernel when the loops keep it cheap (see inline_is_free), else it gets its own buffer;
-  # so does a reduce that two kernels both read. Repeat until stable.
+  # so does a reduce that two kernels both read, and a costly value. Repeat until stable.
   while True:
     readers: dict[UOp, set[UOp]] = {}
     new: list[UOp] = []
+    cost: dict[UOp, int] = {}
     for p in points:
-      # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on
-      # the way (those loops are reduce loops), and whether an expand was passed on an unaligned path
+      # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those
+      # loops are reduce loops), whether an expand was passed on an unaligned path, and whether the node is needed
+      # in every iteration of the loops around it (no expand since the last reduce: not hoisted out of them)
       seen: set[tuple] = set()
-      stack: list[tuple[UOp, bool, frozenset[int], bool]] = [(p, True, frozenset(), False)]
+      stack: list[tuple[UOp, bool, frozenset[int], bool, bool]] = [(p, True, frozenset(), False, True)]
+      # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
+      nests: dict[UOp, set[frozenset[int]]] = {}
       while stack:
         state = stack.pop()
         if state in seen: continue
         seen.add(state)
-        u, aligned, reduced, expanded = state
+        u, aligned, reduced, expanded, direct = state
         # below an expand, work is repeated per broadcast element unless the loops keep it free
         expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
         keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
-        below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here)
+        below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
+                 u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)))
         for s in u.src:
           if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
-          if s.op is Ops.REDUCE_AXIS:
+          if s.op is Ops.REDUCE_AXIS and below[3]: nests.setdefault(s, set()).add(below[1])
+          if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost) > RECOMPUTE_MAX):
             readers.setdefault(s, set()).add(p)
+            # a linear layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
             if expanded_here: new.append(s); continue
-          # a transcendental (an inline polynomial) broadcast into a reduce is computed once into a buffer: a linear
-          # layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
-          if expanded_here and s.op in GroupOp.Transcendental: new.append(s); continue
           stack.append((s, *below))
-    new += [r for r, ps in readers.items() if len(ps) > 1]
+      # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again
+      # for each output) is stored, unless it is cheaper to compute twice than to store and load
+      new += [r for r, ns in nests.items() if len(ns) > 1 and reduce_cost(r, points, cost) > RECOMPUTE_MAX]
+    shared = [r for r, ps in readers.items() if len(ps) > 1]
+    new += [r for r in shared if r.op is Ops.REDUCE_AXIS]
+    # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost); of it
+    # and a costly part of it both shared, the part first: with a buffer for it, the rest may be cheap to repeat
+    if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
     if not new: break
     points.update(dict.fromkeys(new))
   return points
