@@ -112,8 +112,11 @@ def test_random_opts_keep_results(kernels, name, picks):
 
 def test_heuristics_pick_tiles_and_accumulators():
   mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
-  # 4 slices per core: cores take them as they come free
-  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 8)]
+  # a 16x8 register tile (128 accumulators: sixteen AVX registers), 4 slices per core: cores take them as they come free
+  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 8)]
+  # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
+  linear = hand_coded_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
+  assert linear == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
   assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
@@ -202,7 +205,7 @@ def test_big_matmul_packs_each_column_panel_per_call():
   opts = hand_coded_opts(si.ast, 2)
   assert opts[2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 0, 8)]
   _, _, uops = to_program(si.ast, Device["CPU"].renderer, opts)
-  assert [u.dtype.size for u in uops if u.op is Ops.DEFINE_REG and u.dtype.size > 256] == [1024 * 32]  # one k x 32 panel
+  assert [u.dtype.size for u in uops if u.op is Ops.DEFINE_REG and u.dtype.size > 256] == [1024 * 16]  # one k x 16 panel
   one, two = _run_on(lambda: a @ b, 1), _run_on(lambda: a @ b, 2)
   GlobalCounters.reset()
   before = GlobalCounters.mem_used

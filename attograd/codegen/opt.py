@@ -50,9 +50,10 @@ NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.SIMD:
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
 CORE_ID = "core_id"
 MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop body written out
-# nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300; a
+# nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300-2600; a
 # 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
-MAX_WRITTEN_OUT = 2560
+MAX_WRITTEN_OUT = 3072
+TILE_ACCUMULATORS = 128  # a register tile's outputs: the sixteen 8-float registers of AVX2
 
 def ranges_of(ast: UOp, kind: str) -> list[UOp]:
   return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
@@ -379,9 +380,13 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
     # make a weight vary along the image
     loads = [u.src[0].src[1].toposort for u in reds[0].src[0].toposort if u.op is Ops.LOAD]
     j = glob[-1]
-    # the other tile axis: one that an input read along j doesn't depend on (matmul's rows, conv's channels)
+    # the other tile axis: one that no input read along j depends on, and preferably another input does (matmul's rows,
+    # conv's channels; not a batch axis, which only a bias read along j doesn't depend on; an embedding's gradient
+    # compares its rows' index with the tokens, and no input is read along it)
     along_j = [ld for ld in loads if ax[j] in ld]
-    i = next((g for g in glob[:-1] if any(ax[g] not in ld for ld in along_j) and (const_size(ax[g]) or 0) >= 8), None)
+    tile_axes = [g for g in glob[:-1] if along_j and all(ax[g] not in ld for ld in along_j) and (const_size(ax[g]) or 0) >= 8]
+    # of several (a batched matmul's batch and rows), the innermost: its loop is the one around j's, which SWAP exchanges
+    i = next((g for g in reversed(tile_axes) if any(ax[g] in ld for ld in loads)), tile_axes[-1] if tile_axes else None)
     # a tile pays when each load is reused along one of its axes: one that varies along both (a layernorm's gradient,
     # whose rows are summed with the rows' own statistics) would be loaded once per output of the tile anyway
     if i is not None and len(along_j) < len(loads) and work >= 1 << 16 and not any(ax[i] in ld and ax[j] in ld for ld in loads):
@@ -389,6 +394,9 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
       cap = MAX_COPIES
       gated_along_j = any(ax[j] in g for g in gates)
+      # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
+      # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
+      contiguous_j = all(unit_stride(u.src[0].src[1], ax[j]) for u in reds[0].src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort)
       if (const_size(ax[j]) or 99) <= 4:
         # a small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input
         # doesn't read along is written out whole, so each value loaded (and whatever is fused into it, a relu's
@@ -400,7 +408,7 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
         if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, inner, 2))
         cap = 36
-      elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j):
+      elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j) and contiguous_j:
         # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
         # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
         # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
@@ -409,14 +417,19 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         ast = _try(ast, opts, Opt(OptOps.SIMD, j, 16))
       else:
         # written out where the budget allows; else (a costly value computed from the tile's sums: a GELU) a SIMD loop
-        ast = _first(ast, opts, *(Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (32, 16, 8, 12, 10, 9, 4))),
+        ast = _first(ast, opts, *(Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (16, 32, 8, 12, 10, 9, 4))),
                      *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))))
-      ast = _first(ast, opts, *(Opt(OptOps.UPCAST, i, a) for a in _dividing(const_size(axes(ast)[i]), (8, 4, 2)) if copies(ast) * a <= cap))
+      # 128 accumulators at most: sixteen 8-wide AVX registers. A 16x8 tile ran at 50-55 GFLOPS on one core across a small
+      # transformer's matmuls and a 1024^3 one, where 32x8 spilled to the stack (35)
+      ast = _first(ast, opts, *(Opt(OptOps.UPCAST, i, a) for a in _dividing(const_size(axes(ast)[i]), (8, 6, 4, 5, 3, 2))
+                                if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
       tiled = True
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
-      if len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20:
-        # a big matmul: the loop over column panels goes outside the rows loop, and each panel (k rows
-        # of the tile's width) is packed once, so every row block streams it contiguously from cache
+      big = len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
+      if big or not contiguous_j:
+        # the loop over column panels goes outside the rows loop, and each panel (k rows of the tile's width) is packed
+        # once, so every row block streams it contiguously from cache: a big matmul's panel would fall out of it, and
+        # a strided one (x @ w.T reads w along its rows) would be read a value at a time (35 -> 50 GFLOPS on one core)
         ast = _try(ast, opts, Opt(OptOps.SWAP, i, j), Opt(OptOps.PACK, i, 0))
   # a small window (3x3, a pool's 2x2) is written out from its innermost axis, unless reads along it are gated (a conv's
   # input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's

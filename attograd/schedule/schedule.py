@@ -50,13 +50,16 @@ def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
   if any(i in reduced for i in varies): return False
   return all(i in reduced or i > max(varies, default=-1) for i in broadcast)
 
-# ALU work of one op, in adds: what a fused value costs each time a loop around it repeats it. A transcendental is an
-# inline polynomial of tens of instructions; a division or square root is several adds' latency
-OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4, Ops.RECIP: 4}
+# ALU work of one op, in adds: what a fused value costs each time a loop around it repeats it (a load costs 1). A
+# transcendental is an inline polynomial of tens of instructions; a division or square root is several adds' latency; a
+# pad is a compare and a select around its loads
+# (a concatenation of three gradients costs three loads, three gates and two adds)
+OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4, Ops.RECIP: 4, Ops.PAD: 2}
 # a value costing more than this per element is computed once into a buffer rather than repeated: under an expand that
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
+MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
 def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> int:
   """Ops per element that computing u inside a kernel takes, down to the buffers, realize points and reduces it reads
@@ -66,11 +69,12 @@ def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> i
   seen: set[UOp] = set()
   stack, cost = [u], 0
   while stack:
-    x = stack.pop()
-    if x in seen or (x is not u and x in points) or x.op in {Ops.BUFFER, Ops.DEVICE, Ops.REDUCE_AXIS}: continue
+    if (x := stack.pop()) in seen or x.op is Ops.DEVICE: continue
     if x.op is Ops.EXPAND and all(d == 1 for d in x.src[0].shape): continue
     seen.add(x)
-    if x.op in GroupOp.ALU: cost += OP_COST.get(x.op, 1)
+    if x.op is Ops.BUFFER or (x is not u and x in points): cost += 1; continue  # a load
+    if x.op is Ops.REDUCE_AXIS: continue  # a loop of its own, which the rules for reduces decide about
+    cost += OP_COST.get(x.op, 1 if x.op in GroupOp.ALU else 0)
     stack.extend(x.src)
   memo[u] = cost
   return cost
@@ -127,8 +131,11 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
       new += [r for r, ns in nests.items() if len(ns) > 1 and reduce_cost(r, points, cost) > RECOMPUTE_MAX]
     shared = [r for r, ps in readers.items() if len(ps) > 1]
     new += [r for r in shared if r.op is Ops.REDUCE_AXIS]
-    # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost); of it
-    # and a costly part of it both shared, the part first: with a buffer for it, the rest may be cheap to repeat
+    # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost), when
+    # the work repeated is worth a kernel launch; of it and a costly part of it both shared, the part first: with a
+    # buffer for it, the rest may be cheap to repeat
+    repeated = lambda r: smax(sym_prod(r.shape)) * elementwise_cost(r, points, cost) * (len(readers[r]) - 1)
+    shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK]
     if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
     if not new: break
     points.update(dict.fromkeys(new))
