@@ -167,3 +167,25 @@ def test_exp_broadcast_into_a_matmul_is_computed_once():
   check(t, np.exp(na) @ nb, 2, atol=1e-4)
   # an exp that is not broadcast stays fused
   check((a.exp() * 2).sum(1), (np.exp(na) * 2).sum(1), 1, atol=1e-4)
+
+def test_gathers_read_one_row_per_output():
+  # an embedding lookup, gather and cross entropy's pick are one-hot sums over the table's rows: indexing reads the one
+  # row each output needs, so their work doesn't grow with the vocabulary
+  from attograd import nn
+  ops = []
+  for vocab in (100, 50_000):
+    emb = nn.Embedding(vocab, 64)
+    nidx = rng.integers(0, vocab, (16, 64))
+    emb.weight.realize()
+    idx = Tensor(nidx).realize()
+    k, got = run(emb(idx))
+    assert k == 1
+    np.testing.assert_array_equal(got, emb.weight.numpy()[nidx])
+    ops.append(GlobalCounters.global_ops)
+  assert ops[0] == ops[1] <= 16 * 64 * 64
+  nx = rand(64, 1000)
+  (x,) = tensors(nx)
+  nidx = rng.integers(0, 1000, (64, 3))
+  k, got = run(x.gather(1, Tensor(nidx)))
+  np.testing.assert_array_equal(got, np.take_along_axis(nx, nidx, 1))
+  assert GlobalCounters.global_ops < 64 * 1000, "the gather reads 3 values per row, not the row"

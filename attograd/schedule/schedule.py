@@ -83,6 +83,20 @@ def reduce_cost(r: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> int:
   """Ops per output element of a reduce: its value's ops (and the add) once per element reduced."""
   return (elementwise_cost(r.src[0], points, memo) + 1) * prod(smax(r.src[0].shape[a]) for a in r.arg[1])
 
+def _unmoved(x: UOp) -> UOp:
+  while x.op in GroupOp.Movement or x.op is Ops.CAST: x = x.src[0]
+  return x
+
+def gather_parts(red: UOp) -> tuple[UOp, UOp] | None:
+  """(v, e) of a sum of where(e == arange, v, 0) over the arange's axis: indexing turns it into a read of one row of
+  v (collapse_one_hot), so e is computed once per output, not once per row of the table."""
+  x = red.src[0]
+  if red.arg[0] is not Ops.ADD or x.op is not Ops.WHERE or (z := _unmoved(x.src[2])).op is not Ops.CONST or z.arg != 0: return None
+  if (cond := _unmoved(x.src[0])).op is not Ops.CMPEQ: return None
+  for a, e in (cond.src, cond.src[::-1]):
+    if _unmoved(a).op is Ops.IOTA: return x.src[1], _unmoved(e)
+  return None
+
 def realize_points(sink: UOp) -> dict[UOp, None]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, a reduce that would be
   recomputed for every element of an expand (softmax's x - x.max()) or that two kernels read, and likewise a value
@@ -118,7 +132,11 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
         keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
         below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
                  u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)))
-        for s in u.src:
+        srcs = [(s, below) for s in u.src]
+        if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
+          # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
+          srcs = [(picked[0], (aligned, reduced, expanded_here, direct)), (picked[1], (False, reduced, False, direct))]
+        for s, below in srcs:
           if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
           if s.op is Ops.REDUCE_AXIS and below[3]: nests.setdefault(s, set()).add(below[1])
           if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost) > RECOMPUTE_MAX):
@@ -158,8 +176,39 @@ def same_reduce(ctx: dict[UOp, UOp], red: UOp) -> UOp | None:
   return None if first is red else first
 reduce_dedup = PatternMatcher([(UPat(Ops.REDUCE, name="red"), same_reduce)])
 
+def _selected(x: UOp) -> tuple[UOp, UOp] | None:
+  """(condition, value) of a value kept only where a condition holds: c ? v : 0, or v * (float)c."""
+  if x.op is Ops.WHERE and x.src[2].op is Ops.CONST and x.src[2].arg == 0: return x.src[0], x.src[1]
+  if x.op is Ops.MUL:
+    for c, v in (x.src, x.src[::-1]):
+      if c.op is Ops.CAST and c.src[0].dtype == dtypes.bool: return c.src[0], v
+  return None
+
+def _range_of(x: UOp) -> UOp:
+  """x without a widening integer cast: an int32 loop counter compared with an int64 index."""
+  return x.src[0] if x.op is Ops.CAST and dtypes.is_int(x.dtype) and dtypes.is_int(x.src[0].dtype) and \
+    x.dtype.itemsize >= x.src[0].dtype.itemsize else x
+
+def collapse_one_hot(red: UOp) -> UOp | None:
+  """A sum over r of (r == e ? v(r) : 0), e not depending on r, is v(e) where 0 <= e < n and 0 elsewhere: a gather (an
+  embedding lookup, cross entropy's pick of each target's logit) reads one row per output, not every row of the table.
+  e is clamped into the loop's range first, so the row read is always in the buffer, and its bounds keep index math
+  narrow."""
+  if red.arg is not Ops.ADD or (sel := _selected(red.src[0])) is None or sel[0].op is not Ops.CMPEQ: return None
+  cond, value = sel
+  for a, e in (cond.src, cond.src[::-1]):
+    if (r := _range_of(a)) not in red.src[1:] or r.op is not Ops.RANGE or r in e.toposort: continue
+    n = r.src[0]
+    valid = (e < n.cast(e.dtype)) & (e < 0).logical_not()
+    row = e.maximum(0).minimum(n.cast(e.dtype) - 1).cast(r.dtype)
+    picked = valid.where(value.substitute({r: row}), UOp.const(red.dtype, 0))
+    rest = tuple(x for x in red.src[1:] if x is not r)
+    return UOp(Ops.REDUCE, red.dtype, (picked, *rest), red.arg) if rest else picked
+  return None
+
 # after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
 kernel_cleanup = PatternMatcher([
+  (UPat(Ops.REDUCE, name="red"), collapse_one_hot),
   (UPat(Ops.REDUCE, name="outer"), merge_nested_reduce),
   (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
