@@ -97,57 +97,75 @@ def gather_parts(red: UOp) -> tuple[UOp, UOp] | None:
     if _unmoved(a).op is Ops.IOTA: return x.src[1], _unmoved(e)
   return None
 
+@dataclass
+class KernelWalk:
+  """What the walk of one kernel (from a realize point down to the next ones) found: every node it looked at, the
+  reduces and costly values it reads (which other kernels may read too), and what it must not compute itself."""
+  reached: set[UOp]
+  reads: set[UOp]
+  to_store: list[UOp]
+
+def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> KernelWalk:
+  """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
+  (and likewise a costly value) gets its own buffer, as does a reduce computed in two of the kernel's loop nests."""
+  walk = KernelWalk({p}, set(), [])
+  # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those loops are
+  # reduce loops), whether an expand was passed on an unaligned path, and whether the node is needed in every iteration
+  # of the loops around it (no expand since the last reduce: not hoisted out of them)
+  seen: set[tuple] = set()
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool]] = [(p, True, frozenset(), False, True)]
+  # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
+  nests: dict[UOp, set[frozenset[int]]] = {}
+  while stack:
+    state = stack.pop()
+    if state in seen: continue
+    seen.add(state)
+    u, aligned, reduced, expanded, direct = state
+    # below an expand, work is repeated per broadcast element unless the loops keep it free
+    expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
+    keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
+    below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
+             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)))
+    srcs = [(s, below) for s in u.src]
+    if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
+      # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
+      srcs = [(picked[0], (aligned, reduced, expanded_here, direct)), (picked[1], (False, reduced, False, direct))]
+    for s, below in srcs:
+      if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
+      walk.reached.add(s)
+      if s.op is Ops.REDUCE_AXIS and below[3]: nests.setdefault(s, set()).add(below[1])
+      if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost) > RECOMPUTE_MAX):
+        walk.reads.add(s)
+        # a linear layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
+        if expanded_here: walk.to_store.append(s); continue
+      stack.append((s, *below))
+  # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
+  # each output) is stored, unless it is cheaper to compute twice than to store and load
+  walk.to_store += [r for r, ns in nests.items() if len(ns) > 1 and reduce_cost(r, points, cost) > RECOMPUTE_MAX]
+  return walk
+
 def realize_points(sink: UOp) -> dict[UOp, None]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, a reduce that would be
   recomputed for every element of an expand (softmax's x - x.max()) or that two kernels read, and likewise a value
-  costing more than RECOMPUTE_MAX ops per element."""
+  costing more than RECOMPUTE_MAX ops per element. Repeated until stable; a kernel is walked again only when a node
+  it reached became a realize point."""
   points: dict[UOp, None] = {}
   for t in sink.src:
     if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = None
   for u in sink.toposort:
     if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN}: points[u] = None
     if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
-  # walk each kernel (from a realize point down to the next ones). A reduce read through an expand is
-  # kept in the kernel when the loops keep it cheap (see inline_is_free), else it gets its own buffer;
-  # so does a reduce that two kernels both read, and a costly value. Repeat until stable.
+  walks: dict[UOp, KernelWalk] = {}
+  added: set[UOp] = set()
   while True:
-    readers: dict[UOp, set[UOp]] = {}
-    new: list[UOp] = []
     cost: dict[UOp, int] = {}
     for p in points:
-      # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those
-      # loops are reduce loops), whether an expand was passed on an unaligned path, and whether the node is needed
-      # in every iteration of the loops around it (no expand since the last reduce: not hoisted out of them)
-      seen: set[tuple] = set()
-      stack: list[tuple[UOp, bool, frozenset[int], bool, bool]] = [(p, True, frozenset(), False, True)]
-      # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
-      nests: dict[UOp, set[frozenset[int]]] = {}
-      while stack:
-        state = stack.pop()
-        if state in seen: continue
-        seen.add(state)
-        u, aligned, reduced, expanded, direct = state
-        # below an expand, work is repeated per broadcast element unless the loops keep it free
-        expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
-        keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
-        below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
-                 u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)))
-        srcs = [(s, below) for s in u.src]
-        if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
-          # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
-          srcs = [(picked[0], (aligned, reduced, expanded_here, direct)), (picked[1], (False, reduced, False, direct))]
-        for s, below in srcs:
-          if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
-          if s.op is Ops.REDUCE_AXIS and below[3]: nests.setdefault(s, set()).add(below[1])
-          if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost) > RECOMPUTE_MAX):
-            readers.setdefault(s, set()).add(p)
-            # a linear layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
-            if expanded_here: new.append(s); continue
-          stack.append((s, *below))
-      # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again
-      # for each output) is stored, unless it is cheaper to compute twice than to store and load
-      new += [r for r, ns in nests.items() if len(ns) > 1 and reduce_cost(r, points, cost) > RECOMPUTE_MAX]
-    shared = [r for r, ps in readers.items() if len(ps) > 1]
+      if p not in walks or not walks[p].reached.isdisjoint(added): walks[p] = walk_kernel(p, points, cost)
+    readers: dict[UOp, set[UOp]] = {}
+    for p, w in walks.items():
+      for s in w.reads: readers.setdefault(s, set()).add(p)
+    new = [s for w in walks.values() for s in w.to_store if s not in points]
+    shared = [r for r, ps in readers.items() if len(ps) > 1 and r not in points]
     new += [r for r in shared if r.op is Ops.REDUCE_AXIS]
     # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost), when
     # the work repeated is worth a kernel launch; of it and a costly part of it both shared, the part first: with a
@@ -156,6 +174,7 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK]
     if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
     if not new: break
+    added = set(new)
     points.update(dict.fromkeys(new))
   return points
 
