@@ -64,13 +64,15 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
 def _runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
   """The graph with realized nodes (below the roots) read from their buffers and bound Variables
   unbound (kernels take the variable, the run gets the value), and those values. Variables are found
-  as values and in symbolic shapes. One variable can't have two values at once."""
+  as values and in symbolic shapes; a slice of a buffer at nonzero int offsets gets variables for them. One variable
+  can't have two values at once."""
   swap: dict[UOp, UOp] = {}
   vals: dict[UOp, int] = {}
   in_shapes: dict[UOp, UOp] = {}
   def value_of(b: UOp) -> None:
     if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg:
       raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
+  offsets = 0
   for n in roots.toposort:
     if n.op is Ops.BIND:
       value_of(n)
@@ -78,6 +80,17 @@ def _runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
     elif (v := _realized(n)) is not None and n not in roots.src: swap[n] = v
     elif n.op in GroupOp.Sized and n.sym_args:
       for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
+    elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
+      # a slice of stored data at Python-int offsets (a batch cut from a dataset: data[i:i+T]) is read at variable ones,
+      # so the next batch's offsets reuse the kernel and the schedule instead of compiling new ones
+      arg = []
+      for (b, e), size in zip(n.arg, n.src[0].shape):
+        if b == 0: arg.append((b, e)); continue
+        var = UOp.variable(f"offset{offsets}", 0, size - (e - b))
+        offsets += 1
+        vals[var] = b
+        arg.append((var, var + (e - b)))
+      swap[n] = n.replace(arg=tuple(arg))
   if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals
   return (roots.substitute(swap) if swap else roots), vals
 

@@ -188,3 +188,24 @@ def test_errors():
   with pytest.raises(TypeError, match="doesn't support symbolic sizes"): x[:N.bind(4)].cumsum(0)  # ops built on int-only window math refuse
   with pytest.raises(TypeError, match="Variable position"): x[:N.bind(4)] = 1.0
   with pytest.raises(ValueError, match="both 2 and 3"): (x[:N.bind(2)].sum() + x[:N.bind(3)].sum()).realize()
+
+def test_slices_at_int_offsets_reuse_kernels():
+  # a batch cut from a dataset at Python-int offsets (data[i:i+T], stacked) reads the data at variable offsets: the next
+  # batch reuses the compiled kernels and the schedule
+  from attograd.engine import realize
+  from attograd.schedule import schedule
+  data = Tensor(np.arange(5000, dtype=np.int64)).realize()
+  rng = np.random.default_rng(0)
+  def batch():
+    ix = [int(i) for i in rng.integers(1, 5000 - 65, 4)]
+    x, y = Tensor.stack(*[data[i:i + 64] for i in ix]), Tensor.stack(*[data[i + 1:i + 65] for i in ix])
+    Tensor.realize_all([x, y])
+    np.testing.assert_array_equal(x.numpy(), np.stack([np.arange(i, i + 64) for i in ix]))
+    np.testing.assert_array_equal(y.numpy(), np.stack([np.arange(i + 1, i + 65) for i in ix]))
+  batch()
+  kernels, schedules = len(realize._kernel_cache), len(schedule._schedule_cache)
+  for _ in range(3): batch()
+  assert (len(realize._kernel_cache), len(schedule._schedule_cache)) == (kernels, schedules)
+  # a slice's bounds still hold: the offset's variable runs over the positions that keep it inside the data
+  assert data[4990:5000].numpy().tolist() == list(range(4990, 5000))
+  assert (data[4990:] + 1).numpy().tolist() == list(range(4991, 5001))

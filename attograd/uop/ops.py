@@ -344,7 +344,8 @@ def sym_sum(*xs: sint) -> sint:
     else: syms.append(x)
   if not syms: return n
   if len(syms) == 1 and n == 0 and syms[0].op in _LEAVES: return syms[0]
-  return (functools.reduce(operator.add, syms) + n).simplify()
+  ret = (functools.reduce(operator.add, syms) + n).simplify()
+  return ret.arg if ret.op is Ops.CONST else ret  # (v+64) - v is the size 64, an int like any static size
 def sym_neg(x: sint) -> sint: return -x if isinstance(x, int) else x * -1  # x*-1: the form sums simplify with
 def smax(x: sint) -> int:
   """The largest value x can take (what memory is allocated for)."""
