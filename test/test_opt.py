@@ -112,12 +112,17 @@ def test_random_opts_keep_results(kernels, name, picks):
 
 def test_heuristics_pick_tiles_and_accumulators():
   mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
-  # a 16x8 register tile (128 accumulators: sixteen AVX registers), 4 slices per core: cores take them as they come free
-  assert hand_coded_opts(mm, 2) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.THREAD, 0, 8)]
+  # a 16x6 register tile (12 AVX registers of accumulators; the rows padded to 258, whose reads stay in the spare page
+  # after the buffer), 4 slices per core of the axis that splits: cores take them as they come free
+  tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
+  assert hand_coded_opts(mm, 2) == tile + [Opt(OptOps.THREAD, 1, 8)]
   # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
   linear = hand_coded_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
-  assert linear == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
-  assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
+  assert linear == tile + [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
+  # rows that 6 divides need no padding; a long reduce (the padding's reads would leave the spare page) takes 8 rows
+  assert hand_coded_opts(_ast(Tensor.empty(96, 64) @ Tensor.empty(64, 64)), 1) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 6)]
+  assert hand_coded_opts(_ast(Tensor.empty(64, 2048) @ Tensor.empty(2048, 64)), 1)[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
+  assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 1, 2)
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
 

@@ -53,7 +53,11 @@ MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop b
 # nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300-2600; a
 # 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
 MAX_WRITTEN_OUT = 3072
-TILE_ACCUMULATORS = 128  # a register tile's outputs: the sixteen 8-float registers of AVX2
+# a register tile's outputs at most: the sixteen 8-float registers of AVX2. A 16x6 tile (12 registers, with 2 for a row of
+# the right operand and 1 for a broadcast of the left) keeps everything in registers: 52-68 GFLOPS on one core over a
+# small transformer's matmuls and a 1024^3 one; 16x8 spilled three accumulators to the stack (48-53), 32x8 most (35)
+TILE_ACCUMULATORS = 128
+SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
 
 def ranges_of(ast: UOp, kind: str) -> list[UOp]:
   return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
@@ -337,12 +341,14 @@ def unit_stride(index: UOp, r: UOp) -> bool:
   step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic)
   return step.op is Ops.CONST and step.arg == 1
 
-def _first(ast: UOp, opts: list[Opt], *choices: Opt) -> UOp:
-  """The first of the choices that applies (a smaller tile when a wider one is over the budget of written-out code)."""
-  for opt in choices:
-    try: out = apply_opt(ast, opt)
+def _first(ast: UOp, opts: list[Opt], *choices: Opt | tuple[Opt, ...]) -> UOp:
+  """The first of the choices (an Opt or a sequence of them) that applies: a smaller tile when a wider one is over the
+  budget of written-out code."""
+  for choice in choices:
+    seq = list(choice) if isinstance(choice, tuple) else [choice]
+    try: out = apply_opts(ast, seq)
     except KernelOptError: continue
-    opts.append(opt)
+    opts.extend(seq)
     return out
   return ast
 
@@ -419,18 +425,27 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         # written out where the budget allows; else (a costly value computed from the tile's sums: a GELU) a SIMD loop
         ast = _first(ast, opts, *(Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (16, 32, 8, 12, 10, 9, 4))),
                      *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))))
-      # 128 accumulators at most: sixteen 8-wide AVX registers. A 16x8 tile ran at 50-55 GFLOPS on one core across a small
-      # transformer's matmuls and a 1024^3 one, where 32x8 spilled to the stack (35)
-      ast = _first(ast, opts, *(Opt(OptOps.UPCAST, i, a) for a in _dividing(const_size(axes(ast)[i]), (8, 6, 4, 5, 3, 2))
-                                if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
-      tiled = True
+      # rows of the tile: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a
+      # padded row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the
+      # accumulators in at most TILE_ACCUMULATORS
+      rows = const_size(axes(ast)[i]) or 0
+      padded = -(-rows // 6) * 6
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
+      six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
+      # (measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows)
+      fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= min(cap, TILE_ACCUMULATORS) and not ranges_of(ast, "simd")
+      ast = _first(ast, opts, *((six,) if fits else ()),
+                   *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
+      tiled = True
       big = len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
       if big or not contiguous_j:
         # the loop over column panels goes outside the rows loop, and each panel (k rows of the tile's width) is packed
         # once, so every row block streams it contiguously from cache: a big matmul's panel would fall out of it, and
-        # a strided one (x @ w.T reads w along its rows) would be read a value at a time (35 -> 50 GFLOPS on one core)
-        ast = _try(ast, opts, Opt(OptOps.SWAP, i, j), Opt(OptOps.PACK, i, 0))
+        # a strided one (x @ w.T reads w along its rows) would be read a value at a time (35 -> 50 GFLOPS on one core).
+        # Unless the rows' operand is too big for the cache to hold between panels: then each row block packs its
+        # panels (a weight gradient summed over 4096 tokens, 1152 x 4096 floats: 24 -> 44 GFLOPS)
+        swap = (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS
+        ast = _try(ast, opts, *((Opt(OptOps.SWAP, i, j),) if swap else ()), Opt(OptOps.PACK, i, 0))
   # a small window (3x3, a pool's 2x2) is written out from its innermost axis, unless reads along it are gated (a conv's
   # input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's
   # window leaves a plain loop over its outputs that gcc vectorizes (measured 5x)
