@@ -1,6 +1,6 @@
 """Small utilities shared by every layer. Imports nothing of attograd."""
 from __future__ import annotations
-import contextlib, functools, hashlib, math, os, pathlib, sys
+import contextlib, functools, hashlib, math, os, pathlib, sys, tempfile, time
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -86,12 +86,18 @@ class GlobalCounters:
     GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum = 0, 0, 0, 0.0
     GlobalCounters.mem_peak = GlobalCounters.mem_used
 
-# ***** disk cache for compiled programs *****
+# ***** disk caches: compiled binaries, lowered programs, BEAM's winners *****
+# CACHELEVEL: 0 no disk cache at all, 1 binaries and BEAM results, 2 (default) also lowered programs (engine/progcache.py)
 
 def cache_dir() -> pathlib.Path:
   base = os.getenv("ATTOGRAD_CACHE") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attograd")
   path = pathlib.Path(base); path.mkdir(parents=True, exist_ok=True)
   return path
+
+def cache_path(kind: str, name: str) -> pathlib.Path:
+  """Where a cache entry of this kind (a subdirectory: "program", "cc", "beam", ...) lives."""
+  (d := cache_dir() / kind).mkdir(exist_ok=True)
+  return d / name
 
 def content_hash(*parts: str | bytes) -> str:
   h = hashlib.sha256()
@@ -99,12 +105,82 @@ def content_hash(*parts: str | bytes) -> str:
   return h.hexdigest()
 
 def atomic_write(path: pathlib.Path, data: bytes) -> None:
-  """Write a file so that no reader ever sees half of it: write aside, then rename."""
-  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  """Write a file so that no reader ever sees half of it: write aside, then rename. The temporary name is unique, so
+  threads and processes writing the same file at once each rename a whole file of their own (the last one stays)."""
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
-    tmp.write_bytes(data); os.replace(tmp, path)
+    with os.fdopen(fd, "wb") as f: f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+    os.replace(tmp, path)
   finally:
-    if tmp.exists(): tmp.unlink()
+    if os.path.exists(tmp): os.unlink(tmp)
+
+# an entry is one header line (format, payload size, payload hash) and the payload: a reader trusts only a whole,
+# unchanged payload. A rename is atomic but not durable: after a crash the file may be empty or hold old blocks
+_CACHE_MAGIC = b"attograd-cache 1 "
+
+def cache_write(path: pathlib.Path, data: bytes) -> None:
+  """Store data at path (atomically) for cache_read to check and return."""
+  atomic_write(path, _CACHE_MAGIC + f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode() + data)
+
+def cache_read(path: pathlib.Path) -> bytes | None:
+  """What cache_write stored at path; None if nothing is there, or if the file is damaged (truncated, zeroed, changed,
+  unreadable): then with a one-line warning, and the caller builds the value again and writes it over the file."""
+  try: raw = path.read_bytes()
+  except FileNotFoundError: return None
+  except OSError as e:
+    cache_warning(path, f"unreadable ({e.strerror})")
+    return None
+  head, nl, data = raw.partition(b"\n")
+  if head.startswith(_CACHE_MAGIC) and nl and head[len(_CACHE_MAGIC):] == f"{len(data)} {hashlib.sha256(data).hexdigest()}".encode():
+    return data
+  cache_warning(path, "damaged")
+  return None
+
+def cache_warning(path: pathlib.Path, what: str) -> None:
+  print(f"attograd: warning: cache entry {path} is {what}; rebuilding it", file=sys.stderr)
+
+# ***** progress of long work (compiling many kernels, BEAM) *****
+
+PROGRESS = ContextVar("PROGRESS", 1)  # 0: never show a progress bar
+
+class Progress:
+  """A bar over `total` steps that shows once the work has lasted `delay` seconds and isn't done, so quick work prints
+  nothing: tqdm's when it is installed, else one stderr line rewritten in place. Until then an update is a clock read."""
+  def __init__(self, total: int, desc: str, unit: str = "kernel", delay: float = 1.0):
+    self.total, self.desc, self.unit, self.delay, self.done = total, desc, unit, delay, 0
+    self.start, self.shown, self.note = time.perf_counter(), 0.0, ""
+    self.bar: Any = None  # None: not shown yet; True: the plain line; else a tqdm bar
+  def update(self, n: int = 0, note: str | None = None) -> None:
+    """n more steps done; `note` says what is being worked on. Also call it with n=0 during a long step."""
+    self.done += n
+    if note is not None: self.note = note
+    now = time.perf_counter()
+    if self.bar is None:
+      if now - self.start < self.delay or self.done >= self.total or not PROGRESS: return
+      self.bar = self._open(now)
+    if self.bar is not True:
+      self.bar.n = self.done
+      self.bar.set_postfix_str(self.note)  # (and redraws)
+    elif now - self.shown >= 0.1: self._line(now)  # a plain line: at most 10 writes a second
+  def _line(self, now: float) -> None:
+    self.shown = now
+    line = f"{self.desc}: {self.done}/{self.total} {self.unit}s [{now - self.start:.0f} s] {self.note}"
+    sys.stderr.write(f"\r{line[:100]:100s}"); sys.stderr.flush()
+  def _open(self, now: float) -> Any:
+    try: from tqdm import tqdm
+    except ImportError: return True
+    # (a delay: no first drawing at 0 done; the rate then counts every step since the start)
+    bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=sys.stderr, dynamic_ncols=True, delay=1e-9)
+    bar.start_t -= now - self.start  # the work began before the bar: rates and times count from then
+    return bar
+  def close(self) -> None:
+    if self.bar is None: return
+    if self.bar is True:
+      self._line(time.perf_counter())
+      sys.stderr.write("\n"); sys.stderr.flush()
+    else: self.bar.close()
+    self.bar = None
 
 def colored(s: str, color: str | None) -> str:
   codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36}

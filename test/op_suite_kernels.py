@@ -22,9 +22,9 @@ _seen: dict[UOp, None] = {}
 def pytest_configure(config) -> None:
   from attograd.engine import realize
   get_kernel = realize.get_kernel
-  def recording(ast: UOp, device: str, opts=None):
+  def recording(ast: UOp, *args, **kwargs):
     _seen.setdefault(ast)
-    return get_kernel(ast, device, opts)
+    return get_kernel(ast, *args, **kwargs)
   realize.get_kernel = recording
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -1,6 +1,7 @@
 """Invariant 1 (DESIGN §4): the same graph gives byte-identical kernel source, within a process
 and across processes (whatever Python's hash seed)."""
 import json, os, pathlib, subprocess, sys
+from attograd import Context
 from attograd.codegen import to_program
 from attograd.runtime.device import Device
 
@@ -29,7 +30,8 @@ def in_process() -> dict:
   return ns
 
 def in_subprocess(hash_seed: int, rev: bool = False) -> list:
-  env = {**os.environ, "DEBUG": "0", "PYTHONHASHSEED": str(hash_seed)}
+  # CACHELEVEL=1: every kernel lowered here, not loaded from the program cache an earlier run filled
+  env = {**os.environ, "DEBUG": "0", "PYTHONHASHSEED": str(hash_seed), "CACHELEVEL": "1"}
   out = subprocess.run([sys.executable, "-c", SCRIPT + f"import json; print(json.dumps(sources({rev})))"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr
@@ -53,7 +55,7 @@ def test_same_ast_same_source():
       assert (name1, src1) == (name2, src2) and "void " + name1 in src1
 
 def test_same_source_across_processes():
-  here = in_process()["sources"]()
+  with Context(CACHELEVEL=1): here = in_process()["sources"]()
   one, two = in_subprocess(1), in_subprocess(2, rev=True)
   assert one == two, "kernel source depends on the process (hash seed 1 vs 2, compile order reversed)"
   assert one == here, "kernel source in a fresh process differs from this one's"

@@ -197,7 +197,7 @@ def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
   ast = _ast(ta @ tb)
   cached = search._cache_path(ast, "CPU", 1, THREADS.value)
   assert cached.exists()
-  winner = json.loads(cached.read_text())
+  winner = json.loads(search.cache_read(cached))
   # the second search is a cache hit: it compiles nothing
   def no_compile(*a): raise AssertionError("BEAM searched again instead of using its cache")
   assert search.beam_search(ast, "CPU", 1, no_compile) == [Opt(OptOps[op], ax, n) for op, ax, n in winner]

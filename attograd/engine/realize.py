@@ -1,10 +1,10 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import functools, time
+import json, time
 from dataclasses import dataclass
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, cached_property, colored, prod, unwrap
+from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.codegen import to_program
@@ -13,6 +13,7 @@ from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem
 from attograd.engine.memory import planned_buffers
+from attograd.engine.progcache import program_key, read_program, write_program
 
 @dataclass
 class CompiledKernel:
@@ -46,20 +47,50 @@ def count_ops(uops: list[UOp]) -> int:
   return total
 
 _kernel_cache: dict[tuple, CompiledKernel] = {}
-def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None) -> CompiledKernel:
-  """The kernel compiled for device, with the given Opts or else the search's or heuristics' (cached)."""
+def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: Progress | None = None) -> CompiledKernel:
+  """The kernel compiled for device, with the given Opts or else the search's or heuristics' (cached in memory, and
+  on disk: a program an earlier process lowered is only loaded)."""
   key = (ast, device) if opts is None else (ast, device, tuple(opts))  # explicit [] is not the heuristics' choice
   if (ck := _kernel_cache.get(key)) is not None: return ck
   dev = Device[device]
   if dev.renderer is None:
     raise RuntimeError(f"{device} stores bytes and can't run kernels: move the tensor to a compute device first, e.g. t.to('CPU')")
-  if opts is None:
-    if NOOPT: opts = []
-    elif BEAM >= 1: opts = beam_search(ast, device, BEAM.value, compile_kernel)
-    elif dev.renderer.has_local: opts = gpu_hand_coded_opts(ast, dev.renderer)
-    else: opts = hand_coded_opts(ast, THREADS.value if dev.renderer.has_threads else 1)
+  pkey = program_key(ast, device, dev.renderer, opts_choice(opts, dev.renderer)) if CACHELEVEL >= 2 else None
+  if pkey is not None and DEBUG < 5 and (ck := load_kernel(pkey, ast, device)) is not None:  # DEBUG=5 shows the uops
+    _kernel_cache[key] = ck
+    return ck
+  if opts is None: opts = choose_opts(ast, device, progress)
   ck = _kernel_cache[key] = compile_kernel(ast, device, opts)
+  if pkey is not None: write_program(pkey, ck.name, ck.src, ck.opts, ck.ops, ck.variables, ck.launch)
   return ck
+
+def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
+  """What decides a kernel's Opts, for the program cache's key: the Opts themselves, or what chooses them with what
+  it depends on besides the AST and the renderer (the heuristics and BEAM split work for a number of cores)."""
+  if opts is not None: return "opts " + json.dumps([[o.op.name, o.axis, o.amount] for o in opts])
+  if NOOPT: return "noopt"
+  threads = THREADS.value if renderer.has_threads else 1
+  return f"beam {BEAM.value} threads {threads}" if BEAM >= 1 else f"heuristics threads {threads}"
+
+def choose_opts(ast: UOp, device: str, progress: Progress | None = None) -> list[Opt]:
+  """The Opts of NOOPT, BEAM or the heuristics, as the switches say."""
+  renderer = Device[device].renderer
+  if NOOPT: return []
+  if BEAM >= 1: return beam_search(ast, device, BEAM.value, compile_kernel, progress)
+  if renderer.has_local: return gpu_hand_coded_opts(ast, renderer)
+  return hand_coded_opts(ast, THREADS.value if renderer.has_threads else 1)
+
+def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
+  """The kernel of the program cache's entry pkey (None when there is none): only the device compiler runs, and it
+  finds the binary in its own cache."""
+  st = time.perf_counter()
+  if (e := read_program(pkey)) is None: return None
+  dev = Device[device]
+  prog = dev.runtime(e["name"], dev.compiler.compile(e["src"]))
+  if DEBUG >= 3: print(ast, "\nopts:", e["opts"])
+  if DEBUG >= 4: print(e["src"])
+  if DEBUG >= 2: print(f"loaded {e['name']} from the program cache in {(time.perf_counter() - st) * 1e3:.2f} ms")
+  return CompiledKernel(e["name"], e["src"], prog, e["ops"], e["variables"], e["opts"], e["launch"])
 
 def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
@@ -105,22 +136,37 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
     internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
                 if "buffer" not in si.bufs[0].__dict__}
     for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): u.__dict__["buffer"] = b
-  for si in schedule:
-    bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
-    ck = None if si.ast.op is Ops.COPY else get_kernel(si.ast, bufs[0].device)
-    if _captures:
-      _captures[-1].calls.append((si.ast, ck, bufs))
-      _captures[-1].nodes.update((id(b), u) for b, u in zip(bufs, si.bufs))
-      _captures[-1].var_vals.update(var_vals or {})
-    st = time.perf_counter()
-    if ck is None: bufs[0].copyin(bufs[1].as_bytes())
-    else: ck([b._buf for b in bufs], var_vals)
-    et = time.perf_counter() - st
-    name, ops = (f"copy {bufs[1].device} -> {bufs[0].device}", 0) if ck is None else (ck.name, ck.ops)
-    GlobalCounters.kernel_count += 1
-    GlobalCounters.global_ops += ops
-    GlobalCounters.global_mem += sum(b.nbytes for b in bufs)
-    GlobalCounters.time_sum += et
-    if DEBUG >= 1:
-      print(f"*** {bufs[0].device:6s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'cyan')} "
-            f"arg {len(bufs):2d} tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) * 1e-9:8.2f} GFLOPS")
+  progress: Progress | None = None
+  try:
+    for i, si in enumerate(schedule):
+      bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
+      ck = None if si.ast.op is Ops.COPY else _kernel_cache.get((si.ast, bufs[0].device))
+      if ck is None and si.ast.op is not Ops.COPY:  # to compile (or load): a bar shows if this schedule's take long
+        if progress is None: progress = Progress(_uncompiled(schedule[i:]), "compiling kernels")
+        ck = get_kernel(si.ast, bufs[0].device, progress=progress)
+        progress.update(1, ck.name)
+      run_item(si, ck, bufs, var_vals)
+  finally:
+    if progress is not None: progress.close()
+
+def _uncompiled(items: list[ScheduleItem]) -> int:
+  """How many distinct kernels of items this process hasn't compiled yet."""
+  return len({k for si in items if si.ast.op is not Ops.COPY and (k := (si.ast, si.bufs[0].arg.device)) not in _kernel_cache})
+
+def run_item(si: ScheduleItem, ck: CompiledKernel | None, bufs: list[Buffer], var_vals: dict[UOp, int] | None) -> None:
+  if _captures:
+    _captures[-1].calls.append((si.ast, ck, bufs))
+    _captures[-1].nodes.update((id(b), u) for b, u in zip(bufs, si.bufs))
+    _captures[-1].var_vals.update(var_vals or {})
+  st = time.perf_counter()
+  if ck is None: bufs[0].copyin(bufs[1].as_bytes())
+  else: ck([b._buf for b in bufs], var_vals)
+  et = time.perf_counter() - st
+  name, ops = (f"copy {bufs[1].device} -> {bufs[0].device}", 0) if ck is None else (ck.name, ck.ops)
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += ops
+  GlobalCounters.global_mem += sum(b.nbytes for b in bufs)
+  GlobalCounters.time_sum += et
+  if DEBUG >= 1:
+    print(f"*** {bufs[0].device:6s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'cyan')} "
+          f"arg {len(bufs):2d} tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) * 1e-9:8.2f} GFLOPS")

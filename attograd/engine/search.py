@@ -5,8 +5,9 @@ kernel's AST, the device and the search settings, so a second run picks them wit
 from __future__ import annotations
 import concurrent.futures, json, os, time
 from typing import Any, Callable
-from attograd.helpers import DEBUG, CACHELEVEL, cache_dir, content_hash, atomic_write
+from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, cache_warning, content_hash
 from attograd.uop.ops import UOp, Ops
+from attograd.uop.serialize import graph_key
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
 from attograd.codegen.gpudims import gpu_hand_coded_opts
 from attograd.runtime.device import Device, Buffer
@@ -51,17 +52,24 @@ def time_kernel(ck: Any, bufs: list[Any], sync: Callable[[], None], reps: int = 
   return best
 
 def _cache_path(ast: UOp, device: str, width: int, threads: int):
-  return cache_dir() / "beam" / f"{content_hash(SEARCH_VERSION, repr(ast), device, str(width), str(threads))}.json"
+  return cache_path("beam", f"{content_hash(SEARCH_VERSION, graph_key(ast), device, str(width), str(threads))}.json")
 
-def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp, str, list[Opt]], Any]) -> list[Opt]:
-  """The fastest Opts found for this kernel on this device (cached on disk)."""
+def _read_winner(path) -> list[Opt] | None:
+  if (data := cache_read(path)) is None: return None
+  try: return [Opt(OptOps[op], int(axis), int(amount)) for op, axis, amount in json.loads(data)]
+  except (ValueError, KeyError, TypeError):  # a whole file, but not what this version writes
+    cache_warning(path, "not a list of Opts")
+    return None
+
+def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp, str, list[Opt]], Any],
+                progress: Progress | None = None) -> list[Opt]:
+  """The fastest Opts found for this kernel on this device (cached on disk); `progress` hears of every candidate."""
   dev = Device[device]
   threads = THREADS.value if dev.renderer.has_threads else 1
   # sizes only known at run time, or a device that can't be timed here: nothing to search on
   if any(u.op is Ops.DEFINE_VAR and u.arg[0] != CORE_ID for u in ast.toposort): return []
-  path = _cache_path(ast, device, width, threads)
-  if CACHELEVEL >= 1 and path.exists():
-    return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
+  path = _cache_path(ast, device, width, threads) if CACHELEVEL >= 1 else None
+  if path is not None and (cached := _read_winner(path)) is not None: return cached
   st = time.perf_counter()
   bufs = _buffers(ast, device)
   def build(opts: list[Opt]) -> tuple[list[Opt], Any] | None:
@@ -77,10 +85,13 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
     seen.add(built[1].src)
     beam = sorted(beam + [(time_kernel(built[1], bufs, dev.synchronize), hc)], key=lambda x: x[0])[:max(width, 1)]
   try:
-    for _ in range(MAX_ROUNDS):
+    for rnd in range(MAX_ROUNDS):
       candidates = [opts + [a] for _, opts in beam for a in actions(ast, threads, local)]
       # compile everything first, then time one kernel at a time on a machine the compiler left alone
-      built = [b for b in pool.map(build, candidates) if b is not None]
+      built = []
+      for i, b in enumerate(pool.map(build, candidates)):
+        if progress is not None: progress.update(0, f"BEAM round {rnd + 1}: {i + 1}/{len(candidates)} candidates")
+        if b is not None: built.append(b)
       timed: list[tuple[float, list[Opt]]] = []
       for opts, ck in built:
         if ck.src in seen: continue  # two Opt lists can give the same program
@@ -94,7 +105,5 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   finally: pool.shutdown(wait=True)
   winner = beam[0][1]
   if DEBUG >= 1: print(f"BEAM={width}: {winner} in {time.perf_counter() - st:.1f} s, {beam[0][0] * 1e3:.3f} ms (was {time_kernel(base, bufs, dev.synchronize) * 1e3:.3f} ms)")
-  if CACHELEVEL >= 1:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps([[o.op.name, o.axis, o.amount] for o in winner]).encode())
+  if path is not None: cache_write(path, json.dumps([[o.op.name, o.axis, o.amount] for o in winner]).encode())
   return winner

@@ -1,11 +1,12 @@
 """PYTHON device: executes the linear UOps directly. It is slow and it is the reference
 semantics: every other backend must agree with it."""
 from __future__ import annotations
-import itertools, pickle, struct
+import itertools, json, struct
 from typing import Any, Iterator
 from attograd.dtype import DType, dtypes, truncate
 from attograd.helpers import bf16_bits_to_float, float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp, exec_alu
+from attograd.uop.serialize import graph_data, graph_from_data
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer import Renderer
 
@@ -15,9 +16,9 @@ class PythonAllocator(Allocator):
   def copyout(self, dest: memoryview, src: bytearray) -> None: dest.cast("B")[:] = src[:dest.nbytes]
 
 class PythonRenderer(Renderer):
-  """The 'source' is the linear UOp list itself, pickled."""
+  """The 'source' is the linear UOp list itself, as data (JSON, uop/serialize.py): it can sit in the program cache."""
   device = "PYTHON"
-  def render(self, name: str, uops: list[UOp]) -> str: return pickle.dumps(uops).hex()
+  def render(self, name: str, uops: list[UOp]) -> str: return json.dumps(graph_data(uops), separators=(",", ":"))
 
 def _f16_from_bits(b: int) -> float: return struct.unpack("<e", struct.pack("<H", b))[0]
 def _f16_to_bits(v: float) -> int: return struct.unpack("<H", struct.pack("<e", truncate(dtypes.float16, v)))[0]
@@ -47,7 +48,7 @@ class PythonProgram:
   """Runs the uops once, or for a GPU-style program (SPECIAL thread ids) once per thread: the threads of
   a work-group take turns, each running until its next BARRIER, so local memory is shared as on a GPU."""
   def __init__(self, name: str, lib: bytes):
-    self.uops: list[UOp] = pickle.loads(bytes.fromhex(lib.decode()))
+    self.uops: list[UOp] = graph_from_data(json.loads(lib))
   def __call__(self, bufs: list[bytearray], vals: list[int], groups: tuple[int, ...] = (1, 1, 1), local: tuple[int, ...] = (1, 1, 1)) -> None:
     params = sorted((u for u in self.uops if u.op is Ops.PARAM), key=lambda u: u.arg)
     variables = sorted((u for u in self.uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
