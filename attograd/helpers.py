@@ -159,12 +159,13 @@ class Progress:
     if self.bar is None:
       if now - self.start < self.delay or self.done >= self.total or not PROGRESS: return
       self.bar = self._open(now)
-    if self.bar is not True:
+    if now - self.shown < 0.1 and self.done < self.total: return  # at most 10 redraws a second
+    self.shown = now
+    if self.bar is True: self._line(now)
+    else:
       self.bar.n = self.done
       self.bar.set_postfix_str(self.note)  # (and redraws)
-    elif now - self.shown >= 0.1: self._line(now)  # a plain line: at most 10 writes a second
   def _line(self, now: float) -> None:
-    self.shown = now
     line = f"{self.desc}: {self.done}/{self.total} {self.unit}s [{now - self.start:.0f} s] {self.note}"
     sys.stderr.write(f"\r{line[:100]:100s}"); sys.stderr.flush()
   def _open(self, now: float) -> Any:

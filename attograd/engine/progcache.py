@@ -58,6 +58,8 @@ def write_program(key: str, name: str, src: str, opts: list[Opt], ops: int, vari
            "ops": ops, "graph": graph, "variables": len(variables), "launch": None if launch is None else [groups, list(launch[1])]}
   cache_write(_path(key), json.dumps(entry).encode())
 
+def program_cached(key: str) -> bool: return _path(key).exists()
+
 def read_program(key: str) -> dict[str, Any] | None:
   """The entry write_program stored under key, its fields as the kernel needs them (variables as DEFINE_VAR nodes,
   launch dims with their symbolic sizes as UOps); None when there is none, or it is damaged (then with a warning)."""

@@ -1,8 +1,9 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
 import json, time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
@@ -13,7 +14,7 @@ from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem
 from attograd.engine.memory import planned_buffers
-from attograd.engine.progcache import program_key, read_program, write_program
+from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
 class CompiledKernel:
@@ -59,10 +60,33 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
   if pkey is not None and DEBUG < 5 and (ck := load_kernel(pkey, ast, device)) is not None:  # DEBUG=5 shows the uops
     _kernel_cache[key] = ck
     return ck
-  if opts is None: opts = choose_opts(ast, device, progress)
-  ck = _kernel_cache[key] = compile_kernel(ast, device, opts)
+  if (ahead := _ahead.pop(key, None)) is None:
+    if opts is None: opts = choose_opts(ast, device, progress)
+    ahead = lower_kernel(ast, device, opts, None)
+  ck = _kernel_cache[key] = ahead()
   if pkey is not None: write_program(pkey, ck.name, ck.src, ck.opts, ck.ops, ck.variables, ck.launch)
   return ck
+
+# kernels lowered ahead of their run (compile_ahead), each finished by calling it: it waits for its binary
+_ahead: dict[tuple, Callable[[], CompiledKernel]] = {}
+_compiler_pool: ThreadPoolExecutor | None = None
+
+def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None) -> None:
+  """Lower the schedule's kernels that aren't compiled (nor in the program cache) and hand each source to the device's
+  compiler on a worker thread as soon as it is written: the C compiler (another process) compiles one kernel while
+  Python lowers the next, on the other core. BEAM compiles its own candidates."""
+  global _compiler_pool
+  todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op is not Ops.COPY)
+          if k not in _kernel_cache and k not in _ahead]
+  if len(todo) < 2 or BEAM >= 1 or DEBUG >= 5: return
+  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(max(THREADS.value, 1), thread_name_prefix="compile")
+  for ast, device in todo:
+    dev = Device[device]
+    if dev.renderer is None: continue  # get_kernel says why
+    pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
+    if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
+    _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
+    if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
 
 def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   """What decides a kernel's Opts, for the program cache's key: the Opts themselves, or what chooses them with what
@@ -94,6 +118,11 @@ def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
 
 def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
+  return lower_kernel(ast, device, opts, None)()
+
+def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
+  """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
+  thread if one is given; the function returned waits for the binary and makes the kernel."""
   dev = Device[device]
   st = time.perf_counter()
   gpu = dev.renderer.has_local
@@ -102,12 +131,17 @@ def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
-  prog = dev.runtime(name, dev.compiler.compile(src))
-  if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
+  build = lambda: dev.runtime(name, dev.compiler.compile(src))
+  binary = pool.submit(build) if pool is not None else None
   variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
-  ck = CompiledKernel(name, src, prog, 0, variables, opts, launch_dims(uops) if gpu else None)
-  ck.ops = count_ops(uops) * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
-  return ck
+  launch = launch_dims(uops) if gpu else None
+  ops = count_ops(uops)
+  def finish() -> CompiledKernel:
+    ck = CompiledKernel(name, src, build() if binary is None else binary.result(), 0, variables, opts, launch)
+    ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
+    if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
+    return ck
+  return finish
 
 def buffer_of(u: UOp) -> Buffer:
   """The runtime Buffer behind a BUFFER node, held by the node: memory lives as long as a graph names it."""
@@ -142,7 +176,9 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
       bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
       ck = None if si.ast.op is Ops.COPY else _kernel_cache.get((si.ast, bufs[0].device))
       if ck is None and si.ast.op is not Ops.COPY:  # to compile (or load): a bar shows if this schedule's take long
-        if progress is None: progress = Progress(_uncompiled(schedule[i:]), "compiling kernels")
+        if progress is None:
+          progress = Progress(_uncompiled(schedule[i:]), "compiling kernels")
+          compile_ahead(schedule[i:], progress)
         ck = get_kernel(si.ast, bufs[0].device, progress=progress)
         progress.update(1, ck.name)
       run_item(si, ck, bufs, var_vals)
