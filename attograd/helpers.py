@@ -94,6 +94,15 @@ def cache_dir() -> pathlib.Path:
   path = pathlib.Path(base); path.mkdir(parents=True, exist_ok=True)
   return path
 
+@functools.cache
+def code_version() -> str:
+  """A hash of attograd's Python sources, read once per process (5 ms): cached programs and schedules are functions of
+  the code that made them, so any change to it makes new keys."""
+  root = pathlib.Path(__file__).resolve().parent
+  files = sorted(root.rglob("*.py"))
+  if not files: return os.urandom(16).hex()  # no sources to hash (a .pyc-only install): entries can't outlive the process
+  return content_hash(*(part for f in files for part in (f.relative_to(root).as_posix(), f.read_bytes())))
+
 def cache_path(kind: str, name: str) -> pathlib.Path:
   """Where a cache entry of this kind (a subdirectory: "program", "cc", "beam", ...) lives."""
   (d := cache_dir() / kind).mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
-"""The disk caches: a second process loads every kernel's lowered program (no Opts chosen, no lowering) and gets the same
-results; a damaged entry of any kind (program, compiled library, loadable library, BEAM winner) is rebuilt with a
-one-line warning; CACHELEVEL turns the caches off; keys are the same in every process; long compiles show progress.
+"""The disk caches: a second process loads every schedule and every kernel's lowered program (no scheduling, no Opts
+chosen, no lowering) and gets the same results; a damaged entry of any kind (schedule, program, compiled library,
+loadable library, BEAM winner) is rebuilt with a one-line warning; CACHELEVEL turns the caches off; keys are the same in every process; long compiles show progress.
 Every test uses a cache directory of its own."""
 from __future__ import annotations
 import json, math, os, pathlib, shutil, signal, subprocess, sys, time
@@ -20,8 +20,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # a few kernels of each kind: a matmul, a reduce the heuristics thread (a core_id variable), a symbolic size
 SCRIPT = """
 import json, sys
-import attograd.engine.realize as realize
-calls = {"to_program": 0, "heuristics": 0}
+import attograd.engine.realize as realize, attograd.schedule.schedule as schedule
+calls = {"to_program": 0, "heuristics": 0, "schedules": 0}
 def counted(name, f):
   def g(*a, **k):
     calls[name] += 1
@@ -29,6 +29,7 @@ def counted(name, f):
   return g
 realize.to_program = counted("to_program", realize.to_program)
 realize.hand_coded_opts = counted("heuristics", realize.hand_coded_opts)
+schedule.realize_points = counted("schedules", schedule.realize_points)
 from attograd import Tensor, Variable
 import numpy as np
 rng = np.random.default_rng(0)
@@ -55,14 +56,15 @@ def warm(tmp_path_factory) -> tuple[pathlib.Path, dict]:
   """A cache filled by one process, and what that process computed (copy it before changing it)."""
   cache = tmp_path_factory.mktemp("warm")
   first, err = run(SCRIPT, cache)
-  assert first["calls"]["to_program"] >= 3 and first["calls"]["heuristics"] >= 3 and "warning" not in err
+  assert first["calls"]["to_program"] >= 3 and first["calls"]["heuristics"] >= 3 and first["calls"]["schedules"] >= 3
+  assert "warning" not in err
   return cache, first
 
 def test_second_process_does_no_lowering(warm, tmp_path):
   cache, first = warm
   shutil.copytree(cache, tmp_path / "c")
   second, err = run(SCRIPT, tmp_path / "c")
-  assert second["calls"] == {"to_program": 0, "heuristics": 0}
+  assert second["calls"] == {"to_program": 0, "heuristics": 0, "schedules": 0}  # nor scheduling
   assert second["out"] == first["out"] and second["kernels"] == first["kernels"]  # same kernels, down to variables and op counts
   assert any(k[6] > 1 for k in first["kernels"]) and any("'n'" in repr(k[4]) for k in first["kernels"])  # threaded, symbolic
   assert err == ""
@@ -75,7 +77,7 @@ def _garble(b: bytes) -> bytes:
   return b[:mid] + bytes(x ^ 0x5A for x in b[mid:mid + 64]) + b[mid + 64:]
 
 @pytest.mark.parametrize("damage", [_truncate, _zero, _garble], ids=["truncated", "zeroed", "garbled"])
-@pytest.mark.parametrize("kind", ["program", "cc", "lib"])
+@pytest.mark.parametrize("kind", ["program", "cc", "lib", "schedule"])
 def test_damaged_entry_is_rebuilt_with_a_warning(warm, tmp_path, kind, damage):
   cache, first = warm
   shutil.copytree(cache, c := tmp_path / "c")
@@ -87,7 +89,7 @@ def test_damaged_entry_is_rebuilt_with_a_warning(warm, tmp_path, kind, damage):
   assert len(warnings) == len(entries(c, kind))  # one line per damaged entry
   # rebuilt on disk: a third process finds everything whole and lowers nothing
   third, err = run(SCRIPT, c)
-  assert err == "" and third["calls"] == {"to_program": 0, "heuristics": 0} and third["out"] == first["out"]
+  assert err == "" and third["calls"] == {"to_program": 0, "heuristics": 0, "schedules": 0} and third["out"] == first["out"]
 
 def test_cachelevel_turns_disk_caches_off(tmp_path):
   for level, kinds in (("0", set()), ("1", {"cc", "lib"})):
@@ -114,7 +116,7 @@ def test_processes_filling_one_cache_and_a_killed_one_leave_no_damage(warm, tmp_
   outs = [json.loads(p.stdout.read().decode().splitlines()[-1]) for p in procs[1:]]
   assert outs[0]["out"] == outs[1]["out"] == first["out"]
   after, err = run(KILL_SCRIPT, c)
-  assert err == "" and after["calls"] == {"to_program": 0, "heuristics": 0} and after["out"] == first["out"]
+  assert err == "" and after["calls"] == {"to_program": 0, "heuristics": 0, "schedules": 0} and after["out"] == first["out"]
 
 # ***** in one process: the entry format, keys, BEAM's cache, progress *****
 

@@ -7,22 +7,14 @@ them (the heuristics and the core count they split work for, or BEAM's width), t
 and the version of the code (a hash of attograd's source files, so any change to lowering, a renderer or the heuristics
 makes new keys). An entry is JSON: variables and symbolic launch sizes as a graph in serialize's format, never pickle."""
 from __future__ import annotations
-import functools, json, os, pathlib
+import json, pathlib
 from typing import Any
-from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, content_hash
+from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, content_hash, code_version
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.codegen.opt import Opt, OptOps
 
 FORMAT = "1"  # bump when an entry's fields change meaning
-
-@functools.cache
-def code_version() -> str:
-  """A hash of attograd's Python sources, read once per process (5 ms)."""
-  root = pathlib.Path(__file__).resolve().parents[1]
-  files = sorted(root.rglob("*.py"))
-  if not files: return os.urandom(16).hex()  # no sources to hash (a .pyc-only install): entries can't outlive the process
-  return content_hash(*(part for f in files for part in (f.relative_to(root).as_posix(), f.read_bytes())))
 
 class _NotData(Exception): pass
 

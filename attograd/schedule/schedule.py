@@ -1,12 +1,13 @@
 """Tensor graph -> an ordered list of kernels (DESIGN §3.3).
 Deciding where buffers must exist is the scheduler's one decision; everything else is indexing."""
 from __future__ import annotations
-import itertools
+import itertools, json
 from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
-from attograd.helpers import prod, dedup, DEBUG
+from attograd.helpers import prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, cache_warning, code_version, content_hash
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
+from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
 from attograd.codegen.lower import reduce_identity
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
@@ -326,17 +327,49 @@ def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
   return ScheduleTemplate(len(inputs), tuple((b.arg.device, b.arg.size, b.dtype) for b in outputs), items, after,
                           tuple((p, number[b]) for b, p in placeholders.items() if p in used), key)
 
+# ***** templates on disk: a new process schedules nothing an earlier one scheduled (same code, same graph) *****
+
+def _disk_key(sink: UOp, inputs: list[UOp]) -> str:
+  return content_hash("schedule", code_version(), graph_key(sink.substitute({b: _placeholder(i, b) for i, b in enumerate(inputs)})))
+
+def _save_template(key: str, t: ScheduleTemplate) -> None:
+  outputs = [UOp(Ops.BUFFER, dt, (), BufferArg(-1, device, size)) for device, size, dt in t.outputs]  # (their dtypes)
+  roots = [*(ast for ast, _ in t.items), *t.becomes, *(p for p, _ in t.placeholders), *outputs]
+  entry = {"graph": graph_data(roots), "inputs": t.n_inputs, "items": [list(n) for _, n in t.items], "becomes": len(t.becomes),
+           "placeholders": [n for _, n in t.placeholders], "outputs": len(outputs)}
+  cache_write(cache_path("schedule", f"{key}.json"), json.dumps(entry).encode())
+
+def _load_template(key: str) -> ScheduleTemplate | None:
+  path = cache_path("schedule", f"{key}.json")
+  if (raw := cache_read(path)) is None: return None
+  try:
+    e = json.loads(raw)
+    roots = iter(graph_from_data(e["graph"]))
+    items = tuple((next(roots), tuple(int(n) for n in numbers)) for numbers in e["items"])
+    becomes = tuple(next(roots) for _ in range(e["becomes"]))
+    placeholders = tuple((next(roots), int(n)) for n in e["placeholders"])
+    outputs = tuple((b.arg.device, b.arg.size, b.dtype) for b in (next(roots) for _ in range(e["outputs"])))
+    return ScheduleTemplate(int(e["inputs"]), outputs, items, becomes, placeholders, int(key[:16], 16))
+  except (ValueError, KeyError, TypeError, IndexError, AttributeError, StopIteration) as err:  # whole, but not a template
+    cache_warning(path, f"not a schedule ({type(err).__name__}: {err})")
+    return None
+
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
-  schedule: the Python work of scheduling a training step is done once."""
+  schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
+  (CACHELEVEL=2)."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
-    template = _schedule_cache[structure] = _template(sink, inputs, hash(structure))
+    key = _disk_key(sink, inputs) if CACHELEVEL >= 2 else None
+    if key is None or (template := _load_template(key)) is None:
+      template = _template(sink, inputs, hash(structure))
+      if key is not None: _save_template(key, template)
+    _schedule_cache[structure] = template
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
