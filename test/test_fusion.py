@@ -189,3 +189,43 @@ def test_gathers_read_one_row_per_output():
   k, got = run(x.gather(1, Tensor(nidx)))
   np.testing.assert_array_equal(got, np.take_along_axis(nx, nidx, 1))
   assert GlobalCounters.global_ops < 64 * 1000, "the gather reads 3 values per row, not the row"
+
+def test_transformer_block_kernel_ceiling():
+  # a pre-norm transformer block (layernorm, qkv, causal attention, projection, layernorm, GELU MLP) forward and backward:
+  # the cost model stores what fusing would repeat and fuses the rest
+  from attograd import nn
+  Tensor.manual_seed(0)
+  ln1, ln2, qkv, proj, fc1, fc2 = nn.LayerNorm(64), nn.LayerNorm(64), nn.Linear(64, 192), nn.Linear(64, 64), nn.Linear(64, 256), nn.Linear(256, 64)
+  params = [p for m in (ln1, ln2, qkv, proj, fc1, fc2) for p in (m.weight, m.bias)]
+  Tensor.realize_all(params)
+  x = Tensor.randn(16, 64, 64).realize()
+  q, k, v = [t.reshape(16, 64, 4, 16).transpose(1, 2) for t in qkv(ln1(x)).chunk(3, dim=-1)]
+  h = x + proj(q.scaled_dot_product_attention(k, v, is_causal=True).transpose(1, 2).reshape(16, 64, 64))
+  out = h + fc2(fc1(ln2(h)).gelu())
+  loss = out.square().mean()
+  grads = loss.gradient(*params)
+  GlobalCounters.reset()
+  Tensor.realize_all([loss, *grads])
+  assert GlobalCounters.kernel_count <= 60, GlobalCounters.kernel_count
+
+def test_costly_values_are_not_repeated_inside_other_kernels():
+  from attograd.uop.ops import Ops
+  from attograd.schedule.schedule import create_schedule
+  na, nb = rand(64, 32), rand(32, 48)
+  a, b = tensors(na, nb)
+  # a GELU feeding a matmul would be computed once per output tile: it gets a kernel of its own
+  t = a.gelu() @ b
+  mm = create_schedule([t.uop])[0][-1].ast
+  assert not any(u.op is Ops.EXP for u in mm.toposort), "the matmul recomputes the GELU"
+  import torch
+  check(t, (torch.nn.functional.gelu(torch.tensor(na)) @ torch.tensor(nb)).numpy(), 2, atol=1e-4)
+  # a reduce one kernel would compute in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row
+  # sum and again per output) is stored: every kernel computes each dot product once
+  ng, nv, np_ = rand(4, 16, 8), rand(4, 16, 8), rand(4, 16, 16)
+  g, v, p = tensors(ng, nv, np_)
+  dp = g @ v.transpose(-1, -2)
+  ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+  sched = create_schedule([ds.uop])[0]
+  assert len(sched) == 2 and all(sum(u.op is Ops.REDUCE for u in si.ast.toposort) <= 1 for si in sched)
+  ndp = ng @ nv.transpose(0, 2, 1)
+  check(ds, np_ * (ndp - (ndp * np_).sum(-1, keepdims=True)), 2, atol=1e-4)
