@@ -442,9 +442,13 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         # the loop over column panels goes outside the rows loop, and each panel (k rows of the tile's width) is packed
         # once, so every row block streams it contiguously from cache: a big matmul's panel would fall out of it, and
         # a strided one (x @ w.T reads w along its rows) would be read a value at a time (35 -> 50 GFLOPS on one core).
-        # Unless the rows' operand is too big for the cache to hold between panels: then each row block packs its
-        # panels (a weight gradient summed over 4096 tokens, 1152 x 4096 floats: 24 -> 44 GFLOPS)
-        swap = (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS
+        # Unless the rows' operand is read across its rows (transposed: each step of the sum a new cache line per row) and
+        # too big for the cache to hold between panels: then each row block packs its panels (a weight gradient summed
+        # over 4096 tokens, 1152 x 4096 floats: 24 -> 44 GFLOPS; a row-major 2048^3 operand wants the swap, 18 -> 52)
+        inner = max((r for r in ax if r.arg[1] == "reduce"), key=lambda r: r.arg)
+        rows_read = [u.src[0].src[1] for u in reds[0].src[0].toposort if u.op is Ops.LOAD and ax[j] not in u.src[0].src[1].toposort]
+        across = any(inner in ix.toposort and not unit_stride(ix, inner) for ix in rows_read)
+        swap = not across or (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS
         ast = _try(ast, opts, *((Opt(OptOps.SWAP, i, j),) if swap else ()), Opt(OptOps.PACK, i, 0))
   # a small window (3x3, a pool's 2x2) is written out from its innermost axis, unless reads along it are gated (a conv's
   # input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's
