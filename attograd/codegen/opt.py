@@ -358,6 +358,20 @@ def _dividing(size: int | None, amounts: tuple[int, ...]) -> tuple[int, ...]:
 def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
 
+FULL_TILE = 64  # accumulators: 16x6 written out, a SIMD loop of 16 by 6 rows, 8x8
+
+def _tile_rows(ast: UOp, opts: list[Opt], i: int, cap: int) -> UOp:
+  """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
+  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
+  most TILE_ACCUMULATORS. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
+  rows = const_size(axes(ast)[i]) or 0
+  padded = -(-rows // 6) * 6
+  reduced = prod(const_size(r) or 0 for r in axes(ast) if r.arg[1] == "reduce")
+  six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
+  fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= min(cap, TILE_ACCUMULATORS) and not ranges_of(ast, "simd")
+  return _first(ast, opts, *((six,) if fits else ()),
+                *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
+
 def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   """Opts for common kernel shapes, chosen from the AST alone:
   - a reduce whose inputs are each re-read along some output axis (matmul, conv): a register tile,
@@ -398,7 +412,6 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
     if i is not None and len(along_j) < len(loads) and work >= 1 << 16 and not any(ax[i] in ld and ax[j] in ld for ld in loads):
       # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
-      cap = MAX_COPIES
       gated_along_j = any(ax[j] in g for g in gates)
       # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
       # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
@@ -413,29 +426,28 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
         inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
         if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, inner, 2))
-        cap = 36
+        ast = _tile_rows(ast, opts, i, 36)
       elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j) and contiguous_j:
         # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
         # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
         # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
         # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
         if padded != n: ast = _try(ast, opts, Opt(OptOps.PADTO, j, padded))
-        ast = _try(ast, opts, Opt(OptOps.SIMD, j, 16))
+        ast = _tile_rows(_try(ast, opts, Opt(OptOps.SIMD, j, 16)), opts, i, MAX_COPIES)
       else:
-        # written out where the budget allows; else (a costly value computed from the tile's sums: a GELU) a SIMD loop
-        ast = _first(ast, opts, *(Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (16, 32, 8, 12, 10, 9, 4))),
-                     *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))))
-      # rows of the tile: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a
-      # padded row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the
-      # accumulators in at most TILE_ACCUMULATORS
-      rows = const_size(axes(ast)[i]) or 0
-      padded = -(-rows // 6) * 6
+        # the first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding
+        # most: a costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a
+        # 16x6 tile's outputs is over the budget, and a SIMD loop over the width keeps 6 of it
+        widths = [Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (16, 32, 8, 12, 10, 9, 4))]
+        widths += [Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))]
+        best: tuple[int, UOp, list[Opt]] = (0, ast, [])
+        for width in widths:
+          if (tile := _try(ast, tried := [], width)) is ast: continue
+          tile = _tile_rows(tile, tried, i, MAX_COPIES)
+          if copies(tile) > best[0]: best = (copies(tile), tile, tried)
+          if best[0] >= FULL_TILE: break
+        ast = best[1]; opts += best[2]
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
-      six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
-      # (measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows)
-      fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= min(cap, TILE_ACCUMULATORS) and not ranges_of(ast, "simd")
-      ast = _first(ast, opts, *((six,) if fits else ()),
-                   *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
       tiled = True
       big = len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
       if big or not contiguous_j:

@@ -60,6 +60,7 @@ OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
+PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
 def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> int:
@@ -172,7 +173,8 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     # the work repeated is worth a kernel launch; of it and a costly part of it both shared, the part first: with a
     # buffer for it, the rest may be cheap to repeat
     repeated = lambda r: smax(sym_prod(r.shape)) * elementwise_cost(r, points, cost) * (len(readers[r]) - 1)
-    shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK]
+    shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK
+              and elementwise_cost(r, points, cost) * (len(readers[r]) - 1) > PASS_COST * (len(readers[r]) + 1)]
     if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
     if not new: break
     added = set(new)
