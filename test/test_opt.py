@@ -125,6 +125,17 @@ def test_heuristics_pick_tiles_and_accumulators():
   assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 1, 2)
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
+  # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
+  assert hand_coded_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
+
+def test_tile_with_a_costly_epilogue_keeps_its_rows():
+  # a GELU's gradient computed from each output of x @ w.T is ~100 nodes: written out for every output of a 16x6 tile
+  # it is over the budget, so the width is a SIMD loop and the rows stay written out (not a 16x1 tile, 12x slower)
+  x, w, g = Tensor.empty(1024, 256, requires_grad=True), Tensor.empty(256, 64), Tensor.empty(1024, 64)
+  ((x.gelu() @ w) * g).sum().backward()
+  ast = next(si.ast for si in x.grad.schedule() if any(u.op is Ops.REDUCE for u in si.ast.toposort))
+  opts = hand_coded_opts(ast, 1)
+  assert Opt(OptOps.SIMD, 1, 16) in opts and Opt(OptOps.UPCAST, 0, 8) in opts, opts
 
 def test_padto_masks_extra_iterations():
   rng = np.random.default_rng(2)

@@ -53,10 +53,12 @@ MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop b
 # nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300-2600; a
 # 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
 MAX_WRITTEN_OUT = 3072
-# a register tile's outputs at most: the sixteen 8-float registers of AVX2. A 16x6 tile (12 registers, with 2 for a row of
-# the right operand and 1 for a broadcast of the left) keeps everything in registers: 52-68 GFLOPS on one core over a
-# small transformer's matmuls and a 1024^3 one; 16x8 spilled three accumulators to the stack (48-53), 32x8 most (35)
-TILE_ACCUMULATORS = 128
+# a register tile's outputs at most, in vector registers (of the renderer's simd_floats): AVX2 has sixteen of 8 floats. A
+# 16x6 tile (12 registers, with 2 for a row of the right operand and 1 for a broadcast of the left) keeps everything in
+# registers: 52-68 GFLOPS on one core over a small transformer's matmuls and a 1024^3 one; 16x8 spilled three
+# accumulators to the stack (48-53), 32x8 most (35). With AVX-512's 32 registers a 32x6 tile of them does 102-111 where
+# 16x6 did 66-68 (torch 96), and 32x8 the same
+TILE_REGISTERS = 16
 SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
 
 def ranges_of(ast: UOp, kind: str) -> list[UOp]:
@@ -358,21 +360,21 @@ def _dividing(size: int | None, amounts: tuple[int, ...]) -> tuple[int, ...]:
 def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
 
-FULL_TILE = 64  # accumulators: 16x6 written out, a SIMD loop of 16 by 6 rows, 8x8
+FULL_TILE = 8  # registers of accumulators: 16x6 written out (of 8-float registers), a SIMD loop of 16 by 6 rows, 8x8
 
 def _tile_rows(ast: UOp, opts: list[Opt], i: int, cap: int) -> UOp:
   """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
   row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
-  most TILE_ACCUMULATORS. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
+  most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
   rows = const_size(axes(ast)[i]) or 0
   padded = -(-rows // 6) * 6
   reduced = prod(const_size(r) or 0 for r in axes(ast) if r.arg[1] == "reduce")
   six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
-  fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= min(cap, TILE_ACCUMULATORS) and not ranges_of(ast, "simd")
+  fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= cap and not ranges_of(ast, "simd")
   return _first(ast, opts, *((six,) if fits else ()),
-                *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
+                *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= cap))
 
-def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
+def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   """Opts for common kernel shapes, chosen from the AST alone:
   - a reduce whose inputs are each re-read along some output axis (matmul, conv): a register tile,
     UPCAST of the output's contiguous axis (up to 32 wide) and of an axis another input doesn't
@@ -426,26 +428,26 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
         inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
         if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, inner, 2))
-        ast = _tile_rows(ast, opts, i, 36)
+        ast = _tile_rows(ast, opts, i, min(36, TILE_REGISTERS * simd))
       elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j) and contiguous_j:
         # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
         # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
         # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
         # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
         if padded != n: ast = _try(ast, opts, Opt(OptOps.PADTO, j, padded))
-        ast = _tile_rows(_try(ast, opts, Opt(OptOps.SIMD, j, 16)), opts, i, MAX_COPIES)
+        ast = _tile_rows(_try(ast, opts, Opt(OptOps.SIMD, j, 16)), opts, i, TILE_REGISTERS * simd)
       else:
         # the first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding
         # most: a costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a
         # 16x6 tile's outputs is over the budget, and a SIMD loop over the width keeps 6 of it
-        widths = [Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (16, 32, 8, 12, 10, 9, 4))]
+        widths = [Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), tuple(dict.fromkeys((2 * simd, 16, 32, 8, 12, 10, 9, 4))))]
         widths += [Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))]
         best: tuple[int, UOp, list[Opt]] = (0, ast, [])
         for width in widths:
           if (tile := _try(ast, tried := [], width)) is ast: continue
-          tile = _tile_rows(tile, tried, i, MAX_COPIES)
+          tile = _tile_rows(tile, tried, i, TILE_REGISTERS * simd)
           if copies(tile) > best[0]: best = (copies(tile), tile, tried)
-          if best[0] >= FULL_TILE: break
+          if best[0] >= FULL_TILE * simd: break
         ast = best[1]; opts += best[2]
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
       tiled = True
@@ -481,7 +483,9 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
       inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
       along = [k for k, r in enumerate(cur) if r.arg[1] == "global" and any(unit_stride(i, r) for i in reads)]
-      if along and inner is not None and not any(unit_stride(i, inner) for i in reads):
+      # (reads that don't vary along the row, a layernorm's per-token statistics in its weight's gradient, are one value
+      # for all of it)
+      if along and inner is not None and not any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort):
         size = const_size(cur[along[-1]]) or 0
         widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
         if (w := next((w for w in widths if size // w >= threads), widths[0] if widths else None)) is not None:

@@ -6,6 +6,9 @@ from attograd.uop.patterns import PatternMatcher
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
+  # floats in one vector register of the target: a register tile is two registers wide, and holds at most 16 of them
+  # (AVX2's 16 registers of 8 floats; AVX-512 has 32 of 16)
+  simd_floats: int = 8
   rewrites: PatternMatcher | None = None  # a last pass over the lowered kernel, for what only this target does
   # GPU targets: the most work-groups per launch dimension (None: a CPU-shaped target, loops stay loops),
   # the most threads per work-group in each dimension and in all, and the preferred work-group size
