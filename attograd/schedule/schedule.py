@@ -170,11 +170,15 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     shared = [r for r, ps in readers.items() if len(ps) > 1 and r not in points]
     new += [r for r in shared if r.op is Ops.REDUCE_AXIS]
     # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost), when
-    # the work repeated is worth a kernel launch; of it and a costly part of it both shared, the part first: with a
-    # buffer for it, the rest may be cheap to repeat
+    # the work repeated is worth a kernel launch and costs more than storing and loading it
     repeated = lambda r: smax(sym_prod(r.shape)) * elementwise_cost(r, points, cost) * (len(readers[r]) - 1)
     shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK
               and elementwise_cost(r, points, cost) * (len(readers[r]) - 1) > PASS_COST * (len(readers[r]) + 1)]
+    # of it and a costly part of it that the same kernels read, it: no kernel needs the part then (a GELU's normal cdf,
+    # which its forward and its gradient compute, and the steps of its polynomial inside)
+    shared = [r for r in shared if not any(o is not r and readers[o] == readers[r] and r in o.ancestors for o in shared)]
+    # of it and a costly part of it that other kernels read too, the part first: with a buffer for it, the rest may be
+    # cheap to repeat
     if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
     if not new: break
     added = set(new)
@@ -358,12 +362,20 @@ def _load_template(key: str) -> ScheduleTemplate | None:
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
+def values_only(sink: UOp) -> UOp:
+  """The graph with each WITH_DERIVATIVE node replaced by its value: the derivative it carries is autograd's."""
+  if not any(u.op is Ops.WITH_DERIVATIVE for u in sink.toposort): return sink
+  new: dict[UOp, UOp] = {}
+  for u in sink.toposort:
+    new[u] = new[u.src[0]] if u.op is Ops.WITH_DERIVATIVE else u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
+  return new[sink]
+
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2)."""
-  sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+  sink = values_only(UOp(Ops.SINK, dtypes.void, tuple(targets)))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
