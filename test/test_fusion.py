@@ -250,3 +250,17 @@ def test_costly_values_are_not_repeated_inside_other_kernels():
   assert len(sched) == 2 and all(sum(u.op is Ops.REDUCE for u in si.ast.toposort) <= 1 for si in sched)
   ndp = ng @ nv.transpose(0, 2, 1)
   check(ds, np_ * (ndp - (ndp * np_).sum(-1, keepdims=True)), 2, atol=1e-4)
+
+def test_loops_that_read_as_one_are_merged():
+  # a linear layer over (batch, tokens, features): every index reads batch and token as b*T + t, so they are one loop of
+  # B*T rows (a matmul tiles all of them under each weight panel it packs); a transposed read keeps its axes apart
+  from attograd.codegen.opt import global_ranges
+  x, w = Tensor.empty(16, 64, 32), Tensor.empty(48, 32)
+  (si,) = (x @ w.T).schedule()
+  assert [r.src[0].arg for r in global_ranges(si.ast)] == [16 * 64, 48]
+  (si,) = (x.transpose(0, 1) @ w.T).contiguous().schedule()
+  assert [r.src[0].arg for r in global_ranges(si.ast)] == [64, 16, 48]
+  nx, nw = rand(4, 8, 6), rand(5, 6)
+  a, b = tensors(nx, nw)
+  check(a @ b.T, nx @ nw.T, 1)
+  check((a.transpose(0, 1) @ b.T).contiguous(), nx.transpose(1, 0, 2) @ nw.T, 1)

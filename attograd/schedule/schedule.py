@@ -277,6 +277,29 @@ def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple
   if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64)
   return ast, params
 
+def merge_loops(sink: UOp) -> UOp:
+  """Adjacent output loops that every index reads as one (a batch and its rows, b*T + t, in a linear layer over (B, T, C))
+  become one loop: a matmul then tiles all B*T rows under each weight panel it packs (16 batches of 64 rows packed
+  each panel 16 times), and an elementwise kernel runs one loop. Tried pair by pair: a loop that some index still
+  divides or takes a remainder of (a gate, a transposed read) stays apart."""
+  glob = sorted((u for u in sink.toposort if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda r: r.arg)
+  k = 0
+  while k + 1 < len(glob):
+    a, b = glob[k], glob[k + 1]
+    # (symbolic sizes stay apart; an empty loop runs nothing either way, and its bounds can't say what an index is)
+    if a.src[0].op is not Ops.CONST or b.src[0].op is not Ops.CONST or a.src[0].arg * b.src[0].arg == 0: k += 1; continue
+    n = UOp.const(a.dtype, b.src[0].arg)
+    m = UOp(Ops.RANGE, a.dtype, (UOp.const(a.dtype, a.src[0].arg * n.arg),), a.arg)
+    new: dict[UOp, UOp] = {a: UOp(Ops.IDIV, a.dtype, (m, n)), b: UOp(Ops.MOD, a.dtype, (m, n))}
+    for u in sink.toposort:
+      if u in new: continue
+      if u.op is Ops.END and u.src[1] in (a, b): new[u] = new[u.src[0]] if u.src[1] is b else UOp(Ops.END, u.dtype, (new[u.src[0]], m))
+      else: new[u] = u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
+    merged = graph_rewrite(new[sink], symbolic)
+    if any(u.op in (Ops.IDIV, Ops.MOD) and m in u.src[0].toposort for u in merged.toposort): k += 1; continue
+    sink, glob = merged, glob[:k] + [m] + glob[k + 2:]
+  return sink
+
 def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
   (bench/rewrite.py times the two steps apart)."""
@@ -287,7 +310,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
-  if cleanup: sink = graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {})
+  if cleanup: sink = merge_loops(graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {}))
   # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
   used = {u for u in sink.toposort if u.op is Ops.PARAM}
   kept = [(b, p) for b, p in ctx.params.items() if p in used]
