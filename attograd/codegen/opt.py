@@ -368,11 +368,12 @@ def scatter_opts(ast: UOp, threads: int) -> list[Opt]:
   opts: list[Opt] = []
   glob = global_ranges(ast)
   if not glob: return opts
-  j = len(glob) - 1  # the innermost output loop: the one contiguous in memory
-  ast = _first(ast, opts, *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(glob[j]), (16, 8))))
+  j = len(glob) - 1  # the innermost output loop, if it is the one contiguous in memory (the table's row axis may be)
+  stores = [st for st in ast.toposort if st.op is Ops.STORE and st.src[0].src[0].op is Ops.PARAM]
+  if all(unit_stride(st.src[0].src[1], glob[j]) for st in stores):
+    ast = _first(ast, opts, *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(glob[j]), (16, 8))))
   # iterations of the loops around each store: every column's fill and its adds
-  work = sum(prod(const_size(r) or 1 << 10 for r in st.live_ranges)
-             for st in ast.toposort if st.op is Ops.STORE and st.src[0].src[0].op is Ops.PARAM)
+  work = sum(prod(const_size(r) or 1 << 10 for r in st.live_ranges) for st in stores)
   # an iteration is one add: a small transformer's embedding gradient (64 columns, 90 rows, 1024 tokens) took 18 us on
   # one core, 30-80 us on two
   if threads >= 2 and work >= 1 << 18:
