@@ -264,3 +264,14 @@ def test_loops_that_read_as_one_are_merged():
   a, b = tensors(nx, nw)
   check(a @ b.T, nx @ nw.T, 1)
   check((a.transpose(0, 1) @ b.T).contiguous(), nx.transpose(1, 0, 2) @ nw.T, 1)
+
+def test_signed_zero_and_nan_constants():
+  # a constant is its bits: -0.0 is not 0.0 (1/(x*c) is -inf, not inf, though the two graphs look alike), and a graph
+  # with a NaN finds its schedule again
+  from attograd.schedule import schedule as S
+  x = tensors(np.array([1.0, 2.0], np.float32))[0]
+  assert (1 / (x * 0.0)).tolist() == [np.inf, np.inf] and (1 / (x * -0.0)).tolist() == [-np.inf, -np.inf]
+  (x + float("nan")).realize()
+  n = len(S._schedule_cache)
+  (x + float("nan")).realize()
+  assert len(S._schedule_cache) == n

@@ -291,12 +291,18 @@ def test_heuristics_for_pooling_and_bias_gradients():
   opts = hand_coded_opts(si.ast, 1)
   assert opts == [Opt(OptOps.UNROLL, 3, 2), Opt(OptOps.UNROLL, 2, 2)], opts  # (batch, channels and rows are one loop)
   np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
-  # a sum over batch x 26 x 26 (a conv's bias gradient): no 4 divides the innermost axis, so 2 accumulators from
-  # each axis outward, 8 in all
+  # a sum over batch x 26 x 26 (a conv's bias gradient): 26 x 26 is one loop of 676, which 4 divides: 4 accumulators
   g = Tensor(rng.standard_normal((16, 8, 26, 26), dtype=np.float32)).realize()
   si = g.sum((0, 2, 3)).schedule()[-1]
   opts = hand_coded_opts(si.ast, 1)
-  assert opts == [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 2)], opts
+  assert opts == [Opt(OptOps.UPCAST, 2, 4)], opts
+  # with no 4 in the innermost axis (batch x 26 x 13, transposed so they stay apart): factors from the innermost axis
+  # outward, 8 in all (13 has none, 26 gives 2, the batch 4)
+  g = Tensor(rng.standard_normal((16, 8, 13, 26), dtype=np.float32)).realize()
+  si = g.transpose(2, 3).sum((0, 2, 3)).schedule()[-1]
+  opts = hand_coded_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 4)], opts
+  np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).transpose(0, 1, 3, 2).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
   np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
   # an elementwise kernel that reads pooled[y//2, x//2] (a pool's gradient) is written out in steps of 2 along both
   p = Tensor(rng.standard_normal((4, 8, 13, 13), dtype=np.float32)).realize()

@@ -358,27 +358,38 @@ def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple
   return ast, params
 
 def merge_loops(sink: UOp) -> UOp:
-  """Adjacent output loops that every index reads as one (a batch and its rows, b*T + t, in a linear layer over (B, T, C))
-  become one loop: a matmul then tiles all B*T rows under each weight panel it packs (16 batches of 64 rows packed
-  each panel 16 times), and an elementwise kernel runs one loop. Tried pair by pair: a loop that some index still
-  divides or takes a remainder of (a gate, a transposed read) stays apart."""
-  glob = sorted((u for u in sink.toposort if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda r: r.arg)
-  k = 0
-  while k + 1 < len(glob):
-    a, b = glob[k], glob[k + 1]
-    # (symbolic sizes stay apart; an empty loop runs nothing either way, and its bounds can't say what an index is)
-    if a.src[0].op is not Ops.CONST or b.src[0].op is not Ops.CONST or a.src[0].arg * b.src[0].arg == 0: k += 1; continue
-    n = UOp.const(a.dtype, b.src[0].arg)
-    m = UOp(Ops.RANGE, a.dtype, (UOp.const(a.dtype, a.src[0].arg * n.arg),), a.arg)
-    new: dict[UOp, UOp] = {a: UOp(Ops.IDIV, a.dtype, (m, n)), b: UOp(Ops.MOD, a.dtype, (m, n))}
-    for u in sink.toposort:
-      if u in new: continue
-      if u.op is Ops.END and u.src[1] in (a, b): new[u] = new[u.src[0]] if u.src[1] is b else UOp(Ops.END, u.dtype, (new[u.src[0]], m))
-      else: new[u] = u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
-    merged = graph_rewrite(new[sink], symbolic)
-    if any(u.op in (Ops.IDIV, Ops.MOD) and m in u.src[0].toposort for u in merged.toposort): k += 1; continue
-    sink, glob = merged, glob[:k] + [m] + glob[k + 2:]
+  """Neighbouring loops of one kind that every index reads as one become one loop: output loops (a batch and its rows,
+  b*T + t, in a linear layer over (B, T, C): a matmul then tiles all B*T rows under each weight panel it packs, where
+  16 batches of 64 rows packed each panel 16 times) and the loops of one sum (its weight gradient sums over B*T tokens
+  in one loop, which a tile's panel loop can go around). Tried pair by pair: loops that some index still divides or
+  takes a remainder of (a gate, a transposed read) stay apart."""
+  for kind in ("global", "reduce"):
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
+    k = 0
+    while k + 1 < len(loops):
+      if (merged := _merge_pair(sink, loops[k], loops[k + 1])) is None: k += 1; continue
+      sink, m = merged
+      loops = loops[:k] + [m] + loops[k + 2:]
   return sink
+
+def _merge_pair(sink: UOp, a: UOp, b: UOp) -> tuple[UOp, UOp] | None:
+  """(the kernel with loops a and b as one loop, that loop), or None where an index would divide it."""
+  # (symbolic sizes stay apart; an empty loop runs nothing either way, and its bounds can't say what an index is)
+  if a.src[0].op is not Ops.CONST or b.src[0].op is not Ops.CONST or a.src[0].arg * b.src[0].arg == 0: return None
+  # two loops of a sum are one only if they are loops of the same sum
+  if any(u.op is Ops.REDUCE and (a in u.src[1:]) != (b in u.src[1:]) for u in sink.toposort): return None
+  n = UOp.const(a.dtype, b.src[0].arg)
+  m = UOp(Ops.RANGE, a.dtype, (UOp.const(a.dtype, a.src[0].arg * n.arg),), a.arg)
+  new: dict[UOp, UOp] = {a: UOp(Ops.IDIV, a.dtype, (m, n)), b: UOp(Ops.MOD, a.dtype, (m, n))}
+  for u in sink.toposort:
+    if u in new: continue
+    if u.op is Ops.END and u.src[1] in (a, b): new[u] = new[u.src[0]] if u.src[1] is b else UOp(Ops.END, u.dtype, (new[u.src[0]], m))
+    elif u.op is Ops.REDUCE and a in u.src[1:]:
+      new[u] = u.replace(src=(new[u.src[0]], *(m if r is a else new[r] for r in u.src[1:] if r is not b)))
+    else: new[u] = u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
+  merged = graph_rewrite(new[sink], symbolic)
+  if any(u.op in (Ops.IDIV, Ops.MOD) and m in u.src[0].toposort for u in merged.toposort): return None
+  return merged, m
 
 def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
@@ -408,8 +419,12 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
     if u.op is Ops.BUFFER:
       parts.append((Ops.BUFFER, u.dtype, u.arg.device, u.arg.size, u.arg.offset))
       bufs.append(u)
-    else: parts.append((u.op, u.dtype, u.arg, tuple(position[s] for s in u.src)))
+    else: parts.append((u.op, u.dtype, _float_key(u.arg) if type(u.arg) is float else u.arg, tuple(position[s] for s in u.src)))
   return tuple(parts), bufs
+
+# a float constant by its bits: NaN equals itself (a graph with one would never find its schedule again) and -0.0 is not
+# 0.0 (their kernels differ: 1/x)
+def _float_key(x: float) -> tuple[str, str]: return ("float", x.hex())
 
 @dataclass(frozen=True)
 class ScheduleTemplate:
