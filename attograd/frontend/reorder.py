@@ -20,11 +20,87 @@ from __future__ import annotations
 import math
 from typing import Sequence
 from attograd.dtype import dtypes, least_upper_dtype
+from attograd.uop.ops import UOp, Ops
 
 # scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
 # cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
 _SCAN_DIRECT, _SCAN_BLOCK = 64, 32
-_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a bitonic network
+_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a merge sort (bitonic for 64-bit)
+_SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
+
+# ***** key graphs, built as UOps: the sort's keys need no gradient and no checks, and a merge level is ~14 nodes per
+# search step (through the Tensor API each node costs ~30 us of Python, which a sort of 100k would spend 150 ms on) *****
+U64, I64 = dtypes.uint64, dtypes.int64
+
+def _full(v: int, dtype, shape: tuple[int, ...], device: str) -> UOp:
+  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), v)
+  return c.reshape((1,) * len(shape)).expand(shape)
+
+def _iota(shape: tuple[int, ...], axis: int, device: str) -> UOp:
+  """0..shape[axis]-1 along axis (int64), broadcast to shape."""
+  i = UOp(Ops.IOTA, I64, (UOp(Ops.DEVICE, dtypes.void, (), device),), shape[axis])
+  return i.reshape(tuple(s if a == axis else 1 for a, s in enumerate(shape))).expand(shape)
+
+def _bin(op: Ops, a: UOp, b: UOp | int) -> UOp:
+  if isinstance(b, int): b = _full(b, a.dtype, a.shape, a.device)
+  return UOp(op, dtypes.bool if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) else a.dtype, (a, b))
+
+def _take(table: UOp, idx: UOp) -> UOp:
+  """table (.., 1, L) expanded rows, idx (.., m, 1) int64: (.., m, 1) with table[.., idx]; an index outside [0, L)
+  reads 0. A one-hot sum the scheduler turns into one load (collapse_one_hot)."""
+  shape = (*idx.shape[:-1], table.shape[-1])
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (idx.expand(shape), _iota(shape, len(shape) - 1, idx.device)))
+  return UOp(Ops.WHERE, table.dtype, (hit, table.expand(shape), _full(0, table.dtype, shape, idx.device))).reduce_axis(Ops.ADD, (len(shape) - 1,))
+
+def _where(c: UOp, a: UOp, b: UOp) -> UOp: return UOp(Ops.WHERE, a.dtype, (c, a, b))
+
+def _block_sort(keys: UOp, B: int) -> UOp:
+  """keys (R, P) of unique uint64, each block of B sorted by counting: an element's rank is the number of keys of its
+  block below it, and output t picks the key of rank t. O(B) per element in 2 kernels, no search steps."""
+  R, P = keys.shape
+  full, dev = (R, P // B, B, B), keys.device
+  rows, cols = keys.reshape((R, P // B, B, 1)).expand(full), keys.reshape((R, P // B, 1, B)).expand(full)
+  rank = UOp(Ops.CAST, I64, (UOp(Ops.CMPLT, dtypes.bool, (cols, rows)),)).reduce_axis(Ops.ADD, (3,))  # (.., i, 1)
+  rank = UOp(Ops.CONTIGUOUS, I64, (rank,))  # stored: inlined, the pick would count every rank again for each t
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (rank.reshape((R, P // B, 1, B)).expand(full), _iota(full, 2, dev)))
+  return _where(hit, cols, _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (3,)).reshape((R, P))
+
+def _count_below(table: UOp, q: UOp) -> UOp:
+  """For sorted unique keys table (R, P) and queries q (R, m) that are among them: how many keys of the row are below
+  each query (its position), by a binary search of log2(P) steps (int64, (R, m))."""
+  R, P = table.shape
+  m, dev = q.shape[1], q.device
+  t, shape = table.reshape((R, 1, P)), (R, q.shape[1], 1)
+  qq, i, s = q.reshape(shape), _full(0, I64, shape, dev), P // 2
+  while s >= 1:
+    i = _where(_bin(Ops.CMPLT, _take(t, _bin(Ops.ADD, i, s - 1)), qq), _bin(Ops.ADD, i, s), i)
+    s //= 2
+  return i.reshape((R, m))
+
+def _merge(keys: UOp, L: int) -> UOp:
+  """keys (R, P) of unique uint64 in sorted runs of L: runs merged in pairs. Output p of a merged pair takes from the
+  first run the i elements found by a binary search along the merge path (the largest i with A[i-1] < B[p-i]), in
+  log2(L)+1 steps of two one-element reads (a gather each), so a level is one kernel of O(P log L). Reads past A's end
+  see the largest key (A is searched complemented: a read outside a buffer gives 0), reads before B's start 0."""
+  R, P = keys.shape
+  Q, dev = P // (2 * L), keys.device
+  k = keys.reshape((R, Q, 2, L))
+  runs = [k.shrink(((0, R), (0, Q), (h, h + 1), (0, L))).reshape((R, Q, 1, L)) for h in (0, 1)]
+  ones = _full((1 << 64) - 1, U64, runs[0].shape, dev)
+  notA, notB = (_bin(Ops.XOR, r, ones) for r in runs)
+  shape = (R, Q, 2 * L, 1)
+  top = _full((1 << 64) - 1, U64, shape, dev)
+  p = _iota(shape, 2, dev)
+  i = _where(_bin(Ops.CMPLT, p, L), _full(0, I64, shape, dev), _bin(Ops.ADD, p, -L))
+  s = L
+  while s >= 1:
+    a = _bin(Ops.XOR, _take(notA, _bin(Ops.ADD, i, s - 1)), top)
+    b = _take(runs[1], _bin(Ops.SUB, p, _bin(Ops.ADD, i, s)))
+    i = _where(_bin(Ops.CMPLT, a, b), _bin(Ops.ADD, i, s), i)
+    s //= 2
+  a = _bin(Ops.XOR, _take(notA, i), top)
+  b = _bin(Ops.XOR, _take(notB, _bin(Ops.SUB, p, i)), top)
+  return _where(_bin(Ops.CMPLT, a, b), a, b).reshape((R, P))
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
@@ -295,8 +371,9 @@ class ReorderOps:
     u64, top = dtypes.uint64, 1 << (bits - 1)
     if dtypes.is_float(self.dtype):
       f = self.cast(dtypes.float32) if bits == 32 else self
-      f = f.isnan().where(math.nan, (f == 0).where(0.0, f))  # one NaN and one zero
-      w = f.bitcast(dtypes.uint32 if bits == 32 else u64).cast(u64)
+      # one zero and one NaN (its word set as an int: a NaN constant in a graph would never match the schedule cache)
+      w = (f == 0).where(0.0, f).bitcast(dtypes.uint32 if bits == 32 else u64).cast(u64)
+      w = f.isnan().where(0x7FC00000 if bits == 32 else 0x7FF8000000000000, w)
       w = (w >= top).where(w ^ ((1 << bits) - 1), w | top)  # negatives: all bits flipped; positives: sign bit set
     elif self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype): w = self.cast(u64)
     elif bits == 32: w = (self.cast(dtypes.int64) + top).cast(u64)
@@ -339,6 +416,34 @@ class ReorderOps:
     i = keys[-1] if len(keys) == 2 else keys[0] & ((1 << 32) - 1)
     return vals.shrink(tuple((0, s) for s in lead) + ((0, n),)), i.shrink(tuple((0, s) for s in lead) + ((0, n),)).cast(dtypes.int64)
 
+  def _merge_sort(self, descending: bool) -> tuple:
+    """(values, int64 indices) of the rows of self (along the last axis, itemsize <= 4) by a merge sort of unique keys."""
+    n, lead = self.shape[-1], self.shape[:-1]
+    R, P = math.prod(lead), 1 << (n - 1).bit_length()
+    B = min(P, _SORT_BLOCK)
+    w = self._order_word(descending, 32).reshape(R, n).pad(((0, 0), (0, P - n)), value=(1 << 32) - 1).uop
+    T = type(self)
+    keys = start = _bin(Ops.OR, _bin(Ops.SHL, w, 32), UOp(Ops.CAST, U64, (_iota((R, P), 1, self.device),)))
+    keys = T(_block_sort(keys, B)).contiguous().uop
+    L = B
+    while L < P: keys, L = T(_merge(keys, L)).contiguous().uop, 2 * L
+    idx = (T(keys) & 0xFFFFFFFF).cast(dtypes.int64)[:, :n]
+    x = self.reshape(R, n)
+    if not self._may_need_grad(): vals = x.gather(1, idx)
+    else:
+      # values[p] = x[idx[p]], written as a sum over r of (r == idx[p] and pos[r] == p) ? x[r] : 0 with pos the inverse
+      # permutation (found by a search of the sorted keys): the forward reads one element per output, and so does the
+      # gradient, a sum over p of the same condition (a plain gather's gradient would sum over all n outputs for each r)
+      pos = T(_count_below(keys, start)).contiguous()[:, :n]
+      ar = T.arange(n, device=self.device)
+      hit = (idx.unsqueeze(-1) == ar) & (pos.unsqueeze(-2) == ar.reshape(n, 1))
+      vals = hit.where(x.unsqueeze(-2), x.zeros_like().unsqueeze(-2)).sum(-1, dtype=x.dtype)
+    return vals.reshape(*lead, n), idx.reshape(*lead, n)
+
+  def _long_sort(self, descending: bool) -> tuple:
+    if self.dtype.itemsize > 4 or self.shape[-1] >= 1 << 32 or 0 in self.shape: return self._bitonic_sort(descending)
+    return self._merge_sort(descending)
+
   def _rank(self, descending: bool):
     """(x with axis last, rank of each element along it); ties keep index order, NaN sorts as the largest."""
     n = self.shape[-1]
@@ -370,7 +475,7 @@ class ReorderOps:
     """torch.sort (stable): (values, int64 indices). O(n^2) per row, see the module docstring."""
     d = _axis(dim, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
-    v, i = x._by_rank(x.shape[-1], descending) if x.shape[-1] <= _RANK_SORT_MAX else x._bitonic_sort(descending)
+    v, i = x._by_rank(x.shape[-1], descending) if x.shape[-1] <= _RANK_SORT_MAX else x._long_sort(descending)
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
   def argsort(self, dim: int = -1, descending: bool = False): return self.sort(dim, descending)[1]
@@ -381,6 +486,6 @@ class ReorderOps:
     n = x.shape[-1]
     if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k} is out of range for dim {d} of size {n}")
     if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
-    else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._bitonic_sort(largest))
+    else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._long_sort(largest))
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
