@@ -427,7 +427,8 @@ class ReorderOps:
     keys = T(_block_sort(keys, B)).contiguous().uop
     L = B
     while L < P: keys, L = T(_merge(keys, L)).contiguous().uop, 2 * L
-    idx = (T(keys) & 0xFFFFFFFF).cast(dtypes.int64)[:, :n]
+    # the min changes nothing (the first n keys are the real elements) but bounds the index by n: index math stays int32
+    idx = (T(keys) & 0xFFFFFFFF).cast(dtypes.int64)[:, :n].minimum(n - 1)
     x = self.reshape(R, n)
     if not self._may_need_grad(): vals = x.gather(1, idx)
     else:
