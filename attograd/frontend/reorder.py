@@ -27,6 +27,7 @@ from attograd.uop.ops import UOp, Ops
 _SCAN_DIRECT, _SCAN_BLOCK = 64, 32
 _RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a merge sort (bitonic for 64-bit)
 _SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
+_TOPK_RANK_MAX, _TOPK_CHUNK = 512, 32  # topk of small k: rows up to this long by rank, longer ones by chunks of this
 
 # ***** key graphs, built as UOps: the sort's keys need no gradient and no checks, and a merge level is ~14 nodes per
 # search step (through the Tensor API each node costs ~30 us of Python, which a sort of 100k would spend 150 ms on) *****
@@ -64,6 +65,43 @@ def _block_sort(keys: UOp, B: int) -> UOp:
   rank = UOp(Ops.CONTIGUOUS, I64, (rank,))  # stored: inlined, the pick would count every rank again for each t
   hit = UOp(Ops.CMPEQ, dtypes.bool, (rank.reshape((R, P // B, 1, B)).expand(full), _iota(full, 2, dev)))
   return _where(hit, cols, _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (3,)).reshape((R, P))
+
+def _largest_by_rank(keys: UOp, k: int) -> UOp:
+  """The k largest of unique uint64 keys (R, m), largest first: each key's rank is the number of keys above it (stored),
+  then output t picks the key of rank t. O(m) per key and per output, 2 kernels."""
+  R, m = keys.shape
+  full, dev = (R, m, m), keys.device
+  rows, cols = keys.reshape((R, m, 1)).expand(full), keys.reshape((R, 1, m)).expand(full)
+  above = UOp(Ops.CAST, I64, (UOp(Ops.CMPLT, dtypes.bool, (rows, cols)),)).reduce_axis(Ops.ADD, (2,))  # (R, i, 1)
+  above = UOp(Ops.CONTIGUOUS, I64, (above,))
+  full = (R, k, m)
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (above.reshape((R, 1, m)).expand(full), _iota(full, 1, dev)))
+  return _where(hit, keys.reshape((R, 1, m)).expand(full), _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (2,)).reshape((R, k))
+
+def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
+  """The k largest of unique uint64 keys (R, m) whose low 32 bits hold an element index, largest first, for k much
+  smaller than m. Short rows by rank; longer ones by chunks of _TOPK_CHUNK: the k largest keys are all in the k chunks
+  with the largest maxima (any other chunk's max has k keys above it), so the chunk maxima's k largest (recursively)
+  name k chunks, and the answer is the k largest of their k*C keys. O(m) work in a few kernels. `unit`: how many of
+  the first level's elements one of these keys stands for (a chunk max's index names its chunk by index // unit).
+  `source` (table, key_of): the candidates' keys are key_of(table read at their positions, positions), so keys
+  computed from the input are computed again there rather than stored for the whole row."""
+  R, m = keys.shape
+  if m <= _TOPK_RANK_MAX: return _largest_by_rank(keys, k)
+  C = _TOPK_CHUNK
+  nc, dev = -(-m // C), keys.device
+  padded = keys.pad(((0, 0), (0, nc * C - m)))  # zero keys: below every real one
+  maxima = UOp(Ops.CONTIGUOUS, U64, (padded.reshape((R, nc, C)).reduce_axis(Ops.MAX, (2,)).reshape((R, nc)),))
+  kc = min(k, nc)
+  top = _largest(maxima, kc, unit * C)  # (R, kc)
+  low = _bin(Ops.AND, _bin(Ops.XOR, top, (1 << 64) - 1), 0xFFFFFFFF)  # the key complemented holds the index
+  chunk = _bin(Ops.IDIV, UOp(Ops.CAST, I64, (low,)), unit * C)  # (R, kc)
+  shape = (R, kc, C)
+  pos = _bin(Ops.ADD, _bin(Ops.MUL, chunk.reshape((R, kc, 1)).expand(shape), C), _iota(shape, 2, dev)).reshape((R, kc * C, 1))
+  table, key_of = source if source is not None else (keys, lambda v, p: v)
+  cand = key_of(_take(table.reshape((R, 1, m)), pos), pos)
+  cand = _where(_bin(Ops.CMPLT, pos, m), cand, _full(0, U64, cand.shape, dev)).reshape((R, kc * C))
+  return _largest(cand, k, unit)
 
 def _count_below(table: UOp, q: UOp) -> UOp:
   """For sorted unique keys table (R, P) and queries q (R, m) that are among them: how many keys of the row are below
@@ -441,6 +479,21 @@ class ReorderOps:
       vals = hit.where(x.unsqueeze(-2), x.zeros_like().unsqueeze(-2)).sum(-1, dtype=x.dtype)
     return vals.reshape(*lead, n), idx.reshape(*lead, n)
 
+  def _topk_small(self, k: int, largest: bool) -> tuple:
+    """(values, int64 indices) of the k largest (smallest) along the last axis, k small next to n: by chunk maxima
+    of keys that order like the sort (ties by index), complemented so the wanted ones are the largest."""
+    n, lead = self.shape[-1], self.shape[:-1]
+    R, T = math.prod(lead), type(self)
+    def key_of(x: UOp, i: UOp) -> UOp:  # complemented: the wanted keys are the largest
+      w = T(x)._order_word(largest, 32).uop
+      return _bin(Ops.XOR, _bin(Ops.OR, _bin(Ops.SHL, w, 32), UOp(Ops.CAST, U64, (i,))), (1 << 64) - 1)
+    x = self.reshape(R, n).uop
+    top = _largest(key_of(x, _iota((R, n), 1, self.device)), k, 1, (x, key_of)) if k else None
+    if top is None: idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
+    else: idx = ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1)
+    vals = self.reshape(R, n).gather(1, idx)
+    return vals.reshape(*lead, k), idx.reshape(*lead, k)
+
   def _long_sort(self, descending: bool) -> tuple:
     if self.dtype.itemsize > 4 or self.shape[-1] >= 1 << 32 or 0 in self.shape: return self._bitonic_sort(descending)
     return self._merge_sort(descending)
@@ -487,6 +540,7 @@ class ReorderOps:
     n = x.shape[-1]
     if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k} is out of range for dim {d} of size {n}")
     if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
+    elif x.dtype.itemsize <= 4 and k * _TOPK_CHUNK < n and n < 1 << 32: v, i = x._topk_small(k, largest)
     else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._long_sort(largest))
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
