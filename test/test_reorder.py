@@ -277,8 +277,8 @@ def test_topk(device, dtype, k, dim, largest):
 
 def test_topk_errors(device):
   a = T([[1.0, 2.0, 3.0]], device)
-  with pytest.raises(ValueError, match="k=4.*size 3"): a.topk(4)
-  with pytest.raises(ValueError, match="k=-1"): a.topk(-1)
+  with pytest.raises(RuntimeError, match="k=4.*size 3"): a.topk(4)
+  with pytest.raises(RuntimeError, match="k=-1"): a.topk(-1)
   with pytest.raises(IndexError, match="2"): a.sort(2)
 
 def test_sort_topk_grad(device):

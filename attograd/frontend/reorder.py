@@ -538,9 +538,61 @@ class ReorderOps:
     d = _axis(dim, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     n = x.shape[-1]
-    if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k} is out of range for dim {d} of size {n}")
+    if not isinstance(k, int) or not 0 <= k <= n: raise RuntimeError(f"topk: selected index k={k} is out of range for dim {d} of size {n}")
     if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
     elif x.dtype.itemsize <= 4 and k * _TOPK_CHUNK < n and n < 1 << 32: v, i = x._topk_small(k, largest)
     else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._long_sort(largest))
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
+
+  # ***** median and unique: through the sort *****
+  def median(self, dim: int | None = None, keepdim: bool = False):
+    """torch.median: the lower median ((n-1)//2-th in sorted order). dim None: of all elements (a 0-d tensor; empty
+    gives NaN); with dim: (values, int64 indices), the index being the stable sort's. A row holding NaN gives NaN and
+    the index of its first NaN, as in torch."""
+    if dim is None:
+      if self.numel() == 0:
+        if not dtypes.is_float(self.dtype): raise RuntimeError("median of an empty integer tensor (torch returns an arbitrary value)")
+        return type(self).full((), math.nan, dtype=self.dtype, device=self.device)
+      return self.flatten().median(0)[0]
+    d = _axis(dim, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self
+    n = x.shape[d]
+    if n == 0: raise IndexError(f"median(): expected reduction dim {d} to have non-zero size")
+    v, i = x.sort(d)
+    shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))
+    if dtypes.is_float(x.dtype):  # NaN sorts last: the first NaN sits at n - (number of NaNs)
+      nans = x.isnan().sum(d, keepdim=True)
+      pos = (nans > 0).where(n - nans, (n - 1) // 2)
+    else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
+    v, i = v.gather(d, pos), i.gather(d, pos)
+    if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
+    if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
+    return v, i
+
+  def unique(self, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None):
+    """torch.unique over all elements (dim=None): the distinct values in ascending order (also when sorted=False, which
+    torch allows), and optionally the inverse (each element's position among them, in self's shape) and the counts.
+    NaNs are each distinct, -0.0 equals 0.0, as in torch. The output's size depends on the values, so this reads the
+    sorted row's group starts back (a sync), like indexing with a bool mask."""
+    if dim is not None: raise NotImplementedError("unique with dim= (unique slices) is not supported; flatten or use dim=None")
+    T, flat = type(self), self.flatten()
+    n = flat.shape[0]
+    if n == 0:
+      empty = T.zeros(0, dtype=dtypes.int64, device=self.device)
+      out = [flat] + ([empty.reshape(self.shape)] if return_inverse else []) + ([empty] if return_counts else [])
+      return tuple(out) if len(out) > 1 else out[0]
+    v, order = flat.sort()
+    # a new group starts at 0 and wherever the sorted value differs from the one before (NaN != NaN: each its own)
+    starts = T.ones(1, dtype=dtypes.bool, device=self.device).cat(v[1:] != v[:-1]).realize() if n > 1 else T.ones(1, dtype=dtypes.bool, device=self.device)
+    first = [j for j, b in enumerate(starts.tolist()) if b]
+    at = T(first, device=self.device, dtype=dtypes.int64)
+    out = [v.gather(0, at)]
+    if return_inverse:
+      group = starts.cumsum(0) - 1  # each sorted position's group
+      rank = order.cast(dtypes.int32).argsort()  # each element's sorted position (the sort's inverse permutation)
+      out.append(group.gather(0, rank).reshape(self.shape))
+    if return_counts:
+      ends = first[1:] + [n]
+      out.append(T([e - b for b, e in zip(first, ends)], device=self.device, dtype=dtypes.int64))
+    return tuple(out) if len(out) > 1 else out[0]
