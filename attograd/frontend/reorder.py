@@ -9,13 +9,24 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   (Hillis-Steele doubling would take log2(n) kernels of O(n) each: more kernels, more passes over memory.)
 - a short sort (n <= _RANK_SORT_MAX) is rank based: rank[i] = number of elements that come before
   element i (ties broken by index, NaN last as in torch), then output k picks the element whose rank is
-  k (a one-hot reduce against an arange): O(n^2) work, 2 kernels. A longer one is a bitonic network over
-  the row padded to a power of two P: log2(P)*(log2(P)+1)/2 compare-exchange stages, each a kernel built
-  from a reshape to (P/2j, 2, j), a flip of the middle axis (the partner i^j) and a where. What is
-  compared is one unsigned 64-bit key per element that orders like torch's stable sort: the value mapped
-  to an order-preserving 32-bit word (NaN largest, -0.0 equal to 0.0, complemented when descending) above
-  the element's index, so every key is unique; 64-bit dtypes compare (value word, index) pairs instead.
-  The values ride along as a payload through the same swaps, so they are exact and differentiable."""
+  k (a one-hot reduce against an arange): O(n^2) work, 2 kernels. A longer one sorts one unsigned 64-bit key per
+  element that orders like torch's stable sort: the value mapped to an order-preserving 32-bit word (NaN largest,
+  -0.0 equal to 0.0, complemented when descending) above the element's index, so every key is unique. The row is
+  padded to a power of two P; blocks of _SORT_BLOCK are sorted by counting, then runs are merged in pairs, one
+  kernel per level: output p of a merged pair binary-searches the merge path (log2(L)+1 reads of each run, a
+  gather each), O(P log P) in log2(P/_SORT_BLOCK) + 2 kernels. The key graphs are built as UOps directly (no
+  gradient flows through keys, and a level's ~14 nodes per search step cost far less than through the Tensor API).
+  The indices are the keys' low bits; the values are read from the input at them: exact, and differentiable (when a
+  gradient may flow, the read also checks the inverse permutation, found by searching the sorted keys, so the
+  backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they go through
+  a bitonic network over (value word, index) pairs, log2(P)*(log2(P)+1)/2 compare-exchange stages, each a kernel
+  built from a reshape to (P/2j, 2, j), a flip of the middle axis (the partner i^j) and a where, the values riding
+  along as a payload.
+- topk of k much smaller than n: the k wanted keys all lie in the k chunks (of _TOPK_CHUNK) with the best chunk
+  maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys,
+  picked by rank: O(n) work in about a dozen kernels. Larger k sorts.
+- median takes the sort's (n-1)//2-th element (the first NaN if any); unique sorts, marks where the sorted value
+  changes and reads those marks back to size its outputs."""
 from __future__ import annotations
 import math
 from typing import Sequence
@@ -89,6 +100,9 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   R, m = keys.shape
   if m <= _TOPK_RANK_MAX: return _largest_by_rank(keys, k)
   C = _TOPK_CHUNK
+  if k * C * 2 > m:  # the chunks would keep half the row or more: sort it (complemented: the largest come first)
+    ones = (1 << 64) - 1
+    return _bin(Ops.XOR, _sorted_keys(_bin(Ops.XOR, keys, ones)).shrink(((0, R), (0, k))), ones)
   nc, dev = -(-m // C), keys.device
   padded = keys.pad(((0, 0), (0, nc * C - m)))  # zero keys: below every real one
   maxima = UOp(Ops.CONTIGUOUS, U64, (padded.reshape((R, nc, C)).reduce_axis(Ops.MAX, (2,)).reshape((R, nc)),))
@@ -102,6 +116,20 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   cand = key_of(_take(table.reshape((R, 1, m)), pos), pos)
   cand = _where(_bin(Ops.CMPLT, pos, m), cand, _full(0, U64, cand.shape, dev)).reshape((R, kc * C))
   return _largest(cand, k, unit)
+
+def _sorted_keys(keys: UOp) -> UOp:
+  """Unique uint64 keys (R, m) sorted along the row: padded to a power of two P with keys above every real one, blocks
+  of _SORT_BLOCK sorted by counting, then one merge kernel per level. (R, P), the first m being the real keys."""
+  R, m = keys.shape
+  P = 1 << (m - 1).bit_length()
+  if P > m:  # padding: the largest keys, each its own (2**64-1-j), above any real key's index part
+    at = UOp(Ops.CAST, U64, (_iota((R, P), 1, keys.device),))
+    # (m - 1 - at wraps around to 2**64 - 1 - (at - m))
+    keys = _where(_bin(Ops.CMPLT, at, m), keys.pad(((0, 0), (0, P - m))), _bin(Ops.SUB, _full(m - 1, U64, (R, P), keys.device), at))
+  B = min(P, _SORT_BLOCK)
+  keys, L = UOp(Ops.CONTIGUOUS, U64, (_block_sort(keys, B),)), B
+  while L < P: keys, L = UOp(Ops.CONTIGUOUS, U64, (_merge(keys, L),)), 2 * L
+  return keys
 
 def _count_below(table: UOp, q: UOp) -> UOp:
   """For sorted unique keys table (R, P) and queries q (R, m) that are among them: how many keys of the row are below
