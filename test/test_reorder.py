@@ -294,12 +294,12 @@ def test_sort_kernels(device):
   Tensor.realize_all([v, i])
   assert GlobalCounters.kernel_count <= 3  # the ranks, then values and indices
 
-# ***** long rows: the bitonic network and the blocked scans *****
+# ***** long rows: the merge sort (fixture `bitonic`, its old name) and the blocked scans *****
 import attograd.frontend.reorder as reorder
 
 @pytest.fixture
 def bitonic(monkeypatch):
-  """Every sort goes through the bitonic network, however short the row (so small shapes test it)."""
+  """Every sort goes through the long-row path (the merge sort), however short the row (so small shapes test it)."""
   monkeypatch.setattr(reorder, "_RANK_SORT_MAX", 0)
 
 @pytest.mark.parametrize("dtype", [f32, i64, dtypes.float64, bool_, dtypes.float16])

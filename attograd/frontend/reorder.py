@@ -18,10 +18,8 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   gradient flows through keys, and a level's ~14 nodes per search step cost far less than through the Tensor API).
   The indices are the keys' low bits; the values are read from the input at them: exact, and differentiable (when a
   gradient may flow, the read also checks the inverse permutation, found by searching the sorted keys, so the
-  backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they go through
-  a bitonic network over (value word, index) pairs, log2(P)*(log2(P)+1)/2 compare-exchange stages, each a kernel
-  built from a reshape to (P/2j, 2, j), a flip of the middle axis (the partner i^j) and a where, the values riding
-  along as a payload.
+  backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they sort twice
+  (low word, then high word, each pass's key holding the position in the last pass's order, which keeps it stable).
 - topk of k much smaller than n: the k wanted keys all lie in the k chunks (of _TOPK_CHUNK) with the best chunk
   maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys,
   picked by rank: O(n) work in about a dozen kernels. Larger k sorts.
@@ -36,7 +34,7 @@ from attograd.uop.ops import UOp, Ops
 # scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
 # cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
 _SCAN_DIRECT, _SCAN_BLOCK = 64, 32
-_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a merge sort (bitonic for 64-bit)
+_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a merge sort
 _SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
 _TOPK_RANK_MAX, _TOPK_CHUNK = 512, 32  # topk of small k: rows up to this long by rank, longer ones by chunks of this
 
@@ -430,7 +428,7 @@ class ReorderOps:
       return ((b - m).exp() + (x - m).exp()).log() + m
     return s._scan(axis, s.dtype, -math.inf, lambda t, a: t.logsumexp(a), logaddexp, block=8)
 
-  # ***** sort: rank by counting, then a one-hot gather by rank (short rows); a bitonic network (long ones) *****
+  # ***** sort: rank by counting, then a one-hot gather by rank (short rows); a merge sort of unique keys (long ones) *****
   def _order_word(self, descending: bool, bits: int):
     """An unsigned `bits`-wide integer (in uint64) that orders like torch's sort does the values: NaN
     largest, -0.0 equal to 0.0; complemented when descending, so NaN comes first there as in torch."""
@@ -446,64 +444,35 @@ class ReorderOps:
     else: w = self.bitcast(u64) ^ top
     return w ^ ((1 << bits) - 1) if descending else w
 
-  def _bitonic_sort(self, descending: bool) -> tuple:
-    """(values, int64 indices) of the rows of self (sorted along the last axis) by a bitonic network."""
-    n, lead = self.shape[-1], self.shape[:-1]
-    P = 1 << (n - 1).bit_length()
-    pad = tuple((0, 0) for _ in lead) + ((0, P - n),)
-    u64, T = dtypes.uint64, type(self)
-    idx = T.arange(P, device=self.device, dtype=u64).reshape(*(1,) * len(lead), P).expand(*lead, P)
-    # padding sorts after everything: the largest value word, and an index no real element has
-    if self.dtype.itemsize <= 4: keys = [((self._order_word(descending, 32).pad(pad, value=(1 << 32) - 1)) << 32) | idx]
-    else: keys = [self._order_word(descending, 64).pad(pad, value=(1 << 64) - 1), idx]
-    vals = self.pad(pad)
-    size = 2
-    while size <= P:
-      j = size // 2
-      while j >= 1:
-        m = P // (2 * j)
-        # pairs (i, i^j) sit at [.., block, 0, t] and [.., block, 1, t]; a block runs descending where i & size is set,
-        # i.e. block & (size / 2j). That number comes in a 1-element buffer, not as a constant: then the stages of
-        # one j are one kernel, compiled once (log2(P) kernels to compile instead of log2(P)^2 / 2)
-        h = T([size // (2 * j)], device=self.device, dtype=dtypes.int32).reshape(1, 1, 1)
-        down = (T.arange(m, device=self.device, dtype=dtypes.int32).reshape(m, 1, 1) & h).ne(0)
-        ks = [k.reshape(*lead, m, 2, j) for k in keys]
-        first = [k.shrink(tuple((0, s) for s in k.shape[:-2]) + ((0, 1), (0, j))) for k in ks]
-        second = [k.shrink(tuple((0, s) for s in k.shape[:-2]) + ((1, 2), (0, j))) for k in ks]
-        swap = second[0] < first[0]
-        if len(ks) == 2: swap = swap | ((second[0] == first[0]) & (second[1] < first[1]))
-        swap = swap ^ down
-        keys = [swap.where(k.flip(-2), k).reshape(*lead, P).contiguous() for k in ks]
-        v = vals.reshape(*lead, m, 2, j)
-        # each stage in its own buffer, forward and backward: fused, every stage would reread the last one twice
-        vals = swap.where(v.flip(-2), v).reshape(*lead, P).contiguous().contiguous_backward()
-        j //= 2
-      size *= 2
-    i = keys[-1] if len(keys) == 2 else keys[0] & ((1 << 32) - 1)
-    return vals.shrink(tuple((0, s) for s in lead) + ((0, n),)), i.shrink(tuple((0, s) for s in lead) + ((0, n),)).cast(dtypes.int64)
-
   def _merge_sort(self, descending: bool) -> tuple:
-    """(values, int64 indices) of the rows of self (along the last axis, itemsize <= 4) by a merge sort of unique keys."""
+    """(values, int64 indices) of the rows of self along the last axis by merge sorts of unique keys: one pass over the
+    32-bit order word, or for 64-bit dtypes two (low word, then high word: each pass keeps the order of the last one
+    among equal words, its position being the key's low half)."""
     n, lead = self.shape[-1], self.shape[:-1]
-    R, P = math.prod(lead), 1 << (n - 1).bit_length()
-    B = min(P, _SORT_BLOCK)
-    w = self._order_word(descending, 32).reshape(R, n).pad(((0, 0), (0, P - n)), value=(1 << 32) - 1).uop
-    T = type(self)
-    keys = start = _bin(Ops.OR, _bin(Ops.SHL, w, 32), UOp(Ops.CAST, U64, (_iota((R, P), 1, self.device),)))
-    keys = T(_block_sort(keys, B)).contiguous().uop
-    L = B
-    while L < P: keys, L = T(_merge(keys, L)).contiguous().uop, 2 * L
-    # the min changes nothing (the first n keys are the real elements) but bounds the index by n: index math stays int32
-    idx = (T(keys) & 0xFFFFFFFF).cast(dtypes.int64)[:, :n].minimum(n - 1)
-    x = self.reshape(R, n)
-    if not self._may_need_grad(): vals = x.gather(1, idx)
+    R, P, T, mask = math.prod(lead), 1 << (n - 1).bit_length(), type(self), 0xFFFFFFFF
+    wide = self.dtype.itemsize > 4
+    w = self._order_word(descending, 64 if wide else 32).reshape(R, n)
+    grad = self._may_need_grad()
+    order = pos = None  # the input index at each position of the order so far, and each input's position in it
+    for word in ([w & mask, w >> 32] if wide else [w]):
+      word = word.pad(((0, 0), (0, P - n)), value=mask)  # padding sorts last: the largest word, indices past n
+      if order is not None: word = word.gather(1, order)
+      start = _bin(Ops.OR, _bin(Ops.SHL, word.uop, 32), UOp(Ops.CAST, U64, (_iota((R, P), 1, self.device),)))
+      keys = _sorted_keys(start)
+      # the minimum changes nothing (the keys' low halves are positions below P) but bounds index math: it stays int32
+      step = (T(keys) & mask).cast(dtypes.int64).minimum(P - 1)
+      order = step if order is None else order.gather(1, step)
+      if grad:
+        moved = T(_count_below(keys, start)).contiguous()
+        pos = moved if pos is None else moved.gather(1, pos)
+    idx, x = order[:, :n].minimum(n - 1), self.reshape(R, n)
+    if not grad: vals = x.gather(1, idx)
     else:
       # values[p] = x[idx[p]], written as a sum over r of (r == idx[p] and pos[r] == p) ? x[r] : 0 with pos the inverse
-      # permutation (found by a search of the sorted keys): the forward reads one element per output, and so does the
+      # permutation (found by searching the sorted keys): the forward reads one element per output, and so does the
       # gradient, a sum over p of the same condition (a plain gather's gradient would sum over all n outputs for each r)
-      pos = T(_count_below(keys, start)).contiguous()[:, :n]
       ar = T.arange(n, device=self.device)
-      hit = (idx.unsqueeze(-1) == ar) & (pos.unsqueeze(-2) == ar.reshape(n, 1))
+      hit = (idx.unsqueeze(-1) == ar) & (pos[:, :n].unsqueeze(-2) == ar.reshape(n, 1))
       vals = hit.where(x.unsqueeze(-2), x.zeros_like().unsqueeze(-2)).sum(-1, dtype=x.dtype)
     return vals.reshape(*lead, n), idx.reshape(*lead, n)
 
@@ -523,8 +492,8 @@ class ReorderOps:
     return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
   def _long_sort(self, descending: bool) -> tuple:
-    if self.dtype.itemsize > 4 or self.shape[-1] >= 1 << 32 or 0 in self.shape: return self._bitonic_sort(descending)
-    return self._merge_sort(descending)
+    if self.shape[-1] >= 1 << 31: raise NotImplementedError(f"sort of rows of {self.shape[-1]} elements (at most 2**31 - 1)")
+    return self._merge_sort(descending) if 0 not in self.shape else (self, self.zeros_like(dtype=dtypes.int64))
 
   def _rank(self, descending: bool):
     """(x with axis last, rank of each element along it); ties keep index order, NaN sorts as the largest."""
