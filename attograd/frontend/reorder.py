@@ -130,8 +130,9 @@ def _sorted_keys(keys: UOp) -> UOp:
   return keys
 
 def _count_below(table: UOp, q: UOp) -> UOp:
-  """For sorted unique keys table (R, P) and queries q (R, m) that are among them: how many keys of the row are below
-  each query (its position), by a binary search of log2(P) steps (int64, (R, m))."""
+  """For a sorted (non-decreasing) uint64 table (R, P), P a power of two, and queries q (R, m): how many entries of the
+  row are below each query (at most P - 1: a query that is in the row, or below its last entry), by a binary search
+  of log2(P) steps (int64, (R, m)). For unique keys that is the query's position."""
   R, P = table.shape
   m, dev = q.shape[1], q.device
   t, shape = table.reshape((R, 1, P)), (R, q.shape[1], 1)
@@ -571,7 +572,8 @@ class ReorderOps:
     """torch.unique over all elements (dim=None): the distinct values in ascending order (also when sorted=False, which
     torch allows), and optionally the inverse (each element's position among them, in self's shape) and the counts.
     NaNs are each distinct, -0.0 equals 0.0, as in torch. The output's size depends on the values, so this reads the
-    sorted row's group starts back (a sync), like indexing with a bool mask."""
+    number of distinct values back (a sync), like indexing with a bool mask; where each group starts in the sorted
+    row is found by a binary search of the group numbers, on the device."""
     if dim is not None: raise NotImplementedError("unique with dim= (unique slices) is not supported; flatten or use dim=None")
     T, flat = type(self), self.flatten()
     n = flat.shape[0]
@@ -581,15 +583,18 @@ class ReorderOps:
       return tuple(out) if len(out) > 1 else out[0]
     v, order = flat.sort()
     # a new group starts at 0 and wherever the sorted value differs from the one before (NaN != NaN: each its own)
-    starts = T.ones(1, dtype=dtypes.bool, device=self.device).cat(v[1:] != v[:-1]).realize() if n > 1 else T.ones(1, dtype=dtypes.bool, device=self.device)
-    first = [j for j, b in enumerate(starts.tolist()) if b]
-    at = T(first, device=self.device, dtype=dtypes.int64)
+    one = T.ones(1, dtype=dtypes.bool, device=self.device)
+    starts = one.cat(v[1:] != v[:-1]) if n > 1 else one
+    group = starts.cumsum(0) - 1  # each sorted position's group: sorted, so a group's start is found by a search
+    count = starts.sum()
+    T.realize_all([count, v, group, *([order] if return_inverse else [])])  # stored once: the reads below reuse them
+    k = int(count.item())  # the output's size: the one sync
+    P = 1 << (n - 1).bit_length()
+    table = group.cast(U64).pad(((0, P - n),), value=k).reshape(1, P).uop
+    at = T(_count_below(table, _iota((1, k), 1, self.device).cast(U64))).reshape(k)
     out = [v.gather(0, at)]
     if return_inverse:
-      group = starts.cumsum(0) - 1  # each sorted position's group
       rank = order.cast(dtypes.int32).argsort()  # each element's sorted position (the sort's inverse permutation)
       out.append(group.gather(0, rank).reshape(self.shape))
-    if return_counts:
-      ends = first[1:] + [n]
-      out.append(T([e - b for b, e in zip(first, ends)], device=self.device, dtype=dtypes.int64))
+    if return_counts: out.append(at[1:].cat(T.full((1,), n, dtype=dtypes.int64, device=self.device)) - at)
     return tuple(out) if len(out) > 1 else out[0]
