@@ -203,6 +203,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     wanted = {t.uop for t in targets}
     grads = compute_gradient(_graph_for_gradient(self.uop, wanted), root_grad, wanted)
     return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
+  def _may_need_grad(self) -> bool:
+    """Whether a gradient may flow into this tensor: a tensor that requires grad is in its graph (seen through realized
+    nodes, as backward sees it). Lets an op pick a forward that also makes its backward cheap only when it will run."""
+    if not _grad_tensors: return False
+    targets = {t.uop for t in _grad_tensors}
+    return not targets.isdisjoint(_graph_for_gradient(self.uop, targets).toposort)
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
     candidates = list(_grad_tensors)

@@ -9,22 +9,163 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   (Hillis-Steele doubling would take log2(n) kernels of O(n) each: more kernels, more passes over memory.)
 - a short sort (n <= _RANK_SORT_MAX) is rank based: rank[i] = number of elements that come before
   element i (ties broken by index, NaN last as in torch), then output k picks the element whose rank is
-  k (a one-hot reduce against an arange): O(n^2) work, 2 kernels. A longer one is a bitonic network over
-  the row padded to a power of two P: log2(P)*(log2(P)+1)/2 compare-exchange stages, each a kernel built
-  from a reshape to (P/2j, 2, j), a flip of the middle axis (the partner i^j) and a where. What is
-  compared is one unsigned 64-bit key per element that orders like torch's stable sort: the value mapped
-  to an order-preserving 32-bit word (NaN largest, -0.0 equal to 0.0, complemented when descending) above
-  the element's index, so every key is unique; 64-bit dtypes compare (value word, index) pairs instead.
-  The values ride along as a payload through the same swaps, so they are exact and differentiable."""
+  k (a one-hot reduce against an arange): O(n^2) work, 2 kernels. A longer one sorts one unsigned 64-bit key per
+  element that orders like torch's stable sort: the value mapped to an order-preserving 32-bit word (NaN largest,
+  -0.0 equal to 0.0, complemented when descending) above the element's index, so every key is unique. The row is
+  padded to a power of two P; blocks of _SORT_BLOCK are sorted by counting, then runs are merged in pairs, one
+  kernel per level: output p of a merged pair binary-searches the merge path (log2(L)+1 reads of each run, a
+  gather each), O(P log P) in log2(P/_SORT_BLOCK) + 2 kernels. The key graphs are built as UOps directly (no
+  gradient flows through keys, and a level's ~14 nodes per search step cost far less than through the Tensor API).
+  The indices are the keys' low bits; the values are read from the input at them: exact, and differentiable (when a
+  gradient may flow, the read also checks the inverse permutation, found by searching the sorted keys, so the
+  backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they sort twice
+  (low word, then high word, each pass's key holding the position in the last pass's order, which keeps it stable).
+- topk of k much smaller than n: the k wanted keys all lie in the k chunks (of _TOPK_CHUNK) with the best chunk
+  maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys,
+  picked by rank: O(n) work in about a dozen kernels. Larger k sorts.
+- median takes the sort's (n-1)//2-th element (the first NaN if any); unique sorts, marks where the sorted value
+  changes and reads those marks back to size its outputs."""
 from __future__ import annotations
 import math
 from typing import Sequence
 from attograd.dtype import dtypes, least_upper_dtype
+from attograd.uop.ops import UOp, Ops
 
 # scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
 # cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
 _SCAN_DIRECT, _SCAN_BLOCK = 64, 32
-_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a bitonic network
+_RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a merge sort
+_SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
+_TOPK_RANK_MAX, _TOPK_CHUNK = 512, 32  # topk of small k: rows up to this long by rank, longer ones by chunks of this
+
+# ***** key graphs, built as UOps: the sort's keys need no gradient and no checks, and a merge level is ~14 nodes per
+# search step (through the Tensor API each node costs ~30 us of Python, which a sort of 100k would spend 150 ms on) *****
+U64, I64 = dtypes.uint64, dtypes.int64
+
+def _full(v: int, dtype, shape: tuple[int, ...], device: str) -> UOp:
+  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), v)
+  return c.reshape((1,) * len(shape)).expand(shape)
+
+def _iota(shape: tuple[int, ...], axis: int, device: str) -> UOp:
+  """0..shape[axis]-1 along axis (int64), broadcast to shape."""
+  i = UOp(Ops.IOTA, I64, (UOp(Ops.DEVICE, dtypes.void, (), device),), shape[axis])
+  return i.reshape(tuple(s if a == axis else 1 for a, s in enumerate(shape))).expand(shape)
+
+def _bin(op: Ops, a: UOp, b: UOp | int) -> UOp:
+  if isinstance(b, int): b = _full(b, a.dtype, a.shape, a.device)
+  return UOp(op, dtypes.bool if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) else a.dtype, (a, b))
+
+def _take(table: UOp, idx: UOp) -> UOp:
+  """table (.., 1, L) expanded rows, idx (.., m, 1) int64: (.., m, 1) with table[.., idx]; an index outside [0, L)
+  reads 0. A one-hot sum the scheduler turns into one load (collapse_one_hot)."""
+  shape = (*idx.shape[:-1], table.shape[-1])
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (idx.expand(shape), _iota(shape, len(shape) - 1, idx.device)))
+  return UOp(Ops.WHERE, table.dtype, (hit, table.expand(shape), _full(0, table.dtype, shape, idx.device))).reduce_axis(Ops.ADD, (len(shape) - 1,))
+
+def _where(c: UOp, a: UOp, b: UOp) -> UOp: return UOp(Ops.WHERE, a.dtype, (c, a, b))
+
+def _block_sort(keys: UOp, B: int) -> UOp:
+  """keys (R, P) of unique uint64, each block of B sorted by counting: an element's rank is the number of keys of its
+  block below it, and output t picks the key of rank t. O(B) per element in 2 kernels, no search steps."""
+  R, P = keys.shape
+  full, dev = (R, P // B, B, B), keys.device
+  rows, cols = keys.reshape((R, P // B, B, 1)).expand(full), keys.reshape((R, P // B, 1, B)).expand(full)
+  rank = UOp(Ops.CAST, I64, (UOp(Ops.CMPLT, dtypes.bool, (cols, rows)),)).reduce_axis(Ops.ADD, (3,))  # (.., i, 1)
+  rank = UOp(Ops.CONTIGUOUS, I64, (rank,))  # stored: inlined, the pick would count every rank again for each t
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (rank.reshape((R, P // B, 1, B)).expand(full), _iota(full, 2, dev)))
+  return _where(hit, cols, _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (3,)).reshape((R, P))
+
+def _largest_by_rank(keys: UOp, k: int) -> UOp:
+  """The k largest of unique uint64 keys (R, m), largest first: each key's rank is the number of keys above it (stored),
+  then output t picks the key of rank t. O(m) per key and per output, 2 kernels."""
+  R, m = keys.shape
+  full, dev = (R, m, m), keys.device
+  rows, cols = keys.reshape((R, m, 1)).expand(full), keys.reshape((R, 1, m)).expand(full)
+  above = UOp(Ops.CAST, I64, (UOp(Ops.CMPLT, dtypes.bool, (rows, cols)),)).reduce_axis(Ops.ADD, (2,))  # (R, i, 1)
+  above = UOp(Ops.CONTIGUOUS, I64, (above,))
+  full = (R, k, m)
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (above.reshape((R, 1, m)).expand(full), _iota(full, 1, dev)))
+  return _where(hit, keys.reshape((R, 1, m)).expand(full), _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (2,)).reshape((R, k))
+
+def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
+  """The k largest of unique uint64 keys (R, m) whose low 32 bits hold an element index, largest first, for k much
+  smaller than m. Short rows by rank; longer ones by chunks of _TOPK_CHUNK: the k largest keys are all in the k chunks
+  with the largest maxima (any other chunk's max has k keys above it), so the chunk maxima's k largest (recursively)
+  name k chunks, and the answer is the k largest of their k*C keys. O(m) work in a few kernels. `unit`: how many of
+  the first level's elements one of these keys stands for (a chunk max's index names its chunk by index // unit).
+  `source` (table, key_of): the candidates' keys are key_of(table read at their positions, positions), so keys
+  computed from the input are computed again there rather than stored for the whole row."""
+  R, m = keys.shape
+  if m <= _TOPK_RANK_MAX: return _largest_by_rank(keys, k)
+  C = _TOPK_CHUNK
+  if k * C * 2 > m:  # the chunks would keep half the row or more: sort it (complemented: the largest come first)
+    ones = (1 << 64) - 1
+    return _bin(Ops.XOR, _sorted_keys(_bin(Ops.XOR, keys, ones)).shrink(((0, R), (0, k))), ones)
+  nc, dev = -(-m // C), keys.device
+  padded = keys.pad(((0, 0), (0, nc * C - m)))  # zero keys: below every real one
+  maxima = UOp(Ops.CONTIGUOUS, U64, (padded.reshape((R, nc, C)).reduce_axis(Ops.MAX, (2,)).reshape((R, nc)),))
+  kc = min(k, nc)
+  top = _largest(maxima, kc, unit * C)  # (R, kc)
+  low = _bin(Ops.AND, _bin(Ops.XOR, top, (1 << 64) - 1), 0xFFFFFFFF)  # the key complemented holds the index
+  chunk = _bin(Ops.IDIV, UOp(Ops.CAST, I64, (low,)), unit * C)  # (R, kc)
+  shape = (R, kc, C)
+  pos = _bin(Ops.ADD, _bin(Ops.MUL, chunk.reshape((R, kc, 1)).expand(shape), C), _iota(shape, 2, dev)).reshape((R, kc * C, 1))
+  table, key_of = source if source is not None else (keys, lambda v, p: v)
+  cand = key_of(_take(table.reshape((R, 1, m)), pos), pos)
+  cand = _where(_bin(Ops.CMPLT, pos, m), cand, _full(0, U64, cand.shape, dev)).reshape((R, kc * C))
+  return _largest(cand, k, unit)
+
+def _sorted_keys(keys: UOp) -> UOp:
+  """Unique uint64 keys (R, m) sorted along the row: padded to a power of two P with keys above every real one, blocks
+  of _SORT_BLOCK sorted by counting, then one merge kernel per level. (R, P), the first m being the real keys."""
+  R, m = keys.shape
+  P = 1 << (m - 1).bit_length()
+  if P > m:  # padding: the largest keys, each its own (2**64-1-j), above any real key's index part
+    at = UOp(Ops.CAST, U64, (_iota((R, P), 1, keys.device),))
+    # (m - 1 - at wraps around to 2**64 - 1 - (at - m))
+    keys = _where(_bin(Ops.CMPLT, at, m), keys.pad(((0, 0), (0, P - m))), _bin(Ops.SUB, _full(m - 1, U64, (R, P), keys.device), at))
+  B = min(P, _SORT_BLOCK)
+  keys, L = UOp(Ops.CONTIGUOUS, U64, (_block_sort(keys, B),)), B
+  while L < P: keys, L = UOp(Ops.CONTIGUOUS, U64, (_merge(keys, L),)), 2 * L
+  return keys
+
+def _count_below(table: UOp, q: UOp) -> UOp:
+  """For a sorted (non-decreasing) uint64 table (R, P), P a power of two, and queries q (R, m): how many entries of the
+  row are below each query (at most P - 1: a query that is in the row, or below its last entry), by a binary search
+  of log2(P) steps (int64, (R, m)). For unique keys that is the query's position."""
+  R, P = table.shape
+  m, dev = q.shape[1], q.device
+  t, shape = table.reshape((R, 1, P)), (R, q.shape[1], 1)
+  qq, i, s = q.reshape(shape), _full(0, I64, shape, dev), P // 2
+  while s >= 1:
+    i = _where(_bin(Ops.CMPLT, _take(t, _bin(Ops.ADD, i, s - 1)), qq), _bin(Ops.ADD, i, s), i)
+    s //= 2
+  return i.reshape((R, m))
+
+def _merge(keys: UOp, L: int) -> UOp:
+  """keys (R, P) of unique uint64 in sorted runs of L: runs merged in pairs. Output p of a merged pair takes from the
+  first run the i elements found by a binary search along the merge path (the largest i with A[i-1] < B[p-i]), in
+  log2(L)+1 steps of two one-element reads (a gather each), so a level is one kernel of O(P log L). Reads past A's end
+  see the largest key (A is searched complemented: a read outside a buffer gives 0), reads before B's start 0."""
+  R, P = keys.shape
+  Q, dev = P // (2 * L), keys.device
+  k = keys.reshape((R, Q, 2, L))
+  runs = [k.shrink(((0, R), (0, Q), (h, h + 1), (0, L))).reshape((R, Q, 1, L)) for h in (0, 1)]
+  ones = _full((1 << 64) - 1, U64, runs[0].shape, dev)
+  notA, notB = (_bin(Ops.XOR, r, ones) for r in runs)
+  shape = (R, Q, 2 * L, 1)
+  top = _full((1 << 64) - 1, U64, shape, dev)
+  p = _iota(shape, 2, dev)
+  i = _where(_bin(Ops.CMPLT, p, L), _full(0, I64, shape, dev), _bin(Ops.ADD, p, -L))
+  s = L
+  while s >= 1:
+    a = _bin(Ops.XOR, _take(notA, _bin(Ops.ADD, i, s - 1)), top)
+    b = _take(runs[1], _bin(Ops.SUB, p, _bin(Ops.ADD, i, s)))
+    i = _where(_bin(Ops.CMPLT, a, b), _bin(Ops.ADD, i, s), i)
+    s //= 2
+  a = _bin(Ops.XOR, _take(notA, i), top)
+  b = _bin(Ops.XOR, _take(notB, _bin(Ops.SUB, p, i)), top)
+  return _where(_bin(Ops.CMPLT, a, b), a, b).reshape((R, P))
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
@@ -288,56 +429,72 @@ class ReorderOps:
       return ((b - m).exp() + (x - m).exp()).log() + m
     return s._scan(axis, s.dtype, -math.inf, lambda t, a: t.logsumexp(a), logaddexp, block=8)
 
-  # ***** sort: rank by counting, then a one-hot gather by rank (short rows); a bitonic network (long ones) *****
+  # ***** sort: rank by counting, then a one-hot gather by rank (short rows); a merge sort of unique keys (long ones) *****
   def _order_word(self, descending: bool, bits: int):
     """An unsigned `bits`-wide integer (in uint64) that orders like torch's sort does the values: NaN
     largest, -0.0 equal to 0.0; complemented when descending, so NaN comes first there as in torch."""
     u64, top = dtypes.uint64, 1 << (bits - 1)
     if dtypes.is_float(self.dtype):
       f = self.cast(dtypes.float32) if bits == 32 else self
-      f = f.isnan().where(math.nan, (f == 0).where(0.0, f))  # one NaN and one zero
-      w = f.bitcast(dtypes.uint32 if bits == 32 else u64).cast(u64)
+      # one zero and one NaN (its word set as an int: a NaN constant in a graph would never match the schedule cache)
+      w = (f == 0).where(0.0, f).bitcast(dtypes.uint32 if bits == 32 else u64).cast(u64)
+      w = f.isnan().where(0x7FC00000 if bits == 32 else 0x7FF8000000000000, w)
       w = (w >= top).where(w ^ ((1 << bits) - 1), w | top)  # negatives: all bits flipped; positives: sign bit set
     elif self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype): w = self.cast(u64)
     elif bits == 32: w = (self.cast(dtypes.int64) + top).cast(u64)
     else: w = self.bitcast(u64) ^ top
     return w ^ ((1 << bits) - 1) if descending else w
 
-  def _bitonic_sort(self, descending: bool) -> tuple:
-    """(values, int64 indices) of the rows of self (sorted along the last axis) by a bitonic network."""
+  def _merge_sort(self, descending: bool) -> tuple:
+    """(values, int64 indices) of the rows of self along the last axis by merge sorts of unique keys: one pass over the
+    32-bit order word, or for 64-bit dtypes two (low word, then high word: each pass keeps the order of the last one
+    among equal words, its position being the key's low half)."""
     n, lead = self.shape[-1], self.shape[:-1]
-    P = 1 << (n - 1).bit_length()
-    pad = tuple((0, 0) for _ in lead) + ((0, P - n),)
-    u64, T = dtypes.uint64, type(self)
-    idx = T.arange(P, device=self.device, dtype=u64).reshape(*(1,) * len(lead), P).expand(*lead, P)
-    # padding sorts after everything: the largest value word, and an index no real element has
-    if self.dtype.itemsize <= 4: keys = [((self._order_word(descending, 32).pad(pad, value=(1 << 32) - 1)) << 32) | idx]
-    else: keys = [self._order_word(descending, 64).pad(pad, value=(1 << 64) - 1), idx]
-    vals = self.pad(pad)
-    size = 2
-    while size <= P:
-      j = size // 2
-      while j >= 1:
-        m = P // (2 * j)
-        # pairs (i, i^j) sit at [.., block, 0, t] and [.., block, 1, t]; a block runs descending where i & size is set,
-        # i.e. block & (size / 2j). That number comes in a 1-element buffer, not as a constant: then the stages of
-        # one j are one kernel, compiled once (log2(P) kernels to compile instead of log2(P)^2 / 2)
-        h = T([size // (2 * j)], device=self.device, dtype=dtypes.int32).reshape(1, 1, 1)
-        down = (T.arange(m, device=self.device, dtype=dtypes.int32).reshape(m, 1, 1) & h).ne(0)
-        ks = [k.reshape(*lead, m, 2, j) for k in keys]
-        first = [k.shrink(tuple((0, s) for s in k.shape[:-2]) + ((0, 1), (0, j))) for k in ks]
-        second = [k.shrink(tuple((0, s) for s in k.shape[:-2]) + ((1, 2), (0, j))) for k in ks]
-        swap = second[0] < first[0]
-        if len(ks) == 2: swap = swap | ((second[0] == first[0]) & (second[1] < first[1]))
-        swap = swap ^ down
-        keys = [swap.where(k.flip(-2), k).reshape(*lead, P).contiguous() for k in ks]
-        v = vals.reshape(*lead, m, 2, j)
-        # each stage in its own buffer, forward and backward: fused, every stage would reread the last one twice
-        vals = swap.where(v.flip(-2), v).reshape(*lead, P).contiguous().contiguous_backward()
-        j //= 2
-      size *= 2
-    i = keys[-1] if len(keys) == 2 else keys[0] & ((1 << 32) - 1)
-    return vals.shrink(tuple((0, s) for s in lead) + ((0, n),)), i.shrink(tuple((0, s) for s in lead) + ((0, n),)).cast(dtypes.int64)
+    R, P, T, mask = math.prod(lead), 1 << (n - 1).bit_length(), type(self), 0xFFFFFFFF
+    wide = self.dtype.itemsize > 4
+    w = self._order_word(descending, 64 if wide else 32).reshape(R, n)
+    grad = self._may_need_grad()
+    order = pos = None  # the input index at each position of the order so far, and each input's position in it
+    for word in ([w & mask, w >> 32] if wide else [w]):
+      word = word.pad(((0, 0), (0, P - n)), value=mask)  # padding sorts last: the largest word, indices past n
+      if order is not None: word = word.gather(1, order)
+      start = _bin(Ops.OR, _bin(Ops.SHL, word.uop, 32), UOp(Ops.CAST, U64, (_iota((R, P), 1, self.device),)))
+      keys = _sorted_keys(start)
+      # the minimum changes nothing (the keys' low halves are positions below P) but bounds index math: it stays int32
+      step = (T(keys) & mask).cast(dtypes.int64).minimum(P - 1)
+      order = step if order is None else order.gather(1, step)
+      if grad:
+        moved = T(_count_below(keys, start)).contiguous()
+        pos = moved if pos is None else moved.gather(1, pos)
+    idx, x = order[:, :n].minimum(n - 1), self.reshape(R, n)
+    if not grad: vals = x.gather(1, idx)
+    else:
+      # values[p] = x[idx[p]], written as a sum over r of (r == idx[p] and pos[r] == p) ? x[r] : 0 with pos the inverse
+      # permutation (found by searching the sorted keys): the forward reads one element per output, and so does the
+      # gradient, a sum over p of the same condition (a plain gather's gradient would sum over all n outputs for each r)
+      ar = T.arange(n, device=self.device)
+      hit = (idx.unsqueeze(-1) == ar) & (pos[:, :n].unsqueeze(-2) == ar.reshape(n, 1))
+      vals = hit.where(x.unsqueeze(-2), x.zeros_like().unsqueeze(-2)).sum(-1, dtype=x.dtype)
+    return vals.reshape(*lead, n), idx.reshape(*lead, n)
+
+  def _topk_small(self, k: int, largest: bool) -> tuple:
+    """(values, int64 indices) of the k largest (smallest) along the last axis, k small next to n: by chunk maxima
+    of keys that order like the sort (ties by index), complemented so the wanted ones are the largest."""
+    n, lead = self.shape[-1], self.shape[:-1]
+    R, T = math.prod(lead), type(self)
+    def key_of(x: UOp, i: UOp) -> UOp:  # complemented: the wanted keys are the largest
+      w = T(x)._order_word(largest, 32).uop
+      return _bin(Ops.XOR, _bin(Ops.OR, _bin(Ops.SHL, w, 32), UOp(Ops.CAST, U64, (i,))), (1 << 64) - 1)
+    x = self.reshape(R, n).uop
+    top = _largest(key_of(x, _iota((R, n), 1, self.device)), k, 1, (x, key_of)) if k else None
+    if top is None: idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
+    else: idx = ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1)
+    vals = self.reshape(R, n).gather(1, idx)
+    return vals.reshape(*lead, k), idx.reshape(*lead, k)
+
+  def _long_sort(self, descending: bool) -> tuple:
+    if self.shape[-1] >= 1 << 31: raise NotImplementedError(f"sort of rows of {self.shape[-1]} elements (at most 2**31 - 1)")
+    return self._merge_sort(descending) if 0 not in self.shape else (self, self.zeros_like(dtype=dtypes.int64))
 
   def _rank(self, descending: bool):
     """(x with axis last, rank of each element along it); ties keep index order, NaN sorts as the largest."""
@@ -370,7 +527,7 @@ class ReorderOps:
     """torch.sort (stable): (values, int64 indices). O(n^2) per row, see the module docstring."""
     d = _axis(dim, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
-    v, i = x._by_rank(x.shape[-1], descending) if x.shape[-1] <= _RANK_SORT_MAX else x._bitonic_sort(descending)
+    v, i = x._by_rank(x.shape[-1], descending) if x.shape[-1] <= _RANK_SORT_MAX else x._long_sort(descending)
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
   def argsort(self, dim: int = -1, descending: bool = False): return self.sort(dim, descending)[1]
@@ -379,8 +536,65 @@ class ReorderOps:
     d = _axis(dim, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     n = x.shape[-1]
-    if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk: k={k} is out of range for dim {d} of size {n}")
+    if not isinstance(k, int) or not 0 <= k <= n: raise RuntimeError(f"topk: selected index k={k} is out of range for dim {d} of size {n}")
     if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
-    else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._bitonic_sort(largest))
+    elif x.dtype.itemsize <= 4 and k * _TOPK_CHUNK < n and n < 1 << 32: v, i = x._topk_small(k, largest)
+    else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._long_sort(largest))
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
+
+  # ***** median and unique: through the sort *****
+  def median(self, dim: int | None = None, keepdim: bool = False):
+    """torch.median: the lower median ((n-1)//2-th in sorted order). dim None: of all elements (a 0-d tensor; empty
+    gives NaN); with dim: (values, int64 indices), the index being the stable sort's. A row holding NaN gives NaN and
+    the index of its first NaN, as in torch."""
+    if dim is None:
+      if self.numel() == 0:
+        if not dtypes.is_float(self.dtype): raise RuntimeError("median of an empty integer tensor (torch returns an arbitrary value)")
+        return type(self).full((), math.nan, dtype=self.dtype, device=self.device)
+      return self.flatten().median(0)[0]
+    d = _axis(dim, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self
+    n = x.shape[d]
+    if n == 0: raise IndexError(f"median(): expected reduction dim {d} to have non-zero size")
+    v, i = x.sort(d)
+    shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))
+    if dtypes.is_float(x.dtype):  # NaN sorts last: the first NaN sits at n - (number of NaNs)
+      nans = x.isnan().sum(d, keepdim=True)
+      pos = (nans > 0).where(n - nans, (n - 1) // 2)
+    else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
+    v, i = v.gather(d, pos), i.gather(d, pos)
+    if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
+    if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
+    return v, i
+
+  def unique(self, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None):
+    """torch.unique over all elements (dim=None): the distinct values in ascending order (also when sorted=False, which
+    torch allows), and optionally the inverse (each element's position among them, in self's shape) and the counts.
+    NaNs are each distinct, -0.0 equals 0.0, as in torch. The output's size depends on the values, so this reads the
+    number of distinct values back (a sync), like indexing with a bool mask; where each group starts in the sorted
+    row is found by a binary search of the group numbers, on the device."""
+    if dim is not None: raise NotImplementedError("unique with dim= (unique slices) is not supported; flatten or use dim=None")
+    T, flat = type(self), self.flatten()
+    n = flat.shape[0]
+    if n == 0:
+      empty = T.zeros(0, dtype=dtypes.int64, device=self.device)
+      out = [flat] + ([empty.reshape(self.shape)] if return_inverse else []) + ([empty] if return_counts else [])
+      return tuple(out) if len(out) > 1 else out[0]
+    v, order = flat.sort()
+    # a new group starts at 0 and wherever the sorted value differs from the one before (NaN != NaN: each its own)
+    one = T.ones(1, dtype=dtypes.bool, device=self.device)
+    starts = one.cat(v[1:] != v[:-1]) if n > 1 else one
+    group = starts.cumsum(0) - 1  # each sorted position's group: sorted, so a group's start is found by a search
+    count = starts.sum()
+    T.realize_all([count, v, group, *([order] if return_inverse else [])])  # stored once: the reads below reuse them
+    k = int(count.item())  # the output's size: the one sync
+    P = 1 << (n - 1).bit_length()
+    table = group.cast(U64).pad(((0, P - n),), value=k).reshape(1, P).uop
+    at = T(_count_below(table, _iota((1, k), 1, self.device).cast(U64))).reshape(k)
+    out = [v.gather(0, at)]
+    if return_inverse:
+      rank = order.cast(dtypes.int32).argsort()  # each element's sorted position (the sort's inverse permutation)
+      out.append(group.gather(0, rank).reshape(self.shape))
+    if return_counts: out.append(at[1:].cat(T.full((1,), n, dtype=dtypes.int64, device=self.device)) - at)
+    return tuple(out) if len(out) > 1 else out[0]

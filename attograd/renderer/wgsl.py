@@ -181,8 +181,9 @@ class WGSLRenderer(Renderer):
     return f"bitcast<{COMPUTE[to]}>({x})"
 
   def index(self, x: str, dt: DType) -> str:
-    """Array indices are i32 or u32 in WGSL."""
-    return f"i32({x})" if COMPUTE[dt.scalar()] in ("i64", "u64") else x
+    """Array indices are i32 or u32 in WGSL. A 64-bit literal is written as an i32 one: naga refuses i32(0li)."""
+    if COMPUTE[dt.scalar()] not in ("i64", "u64"): return x
+    return f"{x[:-2]}i" if x[-2:] in ("li", "lu") and x[:-2].lstrip("-").isdigit() and abs(int(x[:-2])) < 2**31 else f"i32({x})"
 
   def render(self, name: str, uops: list[UOp]) -> str:
     for u in uops:

@@ -89,14 +89,22 @@ def _unmoved(x: UOp) -> UOp:
   while x.op in GroupOp.Movement or x.op is Ops.CAST: x = x.src[0]
   return x
 
+def conjuncts(c: UOp) -> list[UOp]:
+  """The terms of an AND of booleans: a gather may carry more conditions beside its index match."""
+  if c.op is not Ops.AND or c.dtype != dtypes.bool: return [c]
+  return [t for s in c.src for t in conjuncts(s)]
+
 def gather_parts(red: UOp) -> tuple[UOp, UOp] | None:
   """(v, e) of a sum of where(e == arange, v, 0) over the arange's axis: indexing turns it into a read of one row of
-  v (collapse_one_hot), so e is computed once per output, not once per row of the table."""
+  v (collapse_one_hot), so e is computed once per output, not once per row of the table. With more conditions and-ed
+  to the match, e is the whole condition (computed once per output as well)."""
   x = red.src[0]
   if red.arg[0] is not Ops.ADD or x.op is not Ops.WHERE or (z := _unmoved(x.src[2])).op is not Ops.CONST or z.arg != 0: return None
-  if (cond := _unmoved(x.src[0])).op is not Ops.CMPEQ: return None
-  for a, e in (cond.src, cond.src[::-1]):
-    if _unmoved(a).op is Ops.IOTA: return x.src[1], _unmoved(e)
+  terms = conjuncts(cond := _unmoved(x.src[0]))
+  for t in (_unmoved(t) for t in terms):
+    if t.op is not Ops.CMPEQ: continue
+    for a, e in (t.src, t.src[::-1]):
+      if _unmoved(a).op is Ops.IOTA: return x.src[1], (_unmoved(e) if len(terms) == 1 else cond)
   return None
 
 def _moved_axes(u: UOp, axes: frozenset[int]) -> frozenset[int] | None:
@@ -267,14 +275,21 @@ def collapse_one_hot(red: UOp) -> UOp | None:
   embedding lookup, cross entropy's pick of each target's logit) reads one row per output, not every row of the table.
   e is clamped into the loop's range first, so the row read is always in the buffer, and its bounds keep index math
   narrow."""
-  if red.arg is not Ops.ADD or (sel := _selected(red.src[0])) is None or sel[0].op is not Ops.CMPEQ: return None
+  if red.arg is not Ops.ADD or (sel := _selected(red.src[0])) is None: return None
   cond, value = sel
-  for a, e in (cond.src, cond.src[::-1]):
-    if (r := _range_of(a)) not in red.src[1:] or r.op is not Ops.RANGE or r in e.toposort: continue
-    valid, row = _row(e, r)
-    picked = valid.where(value.substitute({r: row}), UOp.const(red.dtype, 0))
-    rest = tuple(x for x in red.src[1:] if x is not r)
-    return UOp(Ops.REDUCE, red.dtype, (picked, *rest), red.arg) if rest else picked
+  terms = conjuncts(cond)
+  for cmp in terms:
+    if cmp.op is not Ops.CMPEQ: continue
+    for a, e in (cmp.src, cmp.src[::-1]):
+      if (r := _range_of(a)) not in red.src[1:] or r.op is not Ops.RANGE or r in e.toposort: continue
+      valid, row = _row(e, r)
+      # the other conditions hold at that row or nowhere (a permutation's gather checks its inverse there, so its
+      # gradient, a sum over outputs, collapses the same way: sort's values)
+      for t in terms:
+        if t is not cmp: valid = valid & t.substitute({r: row})
+      picked = valid.where(value.substitute({r: row}), UOp.const(red.dtype, 0))
+      rest = tuple(x for x in red.src[1:] if x is not r)
+      return UOp(Ops.REDUCE, red.dtype, (picked, *rest), red.arg) if rest else picked
   return None
 
 def scatter_kernel(sink: UOp) -> UOp | None:
