@@ -1,7 +1,7 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import json, time
-from concurrent.futures import ThreadPoolExecutor
+import json, threading, time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 from attograd.dtype import dtypes
@@ -26,6 +26,9 @@ class CompiledKernel:
   opts: list[Opt]
   # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
   launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
+  # seconds this process spent lowering it and compiling it (a batch's time shared by source length; 0: from the cache)
+  lower_s: float = 0.0
+  compile_s: float = 0.0
   @cached_property
   def core_slot(self) -> int | None:
     """The argument that is the THREAD opt's core id (None: one core runs the kernel). Found once: replays call this often."""
@@ -70,6 +73,7 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
 # kernels lowered ahead of their run (compile_ahead), each finished by calling it: it waits for its binary
 _ahead: dict[tuple, Callable[[], CompiledKernel]] = {}
 _compiler_pool: ThreadPoolExecutor | None = None
+_workers = max(THREADS.value, 1)
 
 def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None) -> None:
   """Lower the schedule's kernels that aren't compiled (nor in the program cache) and hand each source to the device's
@@ -79,7 +83,7 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op is not Ops.COPY)
           if k not in _kernel_cache and k not in _ahead]
   if len(todo) < 2 or BEAM >= 1 or DEBUG >= 5: return
-  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(max(THREADS.value, 1), thread_name_prefix="compile")
+  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
   for ast, device in todo:
     dev = Device[device]
     if dev.renderer is None: continue  # get_kernel says why
@@ -120,6 +124,47 @@ def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
   return lower_kernel(ast, device, opts, None)()
 
+class CompileQueue:
+  """Sources waiting for a device compiler that builds several in one call (Compiler.batches). Every submit asks the
+  pool for a worker; a worker that comes free takes its share of what waits (all of it over the pool's workers, at
+  most MAX_BATCH) and builds it at once. The first kernels of a schedule so go alone, and the rest in batches as big
+  as lowering gets ahead of the compiler: one process per batch instead of one per kernel, with compiling still
+  beside Python's lowering, and the last ones split over the cores. Kernels of one name go to different batches."""
+  MAX_BATCH = 24
+  def __init__(self, compiler: Any, pool: ThreadPoolExecutor, workers: int):
+    self.compiler, self.pool, self.workers = compiler, pool, workers
+    self.waiting: list[tuple[str, str, Future]] = []
+    self.lock = threading.Lock()
+  def submit(self, name: str, src: str) -> Future:
+    """A future of (binary, seconds of compiling that are this source's share)."""
+    fut: Future = Future()
+    with self.lock: self.waiting.append((name, src, fut))
+    self.pool.submit(self._work)
+    return fut
+  def _take(self) -> list[tuple[str, str, Future]]:
+    with self.lock:
+      n = min(self.MAX_BATCH, -(-len(self.waiting) // self.workers))
+      batch, names, rest = [], set(), []
+      for item in self.waiting:
+        defines = {item[0], f"{item[0]}_slice"}  # a threaded kernel's second entry point (renderer/cstyle.py)
+        if len(batch) < n and names.isdisjoint(defines): batch.append(item); names |= defines
+        else: rest.append(item)
+      self.waiting = rest
+    return batch
+  def _work(self) -> None:
+    if not (batch := self._take()): return
+    st = time.perf_counter()
+    try: libs = self.compiler.compile_batch([src for _, src, _ in batch])
+    except Exception:  # a source that doesn't compile: each alone, so its error reaches its own kernel
+      for _, src, fut in batch:
+        st = time.perf_counter()
+        try: fut.set_result((self.compiler.compile(src), time.perf_counter() - st))
+        except Exception as e: fut.set_exception(e)
+      return
+    et, size = time.perf_counter() - st, sum(len(src) for _, src, _ in batch)
+    for (_, src, fut), lib in zip(batch, libs): fut.set_result((lib, et * len(src) / size))
+_queues: dict[str, CompileQueue] = {}
+
 def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
   """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
   thread if one is given; the function returned waits for the binary and makes the kernel."""
@@ -127,21 +172,38 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
   st = time.perf_counter()
   gpu = dev.renderer.has_local
   name, src, uops = to_program(ast, dev.renderer, opts)
+  lower_s = time.perf_counter() - st
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
-  build = lambda: dev.runtime(name, dev.compiler.compile(src))
-  binary = pool.submit(build) if pool is not None else None
+  def build() -> tuple[bytes, float]:
+    st = time.perf_counter()
+    return dev.compiler.compile(src), time.perf_counter() - st
+  binary: Future | None = None
+  if pool is not None:
+    if not dev.compiler.batches: binary = pool.submit(build)
+    else:
+      if (queue := _queues.get(device)) is None or queue.pool is not pool: queue = _queues[device] = CompileQueue(dev.compiler, pool, _workers)
+      binary = queue.submit(name, src)
   variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
   launch = launch_dims(uops) if gpu else None
   ops = count_ops(uops)
   def finish() -> CompiledKernel:
-    ck = CompiledKernel(name, src, build() if binary is None else binary.result(), 0, variables, opts, launch)
+    lib, compile_s = build() if binary is None else binary.result()
+    ck = CompiledKernel(name, src, dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
     ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
-    if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
+    if DEBUG >= 2: print(f"compiled {name}: lowered in {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiled in {compile_s * 1e3:.1f} ms")
     return ck
   return finish
+
+def slowest_kernels() -> tuple[CompiledKernel, CompiledKernel, CompiledKernel] | None:
+  """The kernels this process took longest to lower, to compile, and to do both (None if it built none: all came from
+  the caches)."""
+  built = [ck for ck in _kernel_cache.values() if ck.lower_s > 0]
+  if not built: return None
+  return (max(built, key=lambda ck: ck.lower_s), max(built, key=lambda ck: ck.compile_s),
+          max(built, key=lambda ck: ck.lower_s + ck.compile_s))
 
 def buffer_of(u: UOp) -> Buffer:
   """The runtime Buffer behind a BUFFER node, held by the node: memory lives as long as a graph names it."""

@@ -82,9 +82,10 @@ class PatternMatcher:
         self.by_op.setdefault(op, []).append((pat, fn, takes_ctx))
   def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
   def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+    if (rules := self.by_op.get(u.op)) is None: return None  # most nodes of a big graph: no rule to try
     src_ops = {s.op for s in u.src}
-    for pat, fn, takes_ctx in self.by_op.get(u.op, ()):
-      if not pat.required_src_ops <= src_ops: continue
+    for pat, fn, takes_ctx in rules:
+      if pat.required_src_ops and not pat.required_src_ops <= src_ops: continue
       for store in pat.match(u, {}):
         ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
         if ret is not None and ret is not u: return ret
@@ -104,10 +105,11 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int
     if state == 0:
       if node in done: continue
       stack.append((node, 1, None))
-      stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
+      for s in reversed(node.src):
+        if s not in done: stack.append((s, 0, None))
     elif state == 1:
       if node in done: continue
-      new_src = tuple(done[s] for s in node.src)
+      new_src = tuple([done[s] for s in node.src])
       rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
       steps += 1
       if steps > max_steps: raise RewriteLoopError(f"graph_rewrite did not reach a fixed point in {max_steps} steps")
