@@ -8,6 +8,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
+from attograd.runtime.cc import compiler_cpu
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
 from attograd.engine.search import beam_search
@@ -26,7 +27,8 @@ class CompiledKernel:
   opts: list[Opt]
   # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
   launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
-  # seconds this process spent lowering it and compiling it (a batch's time shared by source length; 0: from the cache)
+  # CPU seconds this process spent lowering it and the compiler compiling it (of a batch, a share by source length);
+  # 0 when it came from the disk cache
   lower_s: float = 0.0
   compile_s: float = 0.0
   @cached_property
@@ -84,13 +86,18 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
           if k not in _kernel_cache and k not in _ahead]
   if len(todo) < 2 or BEAM >= 1 or DEBUG >= 5: return
   if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
-  for ast, device in todo:
-    dev = Device[device]
-    if dev.renderer is None: continue  # get_kernel says why
-    pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
-    if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
-    _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
-    if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
+  queues = {q for device in {d for _, d in todo} if Device[device].renderer is not None and (q := compile_queue(device)) is not None}
+  for q in queues: q.lowering = True
+  try:
+    for ast, device in todo:
+      dev = Device[device]
+      if dev.renderer is None: continue  # get_kernel says why
+      pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
+      if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
+      _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
+      if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
+  finally:
+    for q in queues: q.lowered()
 
 def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   """What decides a kernel's Opts, for the program cache's key: the Opts themselves, or what chooses them with what
@@ -125,67 +132,91 @@ def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   return lower_kernel(ast, device, opts, None)()
 
 class CompileQueue:
-  """Sources waiting for a device compiler that builds several in one call (Compiler.batches). Every submit asks the
-  pool for a worker; a worker that comes free takes its share of what waits (all of it over the pool's workers, at
-  most MAX_BATCH) and builds it at once. The first kernels of a schedule so go alone, and the rest in batches as big
-  as lowering gets ahead of the compiler: one process per batch instead of one per kernel, with compiling still
-  beside Python's lowering, and the last ones split over the cores. Kernels of one name go to different batches."""
-  MAX_BATCH = 24
+  """Sources waiting for a device compiler that builds several in one call (Compiler.batches), built on a pool's
+  workers. While Python is still lowering the schedule (`lowering`), one worker compiles at a time and takes everything
+  that waits: the C compiler has the other core, and batches grow as big as lowering gets ahead of it (one process
+  per batch instead of one per kernel: ~35 ms each, as much as compiling a small kernel). Once lowering is done, every
+  worker takes its share of what is left, so the last kernels compile on all cores. Kernels of one name go to
+  different batches (a batch is one translation unit)."""
+  MAX_BATCH = 32
   def __init__(self, compiler: Any, pool: ThreadPoolExecutor, workers: int):
     self.compiler, self.pool, self.workers = compiler, pool, workers
     self.waiting: list[tuple[str, str, Future]] = []
     self.lock = threading.Lock()
+    self.running, self.lowering = 0, False
   def submit(self, name: str, src: str) -> Future:
     """A future of (binary, seconds of compiling that are this source's share)."""
     fut: Future = Future()
     with self.lock: self.waiting.append((name, src, fut))
     self.pool.submit(self._work)
     return fut
+  def lowered(self) -> None:
+    """Lowering is done: let every worker take a share of what waits."""
+    with self.lock: self.lowering = False
+    for _ in range(self.workers): self.pool.submit(self._work)
   def _take(self) -> list[tuple[str, str, Future]]:
-    with self.lock:
-      n = min(self.MAX_BATCH, -(-len(self.waiting) // self.workers))
-      batch, names, rest = [], set(), []
-      for item in self.waiting:
-        defines = {item[0], f"{item[0]}_slice"}  # a threaded kernel's second entry point (renderer/cstyle.py)
-        if len(batch) < n and names.isdisjoint(defines): batch.append(item); names |= defines
-        else: rest.append(item)
-      self.waiting = rest
+    """The next batch (empty: nothing waits, or enough workers are compiling); the caller must hold the lock."""
+    free = (1 if self.lowering else self.workers) - self.running
+    if free <= 0 or not self.waiting: return []
+    n = min(self.MAX_BATCH, len(self.waiting) if self.lowering else -(-len(self.waiting) // free))
+    batch, names, rest = [], set(), []
+    for item in self.waiting:
+      defines = {item[0], f"{item[0]}_slice"}  # a threaded kernel's second entry point (renderer/cstyle.py)
+      if len(batch) < n and names.isdisjoint(defines): batch.append(item); names |= defines
+      else: rest.append(item)
+    self.waiting = rest
     return batch
   def _work(self) -> None:
-    if not (batch := self._take()): return
-    st = time.perf_counter()
+    while True:
+      with self.lock:
+        if not (batch := self._take()): return
+        self.running += 1
+      try: self._build(batch)
+      finally:
+        with self.lock: self.running -= 1
+  def _build(self, batch: list[tuple[str, str, Future]]) -> None:
+    st = compiler_cpu()
     try: libs = self.compiler.compile_batch([src for _, src, _ in batch])
     except Exception:  # a source that doesn't compile: each alone, so its error reaches its own kernel
       for _, src, fut in batch:
-        st = time.perf_counter()
-        try: fut.set_result((self.compiler.compile(src), time.perf_counter() - st))
+        try: fut.set_result(_timed(self.compiler.compile, src))
         except Exception as e: fut.set_exception(e)
       return
-    et, size = time.perf_counter() - st, sum(len(src) for _, src, _ in batch)
+    et, size = compiler_cpu() - st, sum(len(src) for _, src, _ in batch)
     for (_, src, fut), lib in zip(batch, libs): fut.set_result((lib, et * len(src) / size))
+_queues: dict[str, CompileQueue] = {}
+
+def compile_queue(device: str) -> CompileQueue | None:
+  """The queue of sources for device's compiler on the compile pool (None: its compiler doesn't batch)."""
+  if not Device[device].compiler.batches or _compiler_pool is None: return None
+  if (queue := _queues.get(device)) is None or queue.pool is not _compiler_pool:
+    queue = _queues[device] = CompileQueue(Device[device].compiler, _compiler_pool, _workers)
+  return queue
+
+def _timed(compile: Callable[[str], bytes], src: str) -> tuple[bytes, float]:
+  """compile(src) and the seconds it took: CPU seconds of the C compiler's processes, else (a compiler in this process)
+  the wall time."""
+  st, wall = compiler_cpu(), time.perf_counter()
+  lib = compile(src)
+  return lib, (compiler_cpu() - st) or (time.perf_counter() - wall)
 _queues: dict[str, CompileQueue] = {}
 
 def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
   """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
   thread if one is given; the function returned waits for the binary and makes the kernel."""
   dev = Device[device]
-  st = time.perf_counter()
+  st = time.thread_time()  # CPU time: what lowering costs, however busy the machine is
   gpu = dev.renderer.has_local
   name, src, uops = to_program(ast, dev.renderer, opts)
-  lower_s = time.perf_counter() - st
+  lower_s = time.thread_time() - st
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
-  def build() -> tuple[bytes, float]:
-    st = time.perf_counter()
-    return dev.compiler.compile(src), time.perf_counter() - st
+  def build() -> tuple[bytes, float]: return _timed(dev.compiler.compile, src)
   binary: Future | None = None
   if pool is not None:
-    if not dev.compiler.batches: binary = pool.submit(build)
-    else:
-      if (queue := _queues.get(device)) is None or queue.pool is not pool: queue = _queues[device] = CompileQueue(dev.compiler, pool, _workers)
-      binary = queue.submit(name, src)
+    binary = queue.submit(name, src) if pool is _compiler_pool and (queue := compile_queue(device)) is not None else pool.submit(build)
   variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
   launch = launch_dims(uops) if gpu else None
   ops = count_ops(uops)
@@ -193,7 +224,7 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
     lib, compile_s = build() if binary is None else binary.result()
     ck = CompiledKernel(name, src, dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
     ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
-    if DEBUG >= 2: print(f"compiled {name}: lowered in {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiled in {compile_s * 1e3:.1f} ms")
+    if DEBUG >= 2: print(f"compiled {name}: lowering {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiling {compile_s * 1e3:.1f} ms (CPU)")
     return ck
   return finish
 

@@ -2,7 +2,7 @@
 disk by content hash, and such bytes loaded through ctypes. Used by the CPU device's kernels and thread pool, and as
 the LLVM device's linker."""
 from __future__ import annotations
-import ctypes, os, pathlib, shutil, subprocess, tempfile
+import ctypes, os, pathlib, shutil, subprocess, tempfile, threading
 from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, content_hash, atomic_write, CACHELEVEL
 
 def find_c_compiler() -> str:
@@ -66,11 +66,23 @@ def _cached(path: pathlib.Path) -> bytes | None:
   _linked[digest] = lib
   return lib
 
+_usage = threading.local()
+def compiler_cpu() -> float:
+  """CPU seconds the compiler processes this thread ran have used (user and system, theirs and their children's): what
+  compiling cost, whatever else the machine was doing."""
+  return getattr(_usage, "cpu", 0.0)
+
 def _build(cc: str, src: str, flags: list[str], what: str) -> bytes:
   with tempfile.TemporaryDirectory() as tmp:
-    out = pathlib.Path(tmp) / "k.so"
-    proc = subprocess.run([cc, *flags, "-x", "c", "-", "-o", str(out)], input=src.encode(), capture_output=True)
-    if proc.returncode != 0: raise RuntimeError(f"{cc} failed to compile {what}:\n{proc.stderr.decode()}\n--- source ---\n{src}")
+    (code := pathlib.Path(tmp) / "k.c").write_text(src)
+    out, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "log"
+    with open(log, "wb") as err:
+      proc = subprocess.Popen([cc, *flags, str(code), "-o", str(out)], stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    # reaped here, not by Popen: wait4 tells the CPU time of the compiler and the processes it ran (cc1, as, ld)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    _usage.cpu = compiler_cpu() + usage.ru_utime + usage.ru_stime
+    if proc.returncode != 0: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
     return out.read_bytes()
 
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash: the kernels of one batch share their library

@@ -110,9 +110,13 @@ class UOpMeta(type):
 
 class UOp(metaclass=UOpMeta):
   """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
-  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+  __slots__ = ("op", "dtype", "src", "arg", "opmask", "__weakref__", "__dict__")
   def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+    # the ops in this graph, a bit each (1 << op.value): a rewrite skips a graph holding no op its rules are for
+    m = 1 << op.value
+    for s in src: m |= s.opmask
+    self.opmask = m
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
   def replace(self, **kwargs: Any) -> UOp:
     new = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
