@@ -48,7 +48,7 @@ def fold(op: Ops, acc: UOp, value: UOp) -> UOp:
 
 def upcast_store(st: UOp) -> UOp | None:
   """A store inside upcast ranges: written out once per upcast value."""
-  if not (ups := kind_of(st.toposort, "upcast")): return None
+  if not (ups := kind_of(st.ranges, "upcast")): return None
   return UOp(Ops.NOOP, dtypes.void, tuple(instances(st, ups)))
 
 def compute_in_float32(a: UOp) -> UOp | None:

@@ -290,6 +290,10 @@ class UOp(metaclass=UOpMeta):
     return _render(self)
 
   @property
+  def ranges(self) -> frozenset[UOp]:
+    """Every RANGE this node depends on, ended or not (toposort's RANGEs, kept per node: each node unions its sources')."""
+    return self._memo("_ranges", _ranges_info)
+  @property
   def live_ranges(self) -> frozenset[UOp]:
     """The loops this node lives in: RANGEs it depends on, less those closed by an END it depends on."""
     return self._memo("_live", _live_info)
@@ -407,6 +411,10 @@ def _is_sym_int(u: UOp) -> bool:
   return u.op in (Ops.DEFINE_VAR, Ops.BIND) and not (u.op is Ops.BIND and u.src[1].src) or \
     (u.op in GroupOp.ALU and (dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison) and
      all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
+
+def _ranges_info(u: UOp) -> frozenset[UOp]:
+  ranges = frozenset().union(*(s.__dict__["_ranges"] for s in u.src)) if u.src else frozenset()
+  return ranges | {u} if u.op is Ops.RANGE else ranges
 
 def _live_info(u: UOp) -> frozenset[UOp]:
   live = frozenset().union(*(s.__dict__["_live"] for s in u.src)) if u.src else frozenset()
