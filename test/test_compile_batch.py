@@ -3,7 +3,7 @@ compiler call into one shared library compute what each built alone computes, th
 read (a damaged or missing shared library is rebuilt with one warning), a source that doesn't compile gets its own
 error, and two kernels of one name never share a library."""
 from __future__ import annotations
-import ctypes, re, threading
+import ctypes, re, threading, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
@@ -134,3 +134,33 @@ def test_schedule_compiled_in_batches_gives_the_same_results(cache, monkeypatch)
   got = f(*(Tensor(x) for x in xs))
   assert any(kernels_in(c) > 1 for c in kernel_calls()) and len(kernel_calls()) < len(realize._kernel_cache)
   for g, e in zip(got, expect): np.testing.assert_array_equal(g, e)  # the same binaries' code: the same bits
+
+class FakeCompiler:
+  """Records each batch and how many ran at once; compiling takes a little while."""
+  batches = True
+  def __init__(self):
+    self.calls: list[list[str]] = []
+    self.active = self.most = 0
+    self.lock = threading.Lock()
+  def compile_batch(self, srcs: list[str]) -> list[bytes]:
+    with self.lock: self.active += 1; self.most = max(self.most, self.active); self.calls.append(srcs)
+    time.sleep(0.05)
+    with self.lock: self.active -= 1
+    return [s.encode() for s in srcs]
+  def compile(self, src: str) -> bytes: return self.compile_batch([src])[0]
+
+def test_queue_compiles_one_batch_at_a_time_while_lowering_and_batches_grow():
+  comp, pool = FakeCompiler(), ThreadPoolExecutor(2)
+  queue = realize.CompileQueue(comp, pool, 2)
+  queue.lowering = True
+  futs = []
+  for i in range(12):  # lowering: a source now and then
+    futs.append(queue.submit(f"k{i}", f"src{i}"))
+    time.sleep(0.01)
+  futs += [queue.submit(f"k{i}", f"src{i}") for i in range(12, 20)]  # the last ones at once, then lowering ends
+  time.sleep(0.2)
+  assert comp.most == 1  # Python has the other core while it lowers
+  queue.lowered()
+  assert [f.result(timeout=60)[0] for f in futs] == [f"src{i}".encode() for i in range(20)]
+  assert len(comp.calls) < 12 and sorted(s for c in comp.calls for s in c) == sorted(f"src{i}" for i in range(20))
+  assert max(len(c) for c in comp.calls) > 1
