@@ -3,7 +3,7 @@ compiler call into one shared library compute what each built alone computes, th
 read (a damaged or missing shared library is rebuilt with one warning), a source that doesn't compile gets its own
 error, and two kernels of one name never share a library."""
 from __future__ import annotations
-import ctypes, re, threading, time
+import ctypes, gc, re, threading, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
@@ -11,6 +11,8 @@ from attograd import Tensor
 import attograd.runtime.cc as cc
 from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram
 from attograd.engine import realize
+from attograd.helpers import gc_paused
+import attograd.schedule.schedule as schedule
 from attograd.runtime.device import Device
 
 PRELUDE = "static inline float twice(float x) { return 2.0f * x; }\n"
@@ -164,3 +166,24 @@ def test_queue_compiles_one_batch_at_a_time_while_lowering_and_batches_grow():
   assert [f.result(timeout=60)[0] for f in futs] == [f"src{i}".encode() for i in range(20)]
   assert len(comp.calls) < 12 and sorted(s for c in comp.calls for s in c) == sorted(f"src{i}" for i in range(20))
   assert max(len(c) for c in comp.calls) > 1
+
+def test_scheduling_and_lowering_pause_the_cycle_collector(cache, monkeypatch):
+  # graphs hold no cycles; with a training step's graphs alive, full collections during lowering cost a quarter of a
+  # cold start's Python time. The collector must be back on afterwards (and stay off if the user turned it off).
+  seen: list[tuple[str, bool]] = []
+  for mod, name in ((realize, "lower_kernel"), (schedule, "_template")):
+    def spy(*a, _f=getattr(mod, name), _n=name, **k):
+      seen.append((_n, gc.isenabled()))
+      return _f(*a, **k)
+    monkeypatch.setattr(mod, name, spy)
+  realize._kernel_cache.clear()
+  a = Tensor(np.arange(96, dtype=np.float32).reshape(8, 12))
+  out = [(a * 2).sum(1), (a.exp() + 1).max(0), a.T @ a]
+  Tensor.realize_all(out)
+  assert {n for n, _ in seen} == {"lower_kernel", "_template"} and not any(on for _, on in seen)
+  assert gc.isenabled()
+  gc.disable()
+  try:
+    with gc_paused(): pass
+    assert not gc.isenabled()
+  finally: gc.enable()

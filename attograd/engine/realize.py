@@ -5,7 +5,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 from attograd.dtype import dtypes
-from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, prod, unwrap
+from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
 from attograd.runtime.cc import compiler_cpu
@@ -89,13 +89,14 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   queues = {q for device in {d for _, d in todo} if Device[device].renderer is not None and (q := compile_queue(device)) is not None}
   for q in queues: q.lowering = True
   try:
-    for ast, device in todo:
-      dev = Device[device]
-      if dev.renderer is None: continue  # get_kernel says why
-      pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
-      if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
-      _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
-      if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
+    with gc_paused():
+      for ast, device in todo:
+        dev = Device[device]
+        if dev.renderer is None: continue  # get_kernel says why
+        pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
+        if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
+        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
+        if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
   finally:
     for q in queues: q.lowered()
 
