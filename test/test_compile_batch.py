@@ -11,6 +11,7 @@ from attograd import Tensor
 import attograd.runtime.cc as cc
 from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram
 from attograd.engine import realize
+from attograd.engine.compilequeue import CompileQueue
 from attograd.helpers import gc_paused
 import attograd.schedule.schedule as schedule
 from attograd.runtime.device import Device
@@ -94,7 +95,7 @@ def test_a_source_that_fails_gets_its_own_error(cache):
   bad = PRELUDE + "void k_bad(float* out) { out[0] = undefined_thing; }\n"
   with pytest.raises(RuntimeError, match="undefined_thing"): comp.compile_batch([kernel("k_ok", 1.0), bad])
   # the queue gives every other kernel its binary and the bad one its error
-  queue = realize.CompileQueue(comp, ThreadPoolExecutor(1), 1)
+  queue = CompileQueue(comp, ThreadPoolExecutor(1), 1)
   futs = [queue.submit("k_ok2", kernel("k_ok2", 2.0)), queue.submit("k_bad", bad)]
   assert run("k_ok2", futs[0].result()[0], [1.0] * 8) == [4.0] * 8
   with pytest.raises(RuntimeError, match="undefined_thing"): futs[1].result()
@@ -105,7 +106,7 @@ def test_queue_batches_what_waits_and_never_two_kernels_of_one_name(cache):
   pool = ThreadPoolExecutor(1)
   gate = threading.Event()
   pool.submit(gate.wait)  # the worker is busy: everything submitted meanwhile waits
-  queue = realize.CompileQueue(comp, pool, 1)
+  queue = CompileQueue(comp, pool, 1)
   futs = [queue.submit(n, kernel(n, k)) for n, k in [("k_x", 1.0), ("k_y", 2.0), ("k_x", 3.0), ("k_z", 4.0)]]
   gate.set()
   results = [f.result(timeout=60) for f in futs]
@@ -132,7 +133,7 @@ def test_schedule_compiled_in_batches_gives_the_same_results(cache, monkeypatch)
   expect = f(*(Tensor(x) for x in xs))
   assert len(kernel_calls()) == len(realize._kernel_cache) >= 8 and all(kernels_in(c) == 1 for c in kernel_calls())
   fresh("batched", True)
-  monkeypatch.setattr(realize.CompileQueue, "MAX_BATCH", 4)
+  monkeypatch.setattr(CompileQueue, "MAX_BATCH", 4)
   got = f(*(Tensor(x) for x in xs))
   assert any(kernels_in(c) > 1 for c in kernel_calls()) and len(kernel_calls()) < len(realize._kernel_cache)
   for g, e in zip(got, expect): np.testing.assert_array_equal(g, e)  # the same binaries' code: the same bits
@@ -153,7 +154,7 @@ class FakeCompiler:
 
 def test_queue_compiles_one_batch_at_a_time_while_lowering_and_batches_grow():
   comp, pool = FakeCompiler(), ThreadPoolExecutor(2)
-  queue = realize.CompileQueue(comp, pool, 2)
+  queue = CompileQueue(comp, pool, 2)
   queue.lowering = True
   futs = []
   for i in range(12):  # lowering: a source now and then

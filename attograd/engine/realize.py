@@ -1,6 +1,6 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import json, threading, time
+import json, time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -8,7 +8,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
-from attograd.runtime.cc import compiler_cpu
+from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
 from attograd.engine.search import beam_search
@@ -132,59 +132,6 @@ def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
   return lower_kernel(ast, device, opts, None)()
 
-class CompileQueue:
-  """Sources waiting for a device compiler that builds several in one call (Compiler.batches), built on a pool's
-  workers. While Python is still lowering the schedule (`lowering`), one worker compiles at a time and takes everything
-  that waits: the C compiler has the other core, and batches grow as big as lowering gets ahead of it (one process
-  per batch instead of one per kernel: ~35 ms each, as much as compiling a small kernel). Once lowering is done, every
-  worker takes its share of what is left, so the last kernels compile on all cores. Kernels of one name go to
-  different batches (a batch is one translation unit)."""
-  MAX_BATCH = 32
-  def __init__(self, compiler: Any, pool: ThreadPoolExecutor, workers: int):
-    self.compiler, self.pool, self.workers = compiler, pool, workers
-    self.waiting: list[tuple[str, str, Future]] = []
-    self.lock = threading.Lock()
-    self.running, self.lowering = 0, False
-  def submit(self, name: str, src: str) -> Future:
-    """A future of (binary, seconds of compiling that are this source's share)."""
-    fut: Future = Future()
-    with self.lock: self.waiting.append((name, src, fut))
-    self.pool.submit(self._work)
-    return fut
-  def lowered(self) -> None:
-    """Lowering is done: let every worker take a share of what waits."""
-    with self.lock: self.lowering = False
-    for _ in range(self.workers): self.pool.submit(self._work)
-  def _take(self) -> list[tuple[str, str, Future]]:
-    """The next batch (empty: nothing waits, or enough workers are compiling); the caller must hold the lock."""
-    free = (1 if self.lowering else self.workers) - self.running
-    if free <= 0 or not self.waiting: return []
-    n = min(self.MAX_BATCH, len(self.waiting) if self.lowering else -(-len(self.waiting) // free))
-    batch, names, rest = [], set(), []
-    for item in self.waiting:
-      defines = {item[0], f"{item[0]}_slice"}  # a threaded kernel's second entry point (renderer/cstyle.py)
-      if len(batch) < n and names.isdisjoint(defines): batch.append(item); names |= defines
-      else: rest.append(item)
-    self.waiting = rest
-    return batch
-  def _work(self) -> None:
-    while True:
-      with self.lock:
-        if not (batch := self._take()): return
-        self.running += 1
-      try: self._build(batch)
-      finally:
-        with self.lock: self.running -= 1
-  def _build(self, batch: list[tuple[str, str, Future]]) -> None:
-    st = compiler_cpu()
-    try: libs = self.compiler.compile_batch([src for _, src, _ in batch])
-    except Exception:  # a source that doesn't compile: each alone, so its error reaches its own kernel
-      for _, src, fut in batch:
-        try: fut.set_result(_timed(self.compiler.compile, src))
-        except Exception as e: fut.set_exception(e)
-      return
-    et, size = compiler_cpu() - st, sum(len(src) for _, src, _ in batch)
-    for (_, src, fut), lib in zip(batch, libs): fut.set_result((lib, et * len(src) / size))
 _queues: dict[str, CompileQueue] = {}
 
 def compile_queue(device: str) -> CompileQueue | None:
@@ -193,14 +140,6 @@ def compile_queue(device: str) -> CompileQueue | None:
   if (queue := _queues.get(device)) is None or queue.pool is not _compiler_pool:
     queue = _queues[device] = CompileQueue(Device[device].compiler, _compiler_pool, _workers)
   return queue
-
-def _timed(compile: Callable[[str], bytes], src: str) -> tuple[bytes, float]:
-  """compile(src) and the seconds it took: CPU seconds of the C compiler's processes, else (a compiler in this process)
-  the wall time."""
-  st, wall = compiler_cpu(), time.perf_counter()
-  lib = compile(src)
-  return lib, (compiler_cpu() - st) or (time.perf_counter() - wall)
-_queues: dict[str, CompileQueue] = {}
 
 def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
   """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
@@ -214,7 +153,7 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
-  def build() -> tuple[bytes, float]: return _timed(dev.compiler.compile, src)
+  def build() -> tuple[bytes, float]: return timed_compile(dev.compiler.compile, src)
   binary: Future | None = None
   if pool is not None:
     binary = queue.submit(name, src) if pool is _compiler_pool and (queue := compile_queue(device)) is not None else pool.submit(build)
