@@ -67,6 +67,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
   (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.DETACH, name="ret"), lambda ctx, ret: (None,)),
+  (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None, ctx * ret.src[2], None)),
 ])
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:

@@ -28,6 +28,8 @@ def tensors_of_every_op() -> list[Tensor]:
     out += [x + y, x * y, x.maximum(y), x < y, x == y, (x < y).where(x, y), x.sum(1), x.max(0), x.sum(), x.cumsum(1),
             x.pad(((1, 1), (2, 0))).flip(0), Tensor.cat(x, y, dim=1), x[::2, 1:7].T, x.gather(1, Tensor(rng.integers(0, 10, (6, 3)).astype(np.int32)))]
     if dt != dtypes.bool: out.append(x - y)
+    # a scatter-add (a gather's transpose): each row of x added into the row its index picks, in serial loops
+    out.append((Tensor([9, 0, 3, 9, 9, 1]).reshape(6, 1, 1) == Tensor.arange(10).reshape(1, 10, 1)).where(x.reshape(6, 1, 10), 0).sum(0))
     out += [x.cast(to) for to in ALL_DTYPES if to != dt]
     out += [x.bitcast(to) for to in ALL_DTYPES if to != dt and to.itemsize == dt.itemsize and dtypes.bool not in (dt, to)]
     if dtypes.is_float(dt):

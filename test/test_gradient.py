@@ -53,6 +53,21 @@ MOVEMENT = {
 @pytest.mark.parametrize("name", list(MOVEMENT))
 def test_movement(name): _check(MOVEMENT[name], (3, 4))
 
+@pytest.mark.parametrize("name", ["gelu", "erf", "erfc"])
+def test_polynomial_functions_differentiate_as_the_function_to_every_order(name):
+  # these are polynomial approximations that carry their exact derivative (WITH_DERIVATIVE): first and second derivatives
+  # against torch's, including 0 (where the approximation's |x| has no slope) and the tails
+  x = np.concatenate([np.linspace(-6, 6, 61), [0.0, -0.0, 1e-4, -1e-4, 20.0, -20.0]]).astype(np.float32)
+  tf = torch.nn.functional.gelu if name == "gelu" else getattr(torch, name)
+  t = torch.tensor(x, requires_grad=True)
+  (t1,) = torch.autograd.grad(tf(t).sum(), t, create_graph=True)
+  (t2,) = torch.autograd.grad(t1.sum(), t)
+  a = Tensor(x, requires_grad=True)
+  (a1,) = getattr(a, name)().sum().gradient(a)
+  (a2,) = a1.sum().gradient(a)
+  np.testing.assert_allclose(a1.numpy(), t1.detach().numpy(), atol=1e-6, rtol=1e-5)
+  np.testing.assert_allclose(a2.numpy(), t2.numpy(), atol=1e-6, rtol=1e-4)
+
 def test_gradient_is_functional_and_detach_stops():
   x = Tensor([1., 2., 3.], requires_grad=True)
   (g,) = (x * x).sum().gradient(x)

@@ -52,7 +52,7 @@ def test_long_reduce_is_grouped():
 def test_subword_stores_from_neighbouring_invocations(dtype):
   """int8/float16 elements share 32-bit words: invocations writing neighbours must not lose writes."""
   x = rng.integers(-60, 60, (16, 64)).astype(NP[dtype])
-  got = run_webgpu(W(x) * 2, [Opt(L, 1, 64), Opt(L, 0, 4)])
+  got = run_webgpu(W(x) * 2, [Opt(L, 0, 64)])  # (one loop of 16*64: its rows are contiguous)
   np.testing.assert_array_equal(got, x * 2)
 
 def _ast(t: Tensor):

@@ -147,7 +147,28 @@ def lower_reduces(sink: UOp) -> UOp:
     sink = sink.substitute(lower_reduce_group(group, ctx))
   return sink
 
+def simd_inside_serial(ctx: dict[UOp, UOp], st: UOp) -> UOp | None:
+  """A store inside serial loops (a scatter-add's, schedule.py) that moves along a simd loop opened outside them gets a
+  simd loop of its own inside them, innermost: a token's row is then one vector read, add and write, where the
+  loop outside would run the whole token loop once per column. Its END outside is dropped (simd_outside_serial)."""
+  if not any(r.arg[1] == "serial" for r in st.live_ranges): return None
+  if not (simd := sorted((r for r in st.live_ranges if r.arg[1] == "simd" and r not in ctx.values()), key=lambda r: r.arg)): return None
+  first = 1 + max(u.arg[0] for u in st.toposort if u.op is Ops.RANGE) + len(ctx)
+  inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (first + n, *r.arg[1:])) for n, r in enumerate(simd)}
+  ctx.update(inner)
+  return st.substitute(inner).end(*inner.values())
+
+def simd_outside_serial(x: UOp, r: UOp) -> UOp | None:
+  # the loop's body no longer moves along it: running it again would add each token again
+  return x if r.arg[1] == "simd" and r not in x.toposort else None
+
+serial_simd = PatternMatcher([
+  (UPat(Ops.STORE, name="st"), simd_inside_serial),
+  (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), simd_outside_serial),
+])
+
 def lower(ast: UOp) -> UOp:
   # division by constants goes last: its multiply-shift form is no longer one the symbolic rules read
+  if any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in ast.toposort): ast = graph_rewrite(ast, serial_simd, ctx={})
   ast = graph_rewrite(graph_rewrite(ast, expander), symbolic)
   return graph_rewrite(graph_rewrite(graph_rewrite(lower_reduces(ast), lowerer), symbolic), divmod_lowering)

@@ -53,10 +53,12 @@ MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop b
 # nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300-2600; a
 # 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
 MAX_WRITTEN_OUT = 3072
-# a register tile's outputs at most: the sixteen 8-float registers of AVX2. A 16x6 tile (12 registers, with 2 for a row of
-# the right operand and 1 for a broadcast of the left) keeps everything in registers: 52-68 GFLOPS on one core over a
-# small transformer's matmuls and a 1024^3 one; 16x8 spilled three accumulators to the stack (48-53), 32x8 most (35)
-TILE_ACCUMULATORS = 128
+# a register tile's outputs at most, in vector registers (of the renderer's simd_floats): AVX2 has sixteen of 8 floats. A
+# 16x6 tile (12 registers, with 2 for a row of the right operand and 1 for a broadcast of the left) keeps everything in
+# registers: 52-68 GFLOPS on one core over a small transformer's matmuls and a 1024^3 one; 16x8 spilled three
+# accumulators to the stack (48-53), 32x8 most (35). With AVX-512's 32 registers a 32x6 tile of them does 102-111 where
+# 16x6 did 66-68 (torch 96), and 32x8 the same
+TILE_REGISTERS = 16
 SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
 
 def ranges_of(ast: UOp, kind: str) -> list[UOp]:
@@ -179,7 +181,8 @@ def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
   for u in ast.toposort:
     if u in new: continue
     src = tuple(new.get(s, s) for s in u.src)
-    if u.op is Ops.INDEX and src[0].op is Ops.PARAM and big in src[1].toposort:
+    # (an output read back after a store to it, a scatter-add's or a STASH's, is a PARAM behind an AFTER)
+    if u.op is Ops.INDEX and (src[0].op is Ops.PARAM or src[0].op is Ops.AFTER and src[0].src[0].op is Ops.PARAM) and big in src[1].toposort:
       src = (src[0], src[1], valid if len(src) == 2 else (src[2] & valid))
     if u.op is Ops.REDUCE and r in u.src[1:]: src = (valid.where(src[0], UOp.const(u.dtype, reduce_identity(u.arg, u.dtype))), *src[1:])
     new[u] = u.replace(src=src)
@@ -358,7 +361,44 @@ def _dividing(size: int | None, amounts: tuple[int, ...]) -> tuple[int, ...]:
 def _largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((a for a in amounts if size is not None and size % a == 0 and size >= a), None)
 
-def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
+FULL_TILE = 8  # registers of accumulators: 16x6 written out (of 8-float registers), a SIMD loop of 16 by 6 rows, 8x8
+
+def _tile_rows(ast: UOp, opts: list[Opt], i: int, cap: int) -> UOp:
+  """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
+  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
+  most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
+  rows = const_size(axes(ast)[i]) or 0
+  padded = -(-rows // 6) * 6
+  reduced = prod(const_size(r) or 0 for r in axes(ast) if r.arg[1] == "reduce")
+  six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
+  fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= cap and not ranges_of(ast, "simd")
+  return _first(ast, opts, *((six,) if fits else ()),
+                *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= cap))
+
+def scatter_opts(ast: UOp, threads: int) -> list[Opt]:
+  """A scatter-add (schedule.py's scatter_kernel: serial loops over the table's rows and the tokens inside the output's
+  other loops): 16 columns of a token's row per step as a SIMD loop, which lowering moves inside the token loop (one
+  vector read, add and write of the row the token picks; written-out copies, each gated by the index's range, stayed
+  scalar in gcc), and the columns split across the cores when the work is big. The serial loops are no axis: never
+  split."""
+  opts: list[Opt] = []
+  glob = global_ranges(ast)
+  if not glob: return opts
+  j = len(glob) - 1  # the innermost output loop, if it is the one contiguous in memory (the table's row axis may be)
+  stores = [st for st in ast.toposort if st.op is Ops.STORE and st.src[0].src[0].op is Ops.PARAM]
+  if all(unit_stride(st.src[0].src[1], glob[j]) for st in stores):
+    ast = _first(ast, opts, *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(glob[j]), (16, 8))))
+  # iterations of the loops around each store: every column's fill and its adds
+  work = sum(prod(const_size(r) or 1 << 10 for r in st.live_ranges) for st in stores)
+  # an iteration is one add: a small transformer's embedding gradient (64 columns, 90 rows, 1024 tokens) took 18 us on
+  # one core, 30-80 us on two
+  if threads >= 2 and work >= 1 << 18:
+    for k, r in enumerate(axes(ast)):
+      if (n := next((n for n in (4 * threads, threads) if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+        ast = _try(ast, opts, Opt(OptOps.THREAD, k, n)); break
+  return opts
+
+def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   """Opts for common kernel shapes, chosen from the AST alone:
   - a reduce whose inputs are each re-read along some output axis (matmul, conv): a register tile,
     UPCAST of the output's contiguous axis (up to 32 wide) and of an axis another input doesn't
@@ -368,6 +408,7 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
   - big kernels are split across the cores (THREAD), on the outermost axis that splits evenly.
   - a transcendental that the output and a reduce both compute per element (softmax's exp) is STASHed;
   Elementwise loops are left to the C compiler's loop vectorizer."""
+  if ranges_of(ast, "serial"): return scatter_opts(ast, threads)
   opts: list[Opt] = []
   ax = axes(ast)
   glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
@@ -398,7 +439,6 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
     if i is not None and len(along_j) < len(loads) and work >= 1 << 16 and not any(ax[i] in ld and ax[j] in ld for ld in loads):
       # the tile's width: a multiple of 8 (a SIMD register) where the axis allows, else 8-12 outputs
       # (conv's 30 -> 10: measured faster than padding to 32, whose gated reads don't vectorize)
-      cap = MAX_COPIES
       gated_along_j = any(ax[j] in g for g in gates)
       # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
       # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
@@ -413,29 +453,32 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
         # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
         inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
         if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, inner, 2))
-        cap = 36
+        ast = _tile_rows(ast, opts, i, min(36, TILE_REGISTERS * simd))
       elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j) and contiguous_j:
         # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
         # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
         # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
         # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
         if padded != n: ast = _try(ast, opts, Opt(OptOps.PADTO, j, padded))
-        ast = _try(ast, opts, Opt(OptOps.SIMD, j, 16))
+        ast = _tile_rows(_try(ast, opts, Opt(OptOps.SIMD, j, 16)), opts, i, TILE_REGISTERS * simd)
       else:
-        # written out where the budget allows; else (a costly value computed from the tile's sums: a GELU) a SIMD loop
-        ast = _first(ast, opts, *(Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), (16, 32, 8, 12, 10, 9, 4))),
-                     *(Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))))
-      # rows of the tile: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a
-      # padded row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the
-      # accumulators in at most TILE_ACCUMULATORS
-      rows = const_size(axes(ast)[i]) or 0
-      padded = -(-rows // 6) * 6
+        # the first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding
+        # most: a costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a
+        # 16x6 tile's outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental computed
+        # from them goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile with a GELU's
+        # gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)
+        written = [Opt(OptOps.UPCAST, j, a) for a in _dividing(const_size(ax[j]), tuple(dict.fromkeys((2 * simd, 16, 32, 8, 12, 10, 9, 4))))]
+        looped = [Opt(OptOps.SIMD, j, a) for a in _dividing(const_size(ax[j]), (16, 8))]
+        after = set(ast.toposort) - set(reds[0].toposort) - {reds[0]}
+        widths = looped + written if any(u.op in GroupOp.Transcendental for u in after) else written + looped
+        best: tuple[int, UOp, list[Opt]] = (0, ast, [])
+        for width in widths:
+          if (tile := _try(ast, tried := [], width)) is ast: continue
+          tile = _tile_rows(tile, tried, i, TILE_REGISTERS * simd)
+          if copies(tile) > best[0]: best = (copies(tile), tile, tried)
+          if best[0] >= FULL_TILE * simd: break
+        ast = best[1]; opts += best[2]
       reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
-      six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
-      # (measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows)
-      fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= min(cap, TILE_ACCUMULATORS) and not ranges_of(ast, "simd")
-      ast = _first(ast, opts, *((six,) if fits else ()),
-                   *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= min(cap, TILE_ACCUMULATORS)))
       tiled = True
       big = len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
       if big or not contiguous_j:
@@ -469,7 +512,9 @@ def hand_coded_opts(ast: UOp, threads: int) -> list[Opt]:
       reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
       inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
       along = [k for k, r in enumerate(cur) if r.arg[1] == "global" and any(unit_stride(i, r) for i in reads)]
-      if along and inner is not None and not any(unit_stride(i, inner) for i in reads):
+      # (reads that don't vary along the row, a layernorm's per-token statistics in its weight's gradient, are one value
+      # for all of it)
+      if along and inner is not None and not any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort):
         size = const_size(cur[along[-1]]) or 0
         widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
         if (w := next((w for w in widths if size // w >= threads), widths[0] if widths else None)) is not None:

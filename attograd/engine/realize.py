@@ -106,7 +106,7 @@ def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   if opts is not None: return "opts " + json.dumps([[o.op.name, o.axis, o.amount] for o in opts])
   if NOOPT: return "noopt"
   threads = THREADS.value if renderer.has_threads else 1
-  return f"beam {BEAM.value} threads {threads}" if BEAM >= 1 else f"heuristics threads {threads}"
+  return f"beam {BEAM.value} threads {threads}" if BEAM >= 1 else f"heuristics threads {threads} simd {renderer.simd_floats}"
 
 def choose_opts(ast: UOp, device: str, progress: Progress | None = None) -> list[Opt]:
   """The Opts of NOOPT, BEAM or the heuristics, as the switches say."""
@@ -114,7 +114,7 @@ def choose_opts(ast: UOp, device: str, progress: Progress | None = None) -> list
   if NOOPT: return []
   if BEAM >= 1: return beam_search(ast, device, BEAM.value, compile_kernel, progress)
   if renderer.has_local: return gpu_hand_coded_opts(ast, renderer)
-  return hand_coded_opts(ast, THREADS.value if renderer.has_threads else 1)
+  return hand_coded_opts(ast, THREADS.value if renderer.has_threads else 1, renderer.simd_floats)
 
 def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
   """The kernel of the program cache's entry pkey (None when there is none): only the device compiler runs, and it

@@ -81,7 +81,7 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   seen = {base.src}
   # the heuristics' choice starts in the beam too: the search only ever improves on it
   local = dev.renderer.has_local
-  if (hc := gpu_hand_coded_opts(ast, dev.renderer) if local else hand_coded_opts(ast, threads)) and (built := build(hc)) is not None:
+  if (hc := gpu_hand_coded_opts(ast, dev.renderer) if local else hand_coded_opts(ast, threads, dev.renderer.simd_floats)) and (built := build(hc)) is not None:
     seen.add(built[1].src)
     beam = sorted(beam + [(time_kernel(built[1], bufs, dev.synchronize), hc)], key=lambda x: x[0])[:max(width, 1)]
   try:

@@ -9,7 +9,7 @@ import math
 from typing import Sequence
 from attograd.dtype import dtypes
 from attograd.helpers import prod
-from attograd.uop.ops import Ops
+from attograd.uop.ops import UOp, Ops
 
 # erf(x)/x as a polynomial in x*x on |x| <= 1 (highest power first); abs error <= 1.5e-7 in float32 (float32 rounding of erf itself: 6e-8)
 _ERF_SMALL = (-9.728409111256566e-06, 0.00011288175038620015, -0.0008487267777738448, 0.005221261499686802, -0.026865517446277343,
@@ -57,6 +57,11 @@ class ElementwiseOps:
     the polynomials run in float32 for float16/bfloat16 and round once at the end."""
     x = self._float_unary()
     return (x.cast(dtypes.float32) if x.dtype.itemsize < 4 else x), x.dtype
+  def _with_derivative(self, x, d):
+    """self, a function of x elementwise, whose derivative autograd takes to be d (uop/ops.py, WITH_DERIVATIVE): the
+    gradient of a polynomial approximation is then d, one expression, not the chain rule through every step of the
+    polynomial (a GELU's backward was 8 kernels of partial sums per layer)."""
+    return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, x._broadcast_to(self.shape).uop, d._broadcast_to(self.shape).uop)))
   def _keep_nan(self, r):
     return self.isnan().where(self, r)
 
@@ -87,13 +92,16 @@ class ElementwiseOps:
     erf = small.where(erf_small, neg.where(c_big - 1, 1 - c_big))
     erfc = small.where(1 - erf_small, neg.where(2 - c_big, c_big))
     return self._keep_nan(erf), self._keep_nan(erfc)
+  def _erf_slope(self):
+    """d erf(x)/dx = 2/sqrt(pi) exp(-x*x)"""
+    return self._exp_neg_square() * (2 / math.sqrt(math.pi))
   def erf(self):
     """The error function; abs error <= ~1.5e-7 against float64 erf (see the tables above)."""
     x, dt = self._math_dtype()
-    return x._erf_erfc()[0].cast(dt)
+    return x._erf_erfc()[0]._with_derivative(x, x._erf_slope()).cast(dt)
   def erfc(self):
     x, dt = self._math_dtype()
-    return x._erf_erfc()[1].cast(dt)
+    return x._erf_erfc()[1]._with_derivative(x, -x._erf_slope()).cast(dt)
   def _asin_f(self):
     a = self.abs()
     small = a <= 0.5
@@ -224,7 +232,9 @@ class ElementwiseOps:
     z = x.abs() * (1 / math.sqrt(2))
     t = (1 + 0.5 * z).reciprocal()
     tail = 0.5 * t * (_poly(t, _ERFCC) - z * z).exp()
-    return (x * (x >= 0).where(1 - tail, tail)).cast(dt)
+    pdf = (-0.5 * x * x).exp() * (1 / math.sqrt(2 * math.pi))
+    cdf = (x >= 0).where(1 - tail, tail)._with_derivative(x, pdf)
+    return (x * cdf)._with_derivative(x, cdf + x * pdf).cast(dt)
   def quick_gelu(self):
     x, dt = self._math_dtype()
     return (x * (1.702 * x).sigmoid()).cast(dt)

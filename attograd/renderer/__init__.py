@@ -6,6 +6,9 @@ from attograd.uop.patterns import PatternMatcher
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
+  # floats in one vector register of the target: a register tile is two registers wide, and holds at most 16 of them
+  # (AVX2's 16 registers of 8 floats; AVX-512 has 32 of 16)
+  simd_floats: int = 8
   rewrites: PatternMatcher | None = None  # a last pass over the lowered kernel, for what only this target does
   # GPU targets: the most work-groups per launch dimension (None: a CPU-shaped target, loops stay loops),
   # the most threads per work-group in each dimension and in all, and the preferred work-group size
@@ -25,8 +28,9 @@ def literal_operand(lit: str) -> str:
   return f"({lit})" if lit.startswith("-") else lit
 
 def kernel_name(uops: list[UOp]) -> str:
-  """A readable, deterministic name: r_ for reductions, E_ for elementwise, then the loop sizes."""
+  """A readable, deterministic name: r_ for reductions, S_ for scatter-adds, E_ for elementwise, then the loop sizes."""
   ranges = [u for u in uops if u.op is Ops.RANGE or u.op is Ops.SPECIAL]
-  kind = "r" if any(r.op is Ops.RANGE and r.arg[1] == "reduce" for r in ranges) else "E"
+  kinds = {r.arg[1] for r in ranges if r.op is Ops.RANGE}
+  kind = "r" if "reduce" in kinds else "S" if "serial" in kinds else "E"  # S: a scatter-add's serial loops
   sizes = "_".join(str(r.src[0].arg) if r.src[0].op is Ops.CONST else "n" for r in ranges)
   return f"{kind}_{sizes}" if sizes else kind

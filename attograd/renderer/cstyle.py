@@ -57,7 +57,7 @@ class CStyleRenderer(Renderer):
     "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n"
   prelude += float_to_int("static inline unsigned long long f2int", "double", "unsigned long long", "long long") + EXP2_F32
   func_prefix = ""
-  def __init__(self, spare_bytes: tuple[int, int] = (0, 0)): self.spare_bytes = spare_bytes
+  def __init__(self, spare_bytes: tuple[int, int] = (0, 0), simd_floats: int = 8): self.spare_bytes, self.simd_floats = spare_bytes, simd_floats
 
   def dt(self, dtype: DType) -> str:
     if isinstance(dtype, PtrDType): return self.dt(dtype.base) + "*"

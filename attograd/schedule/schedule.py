@@ -60,6 +60,7 @@ OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
+PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
 def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int], stop: int | None = None) -> int:
@@ -100,6 +101,45 @@ def gather_parts(red: UOp) -> tuple[UOp, UOp] | None:
   for a, e in (cond.src, cond.src[::-1]):
     if _unmoved(a).op is Ops.IOTA: return x.src[1], _unmoved(e)
   return None
+
+def _moved_axes(u: UOp, axes: frozenset[int]) -> frozenset[int] | None:
+  """The axes of u's shape along which it may vary, given those its source varies along (None: a symbolic reshape)."""
+  if u.op is Ops.PERMUTE: return frozenset(i for i, p in enumerate(u.arg) if p in axes)
+  if u.op is Ops.RESHAPE:
+    old, new = u.src[0].shape, u.shape
+    if not all(isinstance(s, int) for s in (*old, *new)): return None
+    # row-major: axis k of a shape holds the element strides [prod(shape[k+1:]), prod(shape[k:])); an axis of the new
+    # shape varies where its strides overlap those of an axis that varied
+    def span(shape: tuple, k: int) -> tuple[int, int]: return prod(shape[k + 1:]), prod(shape[k:])
+    return frozenset(j for j in range(len(new)) for k in axes if max(span(new, j)[0], span(old, k)[0]) < min(span(new, j)[1], span(old, k)[1]))
+  return axes  # an expand broadcasts along axes that were 1 (no variation there); pad, shrink, flip and casts keep axes
+
+def _varying(x: UOp) -> frozenset[int] | None:
+  """The axes x may vary along: an iota along its one axis, any other value along each axis longer than 1, carried
+  through the movement ops above them. A superset, never a subset: the reduce then stays a dense sum."""
+  if x.op in GroupOp.Movement or x.op is Ops.CAST:
+    return None if (s := _varying(x.src[0])) is None else _moved_axes(x, s)
+  if x.op is Ops.IOTA: return frozenset({0})
+  return frozenset(i for i, n in enumerate(x.shape) if not (isinstance(n, int) and n == 1))
+
+def is_scatter(red: UOp) -> bool:
+  """Is red the transpose of a gather: a sum of where(e == arange, v, 0) over axes the arange doesn't vary along, and e
+  doesn't vary along the arange's (an embedding's gradient sums each token's row into the table row its index picks)?
+  Indexing makes it a scatter-add (scatter_kernel), which needs the sum alone in its kernel: it is stored."""
+  if red.op is not Ops.REDUCE_AXIS or red.dtype in (dtypes.bool, dtypes.float16, dtypes.bfloat16) or gather_parts(red) is None: return False
+  chain, cond = [], red.src[0].src[0]
+  while cond.op in GroupOp.Movement or cond.op is Ops.CAST: chain.append(cond); cond = cond.src[0]
+  kinds = set()
+  for a, e in (cond.src, cond.src[::-1]):
+    if _unmoved(a).op is not Ops.IOTA: continue
+    ia, ea = _varying(a), _varying(e)
+    for u in reversed(chain):
+      if ia is None or ea is None: break
+      ia, ea = _moved_axes(u, ia), _moved_axes(u, ea)
+    if not ia or ea is None or ia & ea: continue
+    kinds.add("gather" if ia <= set(red.arg[1]) else "scatter" if not ia & set(red.arg[1]) else "")
+  # arange == arange (a position embedding's gradient) reads as both: indexing makes it a gather (collapse_one_hot)
+  return kinds == {"scatter"} or kinds == {"scatter", ""}
 
 @dataclass
 class KernelWalk:
@@ -157,7 +197,7 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
   for t in sink.src:
     if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = None
   for u in sink.toposort:
-    if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN}: points[u] = None
+    if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN} or is_scatter(u): points[u] = None
     if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
   walks: dict[UOp, KernelWalk] = {}
   added: set[UOp] = set()
@@ -172,10 +212,15 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     shared = [r for r, ps in readers.items() if len(ps) > 1 and r not in points]
     new += [r for r in shared if r.op is Ops.REDUCE_AXIS]
     # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost), when
-    # the work repeated is worth a kernel launch; of it and a costly part of it both shared, the part first: with a
-    # buffer for it, the rest may be cheap to repeat
+    # the work repeated is worth a kernel launch and costs more than storing and loading it
     repeated = lambda r: smax(sym_prod(r.shape)) * elementwise_cost(r, points, cost) * (len(readers[r]) - 1)
-    shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK]
+    shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK
+              and elementwise_cost(r, points, cost) * (len(readers[r]) - 1) > PASS_COST * (len(readers[r]) + 1)]
+    # of it and a costly part of it that the same kernels read, it: no kernel needs the part then (a GELU's normal cdf,
+    # which its forward and its gradient compute, and the steps of its polynomial inside)
+    shared = [r for r in shared if not any(o is not r and readers[o] == readers[r] and r in o.ancestors for o in shared)]
+    # of it and a costly part of it that other kernels read too, the part first: with a buffer for it, the rest may be
+    # cheap to repeat
     if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
     if not new: break
     added = set(new)
@@ -208,9 +253,17 @@ def _selected(x: UOp) -> tuple[UOp, UOp] | None:
   return None
 
 def _range_of(x: UOp) -> UOp:
-  """x without a widening integer cast: an int32 loop counter compared with an int64 index."""
-  return x.src[0] if x.op is Ops.CAST and dtypes.is_int(x.dtype) and dtypes.is_int(x.src[0].dtype) and \
-    x.dtype.itemsize >= x.src[0].dtype.itemsize else x
+  """x without integer casts that keep its value: an int32 loop counter compared with an int64 index, or cast to int64
+  and back to int32 (advanced indexing's flat index is int32)."""
+  while x.op is Ops.CAST and dtypes.is_int(x.dtype) and dtypes.is_int(x.src[0].dtype) and \
+      dtypes.min(x.dtype) <= x.src[0].vmin and x.src[0].vmax <= dtypes.max(x.dtype): x = x.src[0]
+  return x
+
+def _row(e: UOp, r: UOp) -> tuple[UOp, UOp]:
+  """(0 <= e < n, e clamped into [0, n) as r's dtype) for loop r over n rows: the row an index picks, always in the
+  buffer, and whether it picks one at all (an out-of-range index picks none: a gather reads 0, a scatter adds nothing)."""
+  n = r.src[0].cast(e.dtype)
+  return (e < n) & (e < 0).logical_not(), e.maximum(0).minimum(n - 1).cast(r.dtype)
 
 def collapse_one_hot(red: UOp) -> UOp | None:
   """A sum over r of (r == e ? v(r) : 0), e not depending on r, is v(e) where 0 <= e < n and 0 elsewhere: a gather (an
@@ -221,13 +274,46 @@ def collapse_one_hot(red: UOp) -> UOp | None:
   cond, value = sel
   for a, e in (cond.src, cond.src[::-1]):
     if (r := _range_of(a)) not in red.src[1:] or r.op is not Ops.RANGE or r in e.toposort: continue
-    n = r.src[0]
-    valid = (e < n.cast(e.dtype)) & (e < 0).logical_not()
-    row = e.maximum(0).minimum(n.cast(e.dtype) - 1).cast(r.dtype)
+    valid, row = _row(e, r)
     picked = valid.where(value.substitute({r: row}), UOp.const(red.dtype, 0))
     rest = tuple(x for x in red.src[1:] if x is not r)
     return UOp(Ops.REDUCE, red.dtype, (picked, *rest), red.arg) if rest else picked
   return None
+
+def scatter_kernel(sink: UOp) -> UOp | None:
+  """A kernel storing a sum over t of (r == e(t) ? v(r, t) : 0), r an output loop that e doesn't depend on (the
+  transpose of a gather: an embedding's gradient), becomes a scatter-add costing O(tokens), not O(rows x tokens):
+
+    for the other output loops (d): out[r, d] = 0 for every r; then for t in order: out[e(t), d] += v(e(t), t)
+
+  The loops over r and t are 'serial': no Opt names them and no GPU thread id replaces them, so every thread or core
+  owns whole columns of the output (the store's address is one-to-one in the output's loops, so other values of d
+  never meet) and adds its tokens in one fixed order: no races, the same bits every run. An index outside [0, n)
+  adds nothing, as a gather with it reads 0. Float16/bfloat16 sums stay dense (rounding each add would differ)."""
+  ends, st = [], sink.src[0] if len(sink.src) == 1 else None
+  while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
+  if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD: return None
+  if red.dtype in (dtypes.bool, dtypes.float16, dtypes.bfloat16) or len(st.src[0].src) != 2: return None
+  if (sel := _selected(red.src[0])) is None or sel[0].op is not Ops.CMPEQ: return None
+  out, addr = st.src[0].src
+  for a, e in (sel[0].src, sel[0].src[::-1]):
+    if (r := _range_of(a)) not in ends or r.arg[1] != "global" or r in e.toposort: continue
+    first = 1 + max(u.arg[0] for u in sink.toposort if u.op is Ops.RANGE)
+    rows = UOp(Ops.RANGE, r.dtype, r.src, (first, "serial"))
+    fill = out.index(addr.substitute({r: rows})).store(UOp.const(red.dtype, 0)).end(rows)
+    tokens = {t: UOp(Ops.RANGE, t.dtype, t.src, (first + 1 + i, "serial")) for i, t in enumerate(red.src[1:])}
+    row = _row(e.substitute(tokens), r)[1]
+    at = addr.substitute({r: row})
+    # an index out of range stores nothing. The gate says so as "clamping the index changes nothing": bounds on the
+    # index itself (0 <= e < n) would let the address under the gate drop the clamp and with it its narrow bounds
+    e = e.substitute(tokens)
+    picks = row.cast(e.dtype).eq(e)
+    # the read of the output is after the fill and inside the token loops: each token's add sees the one before it
+    acc = out.after(fill, *tokens.values()).index(at, picks).load()
+    add = out.index(at, picks).store(acc + sel[1].substitute({**tokens, r: row})).end(*tokens.values())
+    return add.end(*(x for x in ends if x is not r)).sink()
+  return None
+scatter = PatternMatcher([(UPat(Ops.SINK, name="sink"), scatter_kernel)])
 
 # after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
 kernel_cleanup = PatternMatcher([
@@ -274,6 +360,29 @@ def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple
   if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64)
   return ast, params
 
+def merge_loops(sink: UOp) -> UOp:
+  """Adjacent output loops that every index reads as one (a batch and its rows, b*T + t, in a linear layer over (B, T, C))
+  become one loop: a matmul then tiles all B*T rows under each weight panel it packs (16 batches of 64 rows packed
+  each panel 16 times), and an elementwise kernel runs one loop. Tried pair by pair: a loop that some index still
+  divides or takes a remainder of (a gate, a transposed read) stays apart."""
+  glob = sorted((u for u in sink.toposort if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda r: r.arg)
+  k = 0
+  while k + 1 < len(glob):
+    a, b = glob[k], glob[k + 1]
+    # (symbolic sizes stay apart; an empty loop runs nothing either way, and its bounds can't say what an index is)
+    if a.src[0].op is not Ops.CONST or b.src[0].op is not Ops.CONST or a.src[0].arg * b.src[0].arg == 0: k += 1; continue
+    n = UOp.const(a.dtype, b.src[0].arg)
+    m = UOp(Ops.RANGE, a.dtype, (UOp.const(a.dtype, a.src[0].arg * n.arg),), a.arg)
+    new: dict[UOp, UOp] = {a: UOp(Ops.IDIV, a.dtype, (m, n)), b: UOp(Ops.MOD, a.dtype, (m, n))}
+    for u in sink.toposort:
+      if u in new: continue
+      if u.op is Ops.END and u.src[1] in (a, b): new[u] = new[u.src[0]] if u.src[1] is b else UOp(Ops.END, u.dtype, (new[u.src[0]], m))
+      else: new[u] = u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
+    merged = graph_rewrite(new[sink], symbolic)
+    if any(u.op in (Ops.IDIV, Ops.MOD) and m in u.src[0].toposort for u in merged.toposort): k += 1; continue
+    sink, glob = merged, glob[:k] + [m] + glob[k + 2:]
+  return sink
+
 def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
   (bench/rewrite.py times the two steps apart)."""
@@ -284,7 +393,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
-  if cleanup: sink = graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {})
+  if cleanup: sink = merge_loops(graph_rewrite(graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {}), scatter + kernel_cleanup))
   # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
   used = {u for u in sink.toposort if u.op is Ops.PARAM}
   kept = [(b, p) for b, p in ctx.params.items() if p in used]
@@ -359,12 +468,20 @@ def _load_template(key: str) -> ScheduleTemplate | None:
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
+def values_only(sink: UOp) -> UOp:
+  """The graph with each WITH_DERIVATIVE node replaced by its value: the derivative it carries is autograd's."""
+  if not any(u.op is Ops.WITH_DERIVATIVE for u in sink.toposort): return sink
+  new: dict[UOp, UOp] = {}
+  for u in sink.toposort:
+    new[u] = new[u.src[0]] if u.op is Ops.WITH_DERIVATIVE else u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
+  return new[sink]
+
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2)."""
-  sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+  sink = values_only(UOp(Ops.SINK, dtypes.void, tuple(targets)))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
