@@ -61,11 +61,11 @@ class dtypes:
   default_int: DType = int64  # as torch.tensor([1, 2]) gives
 
   @staticmethod
-  def is_float(t: DType) -> bool: return t.scalar() in FLOATS
+  def is_float(t: DType) -> bool: return t.scalar() in _FLOAT_SET
   @staticmethod
-  def is_int(t: DType) -> bool: return t.scalar() in INTS
+  def is_int(t: DType) -> bool: return t.scalar() in _INT_SET
   @staticmethod
-  def is_unsigned(t: DType) -> bool: return t.scalar() in UINTS
+  def is_unsigned(t: DType) -> bool: return t.scalar() in _UINT_SET
   @staticmethod
   def is_bool(t: DType) -> bool: return t.scalar() == dtypes.bool
   @staticmethod
@@ -93,6 +93,9 @@ class dtypes:
 INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
 UINTS = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
 FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+# membership by hash (a set finds a dtype by identity first): a tuple's `in` called DType.__eq__ per element, a
+# million times in lowering a transformer's kernels
+_INT_SET, _UINT_SET, _FLOAT_SET = frozenset(INTS), frozenset(UINTS), frozenset(FLOATS)
 DTYPES_BY_NAME: dict[str, DType] = {t.name: t for t in (dtypes.bool, *INTS, *FLOATS)}
 # the names users type (torch / numpy spelling) to the dtype
 DTYPE_ALIASES: dict[str, DType] = {**DTYPES_BY_NAME, **{k: v for k, v in vars(dtypes).items()

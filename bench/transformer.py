@@ -1,13 +1,14 @@
 """Training speed of a character transformer, attograd against the same model in torch eager, measured
 in one run on the same batches: steps/s under TinyJit and without it, kernels per step, and the time to
-finish the first 10 steps (cold: a fresh process; warm: the disk caches it left behind).
+finish the first 10 steps (cold: a fresh process with empty disk caches; warm: the caches it left behind), with the
+kernels the cold process was slowest to lower and to compile.
 
   python bench/transformer.py               the small model (2 layers, d 64, 4 heads, context 64, batch 16)
   MODEL=large python bench/transformer.py   6 layers, d 384, 6 heads, context 256, batch 16
   STEPS=n  timed steps per measurement (medians; ranges printed)
 """
 from __future__ import annotations
-import math, os, statistics, subprocess, sys, time
+import json, math, os, statistics, subprocess, sys, tempfile, time
 
 CONFIGS = {"small": dict(vocab=90, d=64, heads=4, layers=2, ctx=64, bs=16),
            "large": dict(vocab=90, d=384, heads=6, layers=6, ctx=256, bs=16)}
@@ -118,19 +119,25 @@ def rate(step, data: list, to_tensor, item) -> list[float]:
     st = time.perf_counter(); item(step(x, y)); out.append(1 / (time.perf_counter() - st))
   return out
 
-def first_steps(model: str, n: int = 10) -> float:
-  """seconds for a fresh process to build the model and finish n jitted steps"""
+def first_steps(model: str, cache: str, n: int = 10) -> dict:
+  """A fresh process builds the model and finishes n jitted steps with its disk caches in `cache`: the seconds it
+  took, and the kernels it was slowest to lower and to compile (none when every kernel came from the cache)."""
   code = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import transformer as t; t._first_steps({model!r}, {n})"
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-  return float(out.stdout.split()[-1])
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "ATTOGRAD_CACHE": cache, "PROGRESS": "0"})
+  return json.loads(out.stdout.splitlines()[-1])
 
 def _first_steps(model: str, n: int) -> None:
   st = time.perf_counter()
   from attograd import Tensor
+  from attograd.engine.realize import slowest_kernels
   cfg = CONFIGS[model]
   step = attograd_step(cfg, jit=True)
   for x, y in batches(cfg, n): step(Tensor(x), Tensor(y)).item()
-  print(time.perf_counter() - st)
+  out: dict = {"s": time.perf_counter() - st}
+  if (worst := slowest_kernels()) is not None:
+    out["lower"], out["compile"], out["both"] = [[ck.name, ck.lower_s * 1e3, ck.compile_s * 1e3] for ck in worst]
+  print(json.dumps(out))
 
 def kernels_per_step(cfg: dict) -> int:
   from attograd import Tensor
@@ -149,9 +156,15 @@ def main() -> None:
   cfg = CONFIGS[model]
   import torch
   from attograd import Tensor
-  cold = first_steps(model) if os.getenv("COLD", "1") != "0" else math.nan
-  warm = first_steps(model)
-  print(f"transformer '{model}' {cfg}: first 10 steps (TinyJit, new process) {cold:.2f} s, again with warm caches {warm:.2f} s")
+  with tempfile.TemporaryDirectory() as cache:  # cold: empty disk caches; warm: what the cold run left there
+    cold = first_steps(model, cache) if os.getenv("COLD", "1") != "0" else {"s": math.nan}
+    warm = first_steps(model, cache)
+  print(f"transformer '{model}' {cfg}: first 10 steps (TinyJit, new process) {cold['s']:.2f} s with empty caches, "
+        f"{warm['s']:.2f} s with warm ones")
+  if "lower" in cold:  # compile times are each kernel's share of its batch (one compiler call for several kernels)
+    print("  slowest kernel to lower {} {:.0f} ms (compile {:.0f} ms); to compile {} {:.0f} ms (lower {:.0f} ms); "
+          "both {} {:.0f} + {:.0f} ms".format(*(cold["lower"][i] for i in (0, 1, 2)), *(cold["compile"][i] for i in (0, 2, 1)),
+                                            *cold["both"]))
   ours_jit, ours, theirs = attograd_step(cfg, jit=True), attograd_step(cfg, jit=False), torch_step(cfg)
   warmup, data = batches(cfg, 3, seed=2), batches(cfg, n, seed=3)
   to_ag, to_t = (lambda v: Tensor(v)), (lambda v: torch.tensor(v))

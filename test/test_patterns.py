@@ -207,3 +207,28 @@ def test_hash_consing_survives_collection():
 
 def test_uop_has_no_truth_value():
   with pytest.raises(TypeError): bool(x < 3)
+
+def test_rewrite_skips_graphs_without_its_ops_and_fixed_points_it_made():
+  # lowering rewrites big graphs with passes that have rules for a few ops, and with `symbolic` again after small
+  # changes: neither may call a rule where none can apply, and both must give what a full walk gives
+  seen: list[UOp] = []
+  def fold_add(x: UOp, y: UOp) -> UOp | None:
+    seen.append(x)
+    return UOp.const(x.dtype, x.arg + y.arg) if x.op is Ops.CONST and y.op is Ops.CONST else None
+  pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("x"), UPat.var("y"))), fold_add)])
+  a = UOp.variable("a", 0, 10)
+  no_add = (a * 3).maximum(UOp.const(dtypes.int32, 1))
+  assert graph_rewrite(no_add, pm, max_steps=0) is no_add and seen == []  # no ADD anywhere: not walked
+  g = (a + (UOp.const(dtypes.int32, 2) + UOp.const(dtypes.int32, 3))) * 4
+  out = graph_rewrite(g, pm)
+  assert out is (a + 5) * 4 and len(seen) == 2
+  seen.clear()
+  assert graph_rewrite(out, pm, max_steps=0) is out and seen == []  # its own result is a fixed point: not walked again
+  assert graph_rewrite(out.maximum(a + 1), pm, max_steps=2) is out.maximum(a + 1) and len(seen) == 1  # the new ADD, MAX
+  with pytest.raises(RewriteLoopError): graph_rewrite(out, PatternMatcher(pm.rules), max_steps=1)  # another matcher walks it
+  seen.clear()
+  # with a ctx the rules may depend on it: no memo
+  seen.clear()
+  pmc = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("x"), UPat.var("y"))), lambda ctx, x, y: fold_add(x, y))])
+  graph_rewrite(out, pmc, ctx=1); graph_rewrite(out, pmc, ctx=2)
+  assert len(seen) == 2

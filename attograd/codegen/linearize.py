@@ -17,9 +17,12 @@ def linearize(sink: UOp) -> list[UOp]:
       enclosing[x] = set()
       for outer in end_of[x].live_ranges: enclosing[x] |= {outer} | loops_around(outer)
     return enclosing[x]
-  def in_body(u: UOp, r: UOp) -> bool: return any(x is r or r in loops_around(x) for x in u.live_ranges)
+  body: dict[UOp, frozenset[UOp]] = {}  # every loop a node is inside, found once per node (not once per node and loop)
+  def in_body(u: UOp, r: UOp) -> bool:
+    if (b := body.get(u)) is None: b = body[u] = frozenset().union(*({x} | loops_around(x) for x in u.live_ranges))
+    return r in b
   for r, end in end_of.items():
-    deps[r] |= {u for u in end.toposort if u is not end and not in_body(u, r)}
+    deps[r] |= {u for u in end.ancestors if not in_body(u, r)}
   users: dict[UOp, list[UOp]] = {u: [] for u in order}
   for u, ds in deps.items():
     for d in ds: users[d].append(u)

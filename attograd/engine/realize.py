@@ -1,13 +1,14 @@
 """Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
 import json, time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 from attograd.dtype import dtypes
-from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, prod, unwrap
+from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.runtime.device import Device, Buffer
+from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
 from attograd.engine.search import beam_search
@@ -26,6 +27,10 @@ class CompiledKernel:
   opts: list[Opt]
   # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
   launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
+  # CPU seconds this process spent lowering it and the compiler compiling it (of a batch, a share by source length);
+  # 0 when it came from the disk cache
+  lower_s: float = 0.0
+  compile_s: float = 0.0
   @cached_property
   def core_slot(self) -> int | None:
     """The argument that is the THREAD opt's core id (None: one core runs the kernel). Found once: replays call this often."""
@@ -70,6 +75,7 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
 # kernels lowered ahead of their run (compile_ahead), each finished by calling it: it waits for its binary
 _ahead: dict[tuple, Callable[[], CompiledKernel]] = {}
 _compiler_pool: ThreadPoolExecutor | None = None
+_workers = max(THREADS.value, 1)
 
 def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None) -> None:
   """Lower the schedule's kernels that aren't compiled (nor in the program cache) and hand each source to the device's
@@ -79,14 +85,20 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op is not Ops.COPY)
           if k not in _kernel_cache and k not in _ahead]
   if len(todo) < 2 or BEAM >= 1 or DEBUG >= 5: return
-  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(max(THREADS.value, 1), thread_name_prefix="compile")
-  for ast, device in todo:
-    dev = Device[device]
-    if dev.renderer is None: continue  # get_kernel says why
-    pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
-    if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
-    _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
-    if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
+  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
+  queues = {q for device in {d for _, d in todo} if Device[device].renderer is not None and (q := compile_queue(device)) is not None}
+  for q in queues: q.lowering = True
+  try:
+    with gc_paused():
+      for ast, device in todo:
+        dev = Device[device]
+        if dev.renderer is None: continue  # get_kernel says why
+        pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
+        if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
+        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
+        if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
+  finally:
+    for q in queues: q.lowered()
 
 def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   """What decides a kernel's Opts, for the program cache's key: the Opts themselves, or what chooses them with what
@@ -120,28 +132,49 @@ def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
   return lower_kernel(ast, device, opts, None)()
 
+_queues: dict[str, CompileQueue] = {}
+
+def compile_queue(device: str) -> CompileQueue | None:
+  """The queue of sources for device's compiler on the compile pool (None: its compiler doesn't batch)."""
+  if not Device[device].compiler.batches or _compiler_pool is None: return None
+  if (queue := _queues.get(device)) is None or queue.pool is not _compiler_pool:
+    queue = _queues[device] = CompileQueue(Device[device].compiler, _compiler_pool, _workers)
+  return queue
+
 def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
   """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
   thread if one is given; the function returned waits for the binary and makes the kernel."""
   dev = Device[device]
-  st = time.perf_counter()
+  st = time.thread_time()  # CPU time: what lowering costs, however busy the machine is
   gpu = dev.renderer.has_local
   name, src, uops = to_program(ast, dev.renderer, opts)
+  lower_s = time.thread_time() - st
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
-  build = lambda: dev.runtime(name, dev.compiler.compile(src))
-  binary = pool.submit(build) if pool is not None else None
+  def build() -> tuple[bytes, float]: return timed_compile(dev.compiler.compile, src)
+  binary: Future | None = None
+  if pool is not None:
+    binary = queue.submit(name, src) if pool is _compiler_pool and (queue := compile_queue(device)) is not None else pool.submit(build)
   variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
   launch = launch_dims(uops) if gpu else None
   ops = count_ops(uops)
   def finish() -> CompiledKernel:
-    ck = CompiledKernel(name, src, build() if binary is None else binary.result(), 0, variables, opts, launch)
+    lib, compile_s = build() if binary is None else binary.result()
+    ck = CompiledKernel(name, src, dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
     ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
-    if DEBUG >= 2: print(f"compiled {name} in {(time.perf_counter() - st) * 1e3:.2f} ms")
+    if DEBUG >= 2: print(f"compiled {name}: lowering {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiling {compile_s * 1e3:.1f} ms (CPU)")
     return ck
   return finish
+
+def slowest_kernels() -> tuple[CompiledKernel, CompiledKernel, CompiledKernel] | None:
+  """The kernels this process took longest to lower, to compile, and to do both (None if it built none: all came from
+  the caches)."""
+  built = [ck for ck in _kernel_cache.values() if ck.lower_s > 0]
+  if not built: return None
+  return (max(built, key=lambda ck: ck.lower_s), max(built, key=lambda ck: ck.compile_s),
+          max(built, key=lambda ck: ck.lower_s + ck.compile_s))
 
 def buffer_of(u: UOp) -> Buffer:
   """The runtime Buffer behind a BUFFER node, held by the node: memory lives as long as a graph names it."""

@@ -16,7 +16,12 @@ class Allocator:
     raise RuntimeError(f"{type(self).__name__} can't place a buffer at byte offset {offset}")
 
 class Compiler:
+  # True when compile_batch builds several sources in one call for less than one by one (CPU: one gcc process)
+  batches = False
   def compile(self, src: str) -> bytes: return src.encode()
+  def compile_batch(self, srcs: list[str]) -> list[bytes]:
+    """compile of each source. The sources define distinct names (two kernels of one name go to different batches)."""
+    return [self.compile(s) for s in srcs]
 
 def _release(nbytes: int) -> None: GlobalCounters.mem_used -= nbytes
 

@@ -5,7 +5,7 @@ import ctypes, functools, mmap
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 from attograd.runtime import threadpool
-from attograd.runtime.cc import find_c_compiler, compile_c, load_library
+from attograd.runtime.cc import find_c_compiler, compile_c, compile_c_batch, load_library
 
 # mapped before and after every buffer: a kernel may read them (and ignore what it read) where it would need a gated
 # read (uop/symbolic.py ungate_load). A page on each side covers a padded conv's reads above its first and below its
@@ -70,13 +70,16 @@ class CPUAllocator(Allocator):
   def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
 
 class CPUCompiler(Compiler):
-  def __init__(self):
+  batches = True
+  def __init__(self, prelude: str = ""):
+    self.prelude = prelude  # what every kernel's source starts with: once in a batch's translation unit
     self.cc = find_c_compiler()
     # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0).
     # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
     # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
     self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-lm"]
   def compile(self, src: str) -> bytes: return compile_c(self.cc, src, self.flags, "a kernel")
+  def compile_batch(self, srcs: list[str]) -> list[bytes]: return compile_c_batch(self.cc, srcs, self.flags, "kernels", self.prelude)
 
 class CPUProgram:
   var_type = ctypes.c_int32  # the C renderer declares kernel variables int
@@ -102,4 +105,5 @@ def simd_floats() -> int:
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):
-    super().__init__(name, CPUAllocator(), CStyleRenderer(SPARE_BYTES, simd_floats()), CPUCompiler(), CPUProgram)
+    renderer = CStyleRenderer(SPARE_BYTES, simd_floats())
+    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude), CPUProgram)

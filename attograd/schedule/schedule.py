@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools, json
 from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
-from attograd.helpers import prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, cache_warning, code_version, content_hash
+from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, cache_warning, code_version, content_hash
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
@@ -63,10 +63,12 @@ RECOMPUTE_MAX = 8
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
-def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> int:
+def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int], stop: int | None = None) -> int:
   """Ops per element that computing u inside a kernel takes, down to the buffers, realize points and reduces it reads
   (each shared node once, as the kernel computes it once). A scalar broadcast to every element is computed once, before
-  the loops: it costs nothing per element."""
+  the loops: it costs nothing per element. With `stop`, a cost over it is returned as soon as the walk has seen that
+  much (a part of the cost, not kept): the walk of a kernel asks this of every value it passes, and a long chain of
+  them made whole walks quadratic."""
   if (hit := memo.get(u)) is not None: return hit
   seen: set[UOp] = set()
   stack, cost = [u], 0
@@ -77,6 +79,7 @@ def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int]) -> i
     if x.op is Ops.BUFFER or (x is not u and x in points): cost += 1; continue  # a load
     if x.op is Ops.REDUCE_AXIS: continue  # a loop of its own, which the rules for reduces decide about
     cost += OP_COST.get(x.op, 1 if x.op in GroupOp.ALU else 0)
+    if stop is not None and cost > stop: return cost
     stack.extend(x.src)
   memo[u] = cost
   return cost
@@ -183,7 +186,7 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
       if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
       walk.reached.add(s)
       if s.op is Ops.REDUCE_AXIS and below[3]: nests.setdefault(s, set()).add(below[1])
-      if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost) > RECOMPUTE_MAX):
+      if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost, RECOMPUTE_MAX) > RECOMPUTE_MAX):
         walk.reads.add(s)
         # a linear layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
         if expanded_here: walk.to_store.append(s); continue
@@ -514,7 +517,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
     key = _disk_key(sink, inputs) if CACHELEVEL >= 2 else None
     if key is None or (template := _load_template(key)) is None:
-      template = _template(sink, inputs, hash(structure))
+      with gc_paused(): template = _template(sink, inputs, hash(structure))
       if key is not None: _save_template(key, template)
     _schedule_cache[structure] = template
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")

@@ -115,9 +115,13 @@ class UOpMeta(type):
 
 class UOp(metaclass=UOpMeta):
   """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
-  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+  __slots__ = ("op", "dtype", "src", "arg", "opmask", "__weakref__", "__dict__")
   def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+    # the ops in this graph, a bit each (1 << op.value): a rewrite skips a graph holding no op its rules are for
+    m = 1 << op.value
+    for s in src: m |= s.opmask
+    self.opmask = m
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
   def replace(self, **kwargs: Any) -> UOp:
     new = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
@@ -291,6 +295,10 @@ class UOp(metaclass=UOpMeta):
     return _render(self)
 
   @property
+  def ranges(self) -> frozenset[UOp]:
+    """Every RANGE this node depends on, ended or not (toposort's RANGEs, kept per node: each node unions its sources')."""
+    return self._memo("_ranges", _ranges_info)
+  @property
   def live_ranges(self) -> frozenset[UOp]:
     """The loops this node lives in: RANGEs it depends on, less those closed by an END it depends on."""
     return self._memo("_live", _live_info)
@@ -408,6 +416,10 @@ def _is_sym_int(u: UOp) -> bool:
   return u.op in (Ops.DEFINE_VAR, Ops.BIND) and not (u.op is Ops.BIND and u.src[1].src) or \
     (u.op in GroupOp.ALU and (dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison) and
      all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
+
+def _ranges_info(u: UOp) -> frozenset[UOp]:
+  ranges = frozenset().union(*(s.__dict__["_ranges"] for s in u.src)) if u.src else frozenset()
+  return ranges | {u} if u.op is Ops.RANGE else ranges
 
 def _live_info(u: UOp) -> frozenset[UOp]:
   live = frozenset().union(*(s.__dict__["_live"] for s in u.src)) if u.src else frozenset()

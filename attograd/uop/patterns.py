@@ -80,11 +80,13 @@ class PatternMatcher:
       takes_ctx = "ctx" in inspect.signature(fn).parameters
       for op in (pat.op if pat.op is not None else Ops):
         self.by_op.setdefault(op, []).append((pat, fn, takes_ctx))
+    self.opmask = sum(1 << op.value for op in self.by_op)  # UOp.opmask: a graph without these ops is a fixed point
   def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
   def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+    if (rules := self.by_op.get(u.op)) is None: return None  # most nodes of a big graph: no rule to try
     src_ops = {s.op for s in u.src}
-    for pat, fn, takes_ctx in self.by_op.get(u.op, ()):
-      if not pat.required_src_ops <= src_ops: continue
+    for pat, fn, takes_ctx in rules:
+      if pat.required_src_ops and not pat.required_src_ops <= src_ops: continue
       for store in pat.match(u, {}):
         ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
         if ret is not None and ret is not u: return ret
@@ -99,15 +101,23 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int
   # stack items: (node, state, rewritten-to) — 0: visit children, 1: rebuild and apply rules, 2: take result of rewrite
   stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
   steps = 0
+  # Rules are pure functions of the graph below a node (and ctx): what a rewrite without ctx returned is a fixed point of
+  # the matcher, marked on the node, and a later rewrite by the same matcher stops there without walking under it.
+  # Lowering rewrites a kernel's graph with `symbolic` again after small changes, and most of it is such a node.
+  memo, opmask = ctx is None, pm.opmask
   while stack:
     node, state, other = stack.pop()
     if state == 0:
       if node in done: continue
+      if not node.opmask & opmask or (memo and pm in node.__dict__.get("_fixed", ())):
+        done[node] = node
+        continue
       stack.append((node, 1, None))
-      stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
+      for s in reversed(node.src):
+        if s not in done: stack.append((s, 0, None))
     elif state == 1:
       if node in done: continue
-      new_src = tuple(done[s] for s in node.src)
+      new_src = tuple([done[s] for s in node.src])
       rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
       steps += 1
       if steps > max_steps: raise RewriteLoopError(f"graph_rewrite did not reach a fixed point in {max_steps} steps")
@@ -121,4 +131,8 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int
         stack.append((ret, 0, None))
     else:
       done[node] = done[other]  # type: ignore[index]
+  if memo:
+    for u in done.values():
+      if (fixed := u.__dict__.get("_fixed")) is None: u.__dict__["_fixed"] = {pm}
+      else: fixed.add(pm)
   return done[sink]
