@@ -338,6 +338,9 @@ kernel_cleanup = PatternMatcher([
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
 ]) + symbolic + gated_index + inbounds_load
 
+# built once: graph_rewrite marks the nodes a matcher left unchanged, by the matcher (a new one per kernel would pile up)
+scatter_cleanup = scatter + kernel_cleanup
+
 def index_dtype_for(*sizes: int):
   """The narrowest index dtype a kernel might use: a loop or buffer of 2**31 elements needs int64.
   The final choice also looks at every intermediate of the index math (index_math_fits)."""
@@ -419,7 +422,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = graph_rewrite(sink, pushdown, ctx)
-  if cleanup: sink = merge_loops(graph_rewrite(graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {}), scatter + kernel_cleanup))
+  if cleanup: sink = merge_loops(graph_rewrite(graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {}), scatter_cleanup))
   # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
   used = {u for u in sink.toposort if u.op is Ops.PARAM}
   kept = [(b, p) for b, p in ctx.params.items() if p in used]
