@@ -1,7 +1,7 @@
 """CPU device: C source compiled by the system compiler (runtime/cc.py) into a shared library, cached on disk by
 source hash, and called in-process through ctypes."""
 from __future__ import annotations
-import ctypes, functools, mmap
+import ctypes, functools, mmap, os, shutil
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 from attograd.runtime import threadpool
@@ -78,6 +78,10 @@ class CPUCompiler(Compiler):
     # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
     # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
     self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-lm"]
+    # gcc's default vectorizer cost model spent seconds on a row of 32 written-out sums (6.8 s for one kernel; a small
+    # transformer's first 10 steps 12.6 -> 6.8 s with it cheap), for no measured difference in speed (bench/all.py,
+    # bench/transformer.py). clang has no such flag
+    if "gcc" in os.path.basename(os.path.realpath(shutil.which(self.cc) or self.cc)): self.flags.insert(1, "-fvect-cost-model=very-cheap")
   def compile(self, src: str) -> bytes: return compile_c(self.cc, src, self.flags, "a kernel")
   def compile_batch(self, srcs: list[str]) -> list[bytes]: return compile_c_batch(self.cc, srcs, self.flags, "kernels", self.prelude)
 
