@@ -5,7 +5,7 @@ import itertools, json
 from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, cache_warning, code_version, content_hash
-from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, sint, smax, sym_prod, sym_eq
+from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
@@ -440,12 +440,8 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
     if u.op is Ops.BUFFER:
       parts.append((Ops.BUFFER, u.dtype, u.arg.device, u.arg.size, u.arg.offset))
       bufs.append(u)
-    else: parts.append((u.op, u.dtype, _float_key(u.arg) if type(u.arg) is float else u.arg, tuple(position[s] for s in u.src)))
+    else: parts.append((u.op, u.dtype, arg_key(u.arg), tuple(position[s] for s in u.src)))
   return tuple(parts), bufs
-
-# a float constant by its bits: NaN equals itself (a graph with one would never find its schedule again) and -0.0 is not
-# 0.0 (their kernels differ: 1/x)
-def _float_key(x: float) -> tuple[str, str]: return ("float", x.hex())
 
 @dataclass(frozen=True)
 class ScheduleTemplate:
@@ -501,20 +497,16 @@ def _load_template(key: str) -> ScheduleTemplate | None:
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
-def values_only(sink: UOp) -> UOp:
-  """The graph with each WITH_DERIVATIVE node replaced by its value: the derivative it carries is autograd's."""
-  if not any(u.op is Ops.WITH_DERIVATIVE for u in sink.toposort): return sink
-  new: dict[UOp, UOp] = {}
-  for u in sink.toposort:
-    new[u] = new[u.src[0]] if u.op is Ops.WITH_DERIVATIVE else u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
-  return new[sink]
+# each WITH_DERIVATIVE node becomes its value: the derivative it carries is autograd's (a graph without one is left as it
+# is at the cost of one check of its op mask)
+values_only = PatternMatcher([(UPat(Ops.WITH_DERIVATIVE, name="x"), lambda x: x.src[0])])
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2)."""
-  sink = values_only(UOp(Ops.SINK, dtypes.void, tuple(targets)))
+  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(targets)), values_only)
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
     if len(_schedule_cache) > 1024: _schedule_cache.clear()

@@ -103,11 +103,15 @@ class BufferArg:
 
 # ***** the node *****
 
+def arg_key(arg: Any) -> Any:
+  """arg as a key: a float by its bits, so -0.0 is not 0.0 (1/x differs) and NaN equals itself (a graph holding one finds
+  its node, and its schedule, again)."""
+  return ("float", arg.hex()) if type(arg) is float else arg
+
 class UOpMeta(type):
   ucache: dict[tuple, weakref.ReferenceType] = {}
   def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-    # a float by its bits: -0.0 is not 0.0 (1/x differs), and NaN is one node, not a new one each time
-    key = (op, dtype, src, ("float", arg.hex()) if type(arg) is float else arg)
+    key = (op, dtype, src, arg_key(arg))
     if (ref := UOpMeta.ucache.get(key)) is not None and (node := ref()) is not None: return node
     node = super().__call__(op, dtype, src, arg)
     UOpMeta.ucache[key] = weakref.ref(node, lambda _, key=key: UOpMeta.ucache.pop(key, None))
