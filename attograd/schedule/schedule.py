@@ -430,17 +430,30 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   return sink.substitute(renumber) if renumber else sink, [b for b, _ in kept if b is not out_buf]
 
 def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
-  """The graph with its buffers anonymized (two graphs that differ only in which memory they read
-  have the same structure) and those buffers in order of appearance."""
+  """The graph as the scheduler sees it, with its buffers anonymized (two graphs that differ only in which memory they read
+  have the same structure) and those buffers in order of appearance. A WITH_DERIVATIVE node reads as its value (the
+  derivative it carries is autograd's): walking through it here, rather than stripping it first, spares rebuilding every
+  node above it on each call, when the schedule is a cached one."""
   position: dict[UOp, int] = {}
   parts: list[tuple] = []
   bufs: list[UOp] = []
-  for u in sink.toposort:
-    position[u] = len(parts)
-    if u.op is Ops.BUFFER:
-      parts.append((Ops.BUFFER, u.dtype, u.arg.device, u.arg.size, u.arg.offset))
-      bufs.append(u)
-    else: parts.append((u.op, u.dtype, arg_key(u.arg), tuple(position[s] for s in u.src)))
+  nodes, sources = [sink], [iter(sink.src)]  # a depth-first walk, sources in order, as UOp.toposort's
+  while sources:
+    for s in sources[-1]:
+      if s not in position:
+        nodes.append(s); sources.append(iter(s.src if s.op is not Ops.WITH_DERIVATIVE else s.src[:1]))
+        break
+    else:
+      sources.pop()
+      u = nodes.pop()
+      if u.op is Ops.WITH_DERIVATIVE: position[u] = position[u.src[0]]
+      elif u.op is Ops.BUFFER:
+        position[u] = len(parts)
+        parts.append((Ops.BUFFER, u.dtype, u.arg.device, u.arg.size, u.arg.offset))
+        bufs.append(u)
+      else:
+        position[u] = len(parts)
+        parts.append((u.op, u.dtype, u.arg if type(u.arg) is not float else arg_key(u.arg), tuple([position[s] for s in u.src])))
   return tuple(parts), bufs
 
 @dataclass(frozen=True)
@@ -506,9 +519,10 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2)."""
-  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(targets)), values_only)
+  sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
+    sink = graph_rewrite(sink, values_only)
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
     key = _disk_key(sink, inputs) if CACHELEVEL >= 2 else None
     if key is None or (template := _load_template(key)) is None:
