@@ -1,6 +1,6 @@
 """Data types and PyTorch's promotion rules. Imports nothing of attograd but helpers."""
 from __future__ import annotations
-import math
+import math, struct
 from dataclasses import dataclass, fields
 from typing import Any, Final, Literal
 
@@ -136,9 +136,12 @@ def least_upper_dtype(*ts: DType) -> DType:
     raise TypeError(f"no integer dtype holds both {' and '.join(map(repr, ts))}; cast one of them explicitly")
   return lub
 
+_F32 = struct.Struct("f")
 def truncate(dtype: DType, x: ConstType) -> ConstType:
   """A Python value as the dtype stores it: C-style wrap for ints, rounding for floats."""
-  import struct
+  if dtype is dtypes.float32 and type(x) is float:  # every scalar of float code comes here first
+    try: return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError: return math.copysign(math.inf, x)
   if dtypes.is_bool(dtype): return bool(x)
   if dtypes.is_int(dtype):
     if isinstance(x, float):

@@ -14,7 +14,8 @@ from attograd.frontend.indexing import IndexingOps
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.elementwise import ElementwiseOps
 
-_grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# tensors that require grad, by id: a WeakSet would compare two entries with ==, which is elementwise for tensors
+_grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
 # ***** what realized nodes became *****
 # A realized node remembers the buffer view it became (in its own __dict__, so the memo lives exactly
@@ -157,7 +158,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   _rng_state: dict[str, Tensor] = {}  # per device: [key, counter] as uint32s in device memory
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
-    self.uop: UOp = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
+    if type(data) is UOp and device is None and dtype is None and data.op is not Ops.BIND: self.uop: UOp = data  # the front end's own nodes
+    else: self.uop = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
     self._requires_grad, self.grad = None, None
     if requires_grad is not None: self.requires_grad = requires_grad
 
@@ -188,8 +190,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def requires_grad(self, value: bool | None) -> None:
     if value and not (dtypes.is_float(self.dtype)): raise TypeError(f"only floating point tensors can require gradients, not {self.dtype}")
     self._requires_grad = value
-    if value: _grad_tensors.add(self)
-    else: _grad_tensors.discard(self)
+    if value: _grad_tensors[id(self)] = self
+    else: _grad_tensors.pop(id(self), None)
   def requires_grad_(self, value: bool = True) -> Tensor:
     self.requires_grad = value
     return self
@@ -207,11 +209,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """Whether a gradient may flow into this tensor: a tensor that requires grad is in its graph (seen through realized
     nodes, as backward sees it). Lets an op pick a forward that also makes its backward cheap only when it will run."""
     if not _grad_tensors: return False
-    targets = {t.uop for t in _grad_tensors}
+    targets = {t.uop for t in _grad_tensors.values()}
     return not targets.isdisjoint(_graph_for_gradient(self.uop, targets).toposort)
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
-    candidates = list(_grad_tensors)
+    candidates = list(_grad_tensors.values())
     graph = _graph_for_gradient(self.uop, {t.uop for t in candidates}).toposort
     targets = [t for t in candidates if t.uop in graph]
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
@@ -440,8 +442,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
-    if len(self.shape) == len(shape) and all(a == 1 or a == b for a, b in zip(self.shape, shape)):  # (4, 1) -> (4, 4): no reshape
-      return self._new(UOp(Ops.EXPAND, self.dtype, (self.uop,), shape))
+    if (n := len(shape) - len(self.shape)) >= 0 and all(a == 1 or a == b for a, b in zip(self.shape, shape[n:])):  # the common case, directly
+      if n == 0: return self._new(UOp(Ops.EXPAND, self.dtype, (self.uop,), shape))  # (4, 1) -> (4, 4)
+      u = UOp(Ops.RESHAPE, self.dtype, (self.uop,), (1,) * n + self.shape)  # (4,) -> (1, 4), then -> (3, 4)
+      return self._new(u if u.arg == shape else UOp(Ops.EXPAND, self.dtype, (u,), shape))
     if len(self.shape) > len(shape) or broadcast_shape(self.shape, shape) != shape:
       raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)
@@ -564,9 +568,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
         _weak_promote(self.dtype, x.dtype) if x.ndim == 0 else _weak_promote(x.dtype, self.dtype)
-    elif isinstance(x, (bool, int, float)):
-      dt = _weak_promote(self.dtype, dtypes.from_py(x))  # Python scalars are weak
-      x = Tensor(_const(x, dt, self.device))
+    elif isinstance(x, (bool, int, float)):  # Python scalars are weak; a constant broadcast directly (the common case)
+      dt = out_dtype or _weak_promote(self.dtype, dtypes.from_py(x))
+      a, c, shape = self.cast(dt), _const(x, dt, self.device), self.shape
+      if shape:
+        c = UOp(Ops.RESHAPE, dt, (c,), (1,) * len(shape))
+        if shape != c.arg: c = UOp(Ops.EXPAND, dt, (c,), shape)
+      return (Tensor(c), a) if reverse else (a, Tensor(c))
     elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
       dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
@@ -630,7 +638,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
       if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
         raise ValueError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
-      n, base = int(abs(x)), self._operands(x)[0]  # in the dtype torch gives: a float exponent makes ints float, an int makes bools int
+      n, base = int(abs(x)), self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
       acc = base.ones_like() if n == 0 else base
       for _ in range(n - 1): acc = acc * base
       return acc.reciprocal() if x < 0 else acc

@@ -50,6 +50,9 @@ def cases():
   img, w = f32(32 if not QUICK else 4, 32, 32, 32), f32(64, 32, 3, 3)
   yield "conv2d b32 32->64 3x3 32x32", 2 * img.shape[0] * 64 * 30 * 30 * 32 * 9, (lambda v, k: v.conv2d(k), img, w), None, \
     (lambda ti=torch.tensor(img), tw=torch.tensor(w): torch.nn.functional.conv2d(ti, tw))
+  parts = [f32(1024 if not QUICK else 256, k) for k in (256, 512, 256)]
+  yield "cat 3 along dim 1 (1024,1024)" if not QUICK else "cat 3 along dim 1 (256,1024)", 0, (lambda *v: v[0].cat(*v[1:], dim=1), *parts), \
+    lambda: np.concatenate(parts, 1), (lambda tp=[torch.tensor(p) for p in parts]: torch.cat(tp, 1))
   yield "sum 16M" if not QUICK else "sum 1M", 0, (lambda v: v.sum(), x), lambda: x.sum(), (lambda tx=torch.tensor(x): tx.sum())
 
 def with_beam(make, arrays, width: int) -> float:

@@ -125,3 +125,14 @@ def test_backward_after_realizing_a_tensor_with_nothing_to_compute():
   x = Tensor([1., 2., 3.], requires_grad=True)
   (x * 2 + c).sum().backward()
   assert x.grad.tolist() == [2., 2., 2.]
+
+def test_requires_grad_can_be_set_again():
+  # as in torch: setting it twice (a model's init, then the user) is no error; the registry of such tensors doesn't compare
+  # tensors with == (elementwise: its truth value is ambiguous)
+  t = Tensor.ones(3, 3)
+  t.requires_grad = True
+  t.requires_grad = True
+  t.requires_grad_(False); t.requires_grad_(False)
+  t.requires_grad_(True)
+  (t * 2).sum().backward()
+  np.testing.assert_array_equal(t.grad.numpy(), np.full((3, 3), 2.0, np.float32))

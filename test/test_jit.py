@@ -175,6 +175,20 @@ def test_schedule_cache_reuses_structure():
   assert len(_schedule_cache) == n  # random numbers and the sum: structures seen before
   np.testing.assert_allclose(out.numpy(), (c.numpy() * 2 + d.numpy()).sum(1), rtol=1e-6)
 
+def test_schedule_cache_sees_through_derivatives():
+  # gelu carries its derivative (WITH_DERIVATIVE) for autograd; the scheduler reads it as its value, and a second graph of
+  # the same structure finds its schedule without the derivative's nodes telling the two apart
+  from attograd.schedule.schedule import _schedule_cache
+  def run() -> tuple[Tensor, Tensor]:
+    x = Tensor.randn(4, 8).realize()
+    return x, (x.gelu() * 3).sum(1).realize()
+  run()
+  n = len(_schedule_cache)
+  x, out = run()
+  assert len(_schedule_cache) == n
+  torch = pytest.importorskip("torch")
+  np.testing.assert_allclose(out.numpy(), (torch.nn.functional.gelu(torch.tensor(x.numpy())) * 3).sum(1).numpy(), rtol=1e-5, atol=1e-6)
+
 def test_variable_values_reuse_kernels():
   from attograd import Variable
   from attograd.engine.realize import _kernel_cache

@@ -193,6 +193,19 @@ def test_reads_into_the_spare_bytes_lose_their_gate():
     ref = torch.nn.functional.conv2d(torch.tensor(img.numpy()), torch.tensor(w.numpy()), padding=pad).numpy()
     np.testing.assert_allclose(img.conv2d(w, padding=pad).numpy(), ref, rtol=1e-5, atol=1e-5)
 
+def test_concatenation_is_one_loop_per_input():
+  # cat's output loop tests its counter against the inputs' boundaries; lowering splits it there, so each stretch reads
+  # one input with no select (and gcc vectorizes it). The transposed middle input reads along its other axis
+  rng = np.random.default_rng(6)
+  a, b, c = [Tensor(rng.standard_normal((64, n), dtype=np.float32)).realize() for n in (48, 64, 16)]
+  out = Tensor.cat(a, b.T, c, dim=1)
+  src = to_program(_ast(out), Device["CPU"].renderer, [])[1]
+  body = src[src.index("void E_"):]
+  assert body.count("for (int") == 4 and "?" not in body, body
+  np.testing.assert_array_equal(out.numpy(), np.concatenate([a.numpy(), b.numpy().T, c.numpy()], 1))
+  # a pad's edges too, on every backend's semantics (the split happens for loops only: a GPU's thread index is no loop)
+  np.testing.assert_array_equal(a.pad(((0, 0), (3, 5)), value=2.0).numpy(), np.pad(a.numpy(), ((0, 0), (3, 5)), constant_values=2.0))
+
 # ***** BEAM *****
 
 def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):

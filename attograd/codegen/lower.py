@@ -167,7 +167,33 @@ serial_simd = PatternMatcher([
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), simd_outside_serial),
 ])
 
+def split_at_gates(ctx: dict[str, int], x: UOp, r: UOp) -> UOp | None:
+  """A loop whose body tests its counter against constants (a concatenation: `r < 64 ? a[..] : 0` + `64 <= r ? b[..] : 0`)
+  becomes one loop per stretch between those constants, each with the tests decided: its body reads one input, with no
+  select, and vectorizes. The loop of a GPU's thread index is not a loop (add_gpudims made it SPECIAL) and is left alone."""
+  if r.arg[1] not in ("global", "simd") or r.src[0].op is not Ops.CONST: return None
+  body = x.toposort
+  if any(u.op is Ops.END or u.op is Ops.REDUCE for u in body): return None  # the innermost loop only: a piece shares no loop
+  cuts = set()
+  for u in body:
+    if u.op is Ops.CMPLT and u.src[0] is r and u.src[1].op is Ops.CONST: cuts.add(u.src[1].arg)       # r < c
+    elif u.op is Ops.CMPLT and u.src[1] is r and u.src[0].op is Ops.CONST: cuts.add(u.src[0].arg + 1)  # c < r: r >= c+1
+  bounds = [0, *sorted(c for c in cuts if 0 < c < r.src[0].arg), r.src[0].arg]
+  if len(bounds) == 2 or len(bounds) > 9: return None  # nothing to split, or code size past its worth
+  loops = []
+  for lo, hi in zip(bounds, bounds[1:]):
+    if hi - lo == 1:  # one iteration: no loop
+      loops.append(x.substitute({r: UOp.const(r.dtype, lo)}))
+      continue
+    piece = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, hi - lo),), (ctx["next"], *r.arg[1:])); ctx["next"] += 1
+    loops.append(x.substitute({r: piece + lo if lo else piece}).end(piece))
+  return UOp(Ops.NOOP, dtypes.void, tuple(loops))
+
+loop_splitter = PatternMatcher([(UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), split_at_gates)])
+
 def lower(ast: UOp) -> UOp:
+  if any(u.op is Ops.CMPLT for u in ast.toposort):
+    ast = graph_rewrite(ast, loop_splitter, ctx={"next": 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)})
   # division by constants goes last: its multiply-shift form is no longer one the symbolic rules read
   if any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in ast.toposort): ast = graph_rewrite(ast, serial_simd, ctx={})
   ast = graph_rewrite(graph_rewrite(ast, expander), symbolic)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, ConstType, truncate
-from attograd.helpers import all_same, cached_property
+from attograd.helpers import cached_property
 
 class Ops(Enum):
   # tensor level: storage, constants and the movement ops (which never reach a kernel)
@@ -343,9 +343,13 @@ def _shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.SHRINK: return tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg)
   if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape))
   if u.op is Ops.ASSIGN: return u.src[0].shape
-  shapes = [s.shape for s in u.src if s.op is not Ops.DEVICE]
-  assert shapes and all_same(shapes), f"{u.op} with mismatched source shapes {shapes}"
-  return shapes[0]
+  shape = None
+  for s in u.src:  # elementwise: every source has the node's shape (a plain loop: every new node passes here)
+    if s.op is Ops.DEVICE: continue
+    if shape is None: shape = s.shape
+    elif s.shape != shape: raise AssertionError(f"{u.op} with mismatched source shapes {[s.shape for s in u.src if s.op is not Ops.DEVICE]}")
+  assert shape is not None, f"{u.op} has no source with a shape"
+  return shape
 
 # ***** symbolic sizes: a size is an int or an integer UOp over (bound) Variables *****
 # int-only shapes take the plain int paths of these helpers, so static shapes pay nothing for them
