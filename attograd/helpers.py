@@ -194,7 +194,7 @@ def cache_read(path: pathlib.Path, decode: Callable[[bytes], Any] = bytes) -> An
   ...): then with a one-line warning, and the caller builds the value again and writes it over the file. decode may
   also return None itself, having said why."""
   try: raw = path.read_bytes()
-  except FileNotFoundError: return None
+  except (FileNotFoundError, NotADirectoryError): return None  # (a cache whose place is taken by a file: never written)
   except OSError as e:
     cache_warning(path, f"unreadable ({e.strerror})")
     return None
