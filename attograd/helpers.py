@@ -1,6 +1,6 @@
 """Small utilities shared by every layer. Imports nothing of attograd."""
 from __future__ import annotations
-import contextlib, functools, gc, hashlib, math, os, pathlib, sys, tempfile, time
+import contextlib, functools, gc, hashlib, math, os, pathlib, sys, tempfile, threading, time
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -160,7 +160,8 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
 _CACHE_MAGIC = b"attograd-cache 1 "
 STALE_SECONDS = 3600  # a temporary file this old was left by a killed writer (a live one finishes in milliseconds)
 _swept: set[pathlib.Path] = set()
-_unwritable: list[str] = []
+_unwritable: list[str] = []  # the first entry that couldn't be written (compiler threads write at once: under the lock)
+_unwritable_lock = threading.Lock()
 
 def cache_write(path: pathlib.Path, data: bytes, raw: bool = False) -> bool:
   """Store data at path (atomically) for cache_read to check and return; raw: as it is, for a file named by its
@@ -171,7 +172,8 @@ def cache_write(path: pathlib.Path, data: bytes, raw: bool = False) -> bool:
     if path.parent not in _swept: _sweep(path.parent)
     return True
   except OSError as e:
-    if not _unwritable:
+    with _unwritable_lock:
+      if _unwritable: return False
       _unwritable.append(str(path))
       print(f"attograd: warning: can't write the disk cache ({e.strerror or e}: {e.filename or path}); going on without it", file=sys.stderr)
     return False
