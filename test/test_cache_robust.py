@@ -1,6 +1,6 @@
 """Every disk cache survives what disks and processes do to it. Each kind of entry (schedule, lowered program, compiled
-library, loadable library, LLVM library, BEAM winner, downloaded dataset) truncated, zeroed or garbled is rebuilt with
-a one-line warning and the results stay right; processes filling one empty cache at once all work; a process killed
+library, loadable library, LLVM or OpenCL binary, BEAM winner, downloaded dataset) truncated, zeroed, garbled or whole
+but of another format is rebuilt with a one-line warning and the results stay right; processes filling one empty cache at once all work; a process killed
 in the middle of writing an entry leaves no half-written entry and loses nothing it finished; a cache that can't be
 written is run without. Every run is a fresh process on a cache directory of its own."""
 from __future__ import annotations
