@@ -1,7 +1,7 @@
 """Small utilities shared by every layer. Imports nothing of attograd."""
 from __future__ import annotations
-import contextlib, functools, gc, hashlib, math, os, pathlib, sys, tempfile, time
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+import contextlib, functools, gc, hashlib, math, os, pathlib, sys, tempfile, threading, time
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -86,13 +86,15 @@ class GlobalCounters:
     GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum = 0, 0, 0, 0.0
     GlobalCounters.mem_peak = GlobalCounters.mem_used
 
-# ***** disk caches: compiled binaries, lowered programs, BEAM's winners *****
-# CACHELEVEL: 0 no disk cache at all, 1 binaries and BEAM results, 2 (default) also lowered programs (engine/progcache.py)
+# ***** disk caches: compiled binaries, lowered programs, schedules, BEAM's winners (datasets keep their own checksums) *****
+# CACHELEVEL: 0 no disk cache at all, 1 binaries and BEAM results, 2 (default) also lowered programs and schedules.
+# Every entry is written by cache_write and read by cache_read, or (a file another program must read as it is, such as
+# a shared library for dlopen) named by its content hash and checked against it. An entry is never trusted unchecked:
+# a damaged one is rebuilt with a one-line warning. Nothing needs the cache: when it can't be written, it is skipped.
 
 def cache_dir() -> pathlib.Path:
-  base = os.getenv("ATTOGRAD_CACHE") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attograd")
-  path = pathlib.Path(base); path.mkdir(parents=True, exist_ok=True)
-  return path
+  """The cache's root (made when something is first written there)."""
+  return pathlib.Path(os.getenv("ATTOGRAD_CACHE") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attograd"))
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
@@ -118,49 +120,107 @@ def code_version() -> str:
 
 def cache_path(kind: str, name: str) -> pathlib.Path:
   """Where a cache entry of this kind (a subdirectory: "program", "cc", "beam", ...) lives."""
-  (d := cache_dir() / kind).mkdir(exist_ok=True)
-  return d / name
+  return cache_dir() / kind / name
 
 def content_hash(*parts: str | bytes) -> str:
   h = hashlib.sha256()
   for p in parts: h.update(p.encode() if isinstance(p, str) else p); h.update(b"\0")
   return h.hexdigest()
 
-def atomic_write(path: pathlib.Path, data: bytes) -> None:
-  """Write a file so that no reader ever sees half of it: write aside, then rename. The temporary name is unique, so
-  threads and processes writing the same file at once each rename a whole file of their own (the last one stays)."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, durable: bool = False) -> Iterator[BinaryIO]:
+  """A new file to fill that then replaces path in one rename: no reader ever sees half of it, and a process killed
+  while writing leaves path as it was (and a ".name.*.tmp" beside it). Every writer has a temporary file of its own, so
+  threads and processes writing one path at once each put a whole file there; the last one stays. An exception in the
+  block leaves path alone. durable: fsync before the rename, so a power cut can't leave an empty file (0.3 ms a file
+  here: cache entries skip it, cache_read finds an emptied entry anyway)."""
+  path = pathlib.Path(path)
+  try: fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  except FileNotFoundError:  # the first entry of its kind: made here, so that reads never pay for a mkdir
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  renamed = False
   try:
-    with os.fdopen(fd, "wb") as f: f.write(data)
+    with os.fdopen(fd, "wb") as f:
+      yield f
+      if durable: f.flush(); os.fsync(f.fileno())
     os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
     os.replace(tmp, path)
+    renamed = True
   finally:
-    if os.path.exists(tmp): os.unlink(tmp)
+    if not renamed:
+      with contextlib.suppress(OSError): os.unlink(tmp)
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+  """path holds data, written so that no reader ever sees part of it (atomic_file)."""
+  with atomic_file(path) as f: f.write(data)
 
 # an entry is one header line (format, payload size, payload hash) and the payload: a reader trusts only a whole,
 # unchanged payload. A rename is atomic but not durable: after a crash the file may be empty or hold old blocks
 _CACHE_MAGIC = b"attograd-cache 1 "
+STALE_SECONDS = 3600  # a temporary file this old was left by a killed writer (a live one finishes in milliseconds)
+_swept: set[pathlib.Path] = set()
+_unwritable: list[str] = []  # the first entry that couldn't be written (compiler threads write at once: under the lock)
+_unwritable_lock = threading.Lock()
 
-def cache_write(path: pathlib.Path, data: bytes) -> None:
-  """Store data at path (atomically) for cache_read to check and return."""
-  atomic_write(path, _CACHE_MAGIC + f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode() + data)
+def cache_write(path: pathlib.Path, data: bytes, raw: bool = False) -> bool:
+  """Store data at path (atomically) for cache_read to check and return; raw: as it is, for a file named by its
+  content hash that another program reads (a shared library). False when the cache can't be written (a read-only
+  or full disk): then the program goes on without it, after a warning the first time."""
+  try:
+    atomic_write(path, data if raw else _CACHE_MAGIC + f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode() + data)
+    if path.parent not in _swept: _sweep(path.parent)
+    return True
+  except OSError as e:
+    with _unwritable_lock:
+      if _unwritable: return False
+      _unwritable.append(str(path))
+      print(f"attograd: warning: can't write the disk cache ({e.strerror or e}: {e.filename or path}); going on without it", file=sys.stderr)
+    return False
 
-def cache_read(path: pathlib.Path) -> bytes | None:
-  """What cache_write stored at path; None if nothing is there, or if the file is damaged (truncated, zeroed, changed,
-  unreadable): then with a one-line warning, and the caller builds the value again and writes it over the file."""
+def _sweep(folder: pathlib.Path) -> None:
+  """Remove the temporary files killed writers left in folder (once a process, at its first write there)."""
+  _swept.add(folder)
+  stale = time.time() - STALE_SECONDS
+  with contextlib.suppress(OSError):
+    for e in os.scandir(folder):
+      if e.name.startswith(".") and e.name.endswith(".tmp"):
+        with contextlib.suppress(OSError):
+          if e.stat().st_mtime < stale: os.unlink(e.path)
+
+_DAMAGED = (ValueError, KeyError, TypeError, IndexError, AttributeError, StopIteration)
+
+def cache_read(path: pathlib.Path, decode: Callable[[bytes], Any] = bytes) -> Any:
+  """decode(what cache_write stored at path); None if nothing is there, or if the file is damaged (truncated, zeroed,
+  changed, unreadable) or decode finds it isn't what this version of attograd writes (it raises ValueError, KeyError,
+  ...): then with a one-line warning, and the caller builds the value again and writes it over the file. decode may
+  also return None itself, having said why."""
   try: raw = path.read_bytes()
-  except FileNotFoundError: return None
+  except (FileNotFoundError, NotADirectoryError): return None  # (a cache whose place is taken by a file: never written)
   except OSError as e:
     cache_warning(path, f"unreadable ({e.strerror})")
     return None
   head, nl, data = raw.partition(b"\n")
-  if head.startswith(_CACHE_MAGIC) and nl and head[len(_CACHE_MAGIC):] == f"{len(data)} {hashlib.sha256(data).hexdigest()}".encode():
-    return data
-  cache_warning(path, "damaged")
-  return None
+  if not (head.startswith(_CACHE_MAGIC) and nl and head[len(_CACHE_MAGIC):] == f"{len(data)} {hashlib.sha256(data).hexdigest()}".encode()):
+    cache_warning(path, "damaged")
+    return None
+  try: return decode(data)
+  except _DAMAGED as e:  # whole, but not an entry of this kind and key
+    cache_warning(path, f"not a valid entry ({type(e).__name__}: {e})")
+    return None
 
-def cache_warning(path: pathlib.Path, what: str) -> None:
-  print(f"attograd: warning: cache entry {path} is {what}; rebuilding it", file=sys.stderr)
+def cache_warning(path: pathlib.Path, what: str, action: str = "rebuilding it") -> None:
+  print(f"attograd: warning: cache entry {path} is {what}; {action}", file=sys.stderr)
+
+def cached(kind: str, name: str, build: Callable[[], bytes], decode: Callable[[bytes], bytes | None] = bytes) -> bytes:
+  """What build() makes (a compiler's binary), kept on disk as kind/name when CACHELEVEL >= 1: read back and checked
+  when it is there (decode: what a whole entry stands for), else built and written. Every device compiler caches
+  through this."""
+  if CACHELEVEL < 1: return build()
+  path = cache_path(kind, name)
+  if (data := cache_read(path, decode)) is not None: return data
+  cache_write(path, data := build())
+  return data
 
 # ***** progress of long work (compiling many kernels, BEAM) *****
 

@@ -1,9 +1,9 @@
 """The disk caches: a second process loads every schedule and every kernel's lowered program (no scheduling, no Opts
-chosen, no lowering) and gets the same results; a damaged entry of any kind (schedule, program, compiled library,
-loadable library, BEAM winner) is rebuilt with a one-line warning; CACHELEVEL turns the caches off; keys are the same in every process; long compiles show progress.
+chosen, no lowering) and gets the same results; a damaged BEAM winner is searched again (every other kind of damage:
+test_cache_robust.py); CACHELEVEL turns the caches off; keys are the same in every process; long compiles show progress.
 Every test uses a cache directory of its own."""
 from __future__ import annotations
-import json, math, os, pathlib, shutil, signal, subprocess, sys, time
+import json, math, os, pathlib, shutil, subprocess, sys
 import numpy as np
 import pytest
 from attograd import Tensor, Context, Variable
@@ -48,9 +48,6 @@ def run(script: str, cache: pathlib.Path, **env: str) -> tuple[dict, str]:
   assert proc.returncode == 0, proc.stderr
   return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
 
-def entries(cache: pathlib.Path, kind: str) -> list[pathlib.Path]:
-  return sorted(p for p in (cache / kind).glob("*") if not p.name.startswith("."))
-
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory) -> tuple[pathlib.Path, dict]:
   """A cache filled by one process, and what that process computed (copy it before changing it)."""
@@ -69,27 +66,11 @@ def test_second_process_does_no_lowering(warm, tmp_path):
   assert any(k[6] > 1 for k in first["kernels"]) and any("'n'" in repr(k[4]) for k in first["kernels"])  # threaded, symbolic
   assert err == ""
 
-def _truncate(b: bytes) -> bytes: return b[:len(b) // 2]
-def _zero(b: bytes) -> bytes: return bytes(len(b))
+# (damaged entries, processes filling one cache at once, a process killed while writing: test_cache_robust.py)
+
 def _garble(b: bytes) -> bytes:
-  # bytes changed in the middle: a header that looks fine over a payload that isn't (what a bad disk block does)
   mid = len(b) // 2
   return b[:mid] + bytes(x ^ 0x5A for x in b[mid:mid + 64]) + b[mid + 64:]
-
-@pytest.mark.parametrize("damage", [_truncate, _zero, _garble], ids=["truncated", "zeroed", "garbled"])
-@pytest.mark.parametrize("kind", ["program", "cc", "lib", "schedule"])
-def test_damaged_entry_is_rebuilt_with_a_warning(warm, tmp_path, kind, damage):
-  cache, first = warm
-  shutil.copytree(cache, c := tmp_path / "c")
-  for p in entries(c, kind): p.write_bytes(damage(p.read_bytes()))
-  second, err = run(SCRIPT, c)
-  assert second["out"] == first["out"] and second["kernels"] == first["kernels"]
-  warnings = err.splitlines()
-  assert warnings and all(w.startswith("attograd: warning: cache entry") and "rebuilding" in w for w in warnings), err
-  assert len(warnings) == len(entries(c, kind))  # one line per damaged entry
-  # rebuilt on disk: a third process finds everything whole and lowers nothing
-  third, err = run(SCRIPT, c)
-  assert err == "" and third["calls"] == {"to_program": 0, "heuristics": 0, "schedules": 0} and third["out"] == first["out"]
 
 def test_cachelevel_turns_disk_caches_off(tmp_path):
   for level, kinds in (("0", set()), ("1", {"cc", "lib"})):
@@ -99,24 +80,6 @@ def test_cachelevel_turns_disk_caches_off(tmp_path):
     second, _ = run(SCRIPT, c, CACHELEVEL=level)
     assert second["calls"] == first["calls"] and second["calls"]["to_program"] >= 3  # lowered again
     assert second["out"] == first["out"]
-
-KILL_SCRIPT = SCRIPT.replace('print(json.dumps(', 'big = Tensor(rng.standard_normal((64, 64), dtype=np.float32))\n'
-                             'for i in range(40): big = (big * (i + 0.5)).sin().realize()\nprint(json.dumps(')
-
-def test_processes_filling_one_cache_and_a_killed_one_leave_no_damage(warm, tmp_path):
-  _, first = warm
-  c = tmp_path / "c"
-  env = {**os.environ, "ATTOGRAD_CACHE": str(c), "PROGRESS": "0"}
-  procs = [subprocess.Popen([sys.executable, "-c", KILL_SCRIPT], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-           for _ in range(3)]
-  time.sleep(2.5)
-  procs[0].send_signal(signal.SIGKILL)  # mid-compile, perhaps mid-write
-  for p in procs: p.wait(timeout=300)
-  assert [p.returncode for p in procs[1:]] == [0, 0], [p.stderr.read() for p in procs]
-  outs = [json.loads(p.stdout.read().decode().splitlines()[-1]) for p in procs[1:]]
-  assert outs[0]["out"] == outs[1]["out"] == first["out"]
-  after, err = run(KILL_SCRIPT, c)
-  assert err == "" and after["calls"] == {"to_program": 0, "heuristics": 0, "schedules": 0} and after["out"] == first["out"]
 
 # ***** in one process: the entry format, keys, BEAM's cache, progress *****
 

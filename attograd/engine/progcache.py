@@ -9,7 +9,7 @@ makes new keys). An entry is JSON: variables and symbolic launch sizes as a grap
 from __future__ import annotations
 import json, pathlib
 from typing import Any
-from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, content_hash, code_version
+from attograd.helpers import cache_path, cache_read, cache_write, content_hash, code_version
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.codegen.opt import Opt, OptOps
@@ -55,12 +55,7 @@ def program_cached(key: str) -> bool: return _path(key).exists()
 def read_program(key: str) -> dict[str, Any] | None:
   """The entry write_program stored under key, its fields as the kernel needs them (variables as DEFINE_VAR nodes,
   launch dims with their symbolic sizes as UOps); None when there is none, or it is damaged (then with a warning)."""
-  path = _path(key)
-  if (raw := cache_read(path)) is None: return None
-  try: return _decode(json.loads(raw), key)
-  except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:  # whole, but not an entry of this key
-    cache_warning(path, f"not a program entry ({type(e).__name__}: {e})")
-    return None
+  return cache_read(_path(key), lambda raw: _decode(json.loads(raw), key))
 
 def _decode(entry: dict[str, Any], key: str) -> dict[str, Any]:
   if entry["format"] != FORMAT or entry["key"] != key: raise ValueError("written for another key")

@@ -3,9 +3,9 @@ of the best `width` kernels so far, compile the candidates in parallel, time the
 keep the fastest, until a round brings no gain. The winner's Opts are cached on disk, keyed by the
 kernel's AST, the device and the search settings, so a second run picks them without searching."""
 from __future__ import annotations
-import concurrent.futures, json, os, time
+import concurrent.futures, json, os, pathlib, time
 from typing import Any, Callable
-from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, cache_warning, content_hash
+from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, content_hash
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.serialize import graph_key
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
@@ -54,12 +54,8 @@ def time_kernel(ck: Any, bufs: list[Any], sync: Callable[[], None], reps: int = 
 def _cache_path(ast: UOp, device: str, width: int, threads: int):
   return cache_path("beam", f"{content_hash(SEARCH_VERSION, graph_key(ast), device, str(width), str(threads))}.json")
 
-def _read_winner(path) -> list[Opt] | None:
-  if (data := cache_read(path)) is None: return None
-  try: return [Opt(OptOps[op], int(axis), int(amount)) for op, axis, amount in json.loads(data)]
-  except (ValueError, KeyError, TypeError):  # a whole file, but not what this version writes
-    cache_warning(path, "not a list of Opts")
-    return None
+def _read_winner(path: pathlib.Path) -> list[Opt] | None:
+  return cache_read(path, lambda data: [Opt(OptOps[op], int(axis), int(amount)) for op, axis, amount in json.loads(data)])
 
 def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp, str, list[Opt]], Any],
                 progress: Progress | None = None) -> list[Opt]:

@@ -5,9 +5,9 @@ store in a zip, read here without the `zarr` package), or a fresh download of th
 numpy (and numcodecs for the zarr store) are used here, imported inside functions: this is a data
 utility at the edge of the framework, not part of the core."""
 from __future__ import annotations
-import contextlib, gzip, hashlib, http.client, importlib.util, itertools, json, os, pathlib, struct, tempfile, urllib.error, urllib.request, zipfile, zlib
+import contextlib, gzip, hashlib, http.client, importlib.util, itertools, json, os, pathlib, struct, urllib.error, urllib.request, zipfile, zlib
 from typing import TYPE_CHECKING, Any, Mapping
-from attograd.helpers import cache_dir, ceildiv, prod, argsort
+from attograd.helpers import atomic_file, cache_dir, cache_warning, ceildiv, prod, argsort
 
 if TYPE_CHECKING:
   import numpy as np
@@ -70,30 +70,22 @@ def fetch(url: str, dest: str | os.PathLike, checksum: str, timeout: float = 60.
   (ChecksumError for a checksum mismatch, naming the file and both digests)."""
   dest = pathlib.Path(dest)
   algo, expected = _parse_checksum(checksum)
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-  tmp = pathlib.Path(tmp_name)
-  try:
-    h, got = hashlib.new(algo), 0
-    with os.fdopen(fd, "wb") as f:
-      try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-          total = int(r.headers.get("Content-Length") or 0)
-          with _progress(total, dest.name) as bar:
-            while block := r.read(1 << 16):
-              h.update(block); f.write(block); got += len(block)
-              if bar is not None: bar.update(len(block))
-      except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # HTTPException: e.g. IncompleteRead
-        raise DownloadError(f"failed to download {dest.name} from {url}: {e}") from e
-      if total and got != total: raise DownloadError(f"download of {dest.name} from {url} was cut short: got {got} of {total} bytes")
-      f.flush(); os.fsync(f.fileno())
+  h, got = hashlib.new(algo), 0
+  with atomic_file(dest, durable=True) as f:  # an error below leaves dest as it was, and no temporary file
+    try:
+      with urllib.request.urlopen(url, timeout=timeout) as r:
+        total = int(r.headers.get("Content-Length") or 0)
+        with _progress(total, dest.name) as bar:
+          while block := r.read(1 << 16):
+            h.update(block); f.write(block); got += len(block)
+            if bar is not None: bar.update(len(block))
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # HTTPException: e.g. IncompleteRead
+      raise DownloadError(f"failed to download {dest.name} from {url}: {e}") from e
+    if total and got != total: raise DownloadError(f"download of {dest.name} from {url} was cut short: got {got} of {total} bytes")
     if (actual := h.hexdigest()) != expected:
       raise ChecksumError(f"checksum mismatch for {dest.name} downloaded from {url}: expected {algo} {expected}, got {actual} "
                           f"({got} bytes); the file was discarded")
-    os.replace(tmp, dest)
-    return dest
-  finally:
-    with contextlib.suppress(FileNotFoundError): tmp.unlink()
+  return dest
 
 # ***** IDX files *****
 
@@ -284,10 +276,12 @@ def load_pureml_mnist(path: str | os.PathLike | None = None) -> tuple[np.ndarray
 def _dataset_dir(fashion: bool) -> pathlib.Path: return cache_dir() / "datasets" / ("fashion-mnist" if fashion else "mnist")
 
 def _cached_ok(path: pathlib.Path, checksum: str) -> bool:
-  """Whether the cache holds a verified copy; a corrupt one is removed (writes are atomic, so this means tampering or disk damage)."""
+  """Whether the cache holds a verified copy; a corrupt one is removed, with a warning (writes are atomic, so this
+  means tampering or disk damage)."""
   if not path.is_file(): return False
   algo, expected = _parse_checksum(checksum)
   if file_checksum(path, algo) == expected: return True
+  cache_warning(path, "damaged", "downloading it again")
   path.unlink(missing_ok=True)
   return False
 

@@ -3,7 +3,7 @@ disk by content hash, and such bytes loaded through ctypes. Used by the CPU devi
 the LLVM device's linker."""
 from __future__ import annotations
 import ctypes, os, pathlib, shutil, subprocess, tempfile, threading
-from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, content_hash, atomic_write, CACHELEVEL
+from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, cached, content_hash, CACHELEVEL
 
 def find_c_compiler() -> str:
   for cc in (os.getenv("CC"), "clang", "gcc", "cc"):
@@ -12,11 +12,7 @@ def find_c_compiler() -> str:
 
 def compile_c(cc: str, src: str, flags: list[str], what: str) -> bytes:
   """The shared library cc makes of src with these flags (which must include -shared); `what` names it in errors."""
-  path = _entry(cc, src, flags)
-  if path is not None and (lib := _cached(path)) is not None: return lib
-  lib = _build(cc, src, flags, what)
-  if path is not None: cache_write(path, lib)
-  return lib
+  return cached("cc", _entry(cc, src, flags), lambda: _build(cc, src, flags, what), _resolve)
 
 def compile_c_batch(cc: str, srcs: list[str], flags: list[str], what: str, common: str = "") -> list[bytes]:
   """compile_c of each source, with the ones not cached built by one compiler call: one translation unit (`common`,
@@ -24,8 +20,8 @@ def compile_c_batch(cc: str, srcs: list[str], flags: list[str], what: str, commo
   and its headers cost ~25 ms per call, about a third of compiling a small kernel; gcc took 4 s for a transformer's
   146 kernels in one unit against 9 s one by one. The sources must define distinct external names. Each one's entry
   in cc/ then names the shared library, kept once in lib/ under its content hash and checked against it when read."""
-  paths = [_entry(cc, s, flags) for s in srcs]
-  libs: list[bytes | None] = [None if p is None else _cached(p) for p in paths]
+  names = [_entry(cc, s, flags) for s in srcs]
+  libs: list[bytes | None] = [cache_read(cache_path("cc", n), _resolve) if CACHELEVEL >= 1 else None for n in names]
   todo = [i for i, lib in enumerate(libs) if lib is None]
   if len(todo) > 1 and all(srcs[i].startswith(common) for i in todo):
     unit = common + "".join(srcs[i][len(common):] for i in todo)
@@ -33,12 +29,12 @@ def compile_c_batch(cc: str, srcs: list[str], flags: list[str], what: str, commo
     except RuntimeError: lib = None  # one source doesn't compile: built alone below, so the error names it
     if lib is not None:
       digest = content_hash(lib)
-      if CACHELEVEL >= 1: atomic_write(cache_path("lib", f"{digest}.so"), lib)
+      # the library first: a link is written only to a library already there
+      if CACHELEVEL >= 1 and cache_write(cache_path("lib", f"{digest}.so"), lib, raw=True):
+        for i in todo: cache_write(cache_path("cc", names[i]), _LINK + digest.encode())
       _linked[digest] = lib
       _broken.discard(digest)  # gcc's output is deterministic: a damaged library built again is whole again
-      for i in todo:
-        libs[i] = lib
-        if (p := paths[i]) is not None: cache_write(p, _LINK + digest.encode())
+      for i in todo: libs[i] = lib
   return [lib if lib is not None else compile_c(cc, s, flags, what) for s, lib in zip(srcs, libs)]
 
 # a cc/ entry holding this and a hash names a shared library in lib/ that several kernels' sources were built into
@@ -46,14 +42,13 @@ _LINK = b"attograd-lib "
 _linked: dict[str, bytes] = {}  # libraries this process read through links and found whole
 _broken: set[str] = set()  # and those it found damaged or missing
 
-def _entry(cc: str, src: str, flags: list[str]) -> pathlib.Path | None:
-  return cache_path("cc", f"{content_hash(src, cc, ' '.join(flags))}.so") if CACHELEVEL >= 1 else None
+def _entry(cc: str, src: str, flags: list[str]) -> str: return f"{content_hash(src, cc, ' '.join(flags))}.so"
 
-def _cached(path: pathlib.Path) -> bytes | None:
-  """The library of a cc/ entry (None: not there, or damaged, with a warning): its bytes, or the library it links to
-  if that is whole (a changed or truncated lib/ file is damaged too, and the source is built again)."""
-  if (data := cache_read(path)) is None or not data.startswith(_LINK): return data
-  digest = data[len(_LINK):].decode(errors="replace")
+def _resolve(data: bytes) -> bytes | None:
+  """The library a whole cc/ entry stands for: its bytes, or the library it links to if that is whole (None, with a
+  warning, when a changed, truncated or missing lib/ file makes the source be built again)."""
+  if not data.startswith(_LINK): return data
+  digest = data[len(_LINK):].decode()
   if (lib := _linked.get(digest)) is not None: return lib
   if digest in _broken: return None
   target = cache_path("lib", f"{digest}.so")
@@ -88,18 +83,19 @@ def _build(cc: str, src: str, flags: list[str], what: str) -> bytes:
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash: the kernels of one batch share their library
 
 def load_library(lib: bytes) -> ctypes.CDLL:
-  """lib loaded (ctypes loads from a path: one file per content hash, checked against lib before it is trusted)."""
+  """lib loaded (ctypes loads from a path: one file per content hash in lib/, checked against lib before it is
+  trusted, or a private temporary file when the cache is off or can't be written)."""
   if (dll := _loaded.get(digest := content_hash(lib))) is not None: return dll
-  if CACHELEVEL < 1:  # no cache: a file only until it is loaded
-    with tempfile.TemporaryDirectory() as tmp:
-      (path := pathlib.Path(tmp) / "k.so").write_bytes(lib)
+  path = cache_path("lib", f"{digest}.so")
+  if CACHELEVEL >= 1:
+    try: on_disk: bytes | None = path.read_bytes()
+    except OSError: on_disk = None
+    # not there yet, or damaged (loading that could crash the process with an invalid ELF header): written whole
+    if on_disk is not None and on_disk != lib: cache_warning(path, "damaged")
+    if on_disk == lib or cache_write(path, lib, raw=True):
       dll = _loaded[digest] = ctypes.CDLL(str(path))
       return dll
-  path = cache_path("lib", f"{digest}.so")
-  try: on_disk: bytes | None = path.read_bytes()
-  except OSError: on_disk = None
-  if on_disk != lib:  # not there yet, or damaged: loading it could crash the process (an invalid ELF header)
-    if on_disk is not None: cache_warning(path, "damaged")
-    atomic_write(path, lib)
-  dll = _loaded[digest] = ctypes.CDLL(str(path))
-  return dll
+  with tempfile.TemporaryDirectory() as tmp:  # a file only until it is loaded
+    (path := pathlib.Path(tmp) / "k.so").write_bytes(lib)
+    dll = _loaded[digest] = ctypes.CDLL(str(path))
+    return dll

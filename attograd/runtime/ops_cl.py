@@ -8,7 +8,7 @@ Kernels are built from source with clBuildProgram (the build log is in the error
 the built program binary is cached on disk by content hash like every compiled kernel."""
 from __future__ import annotations
 import ctypes, ctypes.util, functools, os
-from attograd.helpers import DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, content_hash
+from attograd.helpers import DEBUG, cached, content_hash
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.opencl import OpenCLRenderer
 
@@ -133,8 +133,8 @@ class CLCompiler(Compiler):
   def __init__(self, ctx: CLContext): self.ctx = ctx
   def compile(self, src: str) -> bytes:
     key = content_hash(src, BUILD_OPTIONS, self.ctx.platform, self.ctx.name, self.ctx.driver)
-    path = cache_path("cl", f"{key}.clbin") if CACHELEVEL >= 1 else None
-    if path is not None and (binary := cache_read(path)) is not None: return binary
+    return cached("cl", f"{key}.clbin", lambda: self._build(src))
+  def _build(self, src: str) -> bytes:
     source = ctypes.c_char_p(src.encode())
     program = call("clCreateProgramWithSource", self.ctx.context, 1, ctypes.byref(source), None)
     try:
@@ -144,7 +144,6 @@ class CLCompiler(Compiler):
       pointers = (ctypes.c_char_p * 1)(ctypes.cast(binary, ctypes.c_char_p))
       check(libcl().clGetProgramInfo(program, CL_PROGRAM_BINARIES, ctypes.sizeof(pointers), pointers, None), "clGetProgramInfo")
     finally: libcl().clReleaseProgram(program)
-    if path is not None: cache_write(path, binary.raw)
     return binary.raw
 
 def build(ctx: CLContext, program: ctypes.c_void_p, src: str | None) -> None:

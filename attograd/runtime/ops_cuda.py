@@ -4,7 +4,7 @@ Running them needs an NVIDIA driver (libcuda), which this backend doesn't drive 
 memory or launching a kernel raises an error that says so."""
 from __future__ import annotations
 import ctypes.util, os, pathlib, shutil, subprocess, tempfile
-from attograd.helpers import CACHELEVEL, cache_path, cache_read, cache_write, content_hash, getenv
+from attograd.helpers import cached, content_hash, getenv
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cuda import CUDARenderer
 
@@ -26,18 +26,16 @@ class NVCCCompiler(Compiler):
 
 def nvcc(src: str, arch: str) -> bytes:
   if (path := find_nvcc()) is None: raise RuntimeError("compiling for CUDA needs nvcc (the CUDA toolkit) on PATH")
-  key = content_hash(src, arch, path)
-  cached = cache_path("cuda", f"{key}.cubin") if CACHELEVEL >= 1 else None
-  if cached is not None and (cubin := cache_read(cached)) is not None: return cubin
+  return cached("cuda", f"{content_hash(src, arch, path)}.cubin", lambda: _nvcc_build(path, src, arch))
+
+def _nvcc_build(nvcc: str, src: str, arch: str) -> bytes:
   with tempfile.TemporaryDirectory() as tmp:
     cu, out = pathlib.Path(tmp) / "k.cu", pathlib.Path(tmp) / "k.cubin"
     cu.write_text(src)
     # --fmad=false: a*b+c stays two roundings, as on the other backends
-    proc = subprocess.run([path, "-cubin", f"-arch={arch}", "--fmad=false", "-o", str(out), str(cu)], capture_output=True)
+    proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "--fmad=false", "-o", str(out), str(cu)], capture_output=True)
     if proc.returncode != 0: raise RuntimeError(f"nvcc failed to compile for {arch}:\n{proc.stderr.decode()}\n--- source ---\n{src}")
-    cubin = out.read_bytes()
-  if cached is not None: cache_write(cached, cubin)
-  return cubin
+    return out.read_bytes()
 
 class CudaDevice(Compiled):
   def __init__(self, name: str):

@@ -6,7 +6,7 @@ the CPU device's. Not LLVM's in-process JIT linker: one less LLVM subsystem livi
 from __future__ import annotations
 import ctypes, functools, pathlib, subprocess, tempfile
 from typing import Any
-from attograd.helpers import cache_path, cache_read, cache_write, content_hash, CACHELEVEL
+from attograd.helpers import cached, content_hash
 from attograd.runtime.device import Compiler, Compiled
 from attograd.runtime.ops_cpu import CPUAllocator, CPUProgram
 from attograd.runtime.cc import find_c_compiler
@@ -52,17 +52,14 @@ class LLVMCompiler(Compiler):
   def assembly(self, src: str) -> str: return _target_machine().emit_assembly(self.optimized(src))
   def compile(self, src: str) -> bytes:
     """A shared library holding the kernel: LLVM makes the object file, the system linker the library."""
-    key = content_hash(src, self.target, self.linker)
-    path = cache_path("llvm", f"{key}.so") if CACHELEVEL >= 1 else None
-    if path is not None and (lib := cache_read(path)) is not None: return lib
+    return cached("llvm", f"{content_hash(src, self.target, self.linker)}.so", lambda: self._link(src))
+  def _link(self, src: str) -> bytes:
     obj = _target_machine().emit_object(self.optimized(src))
     with tempfile.TemporaryDirectory() as tmp:
       (o := pathlib.Path(tmp) / "k.o").write_bytes(obj)
       proc = subprocess.run([self.linker, "-shared", str(o), "-o", str(so := pathlib.Path(tmp) / "k.so"), "-lm"], capture_output=True)
       if proc.returncode != 0: raise RuntimeError(f"{self.linker} failed to link a kernel:\n{proc.stderr.decode()}")
-      lib = so.read_bytes()
-    if path is not None: cache_write(path, lib)
-    return lib
+      return so.read_bytes()
 
 class LLVMProgram(CPUProgram):
   # variables arrive as i64 (one calling convention for every kernel; the renderer truncates them)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools, json
 from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
-from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, cache_warning, code_version, content_hash
+from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
@@ -494,9 +494,7 @@ def _save_template(key: str, t: ScheduleTemplate) -> None:
   cache_write(cache_path("schedule", f"{key}.json"), json.dumps(entry).encode())
 
 def _load_template(key: str) -> ScheduleTemplate | None:
-  path = cache_path("schedule", f"{key}.json")
-  if (raw := cache_read(path)) is None: return None
-  try:
+  def decode(raw: bytes) -> ScheduleTemplate:
     e = json.loads(raw)
     roots = iter(graph_from_data(e["graph"]))
     items = tuple((next(roots), tuple(int(n) for n in numbers)) for numbers in e["items"])
@@ -504,9 +502,7 @@ def _load_template(key: str) -> ScheduleTemplate | None:
     placeholders = tuple((next(roots), int(n)) for n in e["placeholders"])
     outputs = tuple((b.arg.device, b.arg.size, b.dtype) for b in (next(roots) for _ in range(e["outputs"])))
     return ScheduleTemplate(int(e["inputs"]), outputs, items, becomes, placeholders, int(key[:16], 16))
-  except (ValueError, KeyError, TypeError, IndexError, AttributeError, StopIteration) as err:  # whole, but not a template
-    cache_warning(path, f"not a schedule ({type(err).__name__}: {err})")
-    return None
+  return cache_read(cache_path("schedule", f"{key}.json"), decode)
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
