@@ -60,7 +60,7 @@ def main(rounds: int = 5):
       for u in raw.toposort: u.__dict__.pop("_range", None)
     pm.fired = 0
     st = time.perf_counter()
-    outs = [graph_rewrite(raw, pm) for raw in raws]
+    outs = [graph_rewrite(raw, pm, name="kernel_cleanup") for raw in raws]
     times.append(time.perf_counter() - st)
     fired, nodes = pm.fired, sum(len(raw.toposort) for raw in raws)
   best = min(times)
