@@ -102,6 +102,18 @@ def test_rule_order_and_fallthrough():
   assert pm.rewrite(add(x, y)) is x and seen == ["first"]
   assert pm.rewrite(mul(x, y)) is None
 
+def test_first_result_is_a_rule_table_lookup():
+  # a spec's or autograd's rules return what they are for (a bool, a tuple of gradients), not a node: first_result
+  # gives the first such answer; rewrite() only ever gives a node
+  spec = PatternMatcher([
+    (UPat(Ops.ADD, name="u"), lambda u: None),  # no answer: the next rule is asked
+    (UPat(Ops.ADD, src=(UPat.cvar(), UPat())), lambda: False),
+    (UPat(Ops.ADD), lambda: True),
+    (UPat(Ops.MUL, name="u"), lambda ctx, u: (ctx, u)),
+  ])
+  assert spec.first_result(add(x, y)) is True and spec.first_result(add(c(1), y)) is False
+  assert spec.first_result(mul(x, y), ctx=3) == (3, mul(x, y)) and spec.first_result(x) is None
+
 def test_match_any_op_and_ctx_and_add():
   pm = PatternMatcher([(UPat(Ops.CONST, name="k"), lambda ctx, k: c(k.arg + ctx))])
   assert pm.rewrite(c(1), ctx=10) is c(11)

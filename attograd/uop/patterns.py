@@ -93,6 +93,14 @@ class PatternMatcher:
         if ret is not None and ret is not u: return ret
     return None
 
+  def first_result(self, u: UOp, ctx: Any = None) -> Any:
+    """What the first rule matching u returns other than None, for a table whose rules give something else than a
+    rewrite: whether a node is legal (a spec), the gradients of a node's sources (autograd's rules)."""
+    for pat, fn, takes_ctx in self.by_op.get(u.op, ()):
+      for store in pat.match(u, {}):
+        if (ret := fn(ctx=ctx, **store) if takes_ctx else fn(**store)) is not None: return ret
+    return None
+
 class RewriteLoopError(RuntimeError): pass
 
 def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, max_steps: int = 1_000_000) -> UOp:
