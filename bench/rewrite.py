@@ -9,6 +9,7 @@ round pays for bounds too.
   python bench/rewrite.py [rounds]"""
 import sys, time
 from attograd import Tensor, dtypes
+from attograd.helpers import Context
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import PatternMatcher, graph_rewrite
 import attograd.schedule.schedule as sched
@@ -43,7 +44,9 @@ def kernels_to_simplify() -> list[tuple]:
     captured.append((value, shape, out_buf))
     return orig(value, shape, out_buf)
   sched._build_kernel_ast, sched._ast_cache = capture, {}
-  try: transformer_block().schedule()
+  # (CACHELEVEL=1: a schedule template an earlier run left on disk would build no kernels here)
+  try:
+    with Context(CACHELEVEL=1): transformer_block().schedule()
   finally: sched._build_kernel_ast = orig
   return captured
 
