@@ -156,5 +156,5 @@ def run_passes(sink: UOp, passes: Sequence[Pass], ctx: Any = None) -> UOp:
   """sink through each pass in order. DEBUG>=5 prints each pass's name and the graph's size after it."""
   for name, step in passes:
     sink = graph_rewrite(sink, step, name=name) if isinstance(step, PatternMatcher) else step(sink, ctx)
-    if DEBUG >= 5: print(f"pass {name:18s} {len(sink.toposort):6d} nodes")
+    if DEBUG >= 5: print(f"pass {name:20s} {len(sink.toposort):6d} nodes")
   return sink
