@@ -150,7 +150,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, 
 # A pipeline is a list of named passes, run in order: a PatternMatcher is rewritten to a fixed point without a ctx (so
 # its results are marked as fixed points), anything else is a function (graph, the pipeline's ctx) -> graph, for the
 # steps a rule can't be (one that sees the whole graph at once, or rewrites only when the graph needs it).
-Pass = tuple[str, "PatternMatcher | Callable[[UOp, Any], UOp]"]
+Pass = tuple[str, PatternMatcher | Callable[[UOp, Any], UOp]]
 
 def run_passes(sink: UOp, passes: Sequence[Pass], ctx: Any = None) -> UOp:
   """sink through each pass in order. DEBUG>=5 prints each pass's name and the graph's size after it."""
