@@ -78,7 +78,7 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
   grads: dict[UOp, UOp] = {root: root_grad}
   for u in reversed(list(root.toposort)):
     if u not in grads or not any(on_path[s] for s in u.src): continue
-    src_grads = pm_gradient.rewrite(u, ctx=grads[u])
+    src_grads = pm_gradient.first_result(u, ctx=grads[u])
     if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
     for s, g in zip(u.src, src_grads):
       if g is None or not on_path[s]: continue

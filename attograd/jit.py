@@ -1,12 +1,12 @@
 """TinyJit: run a function twice the usual way (the second time recording every kernel it launches),
 then replay the recorded kernels on new inputs with no graph building, scheduling or compiling."""
 from __future__ import annotations
-import functools, time
+import functools
 from typing import Any, Callable, Generic, TypeVar
-from attograd.helpers import ContextVar, DEBUG, GlobalCounters
+from attograd.helpers import ContextVar, DEBUG
 from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
-from attograd.engine.realize import Capture, CompiledKernel, JitError, _captures, buffer_of
+from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of
 from attograd.engine.memory import planned_buffers
 from attograd.tensor import Tensor, _bind_shapes
 from attograd.schedule.schedule import is_contiguous_buffer
@@ -71,31 +71,21 @@ def _latest(node: UOp) -> UOp:
   return node
 
 class _Replay:
-  """The recorded kernels with their arguments ready, where each input's memory goes, and the
-  memory from outside the function (weights, optimizer state) with the node that names it: an
-  assign outside moves a tensor to new memory, and the replay follows it."""
-  def __init__(self, calls: list[tuple[UOp, CompiledKernel | None, list[Buffer]]], inputs: list[Buffer], outside: dict[int, UOp]):
+  """The recorded kernels as a plan run by the one run loop (engine/realize.py ExecPlan), where each input's memory
+  goes, and the memory from outside the function (weights, optimizer state) with the node that names it: an assign
+  outside moves a tensor to new memory, and the replay follows it."""
+  def __init__(self, items: list[ExecItem], inputs: list[Buffer], outside: dict[int, UOp]):
     where = {id(b): i for i, b in enumerate(inputs)}
-    self.calls = [(ck, [b.ensure_allocated()._buf for b in bufs], bufs) for _, ck, bufs in calls]
-    self.patches = [(c, j, where[id(b)]) for c, (_, _, bufs) in enumerate(calls) for j, b in enumerate(bufs) if id(b) in where]
-    self.outside = [[node, [(c, j) for c, (_, _, bufs) in enumerate(calls) for j, b in enumerate(bufs) if id(b) == key]]
-                    for key, node in outside.items()]
-    self.names = [ck.name if ck is not None else "copy" for _, ck, _ in calls]
-    self.ops = sum(ck.ops for _, ck, _ in calls if ck is not None)
+    self.plan = ExecPlan(items, print_at=2)
+    self.patches = [(ei.raw, j, where[id(b)]) for ei in items for j, b in enumerate(ei.bufs) if id(b) in where]
+    self.outside = [[node, [(ei, j) for ei in items for j, b in enumerate(ei.bufs) if id(b) == key]] for key, node in outside.items()]
   def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int]) -> None:
-    for c, j, i in self.patches: self.calls[c][1][j] = inputs[i].ensure_allocated()._buf
+    for raw, j, i in self.patches: raw[j] = inputs[i].ensure_allocated()._buf
     for entry in self.outside:
       if (node := _latest(entry[0])) is not entry[0]:
-        entry[0], raw = node, buffer_of(node).ensure_allocated()
-        for c, j in entry[1]: self.calls[c][1][j], self.calls[c][2][j] = raw._buf, raw
-    timed = DEBUG >= 2  # where a replayed step's time goes, kernel by kernel
-    for name, (ck, raw, bufs) in zip(self.names, self.calls):
-      st = time.perf_counter() if timed else 0.0
-      if ck is None: bufs[0].copyin(bufs[1].as_bytes())
-      else: ck(raw, var_vals)
-      if timed: print(f"  replay {name:30s} {(time.perf_counter() - st) * 1e6:9.2f} us")
-    GlobalCounters.kernel_count += len(self.calls)
-    GlobalCounters.global_ops += self.ops
+        entry[0], buf = node, buffer_of(node)
+        for ei, j in entry[1]: ei.rebind(j, buf)
+    self.plan(var_vals)
 
 class TinyJit(Generic[ReturnType]):
   """Decorate a function of Tensors. Call 1 runs it; call 2 runs it and records its kernels; later
@@ -149,45 +139,45 @@ class TinyJit(Generic[ReturnType]):
     finally: _captures.pop()
     inputs = [buffer_of(t.uop.base) for t in tensors]
     kept_inputs = {id(b) for b in inputs}
-    calls = capture.calls
+    items = capture.items
     kept = kept_inputs | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}
-    for t, before in capture.assigned.items(): calls = self._write_in_place(calls, t, before, kept, capture.nodes)
+    for t, before in capture.assigned.items(): items = self._write_in_place(items, t, before, kept, capture.nodes)
     # buffers first seen as a kernel's output were made inside: the ones nothing outside keeps share memory
     seen: set[int] = set()
     internal: dict[int, Buffer] = {}
     made_inside: set[int] = set()
-    for _, _, bufs in calls:
-      if id(bufs[0]) not in seen:
-        made_inside.add(id(bufs[0]))
-        if id(bufs[0]) not in kept: internal[id(bufs[0])] = bufs[0]
-      seen.update(id(b) for b in bufs)
-    planned = planned_buffers([[id(b) for b in bufs] for _, _, bufs in calls], internal)
-    calls = [(ast, ck, [planned.get(id(b), b) for b in bufs]) for ast, ck, bufs in calls]
-    outside = {id(b): capture.nodes[id(b)] for _, _, bufs in calls for b in bufs
+    for ei in items:
+      if id(ei.bufs[0]) not in seen:
+        made_inside.add(id(ei.bufs[0]))
+        if id(ei.bufs[0]) not in kept: internal[id(ei.bufs[0])] = ei.bufs[0]
+      seen.update(id(b) for b in ei.bufs)
+    planned = planned_buffers([[id(b) for b in ei.bufs] for ei in items], internal)
+    items = [ExecItem(ei.ast, ei.runner, [planned.get(id(b), b) for b in ei.bufs]) for ei in items]
+    outside = {id(b): capture.nodes[id(b)] for ei in items for b in ei.bufs
                if id(b) not in made_inside and id(b) in capture.nodes and id(b) not in kept_inputs}
-    self.replay, self.ret, self.cnt, self.var_vals = _Replay(calls, inputs, outside), ret, 2, capture.var_vals
+    self.replay, self.ret, self.cnt, self.var_vals = _Replay(items, inputs, outside), ret, 2, capture.var_vals
     self.sym_outputs = [(t, substitute_sym(t.uop, {}, _unbind)) for t in outputs if any(u.sym_args for u in t.uop.toposort)]
     self.symbolic = bool(self.sym_outputs) or any(t.uop.symbolic_shape for t in tensors)
-    if DEBUG >= 1: print(f"TinyJit {self.fxn.__name__}: captured {len(calls)} kernels")
+    if DEBUG >= 1: print(f"TinyJit {self.fxn.__name__}: captured {len(items)} kernels")
     return ret
 
   @staticmethod
-  def _write_in_place(calls: list, t: Tensor, before: UOp, kept: set[int], nodes: dict[int, UOp]) -> list:
+  def _write_in_place(items: list[ExecItem], t: Tensor, before: UOp, kept: set[int], nodes: dict[int, UOp]) -> list[ExecItem]:
     """t was assigned inside: make the replay leave t's new values in t's old memory, so the next
     replay reads them. In place when no kernel reads the old values after the one writing the new ones
     (and that one reads them only where it writes); else by a copy at the end."""
     old, new = buffer_of(before.base), buffer_of(t.uop.base)
-    if old is new: return calls
+    if old is new: return items
     if before.base.arg.offset or before.size != old.size:
       raise JitError(f"assign to a view of a tensor (shape {before.shape} of a buffer of {old.size}) inside TinyJit is not supported")
-    writer = max(i for i, (_, _, bufs) in enumerate(calls) if bufs[0] is new)
-    ast, _, bufs = calls[writer]
-    in_place = ast.op is not Ops.COPY and not any(old in b for _, _, b in calls[writer + 1:]) and \
+    writer = max(i for i, ei in enumerate(items) if ei.bufs[0] is new)
+    ast, bufs = items[writer].ast, items[writer].bufs
+    in_place = ast.op is not Ops.COPY and not any(old in ei.bufs for ei in items[writer + 1:]) and \
       (old not in bufs or _reads_only_where_it_writes(ast, bufs.index(old)))
     old.ensure_allocated().copyin(new.as_bytes())  # this call's result, where the next call reads it
     t.uop = before
     kept.add(id(old))
     nodes[id(old)] = before.base
     before.base.__dict__.pop("assigned_to", None)  # t stays in its old memory: nothing moved
-    if in_place: return [(a, ck, [old if b is new else b for b in bs]) for a, ck, bs in calls]
-    return [*calls, (UOp(Ops.COPY, t.dtype, (), t.device), None, [old, new])]
+    if in_place: return [ExecItem(ei.ast, ei.runner, [old if b is new else b for b in ei.bufs]) for ei in items]
+    return [*items, ExecItem(UOp(Ops.COPY, t.dtype, (), t.device), BufferCopy(old.nbytes, old.device, new.device), [old, new])]

@@ -10,7 +10,7 @@ from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import run_schedule, buffer_of, capturing, JitError
 from attograd.gradient import compute_gradient
-from attograd.frontend.indexing import IndexingOps
+from attograd.frontend.indexing import IndexingOps, full_index
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.elementwise import ElementwiseOps
 
@@ -520,15 +520,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     IndexingOps._tensor_getitem (advanced indexing, bool masks)."""
     idx = list(index) if isinstance(index, tuple) else [index]
     if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" for i in idx): return self._tensor_getitem(index)
-    for i in idx:
-      if not (i is None or i is Ellipsis or isinstance(i, (int, slice))): raise TypeError(f"invalid index {i!r} of type {type(i).__name__}")
-    if idx.count(Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis")
-    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if n_real > self.ndim: raise IndexError(f"too many indices ({n_real}) for a tensor of {self.ndim} dimension(s)")
-    if Ellipsis in idx:
-      e = idx.index(Ellipsis)
-      idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
-    else: idx += [slice(None)] * (self.ndim - n_real)
+    idx = full_index(idx, self.ndim)
     t, dim, out_shape = self, 0, []
     shrink, flips, steps = [], [], []
     for i in idx:

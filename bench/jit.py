@@ -21,9 +21,9 @@ def replay_overhead(kernels: int = 100) -> tuple[float, float]:
   x = Tensor.zeros(16).contiguous().realize()
   for _ in range(3): chain(x)
   replay = median_ms(lambda: chain(x), 200) * 1e3 / kernels
-  calls = chain.replay.calls
+  calls = [(ei.runner.program, ei.raw) for ei in chain.replay.plan.items]
   def bare():
-    for ck, raw, _ in calls: ck.program(raw, [])
+    for program, raw in calls: program(raw, [])
   return replay, median_ms(bare, 200) * 1e3 / kernels
 
 def schedule_cache() -> tuple[float, float]:

@@ -9,6 +9,7 @@ round pays for bounds too.
   python bench/rewrite.py [rounds]"""
 import sys, time
 from attograd import Tensor, dtypes
+from attograd.helpers import Context
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import PatternMatcher, graph_rewrite
 import attograd.schedule.schedule as sched
@@ -43,7 +44,9 @@ def kernels_to_simplify() -> list[tuple]:
     captured.append((value, shape, out_buf))
     return orig(value, shape, out_buf)
   sched._build_kernel_ast, sched._ast_cache = capture, {}
-  try: transformer_block().schedule()
+  # (CACHELEVEL=1: a schedule template an earlier run left on disk would build no kernels here)
+  try:
+    with Context(CACHELEVEL=1): transformer_block().schedule()
   finally: sched._build_kernel_ast = orig
   return captured
 
@@ -60,7 +63,7 @@ def main(rounds: int = 5):
       for u in raw.toposort: u.__dict__.pop("_range", None)
     pm.fired = 0
     st = time.perf_counter()
-    outs = [graph_rewrite(raw, pm) for raw in raws]
+    outs = [graph_rewrite(raw, pm, name="kernel_cleanup") for raw in raws]
     times.append(time.perf_counter() - st)
     fired, nodes = pm.fired, sum(len(raw.toposort) for raw in raws)
   best = min(times)

@@ -125,15 +125,16 @@ def test_nested_reduces_share_one_accumulator():
   # sums over a padded window one axis at a time (a conv's backward) become one reduce over both axes
   from attograd.uop.ops import Ops
   from attograd.schedule.schedule import create_schedule
-  from attograd.codegen.lower import lower
+  from attograd.codegen import lowered
+  from attograd.runtime.device import Device
   na = rand(4, 6, 5)
   a, = tensors(na)
   t = a.pad(((0, 0), (1, 1), (0, 0))).sum(2).pad(((0, 0), (0, 2))).sum(1)
   asts = [si.ast for si in create_schedule([t.uop])[0]]
-  assert len(asts) == 1 and sum(u.op is Ops.DEFINE_REG for u in lower(asts[0]).toposort) == 1
+  assert len(asts) == 1 and sum(u.op is Ops.DEFINE_REG for u in lowered(asts[0], Device["CPU"].renderer).toposort) == 1
   check(t, na.sum((1, 2)), 1)
   m = a.max(2).max(1)
-  assert sum(u.op is Ops.DEFINE_REG for u in lower(create_schedule([m.uop])[0][0].ast).toposort) == 1
+  assert sum(u.op is Ops.DEFINE_REG for u in lowered(create_schedule([m.uop])[0][0].ast, Device["CPU"].renderer).toposort) == 1
   check(m, na.max((1, 2)), 1)
 
 def test_conv_backward_reads_its_output_gradient_from_one_buffer():

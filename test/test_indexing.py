@@ -103,6 +103,10 @@ def test_getitem_errors(device):
   with pytest.raises(IndexError, match=r"too many indices \(3\)"): x[Tensor([0], device=device), 0, 0]
   with pytest.raises(IndexError, match="single ellipsis"): x[..., Tensor([0], device=device), ...]
   with pytest.raises(TypeError, match="invalid index 'a'"): x[Tensor([0], device=device), "a"]
+  # basic and advanced indexing check an index the same way: a Python bool is no int (x[True] read row 1)
+  for index in (True, (0, False), (..., "a")):
+    with pytest.raises(TypeError, match="invalid index"): x[index]
+  with pytest.raises(IndexError, match="single ellipsis"): x[..., 0, ...]
 
 def test_getitem_lazy_out_of_range_is_zero(device):
   """Documented: a lazy index tensor isn't checked (that would sync); out-of-range entries read 0."""

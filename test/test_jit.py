@@ -21,7 +21,29 @@ def test_replay_runs_only_kernels():
   for _ in range(3): f(Tensor([1.0, 2.0]))
   GlobalCounters.reset()
   out = f(Tensor([3.0, 4.0]))
-  assert GlobalCounters.kernel_count == len(f.replay.calls) and out.item() == pytest.approx(np.exp(4) + np.exp(5))
+  assert GlobalCounters.kernel_count == len(f.replay.plan.items) and out.item() == pytest.approx(np.exp(4) + np.exp(5))
+
+def test_eager_and_replay_run_through_one_loop(monkeypatch):
+  # an eager schedule and a replay are both runs of an ExecPlan, the replay with the very runners (kernels and copies)
+  # the eager run recorded: a new kind of step is added once, as a runner
+  from attograd.engine.realize import ExecPlan, BufferCopy, CompiledKernel
+  runs: list[tuple[int, list]] = []
+  run = ExecPlan.__call__
+  def spy(plan, var_vals):
+    runs.append((plan.print_at, [ei.runner for ei in plan.items]))
+    return run(plan, var_vals)
+  monkeypatch.setattr(ExecPlan, "__call__", spy)
+  @TinyJit
+  def f(a): return ((a.to("PYTHON") * 2).to("CPU") + a).realize()
+  for i in range(2): f(Tensor([1.0, 2.0]) + i)
+  captured = [r for at, rs in runs if at == 1 for r in rs]
+  runs.clear()
+  GlobalCounters.reset()
+  assert f(Tensor([5.0, 6.0])).tolist() == [15.0, 18.0]
+  assert len(runs) == 1 and runs[0][0] == 2, "a replay is one run of one plan"
+  replayed = runs[0][1]
+  assert {type(r) for r in replayed} == {CompiledKernel, BufferCopy} and all(r in captured for r in replayed)
+  assert GlobalCounters.kernel_count == len(replayed) and GlobalCounters.global_mem > 0 and GlobalCounters.time_sum > 0
 
 def test_non_contiguous_input():
   @TinyJit

@@ -328,12 +328,11 @@ def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
   # a conv's input gradient (13 wide) reads the output gradient under the window's gate: padded to 16 and run as a SIMD
   # loop, with 8 input channels written out, and the channels summed in a loop of their own inside each window position
   # (the gate tested once per sum, not once per multiply-add)
-  from attograd.codegen.lower import lower
-  from attograd.codegen.opt import apply_opts
+  from attograd.codegen import lowered
   dx = next(a for a in _conv_backward_asts() if any(u.op is Ops.INDEX and len(u.src) == 3 for u in a.toposort))
   opts = hand_coded_opts(dx, 1)
   assert opts[:3] == [Opt(OptOps.PADTO, 3, 16), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)], opts
-  assert sum(u.op is Ops.DEFINE_REG for u in lower(apply_opts(dx, opts)).toposort) == 2  # window sums, channel sums
+  assert sum(u.op is Ops.DEFINE_REG for u in lowered(dx, Device["CPU"].renderer, opts).toposort) == 2  # window sums, channel sums
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(7)
   nx, nw = rng.standard_normal((16, 8, 13, 13), dtype=np.float32), rng.standard_normal((16, 8, 3, 3), dtype=np.float32)

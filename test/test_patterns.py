@@ -102,6 +102,18 @@ def test_rule_order_and_fallthrough():
   assert pm.rewrite(add(x, y)) is x and seen == ["first"]
   assert pm.rewrite(mul(x, y)) is None
 
+def test_first_result_is_a_rule_table_lookup():
+  # a spec's or autograd's rules return what they are for (a bool, a tuple of gradients), not a node: first_result
+  # gives the first such answer; rewrite() only ever gives a node
+  spec = PatternMatcher([
+    (UPat(Ops.ADD, name="u"), lambda u: None),  # no answer: the next rule is asked
+    (UPat(Ops.ADD, src=(UPat.cvar(), UPat())), lambda: False),
+    (UPat(Ops.ADD), lambda: True),
+    (UPat(Ops.MUL, name="u"), lambda ctx, u: (ctx, u)),
+  ])
+  assert spec.first_result(add(x, y)) is True and spec.first_result(add(c(1), y)) is False
+  assert spec.first_result(mul(x, y), ctx=3) == (3, mul(x, y)) and spec.first_result(x) is None
+
 def test_match_any_op_and_ctx_and_add():
   pm = PatternMatcher([(UPat(Ops.CONST, name="k"), lambda ctx, k: c(k.arg + ctx))])
   assert pm.rewrite(c(1), ctx=10) is c(11)
@@ -120,22 +132,22 @@ fold = PatternMatcher([
 ])
 
 def test_graph_rewrite_bottom_up_folding():
-  assert graph_rewrite(add(add(c(1), c(2)), add(c(3), c(4))), fold) is c(10)
-  assert graph_rewrite(add(add(add(x, c(0)), c(0)), add(c(-1), c(1))), fold) is x
+  assert graph_rewrite(add(add(c(1), c(2)), add(c(3), c(4))), fold, name="test") is c(10)
+  assert graph_rewrite(add(add(add(x, c(0)), c(0)), add(c(-1), c(1))), fold, name="test") is x
 
 def test_graph_rewrite_reaches_fixed_point():
   # x*2 -> x+x -> x<<1: a rule's result is rewritten again, and the parent sees the final form
-  out = graph_rewrite(UOp(Ops.NEG, I32, (mul(x, c(2)),)), fold)
+  out = graph_rewrite(UOp(Ops.NEG, I32, (mul(x, c(2)),)), fold, name="test")
   assert out is UOp(Ops.NEG, I32, (UOp(Ops.SHL, I32, (x, c(1))),))
   # (x + (1 + -1)) * 2: the child folds to x + 0, then to x, only then does the parent's rule apply
-  assert graph_rewrite(mul(add(x, add(c(1), c(-1))), c(2)), fold) is UOp(Ops.SHL, I32, (x, c(1)))
-  assert graph_rewrite(out, fold) is out  # a fixed point is a fixed point
+  assert graph_rewrite(mul(add(x, add(c(1), c(-1))), c(2)), fold, name="test") is UOp(Ops.SHL, I32, (x, c(1)))
+  assert graph_rewrite(out, fold, name="test") is out  # a fixed point is a fixed point
 
 def test_graph_rewrite_children_first():
   order = []
   pm = PatternMatcher([(UPat(name="u"), lambda ctx, u: ctx.append(u))])
   g = UOp(Ops.SINK, dtypes.void, (add(mul(x, y), c(1)), mul(x, y), add(y, c(1))))
-  assert graph_rewrite(g, pm, ctx=order) is g
+  assert graph_rewrite(g, pm, ctx=order, name="test") is g
   assert set(order) == set(g.toposort)
   pos = {u: i for i, u in enumerate(order)}
   assert all(pos[s] < pos[u] for u in order for s in u.src)
@@ -147,7 +159,7 @@ def test_graph_rewrite_memoizes_shared_nodes():
     return None
   shared = add(x, y)
   g = UOp(Ops.SINK, dtypes.void, (mul(shared, shared), add(shared, c(1)), UOp(Ops.NEG, I32, (shared,))))
-  graph_rewrite(g, PatternMatcher([(UPat(name="u"), count)]), ctx=calls)
+  graph_rewrite(g, PatternMatcher([(UPat(name="u"), count)]), ctx=calls, name="test")
   assert calls[shared] == 1 and all(v == 1 for v in calls.values())
 
 def test_graph_rewrite_rewrites_shared_node_once():
@@ -157,7 +169,7 @@ def test_graph_rewrite_rewrites_shared_node_once():
     return UOp(Ops.SUB, I32, (a, b))
   pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat(Ops.DEFINE_VAR, name="a"), UPat(Ops.DEFINE_VAR, name="b"))), to_sub)])
   shared = add(x, y)
-  out = graph_rewrite(UOp(Ops.SINK, dtypes.void, (mul(shared, c(3)), mul(shared, c(4)), shared)), pm)
+  out = graph_rewrite(UOp(Ops.SINK, dtypes.void, (mul(shared, c(3)), mul(shared, c(4)), shared)), pm, name="test")
   sub = UOp(Ops.SUB, I32, (x, y))
   assert fired == [(x, y)]
   assert out.src == (mul(sub, c(3)), mul(sub, c(4)), sub)
@@ -165,8 +177,8 @@ def test_graph_rewrite_rewrites_shared_node_once():
 
 def test_graph_rewrite_loop_is_an_error():
   grow = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("v"), UPat.cvar("k"))), lambda v, k: add(v, c(k.arg + 1)))])
-  with pytest.raises(RewriteLoopError):
-    graph_rewrite(add(x, c(0)), grow, max_steps=1000)
+  with pytest.raises(RewriteLoopError, match="pass 'grow' did not reach a fixed point"):
+    graph_rewrite(add(x, c(0)), grow, name="grow", max_steps=1000)
 
 def chain(n):
   u = x
@@ -177,10 +189,10 @@ def test_deep_graph_rewrite():
   deep = chain(5000)
   assert len(deep.toposort) > 5000
   swap = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.cvar("k"))), lambda a, k: UOp(Ops.SUB, I32, (a, c(-k.arg))))])
-  out = graph_rewrite(deep, swap)
+  out = graph_rewrite(deep, swap, name="test")
   assert out.op is Ops.SUB and sum(1 for u in out.toposort if u.op is Ops.ADD) == 0
-  assert graph_rewrite(deep, PatternMatcher([])) is deep
-  assert graph_rewrite(deep, fold) is not None
+  assert graph_rewrite(deep, PatternMatcher([]), name="test") is deep
+  assert graph_rewrite(deep, fold, name="test") is not None
   assert deep.substitute({x: y}).variables() == [y]
 
 def test_deep_graph_simplify():
@@ -218,17 +230,17 @@ def test_rewrite_skips_graphs_without_its_ops_and_fixed_points_it_made():
   pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("x"), UPat.var("y"))), fold_add)])
   a = UOp.variable("a", 0, 10)
   no_add = (a * 3).maximum(UOp.const(dtypes.int32, 1))
-  assert graph_rewrite(no_add, pm, max_steps=0) is no_add and seen == []  # no ADD anywhere: not walked
+  assert graph_rewrite(no_add, pm, name="test", max_steps=0) is no_add and seen == []  # no ADD anywhere: not walked
   g = (a + (UOp.const(dtypes.int32, 2) + UOp.const(dtypes.int32, 3))) * 4
-  out = graph_rewrite(g, pm)
+  out = graph_rewrite(g, pm, name="test")
   assert out is (a + 5) * 4 and len(seen) == 2
   seen.clear()
-  assert graph_rewrite(out, pm, max_steps=0) is out and seen == []  # its own result is a fixed point: not walked again
-  assert graph_rewrite(out.maximum(a + 1), pm, max_steps=2) is out.maximum(a + 1) and len(seen) == 1  # the new ADD, MAX
-  with pytest.raises(RewriteLoopError): graph_rewrite(out, PatternMatcher(pm.rules), max_steps=1)  # another matcher walks it
+  assert graph_rewrite(out, pm, name="test", max_steps=0) is out and seen == []  # its own result is a fixed point: not walked again
+  assert graph_rewrite(out.maximum(a + 1), pm, name="test", max_steps=2) is out.maximum(a + 1) and len(seen) == 1  # the new ADD, MAX
+  with pytest.raises(RewriteLoopError): graph_rewrite(out, PatternMatcher(pm.rules), name="test", max_steps=1)  # another matcher walks it
   seen.clear()
   # with a ctx the rules may depend on it: no memo
   seen.clear()
   pmc = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("x"), UPat.var("y"))), lambda ctx, x, y: fold_add(x, y))])
-  graph_rewrite(out, pmc, ctx=1); graph_rewrite(out, pmc, ctx=2)
+  graph_rewrite(out, pmc, ctx=1, name="test"); graph_rewrite(out, pmc, ctx=2, name="test")
   assert len(seen) == 2

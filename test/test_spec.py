@@ -3,7 +3,8 @@ import pytest
 from attograd import Tensor, dtypes
 from attograd.uop.spec import verify_kernel
 from attograd.uop.ops import UOp, Ops
-from attograd.codegen.lower import lower
+from attograd.codegen import lowered
+from attograd.runtime.device import Device
 
 def graphs():
   x, y = Tensor.rand(4, 8).realize(), Tensor.rand(8, 3).realize()
@@ -20,7 +21,7 @@ def graphs():
 def test_kernels_are_legal(name):
   for si in graphs()[name].schedule():
     verify_kernel(si.ast)
-    verify_kernel(lower(si.ast))
+    verify_kernel(lowered(si.ast, Device["CPU"].renderer))
 
 def test_spec_rejects_mismatched_alu():
   a, b = UOp.const(dtypes.float32, 1.0), UOp.const(dtypes.int32, 1)

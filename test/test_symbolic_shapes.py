@@ -154,7 +154,7 @@ def test_jit_replays_attention_over_positions(device):
   assert step.cnt == 2 and len(_kernel_cache) == kernels
   GlobalCounters.reset()
   step(Tensor(qn, device=device), pos.bind(20))
-  assert GlobalCounters.kernel_count == len(step.replay.calls)  # a replay only runs the recorded kernels
+  assert GlobalCounters.kernel_count == len(step.replay.plan.items)  # a replay only runs the recorded kernels
 
 def test_jit_symbolic_input_shapes():
   x = Tensor(XN).realize()

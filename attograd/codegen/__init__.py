@@ -1,25 +1,57 @@
 """Kernel AST -> source text: lower, linearize, render. A pure function of its inputs
 (DESIGN invariant 1: same AST, same source)."""
 from __future__ import annotations
-from attograd.uop.ops import UOp, Ops
-from attograd.uop.patterns import graph_rewrite
-from attograd.uop.symbolic import inbounds_load_spare
-from attograd.codegen.lower import lower
+from typing import NamedTuple
+from attograd.uop.ops import UOp
+from attograd.uop.patterns import Pass, graph_rewrite, run_passes
+from attograd.uop.symbolic import symbolic, inbounds_load_spare
+from attograd.codegen.lower import expander, lowerer, lower_reduces, simd_in_serial_loops, split_loops
+from attograd.codegen.divmod import divmod_lowering
 from attograd.codegen.linearize import linearize
 from attograd.codegen.opt import Opt, apply_opts
 from attograd.codegen.gpudims import add_gpudims
 from attograd.uop.mathlib import exp_math
 from attograd.renderer import Renderer, kernel_name
 
+class Target(NamedTuple):
+  """What a kernel's passes read besides its graph: the source is a function of (AST, Opts, renderer)."""
+  renderer: Renderer
+  opts: list[Opt]
+
+def _spare_bytes(sink: UOp, t: Target) -> UOp:
+  # gcc vectorizes a gated read as a masked load, and then keeps a loop nest's accumulators in memory
+  return graph_rewrite(sink, inbounds_load_spare, ctx=t.renderer.spare_bytes, name="spare_bytes") if any(t.renderer.spare_bytes) else sink
+
+def _renderer_rewrites(sink: UOp, t: Target) -> UOp:
+  return sink if t.renderer.rewrites is None else graph_rewrite(sink, t.renderer.rewrites, name="renderer_rewrites")
+
+# Kernel AST -> the graph linearize() orders, pass by pass (print them: [name for name, _ in PASSES]; docs/pipeline.md
+# says what each does). Division by constants goes after the last symbolic pass: its multiply-shift form is no longer
+# one the symbolic rules read. exp is arithmetic on every target: one range reduction and a polynomial, the same
+# accuracy everywhere, and a loop around it stays vectorizable on CPUs (a libm call per element would not).
+PASSES: list[Pass] = [
+  ("apply_opts", lambda sink, t: apply_opts(sink, t.opts, t.renderer.has_local)),
+  ("gpu_dims", lambda sink, t: add_gpudims(sink, t.renderer)),
+  ("split_at_gates", lambda sink, t: split_loops(sink)),
+  ("simd_in_serial_loops", lambda sink, t: simd_in_serial_loops(sink)),
+  ("expand", expander),
+  ("symbolic_expanded", symbolic),
+  ("lower_reduces", lambda sink, t: lower_reduces(sink)),
+  ("float32_math", lowerer),
+  ("symbolic_lowered", symbolic),
+  ("divmod", divmod_lowering),
+  ("exp_math", exp_math),
+  ("spare_bytes", _spare_bytes),
+  ("renderer_rewrites", _renderer_rewrites),
+]
+
+def lowered(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> UOp:
+  """The kernel AST after every pass of PASSES, ready to linearize."""
+  return run_passes(ast, PASSES, Target(renderer, opts or []))
+
 def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""
-  sink = lower(add_gpudims(apply_opts(ast, opts or [], renderer.has_local), renderer))
-  # exp is arithmetic on every target: one range reduction and a polynomial, the same accuracy everywhere, and a
-  # loop around it stays vectorizable on CPUs (a libm call per element would not)
-  sink = graph_rewrite(sink, exp_math)
-  # gcc vectorizes a gated read as a masked load, and then keeps a loop nest's accumulators in memory
-  if any(renderer.spare_bytes): sink = graph_rewrite(sink, inbounds_load_spare, ctx=renderer.spare_bytes)
-  if renderer.rewrites is not None: sink = graph_rewrite(sink, renderer.rewrites)
+  sink = lowered(ast, renderer, opts)
   uops = linearize(sink)
   name = kernel_name(uops)
   return name, renderer.render(name, uops), uops

@@ -81,7 +81,7 @@ def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
       ix = ix.replace(src=(*ix.src[:2], ix.src[2] & gate if len(ix.src) > 2 else gate))
       gated[st] = st.replace(src=(ix, *st.src[1:]))
   ids = _thread_ids(ranges_of(ast, "global")[::-1], "gidx", renderer.global_max) | _thread_ids(local, "lidx", renderer.local_max)
-  return graph_rewrite(ast.substitute(gated).substitute(ids), drop_ends)
+  return graph_rewrite(ast.substitute(gated).substitute(ids), drop_ends, name="gpu_dims/drop_ends")
 
 def launch_dims(uops: list[UOp]) -> tuple[tuple[UOp | int, ...], tuple[int, ...]]:
   """(work-groups per dimension, threads per work-group per dimension), three of each. Counts of

@@ -1,13 +1,13 @@
 """Kernel AST -> loop-level UOps (DESIGN §3.5): upcast iterations are written out, reductions become
-accumulators with explicit loop ends, and narrow float math is done in float32."""
+accumulators with explicit loop ends, and narrow float math is done in float32. The passes run in the order of
+codegen/__init__.py's PASSES."""
 from __future__ import annotations
 import functools, itertools
+from dataclasses import dataclass
 from attograd.helpers import prod
 from attograd.dtype import dtypes, DType
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
-from attograd.uop.symbolic import symbolic
-from attograd.codegen.divmod import divmod_lowering
 
 NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
 
@@ -87,7 +87,13 @@ lowerer = PatternMatcher([
   (UPat(GroupOp.ALU, name="a"), compute_in_float32),
 ])
 
-def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
+@dataclass
+class Fresh:
+  """The next unused accumulator and loop ids of a kernel being lowered."""
+  reg: int
+  loop: int
+
+def lower_reduce_group(group: list[UOp], fresh: Fresh) -> dict[UOp, UOp]:
   """REDUCEs over the same loops share them: one accumulator slot each (one register array per
   dtype and op), initialised before the loops, updated inside, read after their END. An unrolled
   range is written out inside the loop, its values accumulated in order. A lane range (UPCAST of a
@@ -101,8 +107,8 @@ def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
   if not loops: return {red: functools.reduce(lambda a, b: fold(red.arg, a, b), vs) for red, vs in values.items()}
   simd = kind_of(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)), "simd")
   if simd:
-    inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (ctx[1] + n, "simd", *r.arg[2:])) for n, r in enumerate(simd)}
-    ctx[1] += len(simd)
+    inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (fresh.loop + n, "simd", *r.arg[2:])) for n, r in enumerate(simd)}
+    fresh.loop += len(simd)
     values = {red: [v.substitute(inner) for v in vs] for red, vs in values.items()}
     loops, lanes = loops + list(inner.values()), lanes + list(inner.values())
   n_lanes = prod(r.src[0].arg for r in lanes)
@@ -113,7 +119,7 @@ def lower_reduce_group(group: list[UOp], ctx: list[int]) -> dict[UOp, UOp]:
   slot: dict[UOp, tuple[UOp, int]] = {}
   inits = []
   for (dt, op), members in regs.items():
-    acc = UOp(Ops.DEFINE_REG, dt.ptr(len(members) * n_lanes, "reg"), (), ctx[0]); ctx[0] += 1
+    acc = UOp(Ops.DEFINE_REG, dt.ptr(len(members) * n_lanes, "reg"), (), fresh.reg); fresh.reg += 1
     for i, red in enumerate(members):
       slot[red] = (acc, i * n_lanes)
       inits += [acc.after(*outer).index(UOp.const(dtypes.int32, i * n_lanes + c)).store(UOp.const(dt, reduce_identity(op, dt))) for c in range(n_lanes)]
@@ -137,14 +143,14 @@ def lower_reduces(sink: UOp) -> UOp:
   made by an upcast must be lowered together (one loop, several accumulators), and a rule sees one
   node at a time."""
   # registers after the scratches opts made (PACK); new loop ids after every loop's
-  ctx = [sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG), 1 + max((u.arg[0] for u in sink.toposort if u.op is Ops.RANGE), default=-1)]
+  fresh = Fresh(sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG), 1 + max((u.arg[0] for u in sink.toposort if u.op is Ops.RANGE), default=-1))
   while reds := [u for u in sink.toposort if u.op is Ops.REDUCE]:
     loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] != "unroll"]
     group = [u for u in reds if u.src[1:] == reds[0].src[1:]] if loops else [reds[0]]
     # (a set against each one's ancestors: a toposort per pair made this check a tenth of lowering a 16x8 register tile)
     members = set(group)
     assert not any(b.src[0] in members or not members.isdisjoint(b.src[0].ancestors) for b in group), "a reduce feeds another over the same loops"
-    sink = sink.substitute(lower_reduce_group(group, ctx))
+    sink = sink.substitute(lower_reduce_group(group, fresh))
   return sink
 
 def simd_inside_serial(ctx: dict[UOp, UOp], st: UOp) -> UOp | None:
@@ -191,10 +197,12 @@ def split_at_gates(ctx: dict[str, int], x: UOp, r: UOp) -> UOp | None:
 
 loop_splitter = PatternMatcher([(UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), split_at_gates)])
 
-def lower(ast: UOp) -> UOp:
-  if any(u.op is Ops.CMPLT for u in ast.toposort):
-    ast = graph_rewrite(ast, loop_splitter, ctx={"next": 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)})
-  # division by constants goes last: its multiply-shift form is no longer one the symbolic rules read
-  if any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in ast.toposort): ast = graph_rewrite(ast, serial_simd, ctx={})
-  ast = graph_rewrite(graph_rewrite(ast, expander), symbolic)
-  return graph_rewrite(graph_rewrite(graph_rewrite(lower_reduces(ast), lowerer), symbolic), divmod_lowering)
+def split_loops(sink: UOp) -> UOp:
+  if not any(u.op is Ops.CMPLT for u in sink.toposort): return sink
+  first_free = 1 + max((u.arg[0] for u in sink.toposort if u.op is Ops.RANGE), default=-1)
+  return graph_rewrite(sink, loop_splitter, ctx={"next": first_free}, name="split_at_gates")
+
+def simd_in_serial_loops(sink: UOp) -> UOp:
+  # only a kernel with serial loops has stores to move: elsewhere an END of a simd loop its body doesn't read stays
+  if not any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in sink.toposort): return sink
+  return graph_rewrite(sink, serial_simd, ctx={}, name="simd_in_serial_loops")

@@ -155,7 +155,7 @@ def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
     # a simd range stays a loop: it closes inside the outer one
     if u.op is Ops.END and u.src[1] is r: src = (src[0].end(inner) if kind == "simd" else src[0], outer)
     new[u] = u.replace(src=src)
-  return graph_rewrite(new[ast], symbolic)
+  return graph_rewrite(new[ast], symbolic, name="apply_opts/split")
 
 def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
   """Global axis `axis` of size S becomes core_id*(S/n) + r with r over S/n: core_id is a kernel
@@ -170,7 +170,7 @@ def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
   core = UOp(Ops.DEFINE_VAR, r.dtype, (), (CORE_ID, 0, opt.amount - 1))
   # the loop's END now closes the smaller range; every use of the old index gets the offset
   ends = {u: UOp(Ops.END, u.dtype, (u.src[0], inner)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
-  return graph_rewrite(ast.substitute(ends).substitute({r: core * chunk + inner}), symbolic)
+  return graph_rewrite(ast.substitute(ends).substitute({r: core * chunk + inner}), symbolic, name="apply_opts/thread")
 
 def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
   """The loop runs to `padded`; every memory access that depends on it is gated by r < size, and a
@@ -186,7 +186,7 @@ def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
       src = (src[0], src[1], valid if len(src) == 2 else (src[2] & valid))
     if u.op is Ops.REDUCE and r in u.src[1:]: src = (valid.where(src[0], UOp.const(u.dtype, reduce_identity(u.arg, u.dtype))), *src[1:])
     new[u] = u.replace(src=src)
-  return graph_rewrite(new[ast], symbolic)
+  return graph_rewrite(new[ast], symbolic, name="apply_opts/padto")
 
 def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   """Loops open in the order of their ids and close in the order of their ENDs: both are exchanged."""
@@ -292,7 +292,7 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
   first = fresh_range_id(ast)
   loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, "pack")) for n, x in enumerate(rs)]
   copy = scratch.index(offset(loops)).store(read.substitute(dict(zip(rs, loops)))).end(*loops)
-  return graph_rewrite(ast.substitute({read: scratch.after(copy).index(offset(rs)).load()}), symbolic)
+  return graph_rewrite(ast.substitute({read: scratch.after(copy).index(offset(rs)).load()}), symbolic, name="apply_opts/pack")
 
 # ***** GPU work-groups (the thread ids themselves come from codegen/gpudims.py) *****
 
@@ -303,7 +303,7 @@ def apply_local(ast: UOp, opt: Opt, r: UOp) -> UOp:
   outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
   inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), "local"))
   ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
-  return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic)
+  return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic, name="apply_opts/local")
 
 def apply_group(ast: UOp, opt: Opt, r: UOp) -> UOp:
   """REDUCE over reduce axis r of size S -> n partial reduces (thread l takes elements l, l+n, ...)
@@ -330,7 +330,7 @@ def apply_group(ast: UOp, opt: Opt, r: UOp) -> UOp:
   barrier = UOp(Ops.BARRIER, dtypes.void, (buf.index(row * n + lid).store(partial).end(lid),))
   lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, "reduce"))
   final = UOp(Ops.REDUCE, dt, (buf.after(barrier).index(row * n + lid2).load(), lid2), red.arg).cast(red.dtype)
-  return graph_rewrite(ast.substitute({red: final}), symbolic)
+  return graph_rewrite(ast.substitute({red: final}), symbolic, name="apply_opts/group")
 
 
 def _try(ast: UOp, opts: list[Opt], *new: Opt) -> UOp:
@@ -342,7 +342,7 @@ def _try(ast: UOp, opts: list[Opt], *new: Opt) -> UOp:
 
 def unit_stride(index: UOp, r: UOp) -> bool:
   """Do neighbouring iterations of loop r read neighbouring elements?"""
-  step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic)
+  step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic, name="heuristics/unit_stride")
   return step.op is Ops.CONST and step.arg == 1
 
 def _first(ast: UOp, opts: list[Opt], *choices: Opt | tuple[Opt, ...]) -> UOp:

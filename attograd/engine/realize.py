@@ -183,11 +183,53 @@ def buffer_of(u: UOp) -> Buffer:
 
 class JitError(RuntimeError): pass
 
+class BufferCopy:
+  """A copy between devices, run like a kernel: called with the device memory of (destination, source)."""
+  ops = 0
+  def __init__(self, nbytes: int, dst: str, src: str):
+    self.nbytes, self.dst, self.src, self.name = nbytes, Device[dst].allocator, Device[src].allocator, f"copy {src} -> {dst}"
+  def __call__(self, raw: list[Any], var_vals: dict[UOp, int] | None) -> None:
+    data = memoryview(bytearray(self.nbytes))
+    if self.nbytes: self.src.copyout(data, raw[1])
+    self.dst.copyin(raw[0], data)
+
+class ExecItem:
+  """One step of a run: a kernel or a copy (its runner) with the buffers it binds, and their memory as the runner takes
+  it. A new kind of step (an all-reduce) is a new runner: ExecPlan runs every kind the same way."""
+  __slots__ = ("ast", "runner", "bufs", "raw")
+  def __init__(self, ast: UOp, runner: CompiledKernel | BufferCopy, bufs: list[Buffer]):
+    self.ast, self.runner, self.bufs = ast, runner, bufs  # ast: the kernel's, or the COPY
+    self.raw = [b.ensure_allocated()._buf for b in bufs]
+  def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
+
+class ExecPlan:
+  """Kernels and copies ready to run, in order. An eager schedule runs one once; a TinyJit replays one on every call
+  (with new memory rebound into its items). __call__ is the one run loop."""
+  def __init__(self, items: list[ExecItem], print_at: int = 1):
+    # a replay prints its kernels from DEBUG=2: at 1 a training loop would print every step's
+    self.items, self.print_at = items, print_at
+    self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
+  def __call__(self, var_vals: dict[UOp, int] | None) -> None:
+    st = time.perf_counter()
+    if DEBUG < self.print_at:  # nothing to say per item: the counters are the plan's totals
+      for ei in self.items: ei.runner(ei.raw, var_vals)
+    else:
+      for i, ei in enumerate(self.items):
+        t = time.perf_counter()
+        ei.runner(ei.raw, var_vals)
+        t = time.perf_counter() - t
+        print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
+              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS")
+    GlobalCounters.time_sum += time.perf_counter() - st
+    GlobalCounters.kernel_count += len(self.items)
+    GlobalCounters.global_ops += self.ops
+    GlobalCounters.global_mem += self.nbytes
+
 class Capture:
   """What TinyJit records while a function runs: every kernel and copy with the buffers it bound, and
   the tensors assigned (with the view they had before), so the replay can write them in place."""
   def __init__(self) -> None:
-    self.calls: list[tuple[UOp, CompiledKernel | None, list[Buffer]]] = []
+    self.items: list[ExecItem] = []
     self.nodes: dict[int, UOp] = {}  # the BUFFER node of each Buffer seen, by id
     self.var_vals: dict[UOp, int] = {}
     self.assigned: dict[Any, UOp] = {}
@@ -195,47 +237,36 @@ _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
-  """Run the kernels in order. With `keep` (the buffers that outlive the schedule), the buffers the
-  schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept one may take
-  the memory of one that died before it was written (an MLP's output, that of its second-last layer)."""
+  """Compile (or load) the schedule's kernels, then run them in order. With `keep` (the buffers that outlive the
+  schedule), the buffers the schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept
+  one may take the memory of one that died before it was written (an MLP's output, that of its second-last layer)."""
   # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
   if keep is not None and not all(si.bufs[0] in keep for si in schedule):
     internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
                 if "buffer" not in si.bufs[0].__dict__}
     for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): u.__dict__["buffer"] = b
   progress: Progress | None = None
+  items: list[ExecItem] = []
   try:
     for i, si in enumerate(schedule):
-      bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
-      ck = None if si.ast.op is Ops.COPY else _kernel_cache.get((si.ast, bufs[0].device))
-      if ck is None and si.ast.op is not Ops.COPY:  # to compile (or load): a bar shows if this schedule's take long
+      bufs = [buffer_of(b) for b in si.bufs]
+      if si.ast.op is Ops.COPY: runner: CompiledKernel | BufferCopy = BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device)
+      elif (ck := _kernel_cache.get((si.ast, bufs[0].device))) is not None: runner = ck
+      else:  # to compile (or load): a bar shows if this schedule's take long
         if progress is None:
           progress = Progress(_uncompiled(schedule[i:]), "compiling kernels")
           compile_ahead(schedule[i:], progress)
-        ck = get_kernel(si.ast, bufs[0].device, progress=progress)
-        progress.update(1, ck.name)
-      run_item(si, ck, bufs, var_vals)
+        runner = get_kernel(si.ast, bufs[0].device, progress=progress)
+        progress.update(1, runner.name)
+      items.append(ExecItem(si.ast, runner, bufs))
   finally:
     if progress is not None: progress.close()
+  if _captures:
+    _captures[-1].items += items
+    _captures[-1].nodes.update((id(b), u) for si, ei in zip(schedule, items) for b, u in zip(ei.bufs, si.bufs))
+    _captures[-1].var_vals.update(var_vals or {})
+  ExecPlan(items)(var_vals)
 
 def _uncompiled(items: list[ScheduleItem]) -> int:
   """How many distinct kernels of items this process hasn't compiled yet."""
   return len({k for si in items if si.ast.op is not Ops.COPY and (k := (si.ast, si.bufs[0].arg.device)) not in _kernel_cache})
-
-def run_item(si: ScheduleItem, ck: CompiledKernel | None, bufs: list[Buffer], var_vals: dict[UOp, int] | None) -> None:
-  if _captures:
-    _captures[-1].calls.append((si.ast, ck, bufs))
-    _captures[-1].nodes.update((id(b), u) for b, u in zip(bufs, si.bufs))
-    _captures[-1].var_vals.update(var_vals or {})
-  st = time.perf_counter()
-  if ck is None: bufs[0].copyin(bufs[1].as_bytes())
-  else: ck([b._buf for b in bufs], var_vals)
-  et = time.perf_counter() - st
-  name, ops = (f"copy {bufs[1].device} -> {bufs[0].device}", 0) if ck is None else (ck.name, ck.ops)
-  GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += ops
-  GlobalCounters.global_mem += sum(b.nbytes for b in bufs)
-  GlobalCounters.time_sum += et
-  if DEBUG >= 1:
-    print(f"*** {bufs[0].device:6s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'cyan')} "
-          f"arg {len(bufs):2d} tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) * 1e-9:8.2f} GFLOPS")

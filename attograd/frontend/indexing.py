@@ -27,6 +27,20 @@ def _axis(dim: int, ndim: int, name: str = "dim") -> int:
   if not -max(ndim, 1) <= dim < max(ndim, 1): raise IndexError(f"{name} {dim} is out of range for a tensor of {ndim} dimension(s)")
   return dim % max(ndim, 1)
 
+def full_index(idx: list[Any], ndim: int) -> list[Any]:
+  """An index (ints, slices, None, one Ellipsis, tensors) checked and filled with slice(None), at its Ellipsis or its
+  end, to address all ndim axes (a bool mask of k dims addresses k). A Python bool is refused: it isn't an int index."""
+  for i in idx:
+    if not (i is None or i is Ellipsis or isinstance(i, (int, slice)) or _is_tensor(i)) or isinstance(i, bool):
+      raise TypeError(f"invalid index {i!r} of type {type(i).__name__}")
+    if _is_tensor(i) and i.dtype != dtypes.bool and not dtypes.is_int(i.dtype):
+      raise IndexError(f"tensors used as indices must be integer or bool, got {i.dtype}")
+  if sum(i is Ellipsis for i in idx) > 1: raise IndexError("an index can only have a single ellipsis")
+  consumed = sum(i.ndim if _is_tensor(i) and i.dtype == dtypes.bool else 0 if i is None or i is Ellipsis else 1 for i in idx)
+  if consumed > ndim: raise IndexError(f"too many indices ({consumed}) for a tensor of {ndim} dimension(s)")
+  e = next((p for p, i in enumerate(idx) if i is Ellipsis), len(idx))
+  return idx[:e] + [slice(None)] * (ndim - consumed) + idx[e + 1:]
+
 class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -51,20 +65,8 @@ class IndexingOps:
   def _tensor_getitem(self, index: Any) -> Any:
     """Advanced indexing (numpy/torch rules): integer tensors broadcast together, bool masks, mixed
     with ints, slices, None and Ellipsis."""
-    idx = [self._as_index(i) for i in (list(index) if isinstance(index, tuple) else [index])]
-    for i in idx:
-      if not (i is None or i is Ellipsis or isinstance(i, (int, slice)) or _is_tensor(i)) or isinstance(i, bool):
-        raise TypeError(f"invalid index {i!r} of type {type(i).__name__}")
-      if _is_tensor(i) and i.dtype != dtypes.bool and not dtypes.is_int(i.dtype):
-        raise IndexError(f"tensors used as indices must be integer or bool, got {i.dtype}")
-    if sum(i is Ellipsis for i in idx) > 1: raise IndexError("an index can only have a single ellipsis")
+    idx = full_index([self._as_index(i) for i in (list(index) if isinstance(index, tuple) else [index])], self.ndim)
     # a bool mask of k dims stands for k integer index tensors (its nonzero positions)
-    consumed = sum(i.ndim if _is_tensor(i) and i.dtype == dtypes.bool else 0 if i is None or i is Ellipsis else 1 for i in idx)
-    if consumed > self.ndim: raise IndexError(f"too many indices ({consumed}) for a tensor of {self.ndim} dimension(s)")
-    if any(i is Ellipsis for i in idx):
-      e = next(p for p, i in enumerate(idx) if i is Ellipsis)
-      idx = idx[:e] + [slice(None)] * (self.ndim - consumed) + idx[e + 1:]
-    else: idx += [slice(None)] * (self.ndim - consumed)
     expanded, dim = [], 0
     for i in idx:
       if _is_tensor(i) and i.dtype == dtypes.bool:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
-from attograd.uop.patterns import graph_rewrite, PatternMatcher, UPat
+from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
 from attograd.codegen.lower import reduce_identity
@@ -408,9 +408,18 @@ def _merge_pair(sink: UOp, a: UOp, b: UOp) -> tuple[UOp, UOp] | None:
     elif u.op is Ops.REDUCE and a in u.src[1:]:
       new[u] = u.replace(src=(new[u.src[0]], *(m if r is a else new[r] for r in u.src[1:] if r is not b)))
     else: new[u] = u.replace(src=tuple(new[s] for s in u.src)) if u.src else u
-  merged = graph_rewrite(new[sink], symbolic)
+  merged = graph_rewrite(new[sink], symbolic, name="merge_loops/simplify")
   if any(u.op in (Ops.IDIV, Ops.MOD) and m in u.src[0].toposort for u in merged.toposort): return None
   return merged, m
+
+# a kernel's STORE of an INDEX over its value -> its AST, pass by pass (docs/pipeline.md says what each does)
+INDEXING_PASSES: list[Pass] = [
+  ("pushdown", lambda sink, ctx: graph_rewrite(sink, pushdown, ctx, name="pushdown")),
+  ("kernel_cleanup", kernel_cleanup),
+  ("reduce_dedup", lambda sink, ctx: graph_rewrite(sink, reduce_dedup, {}, name="reduce_dedup")),
+  ("scatter_cleanup", scatter_cleanup),
+  ("merge_loops", lambda sink, ctx: merge_loops(sink)),
+]
 
 def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
@@ -421,8 +430,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
-  sink = graph_rewrite(sink, pushdown, ctx)
-  if cleanup: sink = merge_loops(graph_rewrite(graph_rewrite(graph_rewrite(sink, kernel_cleanup), reduce_dedup, {}), scatter_cleanup))
+  sink = run_passes(sink, INDEXING_PASSES if cleanup else INDEXING_PASSES[:1], ctx)
   # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
   used = {u for u in sink.toposort if u.op is Ops.PARAM}
   kept = [(b, p) for b, p in ctx.params.items() if p in used]
@@ -518,7 +526,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
-    sink = graph_rewrite(sink, values_only)
+    sink = graph_rewrite(sink, values_only, name="values_only")
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
     key = _disk_key(sink, inputs) if CACHELEVEL >= 2 else None
     if key is None or (template := _load_template(key)) is None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import inspect, itertools
 from typing import Any, Callable, Iterator, Sequence
 from attograd.dtype import DType
+from attograd.helpers import DEBUG
 from attograd.uop.ops import UOp, Ops, GroupOp
 
 class UPat:
@@ -92,11 +93,20 @@ class PatternMatcher:
         if ret is not None and ret is not u: return ret
     return None
 
+  def first_result(self, u: UOp, ctx: Any = None) -> Any:
+    """What the first rule matching u returns other than None, for a table whose rules give something else than a
+    rewrite: whether a node is legal (a spec), the gradients of a node's sources (autograd's rules)."""
+    for pat, fn, takes_ctx in self.by_op.get(u.op, ()):
+      for store in pat.match(u, {}):
+        if (ret := fn(ctx=ctx, **store) if takes_ctx else fn(**store)) is not None: return ret
+    return None
+
 class RewriteLoopError(RuntimeError): pass
 
-def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int = 1_000_000) -> UOp:
+def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, max_steps: int = 1_000_000) -> UOp:
   """Rewrite to a fixed point, children first, each node once (memoized). A rule's result is
-  itself rewritten, so rules may produce nodes other rules then simplify."""
+  itself rewritten, so rules may produce nodes other rules then simplify. `name` is the pass's, as docs/pipeline.md
+  and the visualizer show it: every rewrite is a named pass."""
   done: dict[UOp, UOp] = {}
   # stack items: (node, state, rewritten-to) — 0: visit children, 1: rebuild and apply rules, 2: take result of rewrite
   stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
@@ -120,7 +130,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int
       new_src = tuple([done[s] for s in node.src])
       rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
       steps += 1
-      if steps > max_steps: raise RewriteLoopError(f"graph_rewrite did not reach a fixed point in {max_steps} steps")
+      if steps > max_steps: raise RewriteLoopError(f"pass {name!r} did not reach a fixed point in {max_steps} steps")
       ret = pm.rewrite(rebuilt, ctx)
       if ret is None:
         done[node] = rebuilt
@@ -136,3 +146,15 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, max_steps: int
       if (fixed := u.__dict__.get("_fixed")) is None: u.__dict__["_fixed"] = {pm}
       else: fixed.add(pm)
   return done[sink]
+
+# A pipeline is a list of named passes, run in order: a PatternMatcher is rewritten to a fixed point without a ctx (so
+# its results are marked as fixed points), anything else is a function (graph, the pipeline's ctx) -> graph, for the
+# steps a rule can't be (one that sees the whole graph at once, or rewrites only when the graph needs it).
+Pass = tuple[str, PatternMatcher | Callable[[UOp, Any], UOp]]
+
+def run_passes(sink: UOp, passes: Sequence[Pass], ctx: Any = None) -> UOp:
+  """sink through each pass in order. DEBUG>=5 prints each pass's name and the graph's size after it."""
+  for name, step in passes:
+    sink = graph_rewrite(sink, step, name=name) if isinstance(step, PatternMatcher) else step(sink, ctx)
+    if DEBUG >= 5: print(f"pass {name:20s} {len(sink.toposort):6d} nodes")
+  return sink

@@ -1,4 +1,5 @@
-"""What is legal in a kernel graph, as a PatternMatcher: each rule returns True for a legal node.
+"""What is legal in a kernel graph, as a PatternMatcher: each rule says whether a node it matches is legal (read
+with PatternMatcher.first_result; it rewrites nothing).
 Tests run it over every kernel they build; a node no rule accepts is a bug upstream."""
 from __future__ import annotations
 from attograd.dtype import dtypes, PtrDType
@@ -37,4 +38,4 @@ kernel_spec = PatternMatcher([
 def verify_kernel(sink: UOp) -> None:
   """Raise if any node of a kernel AST (before or after lowering) is not legal."""
   for u in sink.toposort:
-    if kernel_spec.rewrite(u) is not True: raise AssertionError(f"illegal {u.op} in kernel:\n{u.op} {u.dtype} {u.arg} srcs={[s.op for s in u.src]}")
+    if kernel_spec.first_result(u) is not True: raise AssertionError(f"illegal {u.op} in kernel:\n{u.op} {u.dtype} {u.arg} srcs={[s.op for s in u.src]}")

@@ -195,7 +195,7 @@ symbolic = PatternMatcher([
    lambda x, c1, c2, m: x < -(-c2.arg // c1.arg) if c1.arg > 0 and m.exact else None),
 ])
 
-def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)
+def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic, name="simplify")
 UOp.simplifier = simplify
 
 # ***** validity-aware simplification: an index is only used where its gate holds *****
