@@ -121,6 +121,32 @@ def run_python(script: str, **env) -> str:
   assert out.returncode == 0, out.stderr
   return out.stdout
 
+DISCOVERY_SCRIPT = """
+import sys, attograd.runtime
+sys.argv[1:] and attograd.runtime.__path__.append(sys.argv[1])  # a directory of out-of-tree backends
+from attograd import Device, Tensor
+print(Device.backends, Device.canonicalize("webgpu"), Device.DEFAULT)
+print(sorted(m for m in sys.modules if ".ops_" in m))  # naming every backend imported none of them
+try: Device["NOPE"]
+except ValueError as e: print(e)
+if len(sys.argv) > 1: print((Tensor([1.0, 2.0], device="echo") * 3).tolist(), type(Device["ECHO"]).__name__)
+"""
+
+def test_devices_are_discovered_by_module_file(tmp_path):
+  # a new backend is one file, ops_<name>.py defining <Name>Device: no list to edit
+  (tmp_path / "ops_echo.py").write_text("from attograd.runtime.ops_python import PythonDevice\nclass EchoDevice(PythonDevice): pass\n")
+  out = subprocess.run([sys.executable, "-c", DISCOVERY_SCRIPT, str(tmp_path)], cwd=REPO, env={**os.environ, "ECHO": "1"},
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  names, imported, unknown, result = out.stdout.splitlines()
+  assert names == "('CL', 'CPU', 'CUDA', 'DISK', 'ECHO', 'LLVM', 'PYTHON', 'WEBGPU') WEBGPU ECHO", names  # ECHO=1 picks it
+  assert imported == "[]"
+  assert unknown == "unknown device 'NOPE'; available: CL, CPU, CUDA, DISK, ECHO, LLVM, PYTHON, WEBGPU"
+  assert result == "[3.0, 6.0] EchoDevice", result
+  # without the extra directory the backends are the shipped files, and the default is CPU
+  names, imported, unknown = run_python(DISCOVERY_SCRIPT).splitlines()
+  assert names == "('CL', 'CPU', 'CUDA', 'DISK', 'LLVM', 'PYTHON', 'WEBGPU') WEBGPU CPU" and imported == "[]", names
+
 def test_cpu_compiler_caches_on_disk(tmp_path):
   first = run_python(CACHE_SCRIPT, ATTOGRAD_CACHE=str(tmp_path), DEBUG="0")
   files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))

@@ -1,7 +1,7 @@
 """Devices: each owns an allocator, a renderer, a compiler (source -> binary, cached on disk by
 content hash) and a program runner (DESIGN §3.7)."""
 from __future__ import annotations
-import functools, importlib, os, weakref
+import functools, importlib, os, pkgutil, weakref
 from typing import Any, Callable
 from attograd.dtype import DType
 from attograd.helpers import getenv, GlobalCounters, cached_property
@@ -64,28 +64,33 @@ class Compiled:
     self.name, self.allocator, self.renderer, self.compiler, self.runtime = name, allocator, renderer, compiler, runtime
   def synchronize(self) -> None: pass
 
-# one module per device: attograd/runtime/ops_<name>.py defines <Name>Device
 # CUDA is compile-only here (no driver): kernels render and compile with nvcc
 # DISK:<path> is storage only: a file seen as bytes, read by copying to a compute device
-BACKENDS = ("CPU", "PYTHON", "LLVM", "CL", "CUDA", "WEBGPU", "DISK")
-
 class _Device:
+  """Device[name] -> the backend. Each module attograd/runtime/ops_<name>.py is a device and defines <Name>Device;
+  adding a backend is adding its file (or a directory holding ops_<name>.py to attograd.runtime.__path__)."""
   @functools.cache
   def __getitem__(self, name: str) -> Compiled:
     name = self.canonicalize(name)
     mod = importlib.import_module(f"attograd.runtime.ops_{name.split(':')[0].lower()}")
     return getattr(mod, f"{name.split(':')[0].title()}Device")(name)
+  @cached_property
+  def backends(self) -> tuple[str, ...]:
+    # names come from module files, not imports: a backend needing an optional package (llvmlite, wgpu) costs
+    # nothing until it is used, and says what to install then
+    pkg = importlib.import_module(__package__)
+    return tuple(sorted(m.name[4:].upper() for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("ops_")))
   def canonicalize(self, name: str | None) -> str:
     if name is None: return self.DEFAULT
     # only the backend is case-insensitive: what follows the colon may be a file path (DISK:/a/B.bin)
     base, _, rest = name.partition(":")
     base = base.upper()
-    if base not in BACKENDS: raise ValueError(f"unknown device {name!r}; available: {', '.join(BACKENDS)}")
+    if base not in self.backends: raise ValueError(f"unknown device {name!r}; available: {', '.join(self.backends)}")
     return base if rest in ("", "0") else f"{base}:{rest if base == 'DISK' else rest.upper()}"
   @cached_property
   def DEFAULT(self) -> str:
     if (dev := os.getenv("DEV")): return self.canonicalize(dev)
-    for b in BACKENDS:
+    for b in self.backends:
       if b != "DISK" and getenv(b, 0) == 1: return b  # DISK runs no kernels, it can't be the default
     return "CPU"
 Device = _Device()
