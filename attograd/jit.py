@@ -8,6 +8,7 @@ from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
 from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of
 from attograd.engine.memory import planned_buffers
+from attograd.engine.registry import assigned_to
 from attograd.tensor import Tensor, _bind_shapes
 from attograd.schedule.schedule import is_contiguous_buffer
 
@@ -67,7 +68,7 @@ def _reads_only_where_it_writes(ast: UOp, param: int) -> bool:
 
 def _latest(node: UOp) -> UOp:
   """The BUFFER a tensor's memory moved to through assigns made since (tensor.py leaves the notes)."""
-  while (moved := node.__dict__.get("assigned_to")) is not None: node = moved
+  while (moved := assigned_to.get(node)) is not None: node = moved
   return node
 
 class _Replay:
@@ -178,6 +179,6 @@ class TinyJit(Generic[ReturnType]):
     t.uop = before
     kept.add(id(old))
     nodes[id(old)] = before.base
-    before.base.__dict__.pop("assigned_to", None)  # t stays in its old memory: nothing moved
+    assigned_to.pop(before.base)  # t stays in its old memory: nothing moved
     if in_place: return [ExecItem(ei.ast, ei.runner, [old if b is new else b for b in ei.bufs]) for ei in items]
     return [*items, ExecItem(UOp(Ops.COPY, t.dtype, (), t.device), BufferCopy(old.nbytes, old.device, new.device), [old, new])]

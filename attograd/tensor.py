@@ -9,6 +9,7 @@ from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import run_schedule, buffer_of, capturing, JitError
+from attograd.engine.registry import realized, sources, assigned_to
 from attograd.gradient import compute_gradient
 from attograd.frontend.indexing import IndexingOps, full_index
 from attograd.frontend.reorder import ReorderOps
@@ -18,15 +19,11 @@ from attograd.frontend.elementwise import ElementwiseOps
 _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
 # ***** what realized nodes became *****
-# A realized node remembers the buffer view it became (in its own __dict__, so the memo lives exactly
-# as long as the node): lazy graphs built before the realize read that buffer instead of recomputing.
-# A tensor being realized gets its own buffer even if an identical node was realized before (only
-# nodes strictly below it use memos), so no two tensors share memory by accident.
-# a lazy node remembers the buffer it became weakly: the buffer's view remembers its lazy graph
-# (for backward), and a strong link back would make a cycle that only the cyclic GC frees, holding
-# big buffers long after their tensors are gone
-def _remember(node: UOp, view: UOp) -> None: node.__dict__["realized"] = weakref.ref(view)
-def _realized(node: UOp) -> UOp | None: return r() if (r := node.__dict__.get("realized")) is not None else None
+# A realized node's buffer view is remembered (engine/registry.py `realized`): lazy graphs built before the realize
+# read that buffer instead of recomputing. A tensor being realized gets its own buffer even if an identical node was
+# realized before (only nodes strictly below it use memos), so no two tensors share memory by accident.
+def _remember(node: UOp, view: UOp) -> None: realized[node] = weakref.ref(view)
+def _realized(node: UOp) -> UOp | None: return r() if (r := realized.get(node)) is not None else None
 
 # tensors the next realize of anything realizes too: those with an assign not yet realized, so writes land in order and
 # a chain of assigns (a running mean updated each step) never grows into an ever longer graph; and a loss that
@@ -47,7 +44,7 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     while stack:
       u, ready = stack.pop()
       if u in reaches: continue
-      below = (*u.src, *((src,) if (src := u.__dict__.get("source")) is not None else ()))
+      below = (*u.src, *((src,) if (src := sources.get(u)) is not None else ()))
       if ready: reaches[u] = u in targets or _realized(u) in targets or any(reaches[s] for s in below)
       else: stack += [(u, True), *((s, False) for s in below if s not in reaches)]
     return reaches[n]
@@ -57,7 +54,7 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     for n in root.toposort:
       if n in targets or n in expanded: continue
       if (v := _realized(n)) in targets: swap[n] = v
-      elif (src := n.__dict__.get("source")) is not None and leads_to_target(src): swap[n] = src
+      elif (src := sources.get(n)) is not None and leads_to_target(src): swap[n] = src
     if not swap: return root
     expanded |= swap.keys()
     root = root.substitute(swap)
@@ -254,10 +251,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       # a computed tensor remembers the graph it came from, so backward() still works after item()
       # (with its Variables bound: gradients must run with this run's values)
       if old.op is not Ops.ASSIGN and not t.requires_grad and is_view_of_buffer(t.uop) and t.uop is not old:
-        t.uop.__dict__["source"] = graph_of[old] if var_vals else old
+        sources[t.uop] = graph_of[old] if var_vals else old
       # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
       if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
-        was.base.__dict__["assigned_to"] = t.uop.base
+        assigned_to[was.base] = t.uop.base
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:

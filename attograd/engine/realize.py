@@ -15,6 +15,7 @@ from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem
 from attograd.engine.memory import planned_buffers
+from attograd.engine import registry
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
@@ -177,8 +178,8 @@ def slowest_kernels() -> tuple[CompiledKernel, CompiledKernel, CompiledKernel] |
           max(built, key=lambda ck: ck.lower_s + ck.compile_s))
 
 def buffer_of(u: UOp) -> Buffer:
-  """The runtime Buffer behind a BUFFER node, held by the node: memory lives as long as a graph names it."""
-  if (b := u.__dict__.get("buffer")) is None: b = u.__dict__["buffer"] = Buffer(u.arg.device, u.arg.size, u.dtype, u.arg.offset)
+  """The runtime Buffer behind a BUFFER node (registry.buffers): memory lives as long as a graph names it."""
+  if (b := registry.buffers.get(u)) is None: b = registry.buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, u.arg.offset)
   return b
 
 class JitError(RuntimeError): pass
@@ -243,8 +244,8 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
   # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
   if keep is not None and not all(si.bufs[0] in keep for si in schedule):
     internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
-                if "buffer" not in si.bufs[0].__dict__}
-    for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): u.__dict__["buffer"] = b
+                if si.bufs[0] not in registry.buffers}
+    for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
   progress: Progress | None = None
   items: list[ExecItem] = []
   try:

@@ -1,0 +1,45 @@
+"""What the engine learns about nodes, kept beside them: UOps are hash-consed and immutable, so a fact about one
+(the memory a BUFFER names, the view a lazy node became) lives in a registry here, never written onto the node.
+Each registry says who writes it and who reads it. The nodes' own caches (shape, ancestors, ranges, the rewrite
+engine's fixed-point marks) stay on the nodes: they are pure functions of the node, not state."""
+from __future__ import annotations
+import weakref
+from typing import Generic, TypeVar
+from attograd.uop.ops import UOp
+
+V = TypeVar("V")
+
+class NodeMap(Generic[V]):
+  """node -> value while the node lives: the entry goes when the node dies (a value that held its own node would
+  keep both forever). Keyed by id with a weak reference per node for the cleanup, so a lookup is one dict probe:
+  a WeakKeyDictionary builds a weak reference on every lookup (2x the time), and a JIT replay looks up every weight."""
+  def __init__(self, doc: str):
+    self.__doc__, self._values, self._refs = doc, {}, {}
+  def get(self, node: UOp) -> V | None: return self._values.get(id(node))
+  def __contains__(self, node: UOp) -> bool: return id(node) in self._values
+  def __len__(self) -> int: return len(self._values)
+  def __setitem__(self, node: UOp, value: V) -> None:
+    if (key := id(node)) not in self._refs: self._refs[key] = weakref.ref(node, lambda _, key=key: self._forget(key))
+    self._values[key] = value
+  def pop(self, node: UOp) -> V | None:
+    self._refs.pop(id(node), None)  # a dropped weak reference calls nothing
+    return self._values.pop(id(node), None)
+  def _forget(self, key: int) -> None:
+    self._values.pop(key, None)
+    self._refs.pop(key, None)
+
+buffers: NodeMap = NodeMap("""BUFFER node -> its runtime Buffer (device memory), so memory lives exactly as long as a
+graph names it. Written by engine/realize.py (buffer_of makes one on first use; run_schedule places the buffers a
+schedule creates where the memory plan says); read through buffer_of by the run loop, jit.py, tensor.py, nn/state.py.""")
+
+realized: NodeMap = NodeMap("""lazy node -> weakref to the buffer view it became. Written by Tensor.realize_all after a
+run; read by tensor.py (_runnable: a later graph reads the buffer instead of recomputing; _graph_for_gradient). Weak:
+the view remembers its graph (`sources`), and a strong link back would be a cycle holding big buffers until a GC.""")
+
+sources: NodeMap = NodeMap("""buffer view of a realized tensor -> the lazy graph it was computed from (with its
+Variables bound), so backward() still works after the forward pass ran. Written by Tensor.realize_all; read by
+tensor.py's _graph_for_gradient.""")
+
+assigned_to: NodeMap = NodeMap("""BUFFER node -> the BUFFER its tensor moved to when an assign over the whole buffer
+was realized (a forwarding note; follow it to the end). Written by Tensor.realize_all, removed by jit.py when a
+capture writes the assign back in place; read by jit.py (_latest: a replay binds an assigned weight's new memory).""")

@@ -1,0 +1,50 @@
+"""No hidden state on hash-consed UOps: what the engine learns about a node lives in engine/registry.py, and an entry
+dies with its node."""
+import gc
+import numpy as np
+from attograd import Tensor, TinyJit, GlobalCounters, UOp
+from attograd.dtype import dtypes
+from attograd.uop.ops import Ops
+from attograd.helpers import cached_property
+from attograd.engine import registry
+from attograd.engine.registry import NodeMap
+
+# what a node may keep in its __dict__: caches that are pure functions of the node (cached properties, the symbolic
+# ranges of uop/ops.py's _memo, the rewrite engine's fixed-point marks)
+PURE_CACHES = {k for k, v in vars(UOp).items() if isinstance(v, cached_property)} | {"_range", "_ranges", "_live", "_fixed"}
+
+def test_nodes_hold_no_engine_state():
+  w = Tensor.rand(8, 8, requires_grad=True).realize()
+  m = Tensor.zeros(8, 8).contiguous().realize()
+  @TinyJit
+  def step(x: Tensor) -> Tensor:
+    loss = (x @ w).relu().sum()
+    loss.backward()
+    m.assign(m * 0.9 + w.grad)  # an assign over a whole buffer: the replay follows it
+    return loss.realize()
+  for _ in range(4): step(Tensor.rand(4, 8)).item()
+  (w * 2).sum().item()  # realized values, a graph kept for backward
+  found = {k for u in gc.get_objects() if type(u) is UOp for k in vars(u)} - PURE_CACHES
+  assert not found, f"state written onto UOps: {found}"
+  assert len(registry.buffers) and len(registry.realized) and len(registry.sources) and len(registry.assigned_to)
+
+def test_registry_entries_die_with_their_nodes():
+  gc.collect()
+  counts = [len(r) for r in (registry.buffers, registry.realized, registry.sources)]
+  used = GlobalCounters.mem_used
+  a = Tensor.rand(64, 64).realize()
+  b = (a @ a + 1).realize()
+  assert b.sum().item() != 0 and GlobalCounters.mem_used > used
+  assert all(len(r) > n for r, n in zip((registry.buffers, registry.realized, registry.sources), counts))
+  del a, b  # no gc.collect(): the buffers and their entries go by reference counting alone
+  assert [len(r) for r in (registry.buffers, registry.realized, registry.sources)] == counts
+  assert GlobalCounters.mem_used == used
+
+def test_node_map():
+  m: NodeMap = NodeMap("test")
+  keep, gone = UOp(Ops.CONST, dtypes.int32, (), 12345), UOp(Ops.CONST, dtypes.int32, (), 12346)
+  m[keep], m[gone] = "a", np.zeros(3)
+  assert m.get(keep) == "a" and gone in m and len(m) == 2
+  del gone
+  assert len(m) == 1 and len(m._refs) == 1
+  assert m.pop(keep) == "a" and m.get(keep) is None and len(m._refs) == 0
