@@ -266,6 +266,16 @@ def test_llvm_code_uses_vectors_and_fma():
     assert re.search(r"\bvfmadd\d+ps\b", code) and not re.search(r"\bvfmadd\d+ss\b", code) and "gather" not in code, \
       "a matmul's register tile isn't packed FMAs"
 
+def test_llvm_accumulates_products_with_fmuladd():
+  """Lowering makes a float accumulator's acc + a*b one MULACC, which LLVM IR writes as llvm.fmuladd (rounded once, as C's
+  fmaf): no renderer pass of LLVM's own is needed for it (one that did this after lowering never fired, and was removed)."""
+  from attograd.codegen import to_program
+  from attograd.codegen.opt import hand_coded_opts
+  from attograd.renderer.llvmir import LLVMRenderer
+  ast, r = (Tensor.empty(16, 32) @ Tensor.empty(32, 8)).schedule()[-1].ast, LLVMRenderer()
+  for opts in ([], hand_coded_opts(ast, 1, r.simd_floats)):  # one accumulator; a register tile of them
+    assert re.search(r"call \S+ @llvm\.fmuladd\.(f32|v\d+f32)\(", to_program(ast, r, opts)[1]), opts
+
 @needs_llvm
 def test_llvm_float_sums_are_the_c_backends():
   """The LLVM device adds in the order the kernel gives, as C does (no reassociation): the same bits."""

@@ -12,7 +12,6 @@ import struct
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.renderer import Renderer
 from attograd.codegen.opt import CORE_ID
 
@@ -43,18 +42,9 @@ def const(value, dt: DType) -> str:
   v = int(value)
   return str(v - (1 << 64) if v >= 1 << 63 else v)  # LLVM reads i64 literals as signed
 
-# an accumulator update acc + a*b becomes one fused multiply-add (rounded once: slightly more accurate than
-# the C backend's two roundings). Only there: contracting any a*b+c would turn x*y - x*y into a rounding error
-fuse_accumulate = PatternMatcher([
-  (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="idx"), UPat(Ops.ADD, dtype=(dtypes.float32, dtypes.float64), name="add",
-        src=[UPat(Ops.LOAD, name="acc"), UPat(Ops.MUL, name="m")]))),
-   lambda idx, add, acc, m: idx.store(m.src[0].alu(Ops.MULACC, m.src[1], acc)) if idx.dtype.addrspace == "reg" else None),
-])
-
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
-  rewrites = fuse_accumulate
 
   def render(self, name: str, uops: list[UOp]) -> str:
     r: dict[UOp, str] = {}
