@@ -1,11 +1,12 @@
 """attograd.nn.datasets: the zarr v3 zip reader, the pureml MNIST store, the verified IDX download path (against a
 local HTTP server) and IDX parsing."""
-import contextlib, functools, gzip, hashlib, http.server, json, pathlib, struct, threading, warnings, zipfile
+import contextlib, functools, gzip, subprocess, sys, hashlib, http.server, json, pathlib, struct, threading, warnings, zipfile
 import numpy as np
 import pytest
 from attograd import dtypes
 from attograd.nn import datasets
-from attograd.nn.datasets import ZarrZip, parse_idx, read_idx_gz, fetch, download_mnist, mnist, ChecksumError, DownloadError, MNIST_FILES
+from attograd.nn.datasets.zarr import ZarrZip
+from attograd.nn.datasets import parse_idx, read_idx_gz, fetch, download_mnist, mnist, ChecksumError, DownloadError, MNIST_FILES
 
 # ***** zarr v3 in a zip, written by hand *****
 
@@ -67,6 +68,13 @@ def zarr_zip(tmp_path):
                  {"name": "bytes", "configuration": {"endian": "big"}}, {"name": "gzip", "configuration": {"level": 1}}],
                  fill_value="NaN", key_encoding={"name": "v2", "configuration": {"separator": "."}})
   return path, arrays
+
+def test_zarr_reader_is_loaded_only_to_read_a_store():
+  """The zarr reader is a file format of the dataset loaders, not of the framework: importing attograd and its
+  datasets module leaves it (and numpy) unloaded, and the loaders' namespace doesn't carry it."""
+  script = "import sys, attograd.nn.datasets, attograd.nn\nprint(sorted(m for m in sys.modules if m.endswith('.zarr') or m == 'numpy'), hasattr(attograd.nn.datasets, 'ZarrZip'))"
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "[] False", out.stdout + out.stderr
 
 def test_zarr_reader_lists_and_reads_arrays(zarr_zip):
   path, arrays = zarr_zip
