@@ -6,10 +6,10 @@ from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG
 from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
-from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of
+from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes
 from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to
-from attograd.tensor import Tensor, _bind_shapes
+from attograd.tensor import Tensor
 from attograd.schedule.schedule import is_contiguous_buffer
 
 JIT = ContextVar("JIT", 1)
@@ -127,7 +127,7 @@ class TinyJit(Generic[ReturnType]):
     var_vals = {**self.var_vals, **bound}
     self.replay([buffer_of(t.uop.base) for t in tensors], var_vals)
     if self.symbolic:
-      for t, view in self.sym_outputs: t.uop = _bind_shapes(view, var_vals)
+      for t, view in self.sym_outputs: t.uop = bind_shapes(view, var_vals)
     return self.ret
 
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:

@@ -5,11 +5,11 @@ import math, struct, weakref
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
-from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, substitute_sym
+from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
-from attograd.engine.realize import run_schedule, buffer_of, capturing, JitError
-from attograd.engine.registry import realized, sources, assigned_to
+from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
+from attograd.engine.registry import sources
 from attograd.gradient import compute_gradient
 from attograd.frontend.indexing import IndexingOps, full_index
 from attograd.frontend.reorder import ReorderOps
@@ -17,13 +17,6 @@ from attograd.frontend.elementwise import ElementwiseOps
 
 # tensors that require grad, by id: a WeakSet would compare two entries with ==, which is elementwise for tensors
 _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
-
-# ***** what realized nodes became *****
-# A realized node's buffer view is remembered (engine/registry.py `realized`): lazy graphs built before the realize
-# read that buffer instead of recomputing. A tensor being realized gets its own buffer even if an identical node was
-# realized before (only nodes strictly below it use memos), so no two tensors share memory by accident.
-def _remember(node: UOp, view: UOp) -> None: realized[node] = weakref.ref(view)
-def _realized(node: UOp) -> UOp | None: return r() if (r := realized.get(node)) is not None else None
 
 # tensors the next realize of anything realizes too: those with an assign not yet realized, so writes land in order and
 # a chain of assigns (a running mean updated each step) never grows into an ever longer graph; and a loss that
@@ -45,7 +38,7 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
       u, ready = stack.pop()
       if u in reaches: continue
       below = (*u.src, *((src,) if (src := sources.get(u)) is not None else ()))
-      if ready: reaches[u] = u in targets or _realized(u) in targets or any(reaches[s] for s in below)
+      if ready: reaches[u] = u in targets or realized_view(u) in targets or any(reaches[s] for s in below)
       else: stack += [(u, True), *((s, False) for s in below if s not in reaches)]
     return reaches[n]
   expanded: set[UOp] = set()  # each node is seen through once: no cycle can keep this going
@@ -53,49 +46,11 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
     swap = {}
     for n in root.toposort:
       if n in targets or n in expanded: continue
-      if (v := _realized(n)) in targets: swap[n] = v
+      if (v := realized_view(n)) in targets: swap[n] = v
       elif (src := sources.get(n)) is not None and leads_to_target(src): swap[n] = src
     if not swap: return root
     expanded |= swap.keys()
     root = root.substitute(swap)
-
-def _runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
-  """The graph with realized nodes (below the roots) read from their buffers and bound Variables
-  unbound (kernels take the variable, the run gets the value), and those values. Variables are found
-  as values and in symbolic shapes; a slice of a buffer at nonzero int offsets gets variables for them. One variable
-  can't have two values at once."""
-  swap: dict[UOp, UOp] = {}
-  vals: dict[UOp, int] = {}
-  in_shapes: dict[UOp, UOp] = {}
-  def value_of(b: UOp) -> None:
-    if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg:
-      raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
-  offsets = 0
-  for n in roots.toposort:
-    if n.op is Ops.BIND:
-      value_of(n)
-      swap[n] = n.src[0]
-    elif (v := _realized(n)) is not None and n not in roots.src: swap[n] = v
-    elif n.op in GroupOp.Sized and n.sym_args:
-      for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
-    elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
-      # a slice of stored data at Python-int offsets (a batch cut from a dataset: data[i:i+T]) is read at variable ones,
-      # so the next batch's offsets reuse the kernel and the schedule instead of compiling new ones
-      arg = []
-      for (b, e), size in zip(n.arg, n.src[0].shape):
-        if b == 0: arg.append((b, e)); continue
-        var = UOp.variable(f"offset{offsets}", 0, size - (e - b))
-        offsets += 1
-        vals[var] = b
-        arg.append((var, var + (e - b)))
-      swap[n] = n.replace(arg=tuple(arg))
-  if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals
-  return (roots.substitute(swap) if swap else roots), vals
-
-def _bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
-  """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
-  binds = {v: v.bind(x) for v, x in var_vals.items()}
-  return substitute_sym(u, {}, lambda x: x.substitute(binds))
 
 def _check_size(s: Any, what: str) -> sint:
   """A size in a shape: a non-negative int, or an integer expression of bound Variables, never negative."""
@@ -230,31 +185,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       tensors = [*tensors, *_pending_realize.values()]
       _pending_realize.clear()
     tensors = list({id(t): t for t in tensors}.values())
-    todo = []
-    roots = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
-    bound_graphs = roots.src
-    roots, var_vals = _runnable(roots)
-    for t, u in zip(tensors, roots.src):
-      t.uop = u
-      if not is_view_of_buffer(u): todo.append(t)
-      elif var_vals: t.uop = _bind_shapes(u, var_vals)
-    if not todo: return
-    schedule, becomes = create_schedule([t.uop for t in todo])
-    run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
-    for k, v in becomes.items():
-      if is_view_of_buffer(v): _remember(k, v)
-    graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}
-    for t in todo:
-      old, t.uop = t.uop, becomes[t.uop]
-      # a symbolic shape shows its bound value: the tensor's view takes the variables' values back
-      if var_vals: t.uop = _bind_shapes(t.uop, var_vals)
-      # a computed tensor remembers the graph it came from, so backward() still works after item()
-      # (with its Variables bound: gradients must run with this run's values)
-      if old.op is not Ops.ASSIGN and not t.requires_grad and is_view_of_buffer(t.uop) and t.uop is not old:
-        sources[t.uop] = graph_of[old] if var_vals else old
-      # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
-      if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
-        assigned_to[was.base] = t.uop.base
+    # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
+    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], [not t.requires_grad for t in tensors])): t.uop = u
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:

@@ -119,8 +119,8 @@ def test_kernel_loops_to_the_variable():
   from attograd.schedule.schedule import create_schedule
   v = Variable("len", 1, 64)
   y = (Tensor(np.ones((64, 4), np.float32)).realize()[:v.bind(10)] * 2).sum(0)
-  from attograd.tensor import _runnable
-  roots, var_vals = _runnable(UOp(Ops.SINK, src=(y.uop,)))
+  from attograd.engine.realize import runnable
+  roots, var_vals = runnable(UOp(Ops.SINK, src=(y.uop,)))
   (si,) = create_schedule(list(roots.src))[0]
   ranges = [u for u in si.ast.toposort if u.op is Ops.RANGE]
   # the kernel's reduce loop runs to the DEFINE_VAR (an argument), not to the value 10

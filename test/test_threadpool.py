@@ -9,7 +9,7 @@ from attograd.engine import realize
 from attograd.runtime.device import Buffer
 from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram
 from attograd.schedule.schedule import create_schedule
-from attograd.tensor import _runnable
+from attograd.engine.realize import runnable
 from helpers import DEVICES
 
 THREADED = [d for d in DEVICES if d in ("CPU", "LLVM")]  # the backends with the THREAD opt (LLVM where llvmlite is installed)
@@ -74,7 +74,7 @@ def test_symbolic_variables_and_core_id(device):
   x = Tensor(rng.standard_normal((64, 16, 8), dtype=np.float32), device=device).realize()
   a, z = Variable("a", 1, 16), Variable("z", 1, 8)
   # the kernel as realize() gets it: variables unbound, their values passed at the call
-  (si,), _ = create_schedule(list(_runnable((x[:, :a.bind(5), :z.bind(3)] * 2 + 1).uop.sink())[0].src))
+  (si,), _ = create_schedule(list(runnable((x[:, :a.bind(5), :z.bind(3)] * 2 + 1).uop.sink())[0].src))
   ck = realize.compile_kernel(si.ast, device, [Opt(OptOps.THREAD, 0, 4)])
   assert [v.arg[0] for v in ck.variables] == ["a", CORE_ID, "z"]
   for av, zv in ((5, 3), (16, 8), (1, 1), (7, 2)):

@@ -1,19 +1,19 @@
-"""Run a schedule: compile each kernel once (cached by AST and device), then call it with buffers."""
+"""Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import json, time
+import json, time, weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.runtime.device import Device, Buffer
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
-from attograd.schedule.schedule import ScheduleItem
+from attograd.schedule.schedule import ScheduleItem, create_schedule, is_view_of_buffer
 from attograd.engine.memory import planned_buffers
 from attograd.engine import registry
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
@@ -271,3 +271,75 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
 def _uncompiled(items: list[ScheduleItem]) -> int:
   """How many distinct kernels of items this process hasn't compiled yet."""
   return len({k for si in items if si.ast.op is not Ops.COPY and (k := (si.ast, si.bufs[0].arg.device)) not in _kernel_cache})
+
+# ***** lazy graphs to buffer views *****
+# A realized node's buffer view is remembered (registry.realized): lazy graphs built before the realize read that
+# buffer instead of recomputing. A graph being realized gets its own buffer even if an identical node was realized
+# before (only nodes strictly below it use memos), so no two tensors share memory by accident.
+def realized_view(node: UOp) -> UOp | None: return r() if (r := registry.realized.get(node)) is not None else None
+
+def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
+  """The graph with realized nodes (below the roots) read from their buffers and bound Variables
+  unbound (kernels take the variable, the run gets the value), and those values. Variables are found
+  as values and in symbolic shapes; a slice of a buffer at nonzero int offsets gets variables for them. One variable
+  can't have two values at once."""
+  swap: dict[UOp, UOp] = {}
+  vals: dict[UOp, int] = {}
+  in_shapes: dict[UOp, UOp] = {}
+  def value_of(b: UOp) -> None:
+    if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg:
+      raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
+  offsets = 0
+  for n in roots.toposort:
+    if n.op is Ops.BIND:
+      value_of(n)
+      swap[n] = n.src[0]
+    elif (v := realized_view(n)) is not None and n not in roots.src: swap[n] = v
+    elif n.op in GroupOp.Sized and n.sym_args:
+      for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
+    elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
+      # a slice of stored data at Python-int offsets (a batch cut from a dataset: data[i:i+T]) is read at variable ones,
+      # so the next batch's offsets reuse the kernel and the schedule instead of compiling new ones
+      arg = []
+      for (b, e), size in zip(n.arg, n.src[0].shape):
+        if b == 0: arg.append((b, e)); continue
+        var = UOp.variable(f"offset{offsets}", 0, size - (e - b))
+        offsets += 1
+        vals[var] = b
+        arg.append((var, var + (e - b)))
+      swap[n] = n.replace(arg=tuple(arg))
+  if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals
+  return (roots.substitute(swap) if swap else roots), vals
+
+def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
+  """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
+  binds = {v: v.bind(x) for v, x in var_vals.items()}
+  return substitute_sym(u, {}, lambda x: x.substitute(binds))
+
+def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
+  """Run everything these lazy graphs need and return each as a view of device memory (the front end's realize).
+  A computed graph whose keep_source is set stays reachable from its view (registry.sources), for backward()."""
+  roots = UOp(Ops.SINK, dtypes.void, tuple(graphs))
+  bound_graphs = roots.src
+  roots, var_vals = runnable(roots)
+  out, todo = list(roots.src), []
+  for i, u in enumerate(roots.src):
+    if not is_view_of_buffer(u): todo.append(i)
+    elif var_vals: out[i] = bind_shapes(u, var_vals)
+  if not todo: return out
+  schedule, becomes = create_schedule([out[i] for i in todo])
+  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
+  for k, v in becomes.items():
+    if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
+  graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}
+  for i in todo:
+    old = out[i]
+    # a symbolic shape shows its bound value: the view takes the variables' values back
+    out[i] = view = bind_shapes(becomes[old], var_vals) if var_vals else becomes[old]
+    # (the source keeps its Variables bound: gradients must run with this run's values)
+    if old.op is not Ops.ASSIGN and keep_source[i] and is_view_of_buffer(view) and view is not old:
+      registry.sources[view] = graph_of[old] if var_vals else old
+    # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
+    if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
+      registry.assigned_to[was.base] = view.base
+  return out

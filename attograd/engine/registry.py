@@ -32,14 +32,16 @@ buffers: NodeMap = NodeMap("""BUFFER node -> its runtime Buffer (device memory),
 graph names it. Written by engine/realize.py (buffer_of makes one on first use; run_schedule places the buffers a
 schedule creates where the memory plan says); read through buffer_of by the run loop, jit.py, tensor.py, nn/state.py.""")
 
-realized: NodeMap = NodeMap("""lazy node -> weakref to the buffer view it became. Written by Tensor.realize_all after a
-run; read by tensor.py (_runnable: a later graph reads the buffer instead of recomputing; _graph_for_gradient). Weak:
-the view remembers its graph (`sources`), and a strong link back would be a cycle holding big buffers until a GC.""")
+realized: NodeMap = NodeMap("""lazy node -> weakref to the buffer view it became. Written by engine/realize.py's
+realize_graphs after a run; read through realized_view by its runnable (a later graph reads the buffer instead of
+recomputing) and by tensor.py's _graph_for_gradient. Weak: the view remembers its graph (`sources`), and a strong
+link back would be a cycle holding big buffers until a GC.""")
 
 sources: NodeMap = NodeMap("""buffer view of a realized tensor -> the lazy graph it was computed from (with its
-Variables bound), so backward() still works after the forward pass ran. Written by Tensor.realize_all; read by
-tensor.py's _graph_for_gradient.""")
+Variables bound), so backward() still works after the forward pass ran. Written by engine/realize.py's
+realize_graphs; read by tensor.py's _graph_for_gradient.""")
 
 assigned_to: NodeMap = NodeMap("""BUFFER node -> the BUFFER its tensor moved to when an assign over the whole buffer
-was realized (a forwarding note; follow it to the end). Written by Tensor.realize_all, removed by jit.py when a
+was realized (a forwarding note; follow it to the end). Written by engine/realize.py's realize_graphs, removed by
+jit.py when a
 capture writes the assign back in place; read by jit.py (_latest: a replay binds an assigned weight's new memory).""")
