@@ -4,8 +4,7 @@ from __future__ import annotations
 import math
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer, literal_operand
-from attograd.codegen.opt import CORE_ID
+from attograd.renderer import Renderer, literal_operand, scalar_args
 
 def _float_literal(x: float, suffix: str) -> str:
   if math.isnan(x): return "NAN"
@@ -18,6 +17,17 @@ def float_to_int(decl: str, real: str, unsigned: str, signed: str) -> str:
   f = "f" if real == "float" else ""  # a float version for targets without double
   return f"{decl}({real} x) {{\n  if (x > -9.2e18{f} && x < 9.2e18{f}) return ({unsigned})({signed})x;\n" \
          f"  if (x - x != 0) return 0; x = fmod(x, 18446744073709551616.0{f});\n  return x < 0 ? -({unsigned})(-x) : ({unsigned})x; }}\n"
+
+def arg_names(variables: list[UOp]) -> dict[UOp, str]:
+  """The C names of a kernel's scalar arguments. A user's Variable gets a prefix that no name the renderers make up has
+  (a Variable named data0, alu0 or core_id clashed with one), or var<i> when its name isn't made of identifier
+  characters or two of the kernel's Variables share it; the THREAD opt's slice is core_id."""
+  names = [v.arg[0] for v in variables if v.op is Ops.DEFINE_VAR]
+  def name(i: int, v: UOp) -> str:
+    if v.op is Ops.CORE_ID: return "core_id"
+    plain = v.arg[0].isascii() and v.arg[0].replace("_", "a").isalnum() and names.count(v.arg[0]) == 1
+    return f"var_{v.arg[0]}" if plain else f"var{i}"
+  return {v: name(i, v) for i, v in enumerate(variables)}
 
 WRAPPING = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL}
 
@@ -123,15 +133,20 @@ class CStyleRenderer(Renderer):
   def special(self, name: str) -> str: raise NotImplementedError(f"{type(self).__name__} has no thread ids")
   local_decl, barrier = "", ""
 
-  def signature(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
-    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
+  def prelude_for(self, uops: list[UOp]) -> str:
+    """What this kernel's source starts with: the helpers it may call."""
+    return self.prelude
+
+  def signature(self, name: str, params: list[UOp], variables: dict[UOp, str], uops: list[UOp]) -> str:
+    """The function's head: its buffers, then its scalar arguments (by their C names)."""
+    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {n}" for v, n in variables.items()]
     return f"{self.func_prefix}void {name}({', '.join(args)})"
 
   def slice_entry(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
     """A threaded kernel's second entry point, of one C type for every kernel: the thread pool (runtime/threadpool.py)
     calls it once per slice with the buffers and variables in arrays and the slice as the core id."""
     args = [f"({self.dt(p.dtype)})bufs[{i}]" for i, p in enumerate(params)] + \
-           ["core" if v.arg[0] == CORE_ID else f"vals[{i}]" for i, v in enumerate(variables)]
+           ["core" if v.op is Ops.CORE_ID else f"vals[{i}]" for i, v in enumerate(variables)]
     return f"void {name}_slice(void *const *bufs, const long long *vals, long long core) {{ {name}({', '.join(args)}); }}\n"
 
   @staticmethod
@@ -170,11 +185,12 @@ class CStyleRenderer(Renderer):
       emit(f"{self.dt(u.dtype)} {r[u]} = {expr};")
     spelled_thrice = {u.src[0] for u in uops if u.op is Ops.MAX and dtypes.is_float(u.dtype)}
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    variables = scalar_args(uops)
+    names = arg_names(variables)
     for u in uops:
       op = u.op
       if op is Ops.PARAM: r[u] = f"data{u.arg}"
-      elif op is Ops.DEFINE_VAR: r[u] = u.arg[0]
+      elif op is Ops.DEFINE_VAR or op is Ops.CORE_ID: r[u] = names[u]
       elif op is Ops.CONST: r[u] = literal_operand(self.const(u.arg, u.dtype))
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.RANGE:
@@ -215,6 +231,6 @@ class CStyleRenderer(Renderer):
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     body = "\n".join(lines)
-    src = f"{self.prelude}{self.signature(name, params, variables)} {{\n{body}\n}}\n"
-    if self.has_threads and any(v.arg[0] == CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
+    src = f"{self.prelude_for(uops)}{self.signature(name, params, names, uops)} {{\n{body}\n}}\n"
+    if self.has_threads and any(v.op is Ops.CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
     return src
