@@ -137,11 +137,14 @@ def least_upper_dtype(*ts: DType) -> DType:
   return lub
 
 _F32 = struct.Struct("f")
+_INT_BOUNDS = {dt: ((-(1 << (8 * dt.itemsize - 1)), (1 << (8 * dt.itemsize - 1)) - 1) if dt.name.startswith("int") else (0, (1 << (8 * dt.itemsize)) - 1))
+               for dt in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)}
 def truncate(dtype: DType, x: ConstType) -> ConstType:
   """A Python value as the dtype stores it: C-style wrap for ints, rounding for floats."""
   if dtype is dtypes.float32 and type(x) is float:  # every scalar of float code comes here first
     try: return _F32.unpack(_F32.pack(x))[0]
     except OverflowError: return math.copysign(math.inf, x)
+  if type(x) is int and (bounds := _INT_BOUNDS.get(dtype)) is not None and bounds[0] <= x <= bounds[1]: return x  # most index math
   if dtypes.is_bool(dtype): return bool(x)
   if dtypes.is_int(dtype):
     if isinstance(x, float):

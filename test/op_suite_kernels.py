@@ -63,5 +63,6 @@ def render_each(asts: list[UOp], render: Callable[[UOp], str]) -> tuple[list[str
   for ast in asts:
     try: srcs.setdefault(render(ast))
     except Exception as e:  # noqa: BLE001  listed (and failed on unless expected) by the caller
-      refused[msg := f"{type(e).__name__}: {e}"] = refused.get(msg, 0) + 1
+      msg = f"{type(e).__name__}: {e}"  # (named first: an assignment evaluates its value before its target)
+      refused[msg] = refused.get(msg, 0) + 1
   return list(srcs), refused

@@ -4,14 +4,15 @@ PTX renderer uses is checked for accuracy where it can run, on CPU."""
 import functools, math, re, shutil, subprocess
 import numpy as np
 import pytest
-from attograd import Tensor, dtypes
+from attograd import Tensor, Variable, dtypes
 from attograd.uop.ops import Ops
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, OptOps
 from attograd.codegen.gpudims import gpu_hand_coded_opts
 from attograd.engine import realize
 from attograd.renderer.ptx import PTXRenderer
 from attograd.runtime.device import Device
+from attograd.schedule.schedule import create_schedule
+from attograd.engine.realize import runnable
 from attograd.uop.mathlib import float64_math
 from op_suite_kernels import op_suite_asts, render_each
 
@@ -46,8 +47,9 @@ def op_kernels() -> list:
     big = Tensor.empty(256, 1024, device="CPU", dtype=dt)
     for t in (big * 2, big.sum(), big.max(1), big[:64, :64] @ big[:64, :32], big.sum(0)):
       kernels += [(si.ast, []) for si in t.schedule() if si.ast.op is Ops.SINK]
-  big = (Tensor.empty(64, 1024, device="CPU") * 2).schedule()[-1].ast
-  kernels.append((big, [Opt(OptOps.THREAD, 0, 4)]))  # a kernel variable: the thread count's core id
+  # a kernel variable: a symbolic size, unbound as realize() gets it
+  rows = Tensor.empty(64, 1024, device="CPU").realize()[:Variable("n", 1, 64).bind(10)] * 2
+  kernels += [(si.ast, []) for si in create_schedule(list(runnable(rows.uop.sink())[0].src))[0]]
   return kernels
 
 # kernels the PTX renderer refuses, by error message (each must name the problem): none today

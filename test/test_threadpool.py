@@ -4,12 +4,13 @@ import os, pathlib, subprocess, sys, threading
 import numpy as np
 import pytest
 from attograd import Tensor, Context, Variable, dtypes
-from attograd.codegen.opt import Opt, OptOps, CORE_ID
+from attograd.codegen.opt import Opt, OptOps
 from attograd.engine import realize
 from attograd.runtime.device import Buffer
 from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram
 from attograd.schedule.schedule import create_schedule
 from attograd.engine.realize import runnable
+from attograd.uop.ops import Ops
 from helpers import DEVICES
 
 THREADED = [d for d in DEVICES if d in ("CPU", "LLVM")]  # the backends with the THREAD opt (LLVM where llvmlite is installed)
@@ -70,16 +71,34 @@ def test_threads_one_after_threaded_launch():
 
 @pytest.mark.parametrize("device", THREADED)
 def test_symbolic_variables_and_core_id(device):
-  # "a" sorts before core_id and "z" after: the slice entry point must put each value in its own argument
+  # two Variables and the core id: the slice entry point must put each value in its own argument
   x = Tensor(rng.standard_normal((64, 16, 8), dtype=np.float32), device=device).realize()
   a, z = Variable("a", 1, 16), Variable("z", 1, 8)
   # the kernel as realize() gets it: variables unbound, their values passed at the call
   (si,), _ = create_schedule(list(runnable((x[:, :a.bind(5), :z.bind(3)] * 2 + 1).uop.sink())[0].src))
   ck = realize.compile_kernel(si.ast, device, [Opt(OptOps.THREAD, 0, 4)])
-  assert [v.arg[0] for v in ck.variables] == ["a", CORE_ID, "z"]
+  assert [v.arg[0] for v in ck.variables[:2]] == ["a", "z"] and ck.variables[2].op is Ops.CORE_ID and ck.threads == 4
   for av, zv in ((5, 3), (16, 8), (1, 1), (7, 2)):
-    got = _exec(ck, si, {v: {"a": av, "z": zv}[v.arg[0]] for v in ck.variables if v.arg[0] != CORE_ID})
+    got = _exec(ck, si, {v: {"a": av, "z": zv}[v.arg[0]] for v in ck.user_vars})
     np.testing.assert_array_equal(got[:64 * av * zv].reshape(64, av, zv), x.numpy()[:, :av, :zv] * 2 + 1)
+
+@pytest.mark.parametrize("device", THREADED)
+@pytest.mark.parametrize("name", ["core_id", "core", "data0", "alu0", "r0", "a b", "n"])
+def test_variable_named_like_the_core_id_or_a_generated_name(device, name):
+  # the core id was a DEFINE_VAR recognised by its name: a user's Variable("core_id") was taken for it (its value
+  # replaced by 0); names the C renderer makes up (data0, alu0) clashed with the Variable's
+  v = Variable(name, 1, 10).bind(5)
+  assert (Tensor.zeros(4, device=device) + v).tolist() == [5.0] * 4
+  x = rng.standard_normal((64, 96), dtype=np.float32)
+  # the Variable and the core id in one threaded kernel, as realize() gets it: the Variable unbound
+  (si,), _ = create_schedule(list(runnable((Tensor(x, device=device).realize()[:, :v] + v).uop.sink())[0].src))
+  ck = realize.compile_kernel(si.ast, device, [Opt(OptOps.THREAD, 0, 4)])
+  assert ck.threads == 4 and len(ck.user_vars) == 1
+  np.testing.assert_array_equal(_exec(ck, si, {ck.user_vars[0]: 5})[:64 * 5].reshape(64, 5), x[:, :5] + 5)
+
+def test_two_variables_of_one_name():
+  a, b = Variable("n", 1, 10), Variable("n", 2, 20)
+  assert (Tensor.zeros(2) + a.bind(3) + b.bind(7)).tolist() == [10.0, 10.0]
 
 def test_launches_from_two_python_threads():
   si = _item(Tensor(X).abs().sqrt())

@@ -22,7 +22,14 @@ def linearize(sink: UOp) -> list[UOp]:
     if (b := body.get(u)) is None: b = body[u] = frozenset().union(*({x} | loops_around(x) for x in u.live_ranges))
     return r in b
   for r, end in end_of.items():
-    deps[r] |= {u for u in end.ancestors if not in_body(u, r)}
+    # what the loop's body reads from outside it: found walking down through the body only (what lies below those
+    # nodes is done before them), not every node under the END
+    stack, seen = list(end.src), set()
+    while stack:
+      if (u := stack.pop()) in seen: continue
+      seen.add(u)
+      if in_body(u, r): stack.extend(u.src)
+      else: deps[r].add(u)
   users: dict[UOp, list[UOp]] = {u: [] for u in order}
   for u, ds in deps.items():
     for d in ds: users[d].append(u)

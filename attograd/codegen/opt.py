@@ -48,7 +48,6 @@ NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.SIMD:
          OptOps.UNROLL: False, OptOps.GROUP: False}
 
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
-CORE_ID = "core_id"
 MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop body written out
 # nodes of a kernel once its copies are written out (written_out_size): a matmul's 8x32 register tile is ~2300-2600; a
 # 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
@@ -160,14 +159,14 @@ def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
 def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
   """Global axis `axis` of size S becomes core_id*(S/n) + r with r over S/n: core_id is a kernel
   argument from 0 to n-1, and the runtime calls the kernel once per core, in parallel."""
-  if any(u.op is Ops.DEFINE_VAR and u.arg[0] == CORE_ID for u in ast.toposort): raise KernelOptError(f"{opt}: already threaded")
+  if any(u.op is Ops.CORE_ID for u in ast.toposort): raise KernelOptError(f"{opt}: already threaded")
   # each core writes its own slice of every output: a store the axis doesn't move (a STASH's, along the reduce) would be
   # written by every core, over what another core already finished
   if any(r not in st.src[0].toposort for st in ast.toposort if st.op is Ops.STORE and st.src[0].src[0].op is Ops.PARAM):
     raise KernelOptError(f"{opt}: a store doesn't move along axis {opt.axis}: every core would write all of it")
   chunk = const_size(r) // opt.amount
   inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, chunk),), r.arg)
-  core = UOp(Ops.DEFINE_VAR, r.dtype, (), (CORE_ID, 0, opt.amount - 1))
+  core = UOp(Ops.CORE_ID, r.dtype, (), opt.amount)
   # the loop's END now closes the smaller range; every use of the old index gets the offset
   ends = {u: UOp(Ops.END, u.dtype, (u.src[0], inner)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
   return graph_rewrite(ast.substitute(ends).substitute({r: core * chunk + inner}), symbolic, name="apply_opts/thread")
@@ -232,7 +231,7 @@ def stash_plan(ast: UOp, opt: Opt, ax: list[UOp]) -> tuple[UOp, UOp, UOp, UOp]:
   the next row's reduce. Of several such values the biggest is stashed (softmax's exp, not the x - max under it)."""
   if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "reduce": raise KernelOptError(f"{opt}: STASH needs a reduce axis as amount")
   o, r = ax[opt.axis], ax[opt.amount]
-  if any(u.op is Ops.RANGE and u.arg[1] not in ("global", "reduce") or u.op is Ops.DEFINE_VAR and u.arg[0] == CORE_ID for u in ast.toposort):
+  if any(u.op is Ops.RANGE and u.arg[1] not in ("global", "reduce") or u.op is Ops.CORE_ID for u in ast.toposort):
     raise KernelOptError(f"{opt}: STASH comes before the opts that split axes")
   if const_size(o) is None or const_size(o) != const_size(r): raise KernelOptError(f"{opt}: axes {opt.axis} and {opt.amount} differ in size")
   ends = [u for u in ast.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE]

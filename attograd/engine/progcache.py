@@ -53,7 +53,7 @@ def write_program(key: str, name: str, src: str, opts: list[Opt], ops: int, vari
 def program_cached(key: str) -> bool: return _path(key).exists()
 
 def read_program(key: str) -> dict[str, Any] | None:
-  """The entry write_program stored under key, its fields as the kernel needs them (variables as DEFINE_VAR nodes,
+  """The entry write_program stored under key, its fields as the kernel needs them (the scalar arguments as nodes,
   launch dims with their symbolic sizes as UOps); None when there is none, or it is damaged (then with a warning)."""
   return cache_read(_path(key), lambda raw: _decode(json.loads(raw), key))
 
@@ -61,7 +61,7 @@ def _decode(entry: dict[str, Any], key: str) -> dict[str, Any]:
   if entry["format"] != FORMAT or entry["key"] != key: raise ValueError("written for another key")
   roots = graph_from_data(entry["graph"])
   variables = roots[:entry["variables"]]
-  if not all(v.op is Ops.DEFINE_VAR for v in variables): raise ValueError("a variable that isn't a DEFINE_VAR")
+  if not all(v.op in (Ops.DEFINE_VAR, Ops.CORE_ID) for v in variables): raise ValueError("an argument that isn't a DEFINE_VAR or CORE_ID")
   launch = None
   if entry["launch"] is not None:
     groups, local = entry["launch"]

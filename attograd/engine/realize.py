@@ -10,7 +10,8 @@ from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.runtime.device import Device, Buffer
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, CORE_ID, THREADS, hand_coded_opts
+from attograd.renderer import scalar_args
+from attograd.codegen.opt import Opt, THREADS, hand_coded_opts
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem, create_schedule, is_view_of_buffer
@@ -24,7 +25,7 @@ class CompiledKernel:
   src: str
   program: Any
   ops: int              # arithmetic ops per run, for GFLOPS at DEBUG>=1
-  variables: list[UOp]  # DEFINE_VARs in argument order (the renderer sorts them by name)
+  variables: list[UOp]  # the scalar arguments in order (renderer.scalar_args): DEFINE_VARs, then a threaded kernel's CORE_ID
   opts: list[Opt]
   # GPU targets: (work-groups, threads per work-group) in 3 dimensions, passed to program(bufs, vals, groups, local)
   launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None = None
@@ -33,13 +34,14 @@ class CompiledKernel:
   lower_s: float = 0.0
   compile_s: float = 0.0
   @cached_property
-  def core_slot(self) -> int | None:
-    """The argument that is the THREAD opt's core id (None: one core runs the kernel). Found once: replays call this often."""
-    return next((i for i, v in enumerate(self.variables) if v.arg[0] == CORE_ID), None)
-  @property
-  def threads(self) -> int: return 1 if (core := self.core_slot) is None else self.variables[core].arg[2] + 1
+  def threads(self) -> int:
+    """The slices the THREAD opt cut the work in (1: one call runs it all). Found once: replays call this often."""
+    return self.variables[-1].arg if self.variables and self.variables[-1].op is Ops.CORE_ID else 1
+  @cached_property
+  def user_vars(self) -> list[UOp]: return [v for v in self.variables if v.op is Ops.DEFINE_VAR]
   def __call__(self, bufs: list[Any], var_vals: dict[UOp, int] | None) -> None:
-    vals = [0 if v.arg[0] == CORE_ID else int(unwrap(var_vals)[v]) for v in self.variables]
+    # the values of the Variables; the core id is not among them: the thread pool passes each slice its own
+    vals = [int(unwrap(var_vals)[v]) for v in self.user_vars]
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
     # the CPU runtime's native thread pool: each core takes the next slice when it is done with one
@@ -158,7 +160,7 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
   binary: Future | None = None
   if pool is not None:
     binary = queue.submit(name, src) if pool is _compiler_pool and (queue := compile_queue(device)) is not None else pool.submit(build)
-  variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+  variables = scalar_args(uops)
   launch = launch_dims(uops) if gpu else None
   ops = count_ops(uops)
   def finish() -> CompiledKernel:

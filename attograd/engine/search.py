@@ -8,7 +8,7 @@ from typing import Any, Callable
 from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, content_hash
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.serialize import graph_key
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, CORE_ID, axes, const_size, hand_coded_opts
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, axes, const_size, hand_coded_opts
 from attograd.codegen.gpudims import gpu_hand_coded_opts
 from attograd.runtime.device import Device, Buffer
 
@@ -63,7 +63,7 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   dev = Device[device]
   threads = THREADS.value if dev.renderer.has_threads else 1
   # sizes only known at run time, or a device that can't be timed here: nothing to search on
-  if any(u.op is Ops.DEFINE_VAR and u.arg[0] != CORE_ID for u in ast.toposort): return []
+  if any(u.op is Ops.DEFINE_VAR for u in ast.toposort): return []
   path = _cache_path(ast, device, width, threads) if CACHELEVEL >= 1 else None
   if path is not None and (cached := _read_winner(path)) is not None: return cached
   st = time.perf_counter()

@@ -23,6 +23,18 @@ class Renderer:
   def has_local(self) -> bool: return self.global_max is not None  # work-groups sharing local memory (LOCAL, GROUP)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
+def scalar_args(uops: list[UOp]) -> list[UOp]:
+  """A kernel's scalar arguments, after its buffers and in this order on every target: the DEFINE_VARs by name, then a
+  threaded kernel's CORE_ID (last, so a user's Variable can't move it)."""
+  return sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg) + [u for u in uops if u.op is Ops.CORE_ID]
+
+def local_size(uops: list[UOp]) -> tuple[int, int, int]:
+  """A GPU kernel's threads per work-group in each launch dimension, from its lidx SPECIALs."""
+  local = [1, 1, 1]
+  for u in uops:
+    if u.op is Ops.SPECIAL and u.arg.startswith("lidx"): local[int(u.arg[4:])] = u.src[0].arg
+  return (local[0], local[1], local[2])
+
 def literal_operand(lit: str) -> str:
   """A literal as an operand: a negative one in parentheses, since a - -1.5 written without spaces is a decrement (a--1.5)."""
   return f"({lit})" if lit.startswith("-") else lit

@@ -1,11 +1,10 @@
 """C source from linear UOps (the CPU backend). Subclasses for other C-like languages override
 the type names, the function signature and the few ops that are spelled differently."""
 from __future__ import annotations
-import math
+import math, struct
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer, literal_operand
-from attograd.codegen.opt import CORE_ID
+from attograd.renderer import Renderer, literal_operand, scalar_args
 
 def _float_literal(x: float, suffix: str) -> str:
   if math.isnan(x): return "NAN"
@@ -18,6 +17,17 @@ def float_to_int(decl: str, real: str, unsigned: str, signed: str) -> str:
   f = "f" if real == "float" else ""  # a float version for targets without double
   return f"{decl}({real} x) {{\n  if (x > -9.2e18{f} && x < 9.2e18{f}) return ({unsigned})({signed})x;\n" \
          f"  if (x - x != 0) return 0; x = fmod(x, 18446744073709551616.0{f});\n  return x < 0 ? -({unsigned})(-x) : ({unsigned})x; }}\n"
+
+def arg_names(variables: list[UOp]) -> dict[UOp, str]:
+  """The C names of a kernel's scalar arguments. A user's Variable gets a prefix that no name the renderers make up has
+  (a Variable named data0, alu0 or core_id clashed with one), or var<i> when its name isn't made of identifier
+  characters or two of the kernel's Variables share it; the THREAD opt's slice is core_id."""
+  names = [v.arg[0] for v in variables if v.op is Ops.DEFINE_VAR]
+  def name(i: int, v: UOp) -> str:
+    if v.op is Ops.CORE_ID: return "core_id"
+    plain = v.arg[0].isascii() and v.arg[0].replace("_", "a").isalnum() and names.count(v.arg[0]) == 1
+    return f"var_{v.arg[0]}" if plain else f"var{i}"
+  return {v: name(i, v) for i, v in enumerate(variables)}
 
 WRAPPING = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL}
 
@@ -39,6 +49,37 @@ EXP2_F32 = """static inline float exp2_f32(float x) {
 }
 """
 
+# float16 as its bits (unsigned short), for a C compiler without _Float16 (clang before 15 on x86-64): conversions with
+# IEEE round-to-nearest-even, double -> half in one rounding (through float would round twice: 1+2**-11+2**-40 -> 1.0).
+# half -> float rebiases the exponent by a multiply by 2**112, exact for subnormals too; float -> half rounds a subnormal
+# result by adding it to 0.5 (float's ulp there is half's subnormal step, 2**-24) and a normal one by adding a rounding bias
+# below the 10 kept mantissa bits (a carry moves into the exponent, as rounding up should)
+F16_BITS = """static inline float f16_to_f32(unsigned short h) {
+  union { unsigned int u; float f; } v = { .u = (unsigned int)(h & 0x7fff) << 13 };
+  v.f *= 0x1p112f;
+  if ((h & 0x7fff) >= 0x7c00) v.u |= 0x7f800000u;
+  v.u |= (unsigned int)(h & 0x8000) << 16;
+  return v.f;
+}
+static inline unsigned short f32_to_f16(float f) {
+  union { float f; unsigned int u; } v = { .f = f };
+  unsigned int sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00);
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00);
+  if (a < 0x38800000u) { v.u = a; v.f += 0.5f; return (unsigned short)(sign | (v.u - 0x3f000000u)); }
+  return (unsigned short)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1)) >> 13));
+}
+static inline unsigned short f64_to_f16(double d) {
+  union { double d; unsigned long long u; } v = { .d = d };
+  unsigned int sign = (unsigned int)(v.u >> 48) & 0x8000;
+  unsigned long long a = v.u & 0x7fffffffffffffffull;
+  if (a > 0x7ff0000000000000ull) return (unsigned short)(sign | 0x7e00);
+  if (a >= 0x40effe0000000000ull) return (unsigned short)(sign | 0x7c00);
+  if (a < 0x3f10000000000000ull) { v.u = a; v.d += 268435456.0; return (unsigned short)(sign | (unsigned int)(v.u - 0x41b0000000000000ull)); }
+  return (unsigned short)(sign | (unsigned int)((a + 0xc100000000000000ull + 0x1ffffffffffull + ((a >> 42) & 1)) >> 42));
+}
+"""
+
 class CStyleRenderer(Renderer):
   device = "CPU"
   has_threads = True
@@ -57,13 +98,17 @@ class CStyleRenderer(Renderer):
     "  if (f != f) return 0x7fc0; return (unsigned short)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16); }\n"
   prelude += float_to_int("static inline unsigned long long f2int", "double", "unsigned long long", "long long") + EXP2_F32
   func_prefix = ""
-  def __init__(self, spare_bytes: tuple[int, int] = (0, 0), simd_floats: int = 8): self.spare_bytes, self.simd_floats = spare_bytes, simd_floats
+  f16_bits = False  # float16 stored as its bits, converted by F16_BITS's functions (the compiler has no _Float16)
+  def __init__(self, spare_bytes: tuple[int, int] = (0, 0), simd_floats: int = 8, f16_bits: bool = False):
+    self.spare_bytes, self.simd_floats = spare_bytes, simd_floats
+    if f16_bits: self.f16_bits, self.prelude = True, type(self).prelude + F16_BITS  # a setting: in the program cache's key
 
   def dt(self, dtype: DType) -> str:
     if isinstance(dtype, PtrDType): return self.dt(dtype.base) + "*"
-    return self.types[dtype.scalar()]
+    return "unsigned short" if self.f16_bits and dtype.scalar() == dtypes.float16 else self.types[dtype.scalar()]
 
   def const(self, value, dtype: DType) -> str:
+    if dtype == dtypes.float16 and self.f16_bits: return f"((unsigned short){struct.unpack('<H', struct.pack('<e', value))[0]})"
     if dtypes.is_float(dtype):
       lit = _float_literal(float(value), "f" if dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16) else "")
       if dtype == dtypes.bfloat16: return f"f32_to_bf16({lit})"
@@ -110,6 +155,9 @@ class CStyleRenderer(Renderer):
   def cast(self, x: str, frm: DType, to: DType) -> str:
     if frm == dtypes.bfloat16: return self.cast(f"bf16_to_f32({x})", dtypes.float32, to)
     if to == dtypes.bfloat16: return f"f32_to_bf16({self.cast(x, frm, dtypes.float32)})"
+    if self.f16_bits and frm == dtypes.float16: return self.cast(f"f16_to_f32({x})", dtypes.float32, to)
+    if self.f16_bits and to == dtypes.float16:
+      return f"f64_to_f16({x})" if frm == dtypes.float64 else f"f32_to_f16({self.cast(x, frm, dtypes.float32)})"
     if dtypes.is_bool(to): return f"({x}!=0)"
     if dtypes.is_float(frm) and dtypes.is_int(to): return f"(({self.dt(to)})f2int({x}))"
     return f"(({self.dt(to)})({x}))"
@@ -123,15 +171,20 @@ class CStyleRenderer(Renderer):
   def special(self, name: str) -> str: raise NotImplementedError(f"{type(self).__name__} has no thread ids")
   local_decl, barrier = "", ""
 
-  def signature(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
-    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
+  def prelude_for(self, uops: list[UOp]) -> str:
+    """What this kernel's source starts with: the helpers it may call."""
+    return self.prelude
+
+  def signature(self, name: str, params: list[UOp], variables: dict[UOp, str], uops: list[UOp]) -> str:
+    """The function's head: its buffers, then its scalar arguments (by their C names)."""
+    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {n}" for v, n in variables.items()]
     return f"{self.func_prefix}void {name}({', '.join(args)})"
 
   def slice_entry(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
     """A threaded kernel's second entry point, of one C type for every kernel: the thread pool (runtime/threadpool.py)
     calls it once per slice with the buffers and variables in arrays and the slice as the core id."""
     args = [f"({self.dt(p.dtype)})bufs[{i}]" for i, p in enumerate(params)] + \
-           ["core" if v.arg[0] == CORE_ID else f"vals[{i}]" for i, v in enumerate(variables)]
+           ["core" if v.op is Ops.CORE_ID else f"vals[{i}]" for i, v in enumerate(variables)]
     return f"void {name}_slice(void *const *bufs, const long long *vals, long long core) {{ {name}({', '.join(args)}); }}\n"
 
   @staticmethod
@@ -170,11 +223,12 @@ class CStyleRenderer(Renderer):
       emit(f"{self.dt(u.dtype)} {r[u]} = {expr};")
     spelled_thrice = {u.src[0] for u in uops if u.op is Ops.MAX and dtypes.is_float(u.dtype)}
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    variables = scalar_args(uops)
+    names = arg_names(variables)
     for u in uops:
       op = u.op
       if op is Ops.PARAM: r[u] = f"data{u.arg}"
-      elif op is Ops.DEFINE_VAR: r[u] = u.arg[0]
+      elif op is Ops.DEFINE_VAR or op is Ops.CORE_ID: r[u] = names[u]
       elif op is Ops.CONST: r[u] = literal_operand(self.const(u.arg, u.dtype))
       elif op is Ops.SINK or op is Ops.NOOP: pass
       elif op is Ops.RANGE:
@@ -215,6 +269,6 @@ class CStyleRenderer(Renderer):
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     body = "\n".join(lines)
-    src = f"{self.prelude}{self.signature(name, params, variables)} {{\n{body}\n}}\n"
-    if self.has_threads and any(v.arg[0] == CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
+    src = f"{self.prelude_for(uops)}{self.signature(name, params, names, uops)} {{\n{body}\n}}\n"
+    if self.has_threads and any(v.op is Ops.CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
     return src

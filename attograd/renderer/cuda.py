@@ -3,7 +3,8 @@ thread ids, __shared__ memory and __syncthreads. float16 is cuda_fp16.h's half a
 cuda_bf16.h's __nv_bfloat16, converted through float (lowering already computes them in float32)."""
 from __future__ import annotations
 from attograd.dtype import DType, dtypes
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp
+from attograd.renderer import local_size
 from attograd.renderer.cstyle import CStyleRenderer, float_to_int
 
 class CUDARenderer(CStyleRenderer):
@@ -48,12 +49,7 @@ class CUDARenderer(CStyleRenderer):
 
   def special(self, name: str) -> str: return f"{'blockIdx' if name.startswith('g') else 'threadIdx'}.{'xyz'[int(name[4:])]}"
 
-  def signature(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
-    args = [f"{self.dt(p.dtype)} __restrict__ data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
-    return f'extern "C" __global__ void __launch_bounds__({self.threads}) {name}({", ".join(args)})'
-
-  def render(self, name: str, uops: list[UOp]) -> str:
-    self.threads = 1
-    for u in uops:
-      if u.op is Ops.SPECIAL and u.arg.startswith("lidx"): self.threads *= u.src[0].arg
-    return super().render(name, uops)
+  def signature(self, name: str, params: list[UOp], variables: dict[UOp, str], uops: list[UOp]) -> str:
+    args = [f"{self.dt(p.dtype)} __restrict__ data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {n}" for v, n in variables.items()]
+    lx, ly, lz = local_size(uops)
+    return f'extern "C" __global__ void __launch_bounds__({lx * ly * lz}) {name}({", ".join(args)})'

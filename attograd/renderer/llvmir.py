@@ -12,8 +12,7 @@ import struct
 from attograd.dtype import DType, PtrDType, dtypes
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer
-from attograd.codegen.opt import CORE_ID
+from attograd.renderer import Renderer, scalar_args
 
 SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16",
           dtypes.int32: "i32", dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64",
@@ -177,13 +176,13 @@ class LLVMRenderer(Renderer):
       return ins(f"phi {ty} [ {val}, %{end} ], [ {zero}, %{before} ]") if val is not None else None
 
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    variables = scalar_args(uops)
     for v in variables:  # variables arrive as i64 (one calling convention for every kernel)
       r[v] = f"%var{variables.index(v)}" if ltype(v.dtype) == "i64" else ins(f"trunc i64 %var{variables.index(v)} to {ltype(v.dtype)}")
     for u in uops:
       op = u.op
       if op is Ops.PARAM: r[u] = f"%data{u.arg}"
-      elif op in (Ops.DEFINE_VAR, Ops.SINK, Ops.NOOP): pass
+      elif op in (Ops.DEFINE_VAR, Ops.CORE_ID, Ops.SINK, Ops.NOOP): pass
       elif op is Ops.CONST: r[u] = const(u.arg, u.dtype)
       elif op is Ops.DEFINE_REG:
         r[u] = f"%acc{u.arg}"
@@ -235,7 +234,7 @@ class LLVMRenderer(Renderer):
     args = [f"ptr noalias %data{p.arg}" for p in params] + [f"i64 %var{i}" for i in range(len(variables))]
     body = "\n".join(allocas + lines)
     # a threaded kernel is called per slice from its entry point: not inlined there, one copy of it to compile
-    threaded = any(v.arg[0] == CORE_ID for v in variables)
+    threaded = any(v.op is Ops.CORE_ID for v in variables)
     return (f"define void @{name}({', '.join(args)}) nounwind{' noinline' if threaded else ''} {{\nentry:\n{body}\n  ret void\n}}\n" +
             "".join(d + "\n" for d in sorted(declares)) + (self.slice_entry(name, len(params), variables) if threaded else ""))
 
@@ -245,7 +244,7 @@ class LLVMRenderer(Renderer):
     void <name>_slice(void *const *bufs, const long long *vals, long long core) once per slice."""
     lines = [f"  %b{i}.at = getelementptr inbounds ptr, ptr %bufs, i64 {i}\n  %b{i} = load ptr, ptr %b{i}.at" for i in range(nparams)]
     lines += [f"  %v{i}.at = getelementptr inbounds i64, ptr %vals, i64 {i}\n  %v{i} = load i64, ptr %v{i}.at"
-              for i, v in enumerate(variables) if v.arg[0] != CORE_ID]
-    args = [f"ptr %b{i}" for i in range(nparams)] + [f"i64 {'%core' if v.arg[0] == CORE_ID else f'%v{i}'}" for i, v in enumerate(variables)]
+              for i, v in enumerate(variables) if v.op is not Ops.CORE_ID]
+    args = [f"ptr %b{i}" for i in range(nparams)] + [f"i64 {'%core' if v.op is Ops.CORE_ID else f'%v{i}'}" for i, v in enumerate(variables)]
     return (f"define void @{name}_slice(ptr %bufs, ptr %vals, i64 %core) nounwind {{\nentry:\n" + "\n".join(lines) +
             f"\n  call void @{name}({', '.join(args)})\n  ret void\n}}\n")

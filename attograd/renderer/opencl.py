@@ -8,8 +8,12 @@ bfloat16 is a ushort with conversion helpers, as in C. float64 needs cl_khr_fp64
 renderer refuses kernels that use it."""
 from __future__ import annotations
 from attograd.dtype import DType, PtrDType, dtypes
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp
+from attograd.renderer import local_size
 from attograd.renderer.cstyle import CStyleRenderer, float_to_int
+
+def uses_fp64(uops: list[UOp]) -> bool:
+  return any(u.dtype.scalar() == dtypes.float64 or (isinstance(u.dtype, PtrDType) and u.dtype.base == dtypes.float64) for u in uops)
 
 class OpenCLRenderer(CStyleRenderer):
   device = "CL"
@@ -30,6 +34,7 @@ class OpenCLRenderer(CStyleRenderer):
     "float f16_from_bits(ushort h) { return vload_half(0, (half*)&h); }\n") + float_to_int("ulong f2int_f", "float", "ulong", "long")
   fp64_helpers = "float f16_round_d(double x) { ushort h; vstore_half_rte(x, 0, (half*)&h); return vload_half(0, (half*)&h); }\n" + \
     float_to_int("ulong f2int", "double", "ulong", "long")
+  prelude = helpers  # and fp64_helpers before it for a kernel that uses double (prelude_for)
   local_decl, barrier = "__local ", "barrier(CLK_LOCAL_MEM_FENCE);"
 
   def __init__(self, fp64: bool = True, local_max: tuple[int, ...] = (256, 256, 64), workgroup_max: int = 256, workgroup_pref: int = 64):
@@ -70,18 +75,15 @@ class OpenCLRenderer(CStyleRenderer):
 
   def special(self, name: str) -> str: return f"get_{'group' if name.startswith('g') else 'local'}_id({name[-1]})"
 
-  def signature(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
-    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {v.arg[0]}" for v in variables]
-    return f"__kernel {self.attributes}void {name}({', '.join(args)})"
+  def signature(self, name: str, params: list[UOp], variables: dict[UOp, str], uops: list[UOp]) -> str:
+    args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {n}" for v, n in variables.items()]
+    # a fixed work-group size lets the compiler specialize for it
+    return f"__kernel __attribute__((reqd_work_group_size({', '.join(map(str, local_size(uops)))}))) void {name}({', '.join(args)})"
+
+  def prelude_for(self, uops: list[UOp]) -> str:
+    return "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" + self.fp64_helpers + self.helpers if uses_fp64(uops) else self.helpers
 
   def render(self, name: str, uops: list[UOp]) -> str:
-    uses_fp64 = any(u.dtype.scalar() == dtypes.float64 or (isinstance(u.dtype, PtrDType) and u.dtype.base == dtypes.float64) for u in uops)
-    if uses_fp64 and not self.fp64:
+    if uses_fp64(uops) and not self.fp64:
       raise RuntimeError("this OpenCL device has no cl_khr_fp64: float64 can't run on CL here; cast to float32 or use another device")
-    local = [1, 1, 1]
-    for u in uops:
-      if u.op is Ops.SPECIAL and u.arg.startswith("lidx"): local[int(u.arg[4:])] = u.src[0].arg
-    # a fixed work-group size lets the compiler specialize for it
-    self.attributes = f"__attribute__((reqd_work_group_size({local[0]}, {local[1]}, {local[2]}))) "
-    self.prelude = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" + self.fp64_helpers if uses_fp64 else "") + self.helpers
     return super().render(name, uops)

@@ -12,7 +12,7 @@ from attograd.dtype import DType, PtrDType, dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.uop.mathlib import float64_math
-from attograd.renderer import Renderer
+from attograd.renderer import Renderer, scalar_args
 
 # the register type each dtype lives in, and the type that names it in memory instructions
 REG = {dtypes.bool: "pred", dtypes.int8: "s16", dtypes.uint8: "u16", dtypes.int16: "s16", dtypes.uint16: "u16",
@@ -205,7 +205,7 @@ class PTXRenderer(Renderer):
       return addr
 
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    variables = scalar_args(uops)
     decls = [f".param .u64 {name}_data{p.arg}" for p in params] + [f".param .{REG[v.dtype]} {name}_var{i}" for i, v in enumerate(variables)]
     for p in params:
       raw = reg("u64")

@@ -23,7 +23,7 @@ import math, struct
 from attograd.dtype import DType, PtrDType, dtypes, truncate
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer, literal_operand
+from attograd.renderer import Renderer, literal_operand, scalar_args
 
 # the type a value of each dtype has in a shader
 COMPUTE: dict[DType, str] = {
@@ -193,7 +193,7 @@ class WGSLRenderer(Renderer):
     for u in uops:
       for s in u.src: uses[s] = uses.get(s, 0) + 1
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    variables = scalar_args(uops)
     def root(u: UOp) -> UOp:
       while u.op is Ops.AFTER: u = u.src[0]
       return u

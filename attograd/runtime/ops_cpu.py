@@ -1,7 +1,8 @@
 """CPU device: C source compiled by the system compiler (runtime/cc.py) into a shared library, cached on disk by
 source hash, and called in-process through ctypes."""
 from __future__ import annotations
-import ctypes, functools, mmap, os, shutil
+import ctypes, functools, math, mmap, os, shutil, struct
+from attograd.helpers import CACHELEVEL, Context, cache_path, cache_read, cache_write, content_hash
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
 from attograd.runtime import threadpool
@@ -71,9 +72,9 @@ class CPUAllocator(Allocator):
 
 class CPUCompiler(Compiler):
   batches = True
-  def __init__(self, prelude: str = ""):
+  def __init__(self, prelude: str = "", cc: str | None = None):
     self.prelude = prelude  # what every kernel's source starts with: once in a batch's translation unit
-    self.cc = find_c_compiler()
+    self.cc = cc or find_c_compiler()
     # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0).
     # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
     # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
@@ -101,6 +102,41 @@ class CPUProgram:
     """A threaded kernel's n slices (core_id 0..n-1) on up to `cores` cores, results as if run one after another."""
     threadpool.run_slices(self.slice_entry, [b.addr for b in bufs], vals, n, cores)
 
+# _Float16 converted from and to float and double: clang before 15 rejects the type on x86-64 ("_Float16 is not supported on
+# this target"), and a compiler could take it and convert wrongly (clang 14's __fp16 from double: 1.0009765625 -> 6e-08,
+# a calling convention libgcc doesn't share). The inputs round differently when converted twice (double -> float -> half)
+F16_PROBE = """void probe(unsigned short *out, const double *d, const float *f, int n) {
+  for (int i = 0; i < n; i++) {
+    union { _Float16 h; unsigned short u; } a = { .h = (_Float16)d[i] }, b = { .h = (_Float16)f[i] };
+    out[2 * i] = a.u; out[2 * i + 1] = b.u;
+    if ((float)a.h != (float)(_Float16)d[i] || (double)b.h != (double)(float)b.h) out[2 * i] ^= 1;
+  }
+}
+"""
+F16_PROBE_VALUES = (1 + 2**-11 + 2**-40, 65519.99, 65520.0, -2**-25 - 2**-40, 1 / 3, -0.0, float("inf"), 2.0**-20)
+
+@functools.cache
+def has_float16(cc: str, flags: tuple[str, ...]) -> bool:
+  """Does cc with these flags compile _Float16 and convert floats and doubles to it with one correct rounding? Tried once per
+  compiler binary (its path, size and time are in the key: an upgrade tries again), the answer kept beside the compiler's
+  output in the disk cache."""
+  try: st = os.stat(path := os.path.realpath(shutil.which(cc) or cc))
+  except OSError: return False
+  key = content_hash("float16", F16_PROBE, path, str(st.st_size), str(st.st_mtime_ns), *flags)
+  entry = cache_path("cc", f"{key}.probe") if CACHELEVEL >= 1 else None
+  if entry is not None and (known := cache_read(entry)) in (b"yes", b"no"): return known == b"yes"
+  try:
+    with Context(CACHELEVEL=0): lib = load_library(compile_c(cc, F16_PROBE, list(flags), "the float16 probe"))  # the answer is kept
+    n = len(F16_PROBE_VALUES)
+    out = (ctypes.c_uint16 * (2 * n))()
+    lib.probe(out, (ctypes.c_double * n)(*F16_PROBE_VALUES), (ctypes.c_float * n)(*F16_PROBE_VALUES), n)
+    want = [w for v in F16_PROBE_VALUES for w in (struct.unpack("<H", struct.pack("<e", v if abs(v) < 65520 else math.copysign(math.inf, v)))[0],
+            struct.unpack("<H", struct.pack("<e", float(ctypes.c_float(v).value) if abs(v) < 65520 else math.copysign(math.inf, v)))[0])]
+    ok = list(out) == want
+  except (RuntimeError, OSError, AttributeError): ok = False  # doesn't compile, doesn't load
+  if entry is not None: cache_write(entry, b"yes" if ok else b"no")
+  return ok
+
 def simd_floats() -> int:
   """Floats in one vector register of this CPU, which -march=native compiles for: 16 with AVX-512, else 8 (AVX2)."""
   try: cpuinfo = open("/proc/cpuinfo").read()
@@ -109,5 +145,7 @@ def simd_floats() -> int:
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):
-    renderer = CStyleRenderer(SPARE_BYTES, simd_floats())
-    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude), CPUProgram)
+    compiler = CPUCompiler()
+    # without _Float16 (clang before 15), float16 is stored as its bits and converted by functions of the C prelude
+    renderer = CStyleRenderer(SPARE_BYTES, simd_floats(), f16_bits=not has_float16(compiler.cc, tuple(compiler.flags)))
+    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude, compiler.cc), CPUProgram)

@@ -8,7 +8,7 @@ from attograd.helpers import bf16_bits_to_float, float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp, exec_alu
 from attograd.uop.serialize import graph_data, graph_from_data
 from attograd.runtime.device import Allocator, Compiler, Compiled
-from attograd.renderer import Renderer
+from attograd.renderer import Renderer, scalar_args
 
 class PythonAllocator(Allocator):
   def alloc(self, nbytes: int) -> bytearray: return bytearray(nbytes)
@@ -51,7 +51,7 @@ class PythonProgram:
     self.uops: list[UOp] = graph_from_data(json.loads(lib))
   def __call__(self, bufs: list[bytearray], vals: list[int], groups: tuple[int, ...] = (1, 1, 1), local: tuple[int, ...] = (1, 1, 1)) -> None:
     params = sorted((u for u in self.uops if u.op is Ops.PARAM), key=lambda u: u.arg)
-    variables = sorted((u for u in self.uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg)
+    variables = scalar_args(self.uops)
     args: dict[UOp, Any] = {p: Memory(b, p.dtype.base) for p, b in zip(params, bufs)}
     args.update(zip(variables, vals))
     for g in itertools.product(*(range(n) for n in reversed(groups))):

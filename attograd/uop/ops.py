@@ -24,8 +24,10 @@ class Ops(Enum):
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
   CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
   WHERE = auto(); MULACC = auto(); CAST = auto(); BITCAST = auto()
-  # kernel level
-  SINK = auto(); PARAM = auto(); DEFINE_VAR = auto(); DEFINE_REG = auto(); RANGE = auto(); END = auto()
+  # kernel level. CORE_ID (CPU targets, the THREAD opt) is the slice of the kernel's work this call runs, 0..arg-1 (arg:
+  # the number of slices), a kernel argument after the DEFINE_VARs: an op of its own, not a DEFINE_VAR of a reserved
+  # name, so no user Variable can be taken for it. (Next to DEFINE_VAR, which it was: symbolic orders terms by op)
+  SINK = auto(); PARAM = auto(); DEFINE_VAR = auto(); CORE_ID = auto(); DEFINE_REG = auto(); RANGE = auto(); END = auto()
   INDEX = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto(); AFTER = auto(); NOOP = auto()
   # GPU targets (codegen/gpudims.py): SPECIAL(count) is a thread id, arg "gidx<d>" (work-group id in launch
   # dimension d) or "lidx<d>" (id within the work-group), valued 0..count-1; DEFINE_LOCAL is memory shared
@@ -447,6 +449,7 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType, bool]:
   if u.op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2], True
   if u.op is Ops.BIND: return u.src[0].arg[1], u.src[0].arg[2], True  # the value is data: any value in range can come
   if u.op is Ops.RANGE or u.op is Ops.SPECIAL: return 0, u.src[0].vmax - 1, True
+  if u.op is Ops.CORE_ID: return 0, u.arg - 1, True
   if not (dtypes.is_int(dt) or dtypes.is_bool(dt)) or dt.count > 1: return dtypes.min(dt), dtypes.max(dt), True
   lo, hi = dtypes.min(dt), dtypes.max(dt)
   s = u.src
@@ -514,6 +517,7 @@ def _render(u: UOp) -> str:
   if u.op is Ops.BIND: return f"({u.src[0].arg[0]}={u.src[1].arg})"
   if u.op is Ops.RANGE: return f"r{u.arg[0]}"
   if u.op is Ops.SPECIAL: return u.arg
+  if u.op is Ops.CORE_ID: return "core_id"
   if u.op in _infix: return f"({_render(u.src[0])}{_infix[u.op]}{_render(u.src[1])})"
   if u.op is Ops.NEG: return f"(-{_render(u.src[0])})"
   if u.op is Ops.MAX: return f"max({_render(u.src[0])}, {_render(u.src[1])})"

@@ -20,6 +20,7 @@ kernel_spec = PatternMatcher([
   (UPat(Ops.CONST, name="c"), lambda c: not c.src),
   (UPat(Ops.RANGE, name="r"), lambda r: dtypes.is_int(r.dtype) and r.src[0].dtype == r.dtype),
   (UPat(Ops.SPECIAL, name="s"), lambda s: s.dtype == dtypes.int32 == s.src[0].dtype and s.arg[:4] in ("gidx", "lidx")),
+  (UPat(Ops.CORE_ID, name="c"), lambda c: dtypes.is_int(c.dtype) and not c.src and isinstance(c.arg, int) and c.arg >= 1),
   (UPat(Ops.DEFINE_LOCAL, name="l"), lambda l: isinstance(l.dtype, PtrDType) and l.dtype.addrspace == "local"),
   (UPat(Ops.BARRIER, src=UPat((Ops.STORE, Ops.END))), lambda: True),
   (UPat(Ops.END, src=(UPat(), UPat(Ops.RANGE))), lambda: True),

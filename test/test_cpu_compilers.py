@@ -1,0 +1,100 @@
+"""The CPU device with each C compiler found here (gcc, clang: scripts/install_deps.sh installs both), and its float16:
+_Float16 where the compiler has it, else (clang before 15 on x86-64) float16 stored as its bits with conversions in the C
+prelude. Both ways must give numpy's bits."""
+import json, os, shutil, subprocess, sys
+import numpy as np
+import pytest
+from attograd import Tensor, dtypes
+from attograd.codegen import to_program
+from attograd.engine.realize import buffer_of, run_schedule
+from attograd.renderer.cstyle import CStyleRenderer
+from attograd.runtime import ops_cpu
+from attograd.runtime.device import Buffer
+from attograd.runtime.ops_cpu import CPUCompiler, CPUProgram, has_float16
+
+def _compilers() -> list[str]:
+  """The C compilers on PATH, one name per binary."""
+  found: dict[str, str] = {}
+  for cc in ("gcc", "clang", *(f"clang-{v}" for v in range(11, 21))):
+    if (path := shutil.which(cc)) is not None: found.setdefault(os.path.realpath(path), cc)
+  return sorted(found.values())
+
+# every value rounds differently if converted twice (double -> float -> half), or sits at an edge: the largest half and
+# the first value past it, subnormals and ties between them, the smallest normal, -0, inf, nan
+EDGES = [1 + 2**-11 + 2**-40, 65504.0, 65519.99, 65520.0, -2**-25 - 2**-40, 2**-25, 2**-24 * 1.5, 2**-24 * 2.5, 2**-14 * (1 - 2**-12),
+         6.1e-5, 1 / 3, -0.0, 1e-9, -1e6, float("inf"), float("-inf"), float("nan")]
+
+SCRIPT = """
+import json, numpy as np
+from attograd import Tensor, dtypes
+from attograd.runtime.device import Device
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((33, 20)).astype(np.float16), rng.standard_normal((20, 17)).astype(np.float16)
+x = rng.standard_normal((64, 48)).astype(np.float32)
+edges = np.array(EDGES)
+with np.errstate(over="ignore"):
+  want64, want32 = edges.astype(np.float16), edges.astype(np.float32).astype(np.float16)
+ok = {
+  "half matmul": bool(np.allclose((Tensor(a) @ Tensor(b)).numpy(), a.astype(np.float32) @ b.astype(np.float32), atol=2e-2, rtol=1e-2)),
+  "half from double": Tensor(edges).cast(dtypes.float16).numpy().view(np.uint16).tolist() == want64.view(np.uint16).tolist(),
+  "half from float": Tensor(edges.astype(np.float32)).cast(dtypes.float16).numpy().view(np.uint16).tolist() == want32.view(np.uint16).tolist(),
+  "half sum": bool(np.isclose(Tensor(a).sum().item(), a.astype(np.float32).sum(), rtol=1e-2)),
+  "softmax": bool(np.allclose(Tensor(x).softmax(1).numpy(), np.exp(x) / np.exp(x).sum(1, keepdims=True), atol=1e-6)),
+  "matmul": bool(np.allclose((Tensor(x) @ Tensor(x.T)).numpy(), x @ x.T, atol=1e-4)),
+  "int division": (Tensor([7, -7, 9]) // Tensor([2, 2, -4])).tolist() == [3, -4, -3],
+}
+dev = Device["CPU"]
+print(json.dumps({"cc": dev.compiler.cc, "f16_bits": dev.renderer.f16_bits, "ok": ok}))
+""".replace("EDGES", repr(EDGES).replace("inf", "float('inf')").replace("nan", "float('nan')"))
+
+@pytest.mark.parametrize("cc", _compilers())
+def test_each_compiler_runs_float16_and_ops(cc, tmp_path):
+  # a fresh cache: the compiler's float16 probe runs, and every kernel is compiled by this compiler
+  env = {**os.environ, "CC": cc, "ATTOGRAD_CACHE": str(tmp_path)}
+  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["cc"] == cc and all(out["ok"].values()), out
+  assert out["f16_bits"] == (not has_float16(cc, tuple(CPUCompiler(cc=cc).flags)))
+
+def _run(t: Tensor, renderer: CStyleRenderer) -> np.ndarray:
+  """t's last kernel rendered by renderer and compiled by the CPU device's compiler (the kernels before it run as usual)."""
+  sched = t.schedule()
+  run_schedule(sched[:-1])
+  si = sched[-1]
+  name, src, _ = to_program(si.ast, renderer, [])
+  prog = CPUProgram(name, CPUCompiler(renderer.prelude).compile(src))
+  out = Buffer("CPU", si.bufs[0].arg.size, si.bufs[0].dtype).ensure_allocated()
+  prog([out._buf] + [buffer_of(b).ensure_allocated()._buf for b in si.bufs[1:]], [])
+  return np.frombuffer(out.as_bytes(), dtype=np.float16 if t.dtype == dtypes.float16 else np.dtype(t.dtype.fmt)).copy()
+
+def test_float16_as_bits_converts_as_numpy():
+  # the fallback for a compiler without _Float16, checked with whichever compiler is here
+  r = CStyleRenderer(f16_bits=True)
+  rng = np.random.default_rng(1)
+  every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+  back = _run(Tensor(every).cast(dtypes.float32), r)
+  nan = np.isnan(every)  # a signaling NaN comes back quiet: only its being NaN is checked
+  assert np.array_equal(back[~nan].view(np.uint32), every[~nan].astype(np.float32).view(np.uint32)) and np.isnan(back[nan]).all()
+  back64 = _run(Tensor(every).cast(dtypes.float64), r)
+  assert np.array_equal(back64[~nan].view(np.uint64), every[~nan].astype(np.float64).view(np.uint64)) and np.isnan(back64[nan]).all()
+  x32 = np.concatenate([np.array(EDGES, np.float32), rng.standard_normal(100000).astype(np.float32) * np.exp2(rng.integers(-30, 18, 100000)).astype(np.float32)])
+  x64 = np.concatenate([np.array(EDGES), x32[len(EDGES):].astype(np.float64) * (1 + rng.standard_normal(100000) * 1e-9)])
+  with np.errstate(over="ignore"):
+    for x in (x32, x64):
+      got, want = _run(Tensor(x).cast(dtypes.float16), r), x.astype(np.float16)
+      assert np.array_equal(got[~np.isnan(want)].view(np.uint16), want[~np.isnan(want)].view(np.uint16)) and np.isnan(got[np.isnan(want)]).all()
+  h = np.array([1.5, -2, 0.1, 65504], np.float16)
+  assert _run(Tensor(h).bitcast(dtypes.int16), r).tolist() == h.view(np.int16).tolist()
+  with np.errstate(over="ignore"): assert _run(Tensor(h) * 2 + 1, r).tolist() == (h * np.float16(2) + np.float16(1)).tolist()
+  assert _run(Tensor.full((3,), 2.5, dtype=dtypes.float16).contiguous(), r).tolist() == [2.5] * 3
+
+def test_float16_probe_is_kept(tmp_path, monkeypatch):
+  monkeypatch.setenv("ATTOGRAD_CACHE", str(tmp_path))
+  cc = CPUCompiler()
+  first = has_float16.__wrapped__(cc.cc, tuple(cc.flags))
+  assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".probe"]  # the answer alone: the probe's binary isn't kept
+  assert has_float16.__wrapped__("/bin/false", tuple(cc.flags)) is False  # not a compiler: no _Float16
+  def no_compiler(*args): raise AssertionError("probed again")
+  monkeypatch.setattr(ops_cpu, "compile_c", no_compiler)
+  assert has_float16.__wrapped__(cc.cc, tuple(cc.flags)) == first and has_float16.__wrapped__("/bin/false", tuple(cc.flags)) is False
