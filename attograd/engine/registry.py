@@ -14,19 +14,19 @@ class NodeMap(Generic[V]):
   keep both forever). Keyed by id with a weak reference per node for the cleanup, so a lookup is one dict probe:
   a WeakKeyDictionary builds a weak reference on every lookup (2x the time), and a JIT replay looks up every weight."""
   def __init__(self, doc: str):
-    self.__doc__, self._values, self._refs = doc, {}, {}
+    self.__doc__ = doc
+    self._values: dict[int, V] = {}
+    self._refs: dict[int, weakref.ref] = {}
   def get(self, node: UOp) -> V | None: return self._values.get(id(node))
   def __contains__(self, node: UOp) -> bool: return id(node) in self._values
   def __len__(self) -> int: return len(self._values)
   def __setitem__(self, node: UOp, value: V) -> None:
-    if (key := id(node)) not in self._refs: self._refs[key] = weakref.ref(node, lambda _, key=key: self._forget(key))
+    if (key := id(node)) not in self._refs:  # the cleanup in one frame: nodes die by the thousand in a training step
+      self._refs[key] = weakref.ref(node, lambda _, key=key, v=self._values, r=self._refs: (v.pop(key, None), r.pop(key, None)))
     self._values[key] = value
   def pop(self, node: UOp) -> V | None:
     self._refs.pop(id(node), None)  # a dropped weak reference calls nothing
     return self._values.pop(id(node), None)
-  def _forget(self, key: int) -> None:
-    self._values.pop(key, None)
-    self._refs.pop(key, None)
 
 buffers: NodeMap = NodeMap("""BUFFER node -> its runtime Buffer (device memory), so memory lives exactly as long as a
 graph names it. Written by engine/realize.py (buffer_of makes one on first use; run_schedule places the buffers a
