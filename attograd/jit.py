@@ -67,7 +67,7 @@ def _reads_only_where_it_writes(ast: UOp, param: int) -> bool:
   return all(idx.src[1] is store.src[0].src[1] for idx in loads)
 
 def _latest(node: UOp) -> UOp:
-  """The BUFFER a tensor's memory moved to through assigns made since (tensor.py leaves the notes)."""
+  """The BUFFER a tensor's memory moved to through assigns made since (registry.assigned_to: realize leaves the notes)."""
   while (moved := assigned_to.get(node)) is not None: node = moved
   return node
 
