@@ -3,7 +3,7 @@
 Each registry says who writes it and who reads it. The nodes' own caches (shape, ancestors, ranges, the rewrite
 engine's fixed-point marks) stay on the nodes: they are pure functions of the node, not state."""
 from __future__ import annotations
-import weakref
+import functools, weakref
 from typing import Generic, TypeVar
 from attograd.uop.ops import UOp
 
@@ -11,22 +11,22 @@ V = TypeVar("V")
 
 class NodeMap(Generic[V]):
   """node -> value while the node lives: the entry goes when the node dies (a value that held its own node would
-  keep both forever). Keyed by id with a weak reference per node for the cleanup, so a lookup is one dict probe:
-  a WeakKeyDictionary builds a weak reference on every lookup (2x the time), and a JIT replay looks up every weight."""
+  keep both forever). Keyed by id, each entry holding a weak reference to its node whose callback is the dict's own
+  pop (C: no Python frame runs when one of the thousands of nodes of a training step dies). A lookup is one dict
+  probe: a WeakKeyDictionary builds a weak reference on every lookup (2x the time), and a JIT replay looks up every
+  weight."""
   def __init__(self, doc: str):
     self.__doc__ = doc
-    self._values: dict[int, V] = {}
-    self._refs: dict[int, weakref.ref] = {}
-  def get(self, node: UOp) -> V | None: return self._values.get(id(node))
-  def __contains__(self, node: UOp) -> bool: return id(node) in self._values
-  def __len__(self) -> int: return len(self._values)
+    self._entries: dict[int, tuple[weakref.ref, V]] = {}
+  def get(self, node: UOp) -> V | None: return e[1] if (e := self._entries.get(id(node))) is not None else None
+  def __contains__(self, node: UOp) -> bool: return id(node) in self._entries
+  def __len__(self) -> int: return len(self._entries)
   def __setitem__(self, node: UOp, value: V) -> None:
-    if (key := id(node)) not in self._refs:  # the cleanup in one frame: nodes die by the thousand in a training step
-      self._refs[key] = weakref.ref(node, lambda _, key=key, v=self._values, r=self._refs: (v.pop(key, None), r.pop(key, None)))
-    self._values[key] = value
+    if (e := self._entries.get(key := id(node))) is None: self._entries[key] = (weakref.ref(node, functools.partial(self._entries.pop, key)), value)
+    else: self._entries[key] = (e[0], value)
   def pop(self, node: UOp) -> V | None:
-    self._refs.pop(id(node), None)  # a dropped weak reference calls nothing
-    return self._values.pop(id(node), None)
+    # the entry's weak reference goes with it, and a dropped weak reference calls nothing
+    return e[1] if (e := self._entries.pop(id(node), None)) is not None else None
 
 buffers: NodeMap = NodeMap("""BUFFER node -> its runtime Buffer (device memory), so memory lives exactly as long as a
 graph names it. Written by engine/realize.py (buffer_of makes one on first use; run_schedule places the buffers a
