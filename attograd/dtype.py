@@ -137,8 +137,7 @@ def least_upper_dtype(*ts: DType) -> DType:
   return lub
 
 _F32 = struct.Struct("f")
-_INT_BOUNDS = {dt: ((-(1 << (8 * dt.itemsize - 1)), (1 << (8 * dt.itemsize - 1)) - 1) if dt.name.startswith("int") else (0, (1 << (8 * dt.itemsize)) - 1))
-               for dt in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)}
+_INT_BOUNDS = {dt: (dtypes.min(dt), dtypes.max(dt)) for dt in INTS}
 def truncate(dtype: DType, x: ConstType) -> ConstType:
   """A Python value as the dtype stores it: C-style wrap for ints, rounding for floats."""
   if dtype is dtypes.float32 and type(x) is float:  # every scalar of float code comes here first

@@ -489,13 +489,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
         _weak_promote(self.dtype, x.dtype) if x.ndim == 0 else _weak_promote(x.dtype, self.dtype)
-    elif isinstance(x, (bool, int, float)):  # Python scalars are weak; a constant broadcast directly (the common case)
+    elif isinstance(x, (bool, int, float)):  # Python scalars are weak; a constant, broadcast to self (the common case)
       dt = out_dtype or _weak_promote(self.dtype, dtypes.from_py(x))
-      a, c, shape = self.cast(dt), _const(x, dt, self.device), self.shape
-      if shape:
-        c = UOp(Ops.RESHAPE, dt, (c,), (1,) * len(shape))
-        if shape != c.arg: c = UOp(Ops.EXPAND, dt, (c,), shape)
-      return (Tensor(c), a) if reverse else (a, Tensor(c))
+      a, c = self.cast(dt), Tensor(_const(x, dt, self.device))._broadcast_to(self.shape)
+      return (c, a) if reverse else (a, c)
     elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
       dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")

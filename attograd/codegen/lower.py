@@ -36,6 +36,10 @@ def instances(x: UOp, ranges: list[UOp]) -> list[UOp]:
     out.append(new.get(x, x))
   return out
 
+def fresh_range_id(ast: UOp) -> int:
+  """An id no RANGE of ast has (ids order loops: a new one sorts after every existing one)."""
+  return 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
+
 def kind_of(ranges, kind: str) -> list[UOp]:
   """Split-off ranges of one kind, in the order of the axes they came from (the later axis, usually
   the one contiguous in memory, varies fastest); of two splits of one axis, the first made is finer."""
@@ -143,7 +147,7 @@ def lower_reduces(sink: UOp) -> UOp:
   made by an upcast must be lowered together (one loop, several accumulators), and a rule sees one
   node at a time."""
   # registers after the scratches opts made (PACK); new loop ids after every loop's
-  fresh = Fresh(sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG), 1 + max((u.arg[0] for u in sink.toposort if u.op is Ops.RANGE), default=-1))
+  fresh = Fresh(sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG), fresh_range_id(sink))
   while reds := [u for u in sink.toposort if u.op is Ops.REDUCE]:
     loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] != "unroll"]
     group = [u for u in reds if u.src[1:] == reds[0].src[1:]] if loops else [reds[0]]
@@ -159,7 +163,7 @@ def simd_inside_serial(ctx: dict[UOp, UOp], st: UOp) -> UOp | None:
   loop outside would run the whole token loop once per column. Its END outside is dropped (simd_outside_serial)."""
   if not any(r.arg[1] == "serial" for r in st.live_ranges): return None
   if not (simd := sorted((r for r in st.live_ranges if r.arg[1] == "simd" and r not in ctx.values()), key=lambda r: r.arg)): return None
-  first = 1 + max(u.arg[0] for u in st.toposort if u.op is Ops.RANGE) + len(ctx)
+  first = fresh_range_id(st) + len(ctx)
   inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (first + n, *r.arg[1:])) for n, r in enumerate(simd)}
   ctx.update(inner)
   return st.substitute(inner).end(*inner.values())
@@ -199,8 +203,7 @@ loop_splitter = PatternMatcher([(UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANG
 
 def split_loops(sink: UOp) -> UOp:
   if not any(u.op is Ops.CMPLT for u in sink.toposort): return sink
-  first_free = 1 + max((u.arg[0] for u in sink.toposort if u.op is Ops.RANGE), default=-1)
-  return graph_rewrite(sink, loop_splitter, ctx={"next": first_free}, name="split_at_gates")
+  return graph_rewrite(sink, loop_splitter, ctx={"next": fresh_range_id(sink)}, name="split_at_gates")
 
 def simd_in_serial_loops(sink: UOp) -> UOp:
   # only a kernel with serial loops has stores to move: elsewhere an END of a simd loop its body doesn't read stays

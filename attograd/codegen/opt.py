@@ -15,7 +15,7 @@ from attograd.helpers import ContextVar, prod
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic
-from attograd.codegen.lower import reduce_identity, NARROW_FLOATS
+from attograd.codegen.lower import reduce_identity, fresh_range_id, NARROW_FLOATS
 
 class OptOps(Enum):
   THREAD = auto()   # split a global axis across CPU cores: each core runs one contiguous slice
@@ -66,7 +66,6 @@ def ranges_of(ast: UOp, kind: str) -> list[UOp]:
 def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, "global")
 def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, "global") + ranges_of(ast, "reduce")
 def const_size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
-def fresh_range_id(ast: UOp) -> int: return 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
 
 def split_size(r: UOp, opt: Opt) -> int:
   """The size of the axis opt splits, which must be a constant that opt.amount divides."""

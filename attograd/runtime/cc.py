@@ -7,7 +7,7 @@ from attograd.helpers import cache_path, cache_read, cache_write, cache_warning,
 
 def find_c_compiler() -> str:
   # gcc first: the kernels were faster with it, and a small transformer's first steps compiled in 24-35 s against clang 14's
-  # 44-49 s (README); the renderer's choices (loop pragmas, the simd loop's addressing) were tuned on gcc's vectorizer
+  # 44-49 s; the renderer's choices (loop pragmas, the simd loop's addressing) were tuned on gcc's vectorizer
   for cc in (os.getenv("CC"), "gcc", "clang", "cc"):
     if cc and shutil.which(cc): return cc
   raise RuntimeError("the CPU device needs a C compiler: install gcc or clang (apt-get install gcc), or set CC")

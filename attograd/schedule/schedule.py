@@ -9,7 +9,7 @@ from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, 
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
-from attograd.codegen.lower import reduce_identity
+from attograd.codegen.lower import reduce_identity, fresh_range_id
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ def scatter_kernel(sink: UOp) -> UOp | None:
   out, addr = st.src[0].src
   for a, e in (sel[0].src, sel[0].src[::-1]):
     if (r := _range_of(a)) not in ends or r.arg[1] != "global" or r in e.toposort: continue
-    first = 1 + max(u.arg[0] for u in sink.toposort if u.op is Ops.RANGE)
+    first = fresh_range_id(sink)
     rows = UOp(Ops.RANGE, r.dtype, r.src, (first, "serial"))
     fill = out.index(addr.substitute({r: rows})).store(UOp.const(red.dtype, 0)).end(rows)
     tokens = {t: UOp(Ops.RANGE, t.dtype, t.src, (first + 1 + i, "serial")) for i, t in enumerate(red.src[1:])}
@@ -461,7 +461,7 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
         bufs.append(u)
       else:
         position[u] = len(parts)
-        parts.append((u.op, u.dtype, u.arg if type(u.arg) is not float else arg_key(u.arg), tuple([position[s] for s in u.src])))
+        parts.append((u.op, u.dtype, arg_key(u.arg), tuple([position[s] for s in u.src])))
   return tuple(parts), bufs
 
 @dataclass(frozen=True)
