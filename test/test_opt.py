@@ -206,6 +206,21 @@ def test_concatenation_is_one_loop_per_input():
   # a pad's edges too, on every backend's semantics (the split happens for loops only: a GPU's thread index is no loop)
   np.testing.assert_array_equal(a.pad(((0, 0), (3, 5)), value=2.0).numpy(), np.pad(a.numpy(), ((0, 0), (3, 5)), constant_values=2.0))
 
+def test_odd_length_loop_is_whole_vector_steps_and_the_rest():
+  # a row of 90 (a vocabulary): gcc's cheap vectorizer cost model leaves a loop needing a scalar epilogue scalar, so the
+  # loop is cut into 88 (11 vector steps) and 2; values at the cut and past it stay right
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((16, 90), dtype=np.float32) * 4
+  b = rng.standard_normal(90, dtype=np.float32)
+  t, tb = Tensor(x).realize(), Tensor(b).realize()
+  out = (t - tb).exp()  # the row of b read again per row keeps the rows a loop of their own
+  src = to_program(_ast(out), Device["CPU"].renderer, [])[1]
+  body = src[src.index("void E_"):]
+  assert "< 88;" in body and "< 90;" not in body, body
+  np.testing.assert_allclose(out.numpy(), np.exp(x - b), rtol=2e-7)
+  # a short loop is left whole: two pieces would cost more code than they save
+  assert "< 10;" in to_program(_ast((t[:, :10] - tb[:10]).exp()), Device["CPU"].renderer, [])[1]
+
 # ***** BEAM *****
 
 def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):

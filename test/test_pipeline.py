@@ -8,7 +8,7 @@ from attograd.codegen.linearize import linearize
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import INDEXING_PASSES
 
-KERNEL = ["apply_opts", "gpu_dims", "split_at_gates", "simd_in_serial_loops", "expand", "symbolic_expanded", "lower_reduces", "float32_math",
+KERNEL = ["apply_opts", "gpu_dims", "split_loops", "simd_in_serial_loops", "expand", "symbolic_expanded", "lower_reduces", "float32_math",
           "symbolic_lowered", "divmod", "exp_math", "spare_bytes", "renderer_rewrites"]
 INDEXING = ["pushdown", "kernel_cleanup", "reduce_dedup", "scatter_cleanup", "merge_loops"]
 

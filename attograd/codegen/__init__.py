@@ -32,7 +32,7 @@ def _renderer_rewrites(sink: UOp, t: Target) -> UOp:
 PASSES: list[Pass] = [
   ("apply_opts", lambda sink, t: apply_opts(sink, t.opts, t.renderer.has_local)),
   ("gpu_dims", lambda sink, t: add_gpudims(sink, t.renderer)),
-  ("split_at_gates", lambda sink, t: split_loops(sink)),
+  ("split_loops", lambda sink, t: split_loops(sink)),
   ("simd_in_serial_loops", lambda sink, t: simd_in_serial_loops(sink)),
   ("expand", expander),
   ("symbolic_expanded", symbolic),

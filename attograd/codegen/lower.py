@@ -177,18 +177,24 @@ serial_simd = PatternMatcher([
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), simd_outside_serial),
 ])
 
-def split_at_gates(ctx: dict[str, int], x: UOp, r: UOp) -> UOp | None:
-  """A loop whose body tests its counter against constants (a concatenation: `r < 64 ? a[..] : 0` + `64 <= r ? b[..] : 0`)
-  becomes one loop per stretch between those constants, each with the tests decided: its body reads one input, with no
-  select, and vectorizes. The loop of a GPU's thread index is not a loop (add_gpudims made it SPECIAL) and is left alone."""
+VECTOR_STEP = 8  # floats in the vectors gcc's loop vectorizer uses (256-bit, which it prefers on AVX-512 too)
+
+def split_loop(ctx: dict[str, int], x: UOp, r: UOp) -> UOp | None:
+  """An innermost loop is cut into pieces, each a loop with no select or remainder in it:
+  - where its body tests its counter against constants (a concatenation: `r < 64 ? a[..] : 0` + `64 <= r ? b[..] : 0`):
+    one loop per stretch between those constants, each with the tests decided, reading one input;
+  - where its length is no multiple of the vector step (a vocabulary of 90): a loop of whole vector steps and the rest.
+    gcc's cheap vectorizer cost model (runtime/ops_cpu.py) leaves a loop whose length needs a scalar epilogue scalar
+    (softmax's exp over 90 logits: every element a scalar exp).
+  The loop of a GPU's thread index is not a loop (add_gpudims made it SPECIAL) and is left alone."""
   if r.arg[1] not in ("global", "simd") or r.src[0].op is not Ops.CONST: return None
-  body = x.toposort
+  body, n = x.toposort, r.src[0].arg
   if any(u.op is Ops.END or u.op is Ops.REDUCE for u in body): return None  # the innermost loop only: a piece shares no loop
-  cuts = set()
+  cuts = {n - n % VECTOR_STEP} if n > 2 * VECTOR_STEP else set()
   for u in body:
     if u.op is Ops.CMPLT and u.src[0] is r and u.src[1].op is Ops.CONST: cuts.add(u.src[1].arg)       # r < c
     elif u.op is Ops.CMPLT and u.src[1] is r and u.src[0].op is Ops.CONST: cuts.add(u.src[0].arg + 1)  # c < r: r >= c+1
-  bounds = [0, *sorted(c for c in cuts if 0 < c < r.src[0].arg), r.src[0].arg]
+  bounds = [0, *sorted(c for c in cuts if 0 < c < n), n]
   if len(bounds) == 2 or len(bounds) > 9: return None  # nothing to split, or code size past its worth
   loops = []
   for lo, hi in zip(bounds, bounds[1:]):
@@ -199,11 +205,10 @@ def split_at_gates(ctx: dict[str, int], x: UOp, r: UOp) -> UOp | None:
     loops.append(x.substitute({r: piece + lo if lo else piece}).end(piece))
   return UOp(Ops.NOOP, dtypes.void, tuple(loops))
 
-loop_splitter = PatternMatcher([(UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), split_at_gates)])
+loop_splitter = PatternMatcher([(UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.RANGE, name="r"))), split_loop)])
 
 def split_loops(sink: UOp) -> UOp:
-  if not any(u.op is Ops.CMPLT for u in sink.toposort): return sink
-  return graph_rewrite(sink, loop_splitter, ctx={"next": fresh_range_id(sink)}, name="split_at_gates")
+  return graph_rewrite(sink, loop_splitter, ctx={"next": fresh_range_id(sink)}, name="split_loops")
 
 def simd_in_serial_loops(sink: UOp) -> UOp:
   # only a kernel with serial loops has stores to move: elsewhere an END of a simd loop its body doesn't read stays
