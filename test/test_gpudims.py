@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from attograd import Tensor, dtypes
 from attograd.codegen import to_program
-from attograd.codegen.gpudims import launch_dims, eval_dims, gpu_hand_coded_opts
+from attograd.codegen.gpudims import launch_dims, eval_dims
+from attograd.codegen.heuristic import gpu_opts
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, apply_opts, axes
 from attograd.engine import search
 from attograd.engine.realize import run_schedule, buffer_of
@@ -31,7 +32,7 @@ def run_gpu(t: Tensor, opts: list[Opt] | None) -> np.ndarray:
   si = sched[-1]
   bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
   ast = si.ast
-  name, src, uops = to_program(ast, GPU, gpu_hand_coded_opts(ast, GPU) if opts is None else opts)
+  name, src, uops = to_program(ast, GPU, gpu_opts(ast, GPU) if opts is None else opts)
   assert not any(u.op is Ops.RANGE and u.arg[1] in ("global", "local") for u in uops), "output loops must become thread ids"
   verify_kernel(uops[-1])
   groups, local = launch_dims(uops)
@@ -127,10 +128,10 @@ def test_beam_work_group_actions_compute_the_same(case):
 
 def test_heuristics_pick_work_groups():
   matmul = (Tensor(A, device="PYTHON") @ Tensor(B, device="PYTHON")).schedule()[-1].ast
-  assert gpu_hand_coded_opts(matmul, GPU) == [Opt(L, 1, 6), Opt(L, 0, 4)]  # 6*4 of the preferred 32 threads
+  assert gpu_opts(matmul, GPU) == [Opt(L, 1, 6), Opt(L, 0, 4)]  # 6*4 of the preferred 32 threads
   total = Tensor(R, device="PYTHON").sum().schedule()[-1].ast
   # one output: the long reduce (both axes, one loop) is split across a work-group
-  assert gpu_hand_coded_opts(total, GPU) == [Opt(G, 0, 32)]
+  assert gpu_opts(total, GPU) == [Opt(G, 0, 32)]
 
 def test_opt_errors():
   ast = (Tensor(R, device="PYTHON").sum(1)).schedule()[-1].ast

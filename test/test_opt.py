@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 from attograd import Tensor, Context, GlobalCounters
 from attograd.uop.ops import Ops
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes, hand_coded_opts
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes
+from attograd.codegen.heuristic import cpu_opts
 from attograd.engine import realize, search
 from attograd.runtime.device import Device, Buffer
 from attograd.renderer.cstyle import CStyleRenderer
@@ -115,18 +116,18 @@ def test_heuristics_pick_tiles_and_accumulators():
   # a 16x6 register tile (12 AVX registers of accumulators; the rows padded to 258, whose reads stay in the spare page
   # after the buffer), 4 slices per core of the axis that splits: cores take them as they come free
   tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
-  assert hand_coded_opts(mm, 2) == tile + [Opt(OptOps.THREAD, 1, 8)]
+  assert cpu_opts(mm, 2) == tile + [Opt(OptOps.THREAD, 1, 8)]
   # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
-  linear = hand_coded_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
+  linear = cpu_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
   assert linear == tile + [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
   # rows that 6 divides need no padding; a long reduce (the padding's reads would leave the spare page) takes 8 rows
-  assert hand_coded_opts(_ast(Tensor.empty(96, 64) @ Tensor.empty(64, 64)), 1) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 6)]
-  assert hand_coded_opts(_ast(Tensor.empty(64, 2048) @ Tensor.empty(2048, 64)), 1)[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
-  assert hand_coded_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 1, 2)
+  assert cpu_opts(_ast(Tensor.empty(96, 64) @ Tensor.empty(64, 64)), 1) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 6)]
+  assert cpu_opts(_ast(Tensor.empty(64, 2048) @ Tensor.empty(2048, 64)), 1)[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
+  assert cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 1, 2)
   s = _ast(Tensor.empty(1 << 16).sum())
-  assert Opt(OptOps.UPCAST, 0, 16) in hand_coded_opts(s, 2)
+  assert Opt(OptOps.UPCAST, 0, 16) in cpu_opts(s, 2)
   # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
-  assert hand_coded_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
+  assert cpu_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
 
 def test_tile_with_a_costly_epilogue_keeps_its_rows():
   # a GELU's gradient computed from each output of x @ w.T is ~100 nodes: written out for every output of a 16x6 tile
@@ -134,7 +135,7 @@ def test_tile_with_a_costly_epilogue_keeps_its_rows():
   x, w, g = Tensor.empty(1024, 256, requires_grad=True), Tensor.empty(256, 64), Tensor.empty(1024, 64)
   ((x.gelu() @ w) * g).sum().backward()
   ast = next(si.ast for si in x.grad.schedule() if any(u.op is Ops.REDUCE for u in si.ast.toposort))
-  opts = hand_coded_opts(ast, 1)
+  opts = cpu_opts(ast, 1)
   assert Opt(OptOps.SIMD, 1, 16) in opts and Opt(OptOps.UPCAST, 0, 8) in opts, opts
 
 def test_padto_masks_extra_iterations():
@@ -164,7 +165,7 @@ def test_heuristics_pad_a_conv_width_to_a_simd_loop():
   rng = np.random.default_rng(4)
   img, w = Tensor(rng.standard_normal((2, 4, 32, 32), dtype=np.float32)).realize(), Tensor(rng.standard_normal((16, 4, 3, 3), dtype=np.float32)).realize()
   out = img.conv2d(w)
-  opts = hand_coded_opts(_ast(out), 1)
+  opts = cpu_opts(_ast(out), 1)
   assert opts[:3] == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)], opts
   src = to_program(_ast(out), Device["CPU"].renderer, opts)[1]
   assert "#pragma GCC unroll 1" in src
@@ -181,7 +182,7 @@ def test_reads_into_the_spare_bytes_lose_their_gate():
   img, w = Tensor(rng.standard_normal((2, 4, 32, 32), dtype=np.float32)).realize(), Tensor(rng.standard_normal((16, 4, 3, 3), dtype=np.float32)).realize()
   def gated_image_reads(out: Tensor, renderer) -> int:
     ast = _ast(out)
-    uops = to_program(ast, renderer, hand_coded_opts(ast, 1))[2]
+    uops = to_program(ast, renderer, cpu_opts(ast, 1))[2]
     return sum(1 for u in uops if u.op is Ops.LOAD and len(u.src[0].src) == 3 and u.src[0].src[0].dtype.size == img.numel())
   before, after = Device["CPU"].renderer.spare_bytes
   assert before >= 33 * 4 and after >= 2 * 4
@@ -246,7 +247,7 @@ def test_big_matmul_packs_each_column_panel_per_call():
   na, nb = rng.standard_normal((256, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
   a, b = Tensor(na).realize(), Tensor(nb).realize()
   (si,) = (a @ b).schedule()  # no copy of b: the matmul kernel packs what it reads
-  opts = hand_coded_opts(si.ast, 2)
+  opts = cpu_opts(si.ast, 2)
   assert opts[2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 0, 8)]
   _, _, uops = to_program(si.ast, Device["CPU"].renderer, opts)
   assert [u.dtype.size for u in uops if u.op is Ops.DEFINE_REG and u.dtype.size > 256] == [1024 * 16]  # one k x 16 panel
@@ -308,7 +309,7 @@ def test_heuristics_write_out_a_conv_weight_gradient_window():
   # so each loaded gradient value feeds 36 multiply-adds
   from attograd.codegen.opt import global_ranges, const_size
   dw = next(a for a in _conv_backward_asts() if [const_size(r) for r in global_ranges(a)] == [16, 8, 3, 3])
-  opts = hand_coded_opts(dw, 1)
+  opts = cpu_opts(dw, 1)
   assert opts[:3] == [Opt(OptOps.UPCAST, 2, 3), Opt(OptOps.UPCAST, 3, 3), Opt(OptOps.UPCAST, 0, 4)], opts
 
 def test_heuristics_for_pooling_and_bias_gradients():
@@ -316,26 +317,26 @@ def test_heuristics_for_pooling_and_bias_gradients():
   x = Tensor(rng.standard_normal((4, 8, 26, 26), dtype=np.float32)).realize()
   # a pool's 2x2 window is written out (a plain loop over outputs is left, which gcc vectorizes)
   si = x.max_pool2d(2).schedule()[-1]
-  opts = hand_coded_opts(si.ast, 1)
+  opts = cpu_opts(si.ast, 1)
   assert opts == [Opt(OptOps.UNROLL, 3, 2), Opt(OptOps.UNROLL, 2, 2)], opts  # (batch, channels and rows are one loop)
   np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
   # a sum over batch x 26 x 26 (a conv's bias gradient): 26 x 26 is one loop of 676, which 4 divides: 4 accumulators
   g = Tensor(rng.standard_normal((16, 8, 26, 26), dtype=np.float32)).realize()
   si = g.sum((0, 2, 3)).schedule()[-1]
-  opts = hand_coded_opts(si.ast, 1)
+  opts = cpu_opts(si.ast, 1)
   assert opts == [Opt(OptOps.UPCAST, 2, 4)], opts
   # with no 4 in the innermost axis (batch x 26 x 13, transposed so they stay apart): factors from the innermost axis
   # outward, 8 in all (13 has none, 26 gives 2, the batch 4)
   g = Tensor(rng.standard_normal((16, 8, 13, 26), dtype=np.float32)).realize()
   si = g.transpose(2, 3).sum((0, 2, 3)).schedule()[-1]
-  opts = hand_coded_opts(si.ast, 1)
+  opts = cpu_opts(si.ast, 1)
   assert opts == [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 4)], opts
   np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).transpose(0, 1, 3, 2).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
   np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
   # an elementwise kernel that reads pooled[y//2, x//2] (a pool's gradient) is written out in steps of 2 along both
   p = Tensor(rng.standard_normal((4, 8, 13, 13), dtype=np.float32)).realize()
   si = (x * p.reshape(4, 8, 13, 1, 13, 1).expand(4, 8, 13, 2, 13, 2).reshape(4, 8, 26, 26)).schedule()[-1]
-  opts = hand_coded_opts(si.ast, 1)
+  opts = cpu_opts(si.ast, 1)
   assert opts == [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 2)], opts  # (batch and channels are one loop)
   np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
 
@@ -345,7 +346,7 @@ def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
   # (the gate tested once per sum, not once per multiply-add)
   from attograd.codegen import lowered
   dx = next(a for a in _conv_backward_asts() if any(u.op is Ops.INDEX and len(u.src) == 3 for u in a.toposort))
-  opts = hand_coded_opts(dx, 1)
+  opts = cpu_opts(dx, 1)
   assert opts[:3] == [Opt(OptOps.PADTO, 3, 16), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)], opts
   assert sum(u.op is Ops.DEFINE_REG for u in lowered(dx, Device["CPU"].renderer, opts).toposort) == 2  # window sums, channel sums
   torch = pytest.importorskip("torch")
@@ -367,7 +368,7 @@ def test_heuristics_split_a_conv_weight_gradient_along_the_image_rows():
   x, w = Tensor(nx), Tensor(nw, requires_grad=True)
   x.conv2d(w).relu().sum().backward()
   dw = next(si.ast for si in create_schedule([w.grad.uop])[0] if si.ast.op is Ops.SINK and [const_size(r) for r in global_ranges(si.ast)] == [8, 3, 3])
-  assert Opt(OptOps.UPCAST, 5, 2) in hand_coded_opts(dw, 1)
+  assert Opt(OptOps.UPCAST, 5, 2) in cpu_opts(dw, 1)
   tw = torch.tensor(nw, requires_grad=True)
   torch.nn.functional.conv2d(torch.tensor(nx), tw).relu().sum().backward()
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
@@ -380,14 +381,14 @@ def test_heuristics_stash_softmax_exp_once():
   rng = np.random.default_rng(6)
   x = Tensor(rng.standard_normal((64, 256), dtype=np.float32)).realize()
   ast = _ast(x.softmax(1))
-  opts = hand_coded_opts(ast, 2)
+  opts = cpu_opts(ast, 2)
   assert opts[0] == Opt(OptOps.STASH, 1, 3), opts
   assert to_program(ast, Device["CPU"].renderer, opts)[1].count("1.4426950216293335f") == 1
   assert to_program(ast, Device["CPU"].renderer, opts[1:])[1].count("1.4426950216293335f") == 2
   torch = pytest.importorskip("torch")
   np.testing.assert_allclose(x.softmax(1).numpy(), torch.tensor(x.numpy()).softmax(1).numpy(), rtol=1e-6, atol=1e-7)
   # no transcendental to save: layernorm's x - mean is read back from the input instead
-  assert not any(o.op is OptOps.STASH for o in hand_coded_opts(_ast(x.layernorm(1)), 2))
+  assert not any(o.op is OptOps.STASH for o in cpu_opts(_ast(x.layernorm(1)), 2))
 
 @pytest.mark.parametrize("shape, axis", [((3, 5, 40), -1), ((6, 20), 1), ((2, 33), 1)])
 def test_stash_keeps_results(shape, axis):
@@ -428,7 +429,7 @@ def test_stash_replaces_the_reduce_everywhere():
   x = Tensor.rand(8, 64, requires_grad=True).realize()
   loss = (x.softmax(1) * Tensor.rand(8, 64).realize()).sum()
   ast = _ast(loss.gradient(x)[0])
-  opts = hand_coded_opts(ast, 2)
+  opts = cpu_opts(ast, 2)
   assert opts[0].op is OptOps.STASH, opts
   stashed = apply_opt(ast, opts[0])
   count = lambda a: sum(1 for u in a.toposort if u.op is Ops.REDUCE)
@@ -440,16 +441,16 @@ def test_heuristics_sum_columns_along_the_contiguous_axis():
   rng = np.random.default_rng(8)
   x = Tensor(rng.standard_normal((256, 512), dtype=np.float32)).realize()
   for t, want in ((x.sum(0), x.numpy().sum(0)), (x.max(0), x.numpy().max(0))):
-    opts = hand_coded_opts(_ast(t), 2)
+    opts = cpu_opts(_ast(t), 2)
     assert opts[0] == Opt(OptOps.UPCAST, 0, 128), opts
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, atol=1e-4)
-  assert Opt(OptOps.UPCAST, 1, 16) in hand_coded_opts(_ast(x.sum(1)), 2)  # along the reduce: partial sums, as before
+  assert Opt(OptOps.UPCAST, 1, 16) in cpu_opts(_ast(x.sum(1)), 2)  # along the reduce: partial sums, as before
 
 def test_loop_invariants_are_named_outside_the_loop():
   # a value used once, inside a loop it doesn't depend on (logsumexp's row max, tested for inf), is computed before the
   # loop under a name: written inline it put a branch in the loop, and gcc left the loop scalar
   x = Tensor.rand(64, 256).realize()
   ast = _ast(x.logsumexp(1))
-  src = to_program(ast, Device["CPU"].renderer, hand_coded_opts(ast, 1))[1]
+  src = to_program(ast, Device["CPU"].renderer, cpu_opts(ast, 1))[1]
   loops = src.split("for (")
   assert not any("INFINITY)?" in body.split("}")[0] for body in loops[1:]), src

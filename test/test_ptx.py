@@ -7,7 +7,7 @@ import pytest
 from attograd import Tensor, Variable, dtypes
 from attograd.uop.ops import Ops
 from attograd.codegen import to_program
-from attograd.codegen.gpudims import gpu_hand_coded_opts
+from attograd.codegen.heuristic import gpu_opts
 from attograd.engine import realize
 from attograd.renderer.ptx import PTXRenderer
 from attograd.runtime.device import Device
@@ -61,7 +61,7 @@ def entries() -> tuple[list[str], dict[str, int]]:
   reductions split across a work-group) unless the kernel names its own; and the refusals."""
   renderer = PTXRenderer()
   kernels = op_kernels() + [(ast, []) for ast in dict.fromkeys(op_suite_asts())]
-  def render(k) -> str: return renderer.render_entry("k", to_program(k[0], renderer, k[1] or gpu_hand_coded_opts(k[0], renderer))[2])
+  def render(k) -> str: return renderer.render_entry("k", to_program(k[0], renderer, k[1] or gpu_opts(k[0], renderer))[2])
   ents, refused = render_each(kernels, render)
   return [e.replace(".entry k(", f".entry k{i}(", 1) for i, e in enumerate(ents)], refused
 

@@ -1,5 +1,5 @@
-"""Thread ids for GPU targets (DESIGN §3.5), and the heuristics for the two Opts that shape work-groups
-(LOCAL and GROUP, applied in codegen/opt.py with the other Opts).
+"""Thread ids for GPU targets (DESIGN §3.5). The two Opts that shape work-groups (LOCAL and GROUP) are applied in
+codegen/opt.py with the other Opts, and chosen in codegen/heuristic.py.
 
 A GPU runs a kernel as a grid of work-groups, each a block of threads that share fast local memory
 and can wait for each other at a barrier. Here that is explicit in the IR:
@@ -97,33 +97,3 @@ def launch_dims(uops: list[UOp]) -> tuple[tuple[UOp | int, ...], tuple[int, ...]
 
 def eval_dims(dims: tuple[UOp | int, ...], var_vals: dict[UOp, int] | None) -> tuple[int, ...]:
   return tuple(d if isinstance(d, int) else int(sym_infer(d, var_vals or {})) for d in dims)
-
-# ***** heuristics *****
-
-def _divisor(size: int, limit: int) -> int:
-  """The largest divisor of size that is at most limit."""
-  return max((d for d in range(1, min(size, limit) + 1) if size % d == 0), default=1)
-
-def gpu_hand_coded_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
-  """Work-groups of about the device's preferred size over the innermost global axes (neighbouring
-  threads then touch neighbouring memory); a long reduce with few outputs is split across a
-  work-group (GROUP) so that the device has threads to run."""
-  opts: list[Opt] = []
-  budget = renderer.workgroup_pref
-  glob = global_ranges(ast)
-  for axis, r in reversed(list(enumerate(glob))):
-    if budget < 2 or r.src[0].op is not Ops.CONST or len(opts) >= len(renderer.local_max): break
-    if (n := _divisor(r.src[0].arg, min(budget, renderer.local_max[len(opts)]))) > 1:
-      opts.append(Opt(OptOps.LOCAL, axis, n))
-      budget //= n
-  outputs = prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 << 16 for r in glob)
-  if outputs >= GROUP_OUTPUTS or budget < 16: return opts
-  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(axes(ast)) if r.arg[1] == "reduce" and r.src[0].op is Ops.CONST]
-  for size, axis in sorted(reduces, reverse=True):  # the longest reduce gains most
-    if (n := _divisor(size, min(budget, size // 4))) < 16: continue  # and each thread reduces 4 elements or more
-    try: apply_opts(ast, cand := opts + [Opt(OptOps.GROUP, axis, n)], has_local=True)
-    except KernelOptError: continue
-    return cand
-  return opts
-
-GROUP_OUTPUTS = 4096  # below this many outputs a kernel can't fill a GPU one thread per output

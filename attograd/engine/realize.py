@@ -11,9 +11,10 @@ from attograd.runtime.device import Device, Buffer
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.renderer import scalar_args
-from attograd.codegen.opt import Opt, THREADS, hand_coded_opts
+from attograd.codegen.opt import Opt, THREADS
+from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
-from attograd.codegen.gpudims import gpu_hand_coded_opts, launch_dims, eval_dims
+from attograd.codegen.gpudims import launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem, create_schedule, is_view_of_buffer
 from attograd.engine.memory import planned_buffers
 from attograd.engine import registry
@@ -108,16 +109,14 @@ def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   it depends on besides the AST and the renderer (the heuristics and BEAM split work for a number of cores)."""
   if opts is not None: return "opts " + json.dumps([[o.op.name, o.axis, o.amount] for o in opts])
   if NOOPT: return "noopt"
-  threads = THREADS.value if renderer.has_threads else 1
-  return f"beam {BEAM.value} threads {threads}" if BEAM >= 1 else f"heuristics threads {threads} simd {renderer.simd_floats}"
+  return f"beam {BEAM.value} threads {cores(renderer)}" if BEAM >= 1 else f"heuristics threads {cores(renderer)} simd {renderer.simd_floats}"
 
 def choose_opts(ast: UOp, device: str, progress: Progress | None = None) -> list[Opt]:
   """The Opts of NOOPT, BEAM or the heuristics, as the switches say."""
   renderer = Device[device].renderer
   if NOOPT: return []
   if BEAM >= 1: return beam_search(ast, device, BEAM.value, compile_kernel, progress)
-  if renderer.has_local: return gpu_hand_coded_opts(ast, renderer)
-  return hand_coded_opts(ast, THREADS.value if renderer.has_threads else 1, renderer.simd_floats)
+  return heuristic_opts(ast, renderer)
 
 def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
   """The kernel of the program cache's entry pkey (None when there is none): only the device compiler runs, and it

@@ -8,8 +8,8 @@ from typing import Any, Callable
 from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, content_hash
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.serialize import graph_key
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, axes, const_size, hand_coded_opts
-from attograd.codegen.gpudims import gpu_hand_coded_opts
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, axes, const_size
+from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.runtime.device import Device, Buffer
 
 SEARCH_VERSION = "3"  # bump when Opts or their lowering change meaning: old cached winners are then ignored
@@ -25,7 +25,7 @@ def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
     if r.arg[1] == "global":
       out += [Opt(OptOps.UPCAST, i, n) for n in (2, 3, 4, 8, 16, 32)]
       if size is not None and size % 8: out += [Opt(OptOps.PADTO, i, n) for n in (8, 32)]
-      if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see hand_coded_opts
+      if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see codegen/heuristic.py split_across_cores
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
       if local: out += [Opt(OptOps.LOCAL, i, n) for n in (2, 4, 8, 16, 32)]
       else:  # a per-call scratch, a C loop, a reduce run once per row: CPU only
@@ -61,7 +61,7 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
                 progress: Progress | None = None) -> list[Opt]:
   """The fastest Opts found for this kernel on this device (cached on disk); `progress` hears of every candidate."""
   dev = Device[device]
-  threads = THREADS.value if dev.renderer.has_threads else 1
+  threads = cores(dev.renderer)
   # sizes only known at run time, or a device that can't be timed here: nothing to search on
   if any(u.op is Ops.DEFINE_VAR for u in ast.toposort): return []
   path = _cache_path(ast, device, width, threads) if CACHELEVEL >= 1 else None
@@ -77,7 +77,7 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   seen = {base.src}
   # the heuristics' choice starts in the beam too: the search only ever improves on it
   local = dev.renderer.has_local
-  if (hc := gpu_hand_coded_opts(ast, dev.renderer) if local else hand_coded_opts(ast, threads, dev.renderer.simd_floats)) and (built := build(hc)) is not None:
+  if (hc := heuristic_opts(ast, dev.renderer)) and (built := build(hc)) is not None:
     seen.add(built[1].src)
     beam = sorted(beam + [(time_kernel(built[1], bufs, dev.synchronize), hc)], key=lambda x: x[0])[:max(width, 1)]
   try:

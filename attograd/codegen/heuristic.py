@@ -1,0 +1,317 @@
+"""The Opts a kernel gets from its AST alone (BEAM, engine/search.py, times candidates instead).
+
+`heuristic_opts(ast, renderer)` makes the one choice between targets: a GPU (a renderer with work-groups) gets
+`gpu_opts`, a CPU the named steps of CPU_STEPS, run in order on one `Plan`. Each step is for one kernel shape and
+says which; a step proposes Opts, and an Opt the kernel refuses (KernelOptError: over the written-out budget, an
+axis that doesn't split) is skipped. DEBUG>=3 prints every step's choices and every refusal with its reason.
+
+The measurements quoted below are one core of the development machine (AVX-512, gcc 12) unless they say otherwise."""
+from __future__ import annotations
+from attograd.dtype import dtypes
+from attograd.helpers import DEBUG, prod
+from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.patterns import graph_rewrite
+from attograd.uop.symbolic import symbolic
+from attograd.codegen.opt import (Opt, OptOps, KernelOptError, THREADS, apply_opts, axes, const_size, copies, global_ranges,
+                                  ranges_of, stash_plan)
+from attograd.renderer import Renderer
+
+# a register tile's outputs at most, in vector registers (of the renderer's simd_floats): AVX2 has sixteen of 8 floats. A
+# 16x6 tile (12 registers, with 2 for a row of the right operand and 1 for a broadcast of the left) keeps everything in
+# registers: 52-68 GFLOPS on one core over a small transformer's matmuls and a 1024^3 one; 16x8 spilled three
+# accumulators to the stack (48-53), 32x8 most (35). With AVX-512's 32 registers a 32x6 tile of them does 102-111 where
+# 16x6 did 66-68 (torch 96), and 32x8 the same
+TILE_REGISTERS = 16
+SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
+FULL_TILE = 8  # registers of accumulators: 16x6 written out (of 8-float registers), a SIMD loop of 16 by 6 rows, 8x8
+
+def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+  """The Opts for a kernel on this renderer's target, chosen from the AST alone."""
+  if renderer.has_local: return gpu_opts(ast, renderer)
+  return cpu_opts(ast, cores(renderer), renderer.simd_floats)
+
+def cores(renderer: Renderer) -> int:
+  """The cores a kernel may be split across (THREAD): the THREADS switch where the target runs slices in a pool."""
+  return THREADS.value if renderer.has_threads else 1
+
+# ***** the plan the steps share *****
+
+def unit_stride(index: UOp, r: UOp) -> bool:
+  """Do neighbouring iterations of loop r read neighbouring elements?"""
+  step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic, name="heuristics/unit_stride")
+  return step.op is Ops.CONST and step.arg == 1
+
+def dividing(size: int | None, amounts: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(a for a in amounts if size is not None and size % a == 0 and size >= a)
+
+def largest(size: int | None, amounts: tuple[int, ...]) -> int | None:
+  return next(iter(dividing(size, amounts)), None)
+
+class Plan:
+  """The kernel as the steps have left it, the Opts chosen so far, and what the steps read of the kernel as it was
+  given (`ax`, its axes by role: global ones then reduce ones; `glob`, the positions of the global ones; `work`, its
+  iterations) and as the first step left it (`reds`, its reduces; `gates`, what gated loads' gates depend on)."""
+  def __init__(self, ast: UOp, threads: int, simd: int):
+    self.ast, self.threads, self.simd, self.opts, self.step = ast, threads, simd, [], ""
+    self.ax = axes(ast)
+    self.glob = [i for i, r in enumerate(self.ax) if r.arg[1] == "global"]
+    self.work = prod(const_size(r) or 1 for r in self.ax)
+    self.reds: list[UOp] = []
+    self.gates: list[list[UOp]] = []
+    self.tiled = False  # a register tile was chosen: the reduce steps leave the kernel alone
+  def first(self, *choices: Opt | tuple[Opt, ...]) -> bool:
+    """Apply the first of the choices (an Opt or a sequence of them) the kernel accepts: a smaller tile when a wider
+    one is over the budget of written-out code. False if it accepts none."""
+    for choice in choices:
+      seq = list(choice) if isinstance(choice, tuple) else [choice]
+      try: self.ast = apply_opts(self.ast, seq)
+      except KernelOptError as e:
+        if DEBUG >= 3: print(f"  heuristics {self.step}: {seq} refused: {e}")
+        continue
+      self.opts.extend(seq)
+      return True
+    return False
+
+def tile_rows(p: Plan, i: int, cap: int) -> None:
+  """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
+  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
+  most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
+  rows = const_size(axes(p.ast)[i]) or 0
+  padded = -(-rows // 6) * 6
+  reduced = prod(const_size(r) or 0 for r in axes(p.ast) if r.arg[1] == "reduce")
+  six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
+  fits = (padded - rows) * reduced * 4 <= 4096 and copies(p.ast) * 6 <= cap and not ranges_of(p.ast, "simd")
+  p.first(*((six,) if fits else ()), *(Opt(OptOps.UPCAST, i, a) for a in dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(p.ast) * a <= cap))
+
+# ***** the CPU steps, in order *****
+
+def stash_transcendentals(p: Plan) -> None:
+  """Softmax: a transcendental that both the output and a reduce compute per element (the exp) is computed once and
+  kept (STASH) for the output to read back."""
+  for g, k in ((g, k) for g in p.glob for k, r in enumerate(p.ax) if r.arg[1] == "reduce"):
+    try: value = stash_plan(p.ast, Opt(OptOps.STASH, g, k), p.ax)[2]
+    except KernelOptError: continue
+    if any(u.op in GroupOp.Transcendental for u in value.toposort): p.first(Opt(OptOps.STASH, g, k))
+  p.reds = [u for u in p.ast.toposort if u.op is Ops.REDUCE]
+  # what the gated loads' gates depend on (a padded conv's input gradient gates its reads along the window and the width)
+  p.gates = [u.src[0].src[2].toposort for red in p.reds for u in red.src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+
+def register_tile(p: Plan) -> None:
+  """Matmul, conv: one sum whose inputs are each re-read along some output axis. A tile of outputs in registers: the
+  output's contiguous axis (j, up to 32 wide) by an axis no input read along j depends on (i, the rows), so each value
+  loaded feeds many multiply-adds. A big or strided one also gets its column panels packed (SWAP, PACK)."""
+  if not (len(p.reds) == 1 and p.reds[0].arg is Ops.ADD and len(p.glob) >= 2): return
+  ax, red = p.ax, p.reds[0]
+  # what a load reads is decided by its address: a pad's gate (which a conv's gradient puts on every load) doesn't
+  # make a weight vary along the image
+  loads = [u.src[0].src[1].toposort for u in red.src[0].toposort if u.op is Ops.LOAD]
+  j = p.glob[-1]
+  # the other tile axis: one that no input read along j depends on, and preferably another input does (matmul's rows,
+  # conv's channels; not a batch axis, which only a bias read along j doesn't depend on; an embedding's gradient
+  # compares its rows' index with the tokens, and no input is read along it)
+  along_j = [ld for ld in loads if ax[j] in ld]
+  tile_axes = [g for g in p.glob[:-1] if along_j and all(ax[g] not in ld for ld in along_j) and (const_size(ax[g]) or 0) >= 8]
+  # of several (a batched matmul's batch and rows), the innermost: its loop is the one around j's, which SWAP exchanges
+  i = next((g for g in reversed(tile_axes) if any(ax[g] in ld for ld in loads)), tile_axes[-1] if tile_axes else None)
+  # a tile pays when each load is reused along one of its axes: one that varies along both (a layernorm's gradient,
+  # whose rows are summed with the rows' own statistics) would be loaded once per output of the tile anyway
+  if i is None or len(along_j) >= len(loads) or p.work < 1 << 16 or any(ax[i] in ld and ax[j] in ld for ld in loads): return
+  # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
+  # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
+  contiguous_j = all(unit_stride(u.src[0].src[1], ax[j]) for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort)
+  if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads)
+  elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or any(ax[j] in g for g in p.gates)) and contiguous_j:
+    # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
+    # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
+    # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
+    # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
+    if padded != n: p.first(Opt(OptOps.PADTO, j, padded))
+    p.first(Opt(OptOps.SIMD, j, 16))
+    tile_rows(p, i, TILE_REGISTERS * p.simd)
+  else: widest_tile(p, i, j, red)
+  p.tiled = True
+  reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
+  big = len(p.glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
+  if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
+
+def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
+  """A small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input doesn't
+  read along is written out whole, so each value loaded (and whatever is fused into it, a relu's gradient) feeds all of
+  the window; scalar accumulators, so fewer of the other axis (measured: 4 x 3x3)."""
+  ax = p.ax
+  for g in p.glob:
+    if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): p.first(Opt(OptOps.UPCAST, g, const_size(ax[g])))
+  # and 2 partial sums along the innermost reduce axis (the image's rows) where it splits, in place of half the
+  # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
+  inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
+  if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: p.first(Opt(OptOps.UPCAST, inner, 2))
+  tile_rows(p, i, min(36, TILE_REGISTERS * p.simd))
+
+def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
+  """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
+  costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
+  outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental computed from them goes in
+  a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile with a GELU's gradient after it, 4.9 ms; a SIMD
+  loop of 16 by 8 rows, 0.69)."""
+  width = const_size(p.ax[j])
+  written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
+  looped = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
+  after = set(p.ast.toposort) - set(red.toposort) - {red}
+  best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
+  for choice in (looped + written if any(u.op in GroupOp.Transcendental for u in after) else written + looped):
+    trial = Plan.__new__(Plan)
+    trial.__dict__.update(p.__dict__, opts=list(p.opts))
+    if not trial.first(choice): continue
+    tile_rows(trial, i, TILE_REGISTERS * p.simd)
+    if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
+    if best[0] >= FULL_TILE * p.simd: break
+  p.ast, p.opts = best[1], best[2]
+
+def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
+  """A big or strided tile: the loop over column panels goes outside the rows loop, and each panel (k rows of the tile's
+  width) is packed once, so every row block streams it contiguously from cache: a big matmul's panel would fall out of
+  it, and a strided one (x @ w.T reads w along its rows) would be read a value at a time (35 -> 50 GFLOPS on one core).
+  Unless the rows' operand is read across its rows (transposed: each step of the sum a new cache line per row) and too
+  big for the cache to hold between panels: then each row block packs its panels (a weight gradient summed over 4096
+  tokens, 1152 x 4096 floats: 24 -> 44 GFLOPS; a row-major 2048^3 operand wants the swap, 18 -> 52)."""
+  ax = p.ax
+  inner = max((r for r in ax if r.arg[1] == "reduce"), key=lambda r: r.arg)
+  rows_read = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] not in u.src[0].src[1].toposort]
+  across = any(inner in ix.toposort and not unit_stride(ix, inner) for ix in rows_read)
+  swap = (Opt(OptOps.SWAP, i, j),) if not across or (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS else ()
+  p.first((*swap, Opt(OptOps.PACK, i, 0)), *swap)
+
+def unroll_small_windows(p: Plan) -> None:
+  """Conv's 3x3, a pool's 2x2: a small innermost reduce window is written out, unless reads along it are gated (a conv's
+  input gradient, padded): then each copy tests its own gate, measured slower than the loop. Written out, a pool's
+  window leaves a plain loop over its outputs that gcc vectorizes (measured 5x). (Only a reduce with no reduce inside
+  it: written-out copies of a loop around another loop are not lowered.)"""
+  ax = p.ax
+  innermost = {ax.index(r) for red in p.reds if not any(u.op is Ops.REDUCE for u in red.src[0].toposort) for r in red.src[1:] if r in ax}
+  for k, r in reversed(list(enumerate(axes(p.ast)))):
+    if k in innermost and r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in p.gates):
+      p.first(Opt(OptOps.UNROLL, k, const_size(r)))
+
+def reduce_accumulators(p: Plan) -> None:
+  """Any other float sum or max: independent accumulators, so the adds don't wait on each other."""
+  if p.tiled: return
+  for red in p.reds:
+    if not (red.arg in (Ops.ADD, Ops.MAX) and dtypes.is_float(red.dtype)): continue
+    if column_sum(p, red): continue
+    # partial accumulators: 16 (a SIMD register) from the innermost reduce axis when they divide it; else factors of the
+    # axes from the innermost outward, up to 8 (a conv's bias gradient over batch x 26 x 26: 2x2x2, measured 7x). A max
+    # that keeps NaN is a compare, a test and a select per step, twice an add's latency: 32 of them keep two registers'
+    # chains in flight (row max of (4096, 1024): 0.35 -> 0.27 ms)
+    rs = [p.ax.index(r) for r in sorted((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, reverse=True)]
+    if rs and (a := largest(const_size(axes(p.ast)[rs[0]]), (32, 16, 8, 4) if red.arg is Ops.MAX else (16, 8, 4))) is not None:
+      p.first(Opt(OptOps.UPCAST, rs[0], a)); continue
+    lanes = 1
+    for k in rs:
+      if (a := largest(const_size(axes(p.ast)[k]), tuple(a for a in (8, 4, 2) if lanes * a <= 8))) is None: continue
+      if p.first(Opt(OptOps.UPCAST, k, a)): lanes *= a
+
+def column_sum(p: Plan, red: UOp) -> bool:
+  """Reads contiguous along an output axis, not along the reduce (a column sum, x.sum(0) of a row-major matrix): a row
+  of outputs is written out, up to 128 wide (as many independent accumulators, each row read is a contiguous run),
+  leaving a slice of it per core; partial sums along the reduce would read one float per cache line (sum(0) of
+  (4096, 1024): 14.4 -> 0.24 ms, torch 0.66). True if it chose the row."""
+  cur = axes(p.ast)
+  reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
+  inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
+  along = [k for k, r in enumerate(cur) if r.arg[1] == "global" and any(unit_stride(i, r) for i in reads)]
+  # (reads that don't vary along the row, a layernorm's per-token statistics in its weight's gradient, are one value
+  # for all of it)
+  if not along or inner is None or any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort): return False
+  size = const_size(cur[along[-1]]) or 0
+  widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
+  if (w := next((w for w in widths if size // w >= p.threads), widths[0] if widths else None)) is None: return False
+  # narrower where a costly value summed (a GELU's gradient) would write out too much; then a SIMD loop
+  return p.first(*(Opt(OptOps.UPCAST, along[-1], x) for x in widths if x <= w), *(Opt(OptOps.SIMD, along[-1], x) for x in (16, 8) if size % x == 0))
+
+def divided_axes(p: Plan) -> None:
+  """An output axis that an index divides (a pool's gradient reads pooled[x//2]): written out in steps of the divisor,
+  each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient)."""
+  if p.tiled: return
+  cur = axes(p.ast)
+  divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in p.ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
+                 and u.src[0].arg[1] == "global" and u.src[1].op is Ops.CONST}, reverse=True)
+  for k, c in divs:
+    if 2 <= c <= 8 and (const_size(axes(p.ast)[k]) or 0) % c == 0 and copies(p.ast) * c <= 16: p.first(Opt(OptOps.UPCAST, k, c))
+
+def split_across_cores(p: Plan) -> None:
+  """A big kernel (65536 iterations or more: below that, a launch on another core costs more than it saves) is cut in 4
+  slices per core, which the cores take as they come free (engine/realize.py): on a machine shared with other work, a
+  core that another process holds back leaves its slices to the rest. On the outermost axis that splits evenly."""
+  if p.threads < 2 or p.work < 1 << 16: return
+  counts = (4 * p.threads, p.threads) if p.work >= 1 << 22 else (p.threads,)
+  for k, r in enumerate(axes(p.ast)):
+    if r.arg[1] == "global" and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+      p.first(Opt(OptOps.THREAD, k, n)); return
+
+CPU_STEPS = [("stash_transcendentals", stash_transcendentals), ("register_tile", register_tile), ("unroll_small_windows", unroll_small_windows),
+             ("reduce_accumulators", reduce_accumulators), ("divided_axes", divided_axes), ("split_across_cores", split_across_cores)]
+
+def cpu_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
+  """The CPU steps' Opts for a kernel split across `threads` cores with vectors of `simd` floats (elementwise loops are
+  left to the C compiler's loop vectorizer)."""
+  if ranges_of(ast, "serial"): return scatter_opts(ast, threads)
+  p = Plan(ast, threads, simd)
+  for name, step in CPU_STEPS:
+    p.step, before = name, len(p.opts)
+    step(p)
+    if DEBUG >= 3 and len(p.opts) > before: print(f"  heuristics {name}: {p.opts[before:]}")
+  return p.opts
+
+def scatter_opts(ast: UOp, threads: int) -> list[Opt]:
+  """A scatter-add (schedule.py's scatter_kernel: serial loops over the table's rows and the tokens inside the output's
+  other loops): 16 columns of a token's row per step as a SIMD loop, which lowering moves inside the token loop (one
+  vector read, add and write of the row the token picks; written-out copies, each gated by the index's range, stayed
+  scalar in gcc), and the columns split across the cores when the work is big. The serial loops are no axis: never
+  split."""
+  p = Plan(ast, threads, 8)
+  p.step = "scatter"
+  glob = global_ranges(ast)
+  if not glob: return p.opts
+  j = len(glob) - 1  # the innermost output loop, if it is the one contiguous in memory (the table's row axis may be)
+  stores = [st for st in ast.toposort if st.op is Ops.STORE and st.src[0].src[0].op is Ops.PARAM]
+  if all(unit_stride(st.src[0].src[1], glob[j]) for st in stores):
+    p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(glob[j]), (16, 8))))
+  # iterations of the loops around each store: every column's fill and its adds
+  work = sum(prod(const_size(r) or 1 << 10 for r in st.live_ranges) for st in stores)
+  # an iteration is one add: a small transformer's embedding gradient (64 columns, 90 rows, 1024 tokens) took 18 us on
+  # one core, 30-80 us on two
+  if threads >= 2 and work >= 1 << 18:
+    for k, r in enumerate(axes(p.ast)):
+      if (n := next((n for n in (4 * threads, threads) if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+        p.first(Opt(OptOps.THREAD, k, n)); break
+  return p.opts
+
+# ***** GPU *****
+
+GROUP_OUTPUTS = 4096  # below this many outputs a kernel can't fill a GPU one thread per output
+
+def divisor(size: int, limit: int) -> int:
+  """The largest divisor of size that is at most limit."""
+  return max((d for d in range(1, min(size, limit) + 1) if size % d == 0), default=1)
+
+def gpu_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+  """Work-groups of about the device's preferred size over the innermost global axes (neighbouring threads then touch
+  neighbouring memory); a long reduce with few outputs is split across a work-group (GROUP) so that the device has
+  threads to run."""
+  opts: list[Opt] = []
+  budget = renderer.workgroup_pref
+  glob = global_ranges(ast)
+  for axis, r in reversed(list(enumerate(glob))):
+    if budget < 2 or r.src[0].op is not Ops.CONST or len(opts) >= len(renderer.local_max): break
+    if (n := divisor(r.src[0].arg, min(budget, renderer.local_max[len(opts)]))) > 1:
+      opts.append(Opt(OptOps.LOCAL, axis, n))
+      budget //= n
+  outputs = prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 << 16 for r in glob)
+  if outputs >= GROUP_OUTPUTS or budget < 16: return opts
+  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(axes(ast)) if r.arg[1] == "reduce" and r.src[0].op is Ops.CONST]
+  for size, axis in sorted(reduces, reverse=True):  # the longest reduce gains most
+    if (n := divisor(size, min(budget, size // 4))) < 16: continue  # and each thread reduces 4 elements or more
+    try: apply_opts(ast, cand := opts + [Opt(OptOps.GROUP, axis, n)], has_local=True)
+    except KernelOptError: continue
+    return cand
+  return opts
