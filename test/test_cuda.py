@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from attograd import Tensor, dtypes
 from attograd.codegen import to_program
-from attograd.codegen.gpudims import gpu_hand_coded_opts
+from attograd.codegen.heuristic import gpu_opts
 from attograd.codegen.opt import Opt, OptOps
 from attograd.renderer.cuda import CUDARenderer
 from attograd.runtime.ops_cuda import find_nvcc, nvcc
@@ -47,7 +47,7 @@ def kernels() -> tuple[list[str], dict[str, int]]:
   and some with explicit LOCAL and GROUP; and the refusals."""
   renderer = CUDARenderer()
   asts = {ast: None for ast in op_suite_asts()} | {si.ast: None for t in tensors_of_every_op() for si in t.schedule() if si.ast.op is Ops.SINK}
-  srcs, refused = render_each(list(asts), lambda ast: to_program(ast, renderer, gpu_hand_coded_opts(ast, renderer))[1])
+  srcs, refused = render_each(list(asts), lambda ast: to_program(ast, renderer, gpu_opts(ast, renderer))[1])
   a, b = Tensor.empty(64, 32).realize(), Tensor.empty(32, 48).realize()
   srcs.append(to_program((a @ b).schedule()[-1].ast, renderer, [Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 2, 8)])[1])
   srcs.append(to_program(a.sum().schedule()[-1].ast, renderer, [Opt(OptOps.GROUP, 0, 32)])[1])  # (its two axes are one loop)

@@ -251,13 +251,13 @@ def test_llvm_code_uses_vectors_and_fma():
   gathers of every 16th or 32nd value (5-7x slower)."""
   from attograd.runtime.device import Device
   from attograd.codegen import to_program
-  from attograd.codegen.opt import hand_coded_opts
+  from attograd.codegen.heuristic import cpu_opts
   from attograd.runtime.ops_llvm import _llvm
   dev = Device["LLVM"]
   x = Tensor.empty(64, 256, device="LLVM")
   def asm(t):
     ast = t.schedule()[-1].ast
-    return dev.compiler.assembly(to_program(ast, dev.renderer, hand_coded_opts(ast, 1))[1])
+    return dev.compiler.assembly(to_program(ast, dev.renderer, cpu_opts(ast, 1))[1])
   assert re.search(r"\bv?(mul|add)ps\b", asm(x * 2 + 1)), "elementwise float math isn't vectorized"
   for code in (asm(x.sum(1)), asm(Tensor.empty(1 << 16, device="LLVM").sum())):
     assert re.search(r"\bv?addps\b", code) and "gather" not in code, "a float sum's partial sums aren't a vector register"
@@ -270,10 +270,10 @@ def test_llvm_accumulates_products_with_fmuladd():
   """Lowering makes a float accumulator's acc + a*b one MULACC, which LLVM IR writes as llvm.fmuladd (rounded once, as C's
   fmaf): no renderer pass of LLVM's own is needed for it (one that did this after lowering never fired, and was removed)."""
   from attograd.codegen import to_program
-  from attograd.codegen.opt import hand_coded_opts
+  from attograd.codegen.heuristic import cpu_opts
   from attograd.renderer.llvmir import LLVMRenderer
   ast, r = (Tensor.empty(16, 32) @ Tensor.empty(32, 8)).schedule()[-1].ast, LLVMRenderer()
-  for opts in ([], hand_coded_opts(ast, 1, r.simd_floats)):  # one accumulator; a register tile of them
+  for opts in ([], cpu_opts(ast, 1, r.simd_floats)):  # one accumulator; a register tile of them
     assert re.search(r"call \S+ @llvm\.fmuladd\.(f32|v\d+f32)\(", to_program(ast, r, opts)[1]), opts
 
 @needs_llvm

@@ -298,8 +298,8 @@ def test_conv_backward_indexes_without_divmod():
   for ast in asts:
     assert not {Ops.IDIV, Ops.MOD} & {u.op for u in ast.toposort}, "div/mod left in a conv backward kernel"
   # the input gradient: each window position tested once per axis, the weight read without a gate
-  dx = next(a for a in asts if any(u.op is Ops.INDEX and len(u.src) == 3 for u in a.toposort))
-  gates = {u.src[2].render() for u in dx.toposort if u.op is Ops.INDEX and len(u.src) == 3}
+  dx = next(a for a in asts if any(u.op is Ops.INDEX and u.gate is not None for u in a.toposort))
+  gates = {u.gate.render() for u in dx.toposort if u.op is Ops.INDEX and u.gate is not None}
   assert gates == {"(((-1<(r4+(r5*-1)))&((r4+(r5*-1))<11))&((-1<(r2+(r6*-1)))&((r2+(r6*-1))<11)))"}, gates
   loads = [u.src[0] for u in dx.toposort if u.op is Ops.LOAD]
   assert sum(len(ld.src) == 2 for ld in loads) >= 1, "the weight's address is always in bounds: no gate"
@@ -345,7 +345,7 @@ def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
   # loop, with 8 input channels written out, and the channels summed in a loop of their own inside each window position
   # (the gate tested once per sum, not once per multiply-add)
   from attograd.codegen import lowered
-  dx = next(a for a in _conv_backward_asts() if any(u.op is Ops.INDEX and len(u.src) == 3 for u in a.toposort))
+  dx = next(a for a in _conv_backward_asts() if any(u.op is Ops.INDEX and u.gate is not None for u in a.toposort))
   opts = cpu_opts(dx, 1)
   assert opts[:3] == [Opt(OptOps.PADTO, 3, 16), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)], opts
   assert sum(u.op is Ops.DEFINE_REG for u in lowered(dx, Device["CPU"].renderer, opts).toposort) == 2  # window sums, channel sums

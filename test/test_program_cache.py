@@ -12,6 +12,7 @@ from attograd.helpers import Progress, cache_read, cache_write, atomic_write
 from attograd.uop.ops import UOp, Ops, BufferArg
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.engine import realize, search, progcache
+from attograd.codegen.heuristic import cores
 from attograd.runtime.device import Device
 from helpers import available
 
@@ -28,7 +29,7 @@ def counted(name, f):
     return f(*a, **k)
   return g
 realize.to_program = counted("to_program", realize.to_program)
-realize.hand_coded_opts = counted("heuristics", realize.hand_coded_opts)
+realize.heuristic_opts = counted("heuristics", realize.heuristic_opts)
 schedule.realize_points = counted("schedules", schedule.realize_points)
 from attograd import Tensor, Variable
 import numpy as np
@@ -169,7 +170,7 @@ def test_damaged_beam_winner_is_searched_again(monkeypatch, tmp_path, capsys):
   x = Tensor.rand(32, 32).realize()
   ast = _kernel_ast(x @ x)
   winner = search.beam_search(ast, "CPU", 1, realize.compile_kernel)
-  path = search._cache_path(ast, "CPU", 1, search.THREADS.value)
+  path = search._cache_path(ast, "CPU", 1, cores(Device["CPU"].renderer))
   path.write_bytes(_garble(path.read_bytes()))
   searched = []
   def compile_kernel(*a): searched.append(a); return realize.compile_kernel(*a)

@@ -6,8 +6,10 @@ import torch
 from attograd import Tensor, TinyJit, nn, Context
 from attograd.nn import optim
 from attograd.codegen import to_program
-from attograd.codegen.gpudims import launch_dims, eval_dims, gpu_hand_coded_opts
-from attograd.codegen.opt import KernelOptError, hand_coded_opts
+from attograd.codegen.gpudims import launch_dims, eval_dims
+from attograd.codegen.heuristic import gpu_opts
+from attograd.codegen.opt import KernelOptError
+from attograd.codegen.heuristic import cpu_opts
 from attograd.engine import realize, search
 from attograd.engine.realize import run_schedule, buffer_of, get_kernel
 from attograd.runtime.device import Device
@@ -167,7 +169,7 @@ def test_scatter_on_an_emulated_gpu():
   *before, si = _embedding_grad(vocab, d, idx, g, "PYTHON").schedule()  # the kernel writes the (vocab, d) gradient
   run_schedule(before)
   bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
-  name, src, uops = to_program(si.ast, GPU, gpu_hand_coded_opts(si.ast, GPU))
+  name, src, uops = to_program(si.ast, GPU, gpu_opts(si.ast, GPU))
   assert any(u.op is Ops.SPECIAL for u in uops) and any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in uops)
   verify_kernel(uops[-1])
   groups, local = launch_dims(uops)
@@ -201,5 +203,5 @@ def test_sgd_step_on_an_embedding_under_jit():
 def test_scatter_opts_are_chosen_for_the_scatter():
   idx, g = rng.integers(0, 100, (16, 64)), rng.standard_normal((16, 64, 64)).astype(np.float32)
   (si,) = scatter_kernels(_embedding_grad(100, 64, idx, g))
-  opts = hand_coded_opts(si.ast, 2)
+  opts = cpu_opts(si.ast, 2)
   assert opts and opts[0].op.name == "SIMD", "a token's row is added as a vector"

@@ -144,10 +144,10 @@ def test_rule_is_proven(fired, name, i):
   for lhs, rhs in chosen:
     assert lhs.dtype == rhs.dtype or lhs.op is Ops.INDEX, f"{name}[{i}] changed the dtype of {lhs.render()}: {lhs.dtype} -> {rhs.dtype}"
     if lhs.op is Ops.INDEX:  # the gated-index rules: the same gate (maybe simpler), and the same index where it holds
-      assert rhs.op is Ops.INDEX and rhs.src[0] is lhs.src[0] and len(rhs.src) == len(lhs.src) == 3
-      res, why = prove_equal(lhs.src[2], rhs.src[2])
-      assert res == "proven", f"{name}[{i}]: gate {lhs.src[2].render()} -> {rhs.src[2].render()}: {res} {why}"
-      res, why = prove_equal(lhs.src[1], rhs.src[1], assume=lhs.src[2])
+      assert rhs.op is Ops.INDEX and rhs.src[0] is lhs.src[0] and lhs.gate is not None and rhs.gate is not None
+      res, why = prove_equal(lhs.gate, rhs.gate)
+      assert res == "proven", f"{name}[{i}]: gate {lhs.gate.render()} -> {rhs.gate.render()}: {res} {why}"
+      res, why = prove_equal(lhs.src[1], rhs.src[1], assume=lhs.gate)
     else: res, why = prove_equal(lhs, rhs)
     assert res == "proven", f"{name}[{i}]: {lhs.render()} -> {rhs.render()}: {res} {why}"
     for u in (lhs, rhs) if lhs.op is not Ops.INDEX else (rhs.src[1],):

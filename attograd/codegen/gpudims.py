@@ -78,7 +78,7 @@ def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
       gate = idle[0].eq(0)
       for l in idle[1:]: gate = gate & l.eq(0)
       ix = st.src[0]
-      ix = ix.replace(src=(*ix.src[:2], ix.src[2] & gate if len(ix.src) > 2 else gate))
+      ix = ix.replace(src=(*ix.src[:2], gate if ix.gate is None else ix.gate & gate))
       gated[st] = st.replace(src=(ix, *st.src[1:]))
   ids = _thread_ids(ranges_of(ast, "global")[::-1], "gidx", renderer.global_max) | _thread_ids(local, "lidx", renderer.local_max)
   return graph_rewrite(ast.substitute(gated).substitute(ids), drop_ends, name="gpu_dims/drop_ends")

@@ -94,7 +94,7 @@ def stash_transcendentals(p: Plan) -> None:
     if any(u.op in GroupOp.Transcendental for u in value.toposort): p.first(Opt(OptOps.STASH, g, k))
   p.reds = [u for u in p.ast.toposort if u.op is Ops.REDUCE]
   # what the gated loads' gates depend on (a padded conv's input gradient gates its reads along the window and the width)
-  p.gates = [u.src[0].src[2].toposort for red in p.reds for u in red.src[0].toposort if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+  p.gates = [u.src[0].gate.toposort for red in p.reds for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].gate is not None]
 
 def register_tile(p: Plan) -> None:
   """Matmul, conv: one sum whose inputs are each re-read along some output axis. A tile of outputs in registers: the

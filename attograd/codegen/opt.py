@@ -174,7 +174,7 @@ def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
     src = tuple(new.get(s, s) for s in u.src)
     # (an output read back after a store to it, a scatter-add's or a STASH's, is a PARAM behind an AFTER)
     if u.op is Ops.INDEX and (src[0].op is Ops.PARAM or src[0].op is Ops.AFTER and src[0].src[0].op is Ops.PARAM) and big in src[1].toposort:
-      src = (src[0], src[1], valid if len(src) == 2 else (src[2] & valid))
+      src = (src[0], src[1], valid if u.gate is None else (src[2] & valid))
     if u.op is Ops.REDUCE and r in u.src[1:]: src = (valid.where(src[0], UOp.const(u.dtype, reduce_identity(u.arg, u.dtype))), *src[1:])
     new[u] = u.replace(src=src)
   return graph_rewrite(new[ast], symbolic, name="apply_opts/padto")
@@ -270,7 +270,7 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
     rs = [u for u in ld.src[0].src[1].toposort if u.op is Ops.RANGE and u is not r and u not in outside]
     return None if any(x.arg[1] == "global" or const_size(x) is None for x in rs) else rs
   reads = [ld for red in ast.toposort if red.op is Ops.REDUCE for ld in red.src[0].toposort
-           if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and len(ld.src[0].src) == 2 and r in ld.src[0].src[1].toposort]
+           if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and ld.src[0].gate is None and r in ld.src[0].src[1].toposort]
   if len(loads := set(reads)) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
     raise KernelOptError(f"{opt}: PACK needs one read inside a reduce along axis {opt.axis} that no other global axis moves")
   # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row

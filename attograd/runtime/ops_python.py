@@ -86,7 +86,7 @@ class PythonProgram:
         val[u] = shared[u]
       elif op is Ops.BARRIER: yield True
       elif op is Ops.AFTER: val[u] = val[u.src[0]]
-      elif op is Ops.INDEX: val[u] = (val[u.src[0]], val[u.src[1]], val[u.src[2]] if len(u.src) > 2 else True)
+      elif op is Ops.INDEX: val[u] = (val[u.src[0]], val[u.src[1]], True if u.gate is None else val[u.gate])
       elif op is Ops.LOAD:
         mem, i, ok = val[u.src[0]]
         val[u] = mem[i] if ok else truncate(u.dtype, 0)

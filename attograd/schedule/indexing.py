@@ -1,4 +1,4 @@
-"""Movement ops become index arithmetic: an INDEX placed at a kernel's store is pushed down the
+"""Movement ops become index arithmetic: an AT placed at a kernel's store is pushed down the
 tensor graph by these rules, turning reshape into div/mod, permute into swapped indices, expand
 into a dropped index, pad into a validity gate, shrink into an offset and flip into a mirrored
 index (DESIGN §3.3). What arrives at a buffer is a gated LOAD; what arrives at a reduce opens
@@ -26,7 +26,7 @@ class IndexingContext:
 def tindex(x: UOp, gate: UOp, idxs: tuple[UOp, ...]) -> UOp:
   """x (shaped) read at idxs, where gate says whether the read is valid at all."""
   assert len(idxs) == len(x.shape), f"index rank {len(idxs)} for shape {x.shape}"
-  return UOp(Ops.INDEX, x.dtype, (x, gate, *idxs))
+  return UOp(Ops.AT, x.dtype, (x, gate, *idxs))
 
 def as_index_size(x: UOp, dtype: DType) -> UOp:
   """A symbolic size (integer math over Variables) computed in the kernel's index dtype."""
@@ -85,7 +85,7 @@ def push_load(buf: UOp, gate: UOp, idx: UOp, ctx: IndexingContext) -> UOp:
   return UOp(Ops.LOAD, buf.dtype, (ptr,))
 
 def tpat(op: Ops | set[Ops]) -> UPat:
-  return UPat(Ops.INDEX, src=(UPat(op, name="x"), UPat(name="gate")), allow_any_len=True, name="ix")
+  return UPat(Ops.AT, src=(UPat(op, name="x"), UPat(name="gate")), allow_any_len=True, name="ix")
 def I(ix: UOp) -> tuple[UOp, ...]: return ix.src[2:]
 
 pushdown = PatternMatcher([

@@ -33,6 +33,10 @@ class Ops(Enum):
   # dimension d) or "lidx<d>" (id within the work-group), valued 0..count-1; DEFINE_LOCAL is memory shared
   # by a work-group; BARRIER(stores) waits until every thread of the work-group has done its stores
   SPECIAL = auto(); DEFINE_LOCAL = auto(); BARRIER = auto()
+  # scheduling: AT(value, gate, *idxs) is a shaped value read at the indices (one per axis), where gate holds. The
+  # scheduler puts one at a kernel's store and pushes it down the tensor graph until it reaches buffers, where it becomes
+  # a kernel's read: LOAD(INDEX(param, idx[, gate])) (schedule/indexing.py). None is left in a kernel
+  AT = auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow Python on the hot path
 
@@ -201,6 +205,10 @@ class UOp(metaclass=UOpMeta):
     y = b if isinstance(b, UOp) else x.const_like(b)
     return UOp(Ops.WHERE, x.dtype, (self, x, y))
   def index(self, *idx: UOp) -> UOp: return UOp(Ops.INDEX, self.dtype, (self, *idx))
+  @property
+  def gate(self) -> UOp | None:
+    """An INDEX's validity gate: INDEX(buf, idx) reads always, INDEX(buf, idx, gate) only where gate holds."""
+    return self.src[2] if len(self.src) > 2 else None
   def load(self, *src: UOp, dtype: DType | None = None) -> UOp:
     return UOp(Ops.LOAD, dtype or (self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype), (self, *src))
   def store(self, value: UOp) -> UOp: return UOp(Ops.STORE, dtypes.void, (self, value))

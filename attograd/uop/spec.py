@@ -26,7 +26,7 @@ kernel_spec = PatternMatcher([
   (UPat(Ops.END, src=(UPat(), UPat(Ops.RANGE))), lambda: True),
   (UPat(Ops.AFTER, name="a"), lambda a: a.dtype == a.src[0].dtype),
   (UPat(Ops.INDEX, name="i"), lambda i: isinstance(i.dtype, PtrDType) and dtypes.is_int(i.src[1].dtype) and
-     (len(i.src) == 2 or i.src[2].dtype == dtypes.bool)),
+     (i.gate is None or i.gate.dtype == dtypes.bool)),
   (UPat(Ops.LOAD, src=(UPat(Ops.INDEX),), name="l"), lambda l: l.dtype == l.src[0].dtype.base),
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX), UPat()), name="s"), lambda s: s.src[1].dtype == s.src[0].dtype.base),
   (UPat(Ops.REDUCE, name="r"), lambda r: r.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and all(x.op is Ops.RANGE for x in r.src[1:])),
