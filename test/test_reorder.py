@@ -402,9 +402,9 @@ def test_merge_sort_kernels(device):
   x = Tensor(np.random.default_rng(1).random(n, dtype=np.float32), device=device).realize()
   GlobalCounters.reset()
   Tensor.realize_all(list(x.sort()))
-  # the block sort's 3 (its ranks, and their placement: a scatter of each key to its rank), one per merge level
-  # (64 -> 16384: 8), values and indices: O(log n), not O(log^2 n)
-  assert GlobalCounters.kernel_count <= 14, GlobalCounters.kernel_count
+  # the keys, the block sort's 2 (its ranks, and their placement: a scatter of each key to its rank), two per merge level
+  # (each key's place, then the scatter; 64 -> 16384: 8 levels), values and indices: O(log n), not O(log^2 n)
+  assert GlobalCounters.kernel_count <= 22, GlobalCounters.kernel_count
 
 @pytest.mark.parametrize("k", [1, 5, 17])
 @pytest.mark.parametrize("largest", [True, False])

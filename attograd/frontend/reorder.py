@@ -126,46 +126,51 @@ def _sorted_keys(keys: UOp) -> UOp:
     keys = _where(_bin(Ops.CMPLT, at, m), keys.pad(((0, 0), (0, P - m))), _bin(Ops.SUB, _full(m - 1, U64, (R, P), keys.device), at))
   B = min(P, _SORT_BLOCK)
   keys, L = UOp(Ops.CONTIGUOUS, U64, (_block_sort(keys, B),)), B
-  while L < P: keys, L = UOp(Ops.CONTIGUOUS, U64, (_merge(keys, L),)), 2 * L
+  while L < P: keys, L = _merge(keys, L), 2 * L  # a scatter's output: stored already
   return keys
+
+_SEARCH_WAYS = 8  # a search step reads this many - 1 entries at once (independent loads) and narrows by this factor
+
+def _search(table: UOp, q: UOp, L: int) -> UOp:
+  """How many entries of sorted runs of L (a power of two) are below each query: table (.., 1, L) expanded rows, q
+  (.., m, 1), int64 (.., m, 1). Each step reads up to _SEARCH_WAYS - 1 evenly spaced entries of the candidates left
+  (loads that don't wait on each other) and counts those below: log8(L) + 1 dependent steps, not log2(L) + 1 (the
+  loads' latency, not their number, bounds a search; measured ~2x on the merge levels of a sort of 100k). Every read is
+  inside the run (the count before a step of stride s and r ways is at most L - r*s), so the gathers need no checks."""
+  c, M = _full(0, I64, q.shape, q.device), L
+  while M > 1:
+    r = min(_SEARCH_WAYS, M)
+    s = M // r
+    below = [UOp(Ops.CAST, I64, (_bin(Ops.CMPLT, _take(table, _bin(Ops.ADD, c, j * s - 1)), q),)) for j in range(1, r)]
+    n = below[0]
+    for b in below[1:]: n = _bin(Ops.ADD, n, b)
+    c, M = _bin(Ops.ADD, c, n if s == 1 else _bin(Ops.MUL, n, s)), s
+  return _where(_bin(Ops.CMPLT, _take(table, c), q), _bin(Ops.ADD, c, 1), c)  # c <= L - 1 here, L after
 
 def _count_below(table: UOp, q: UOp) -> UOp:
   """For a sorted (non-decreasing) uint64 table (R, P), P a power of two, and queries q (R, m): how many entries of the
-  row are below each query (at most P - 1: a query that is in the row, or below its last entry), by a binary search
-  of log2(P) steps (int64, (R, m)). For unique keys that is the query's position."""
+  row are below each query (at most P - 1: a query that is in the row, or below its last entry), int64 (R, m). For
+  unique keys that is the query's position."""
   R, P = table.shape
-  m, dev = q.shape[1], q.device
-  t, shape = table.reshape((R, 1, P)), (R, q.shape[1], 1)
-  qq, i, s = q.reshape(shape), _full(0, I64, shape, dev), P // 2
-  while s >= 1:
-    i = _where(_bin(Ops.CMPLT, _take(t, _bin(Ops.ADD, i, s - 1)), qq), _bin(Ops.ADD, i, s), i)
-    s //= 2
-  return i.reshape((R, m))
+  m = q.shape[1]
+  c = _search(table.reshape((R, 1, P)), q.reshape((R, m, 1)), P).reshape((R, m))
+  return _where(_bin(Ops.CMPLT, c, P - 1), c, _full(P - 1, I64, (R, m), q.device))
 
 def _merge(keys: UOp, L: int) -> UOp:
-  """keys (R, P) of unique uint64 in sorted runs of L: runs merged in pairs. Output p of a merged pair takes from the
-  first run the i elements found by a binary search along the merge path (the largest i with A[i-1] < B[p-i]), in
-  log2(L)+1 steps of two one-element reads (a gather each), so a level is one kernel of O(P log L). Reads past A's end
-  see the largest key (A is searched complemented: a read outside a buffer gives 0), reads before B's start 0."""
+  """keys (R, P) of unique uint64 in sorted runs of L: runs merged in pairs, by rank. Element i of a run lands at i plus
+  the number of keys of the other run below it (_search), then a scatter puts each key at its place. Two kernels a level:
+  the positions (split across the cores), then the scatter (one pass, a load and a store per key)."""
   R, P = keys.shape
   Q, dev = P // (2 * L), keys.device
   k = keys.reshape((R, Q, 2, L))
-  runs = [k.shrink(((0, R), (0, Q), (h, h + 1), (0, L))).reshape((R, Q, 1, L)) for h in (0, 1)]
-  ones = _full((1 << 64) - 1, U64, runs[0].shape, dev)
-  notA, notB = (_bin(Ops.XOR, r, ones) for r in runs)
-  shape = (R, Q, 2 * L, 1)
-  top = _full((1 << 64) - 1, U64, shape, dev)
-  p = _iota(shape, 2, dev)
-  i = _where(_bin(Ops.CMPLT, p, L), _full(0, I64, shape, dev), _bin(Ops.ADD, p, -L))
-  s = L
-  while s >= 1:
-    a = _bin(Ops.XOR, _take(notA, _bin(Ops.ADD, i, s - 1)), top)
-    b = _take(runs[1], _bin(Ops.SUB, p, _bin(Ops.ADD, i, s)))
-    i = _where(_bin(Ops.CMPLT, a, b), _bin(Ops.ADD, i, s), i)
-    s //= 2
-  a = _bin(Ops.XOR, _take(notA, i), top)
-  b = _bin(Ops.XOR, _take(notB, _bin(Ops.SUB, p, i)), top)
-  return _where(_bin(Ops.CMPLT, a, b), a, b).reshape((R, P))
+  table = k.flip((False, False, True, False)).reshape((R, Q, 2, 1, L))  # the other run of each element's pair
+  shape = (R, Q, 2, L, 1)
+  c = _search(table, k.reshape(shape), L)
+  pos = UOp(Ops.CONTIGUOUS, I64, (_bin(Ops.ADD, c, _iota(shape, 3, dev)),)).reshape((R, Q, 1, 2, L))
+  full = (R, Q, 2 * L, 2, L)
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (pos.expand(full), _iota(full, 2, dev)))
+  picked = _where(hit, k.reshape((R, Q, 1, 2, L)).expand(full), _full(0, U64, full, dev))
+  return picked.reduce_axis(Ops.ADD, (3, 4)).reshape((R, P))
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
