@@ -12,17 +12,19 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   k (a one-hot reduce against an arange): O(n^2) work, 2 kernels. A longer one sorts one unsigned 64-bit key per
   element that orders like torch's stable sort: the value mapped to an order-preserving 32-bit word (NaN largest,
   -0.0 equal to 0.0, complemented when descending) above the element's index, so every key is unique. The row is
-  padded to a power of two P; blocks of _SORT_BLOCK are sorted by counting, then runs are merged in pairs, one
-  kernel per level: output p of a merged pair binary-searches the merge path (log2(L)+1 reads of each run, a
-  gather each), O(P log P) in log2(P/_SORT_BLOCK) + 2 kernels. The key graphs are built as UOps directly (no
-  gradient flows through keys, and a level's ~14 nodes per search step cost far less than through the Tensor API).
+  padded to a power of two P; blocks of _SORT_BLOCK are sorted by counting, then runs are merged in pairs, two kernels
+  per level: each key's place in the merged pair is its index in its run plus the number of keys of the other run below
+  it (a search whose steps read several entries at once, see _search), then a scatter puts every key at its place:
+  O(P log P) reads in 2 log2(P/_SORT_BLOCK) + 3 kernels. The key graphs are built as UOps directly (no gradient flows
+  through keys, and a level is a few hundred nodes, which through the Tensor API would cost ~30 us each), and once per
+  shape (_templated): a later sort of that shape only swaps its input in.
   The indices are the keys' low bits; the values are read from the input at them: exact, and differentiable (when a
   gradient may flow, the read also checks the inverse permutation, found by searching the sorted keys, so the
   backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they sort twice
   (low word, then high word, each pass's key holding the position in the last pass's order, which keeps it stable).
 - topk of k much smaller than n: the k wanted keys all lie in the k chunks (of _TOPK_CHUNK) with the best chunk
   maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys,
-  picked by rank: O(n) work in about a dozen kernels. Larger k sorts.
+  picked by rank: O(n) work in about ten kernels (built once per shape as well). Larger k sorts.
 - median takes the sort's (n-1)//2-th element (the first NaN if any); unique sorts, marks where the sorted value
   changes and reads those marks back to size its outputs."""
 from __future__ import annotations
@@ -37,6 +39,7 @@ _SCAN_DIRECT, _SCAN_BLOCK = 64, 32
 _RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); longer ones by a merge sort
 _SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
 _TOPK_RANK_MAX, _TOPK_CHUNK = 512, 32  # topk of small k: rows up to this long by rank, longer ones by chunks of this
+_RANK_INLINE_MAX = 1 << 22  # a pick by rank counts each candidate's rank in place up to this many compares
 
 # ***** key graphs, built as UOps: the sort's keys need no gradient and no checks, and a merge level is ~14 nodes per
 # search step (through the Tensor API each node costs ~30 us of Python, which a sort of 100k would spend 150 ms on) *****
@@ -76,13 +79,14 @@ def _block_sort(keys: UOp, B: int) -> UOp:
   return _where(hit, cols, _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (3,)).reshape((R, P))
 
 def _largest_by_rank(keys: UOp, k: int) -> UOp:
-  """The k largest of unique uint64 keys (R, m), largest first: each key's rank is the number of keys above it (stored),
-  then output t picks the key of rank t. O(m) per key and per output, 2 kernels."""
+  """The k largest of unique uint64 keys (R, m), largest first: output t picks the key with t keys above it. The counts
+  are made in place, O(k m^2) in one kernel, up to _RANK_INLINE_MAX compares (they vectorize: 31 us for k=10, m=320,
+  where storing the ranks first took a kernel more and 100-200 us); past that they are stored first (O(m^2), 2 kernels)."""
   R, m = keys.shape
   full, dev = (R, m, m), keys.device
   rows, cols = keys.reshape((R, m, 1)).expand(full), keys.reshape((R, 1, m)).expand(full)
   above = UOp(Ops.CAST, I64, (UOp(Ops.CMPLT, dtypes.bool, (rows, cols)),)).reduce_axis(Ops.ADD, (2,))  # (R, i, 1)
-  above = UOp(Ops.CONTIGUOUS, I64, (above,))
+  if k * m * m > _RANK_INLINE_MAX: above = UOp(Ops.CONTIGUOUS, I64, (above,))
   full = (R, k, m)
   hit = UOp(Ops.CMPEQ, dtypes.bool, (above.reshape((R, 1, m)).expand(full), _iota(full, 1, dev)))
   return _where(hit, keys.reshape((R, 1, m)).expand(full), _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (2,)).reshape((R, k))
@@ -115,57 +119,94 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   cand = _where(_bin(Ops.CMPLT, pos, m), cand, _full(0, U64, cand.shape, dev)).reshape((R, kc * C))
   return _largest(cand, k, unit)
 
+_templates: dict[tuple, tuple[UOp, UOp]] = {}
+_TEMPLATES_KEPT = 64
+
+def _templated(build, x: UOp, *args) -> UOp:
+  """build(x, *args), where the graph depends on x only through x's shape, dtype and device: built once per those (and
+  args) over a stand-in leaf, then the stand-in replaced by x. A sort's key graph is a few thousand nodes; replacing one
+  leaf rebuilds the nodes above it without the builders' work (a sort of 100k, CPU time to build its graph on a loaded
+  machine: 45-54 ms built each call, 11-18 ms swapped in)."""
+  key = (build, x.shape, x.dtype, x.device, args)
+  if (t := _templates.get(key)) is None:
+    dev = UOp(Ops.DEVICE, dtypes.void, (), x.device)
+    leaf = UOp(Ops.CONST, x.dtype, (dev,), "stand-in").reshape((1,) * len(x.shape)).expand(x.shape)
+    if len(_templates) >= _TEMPLATES_KEPT: del _templates[next(iter(_templates))]  # the oldest: a bounded cache
+    t = _templates[key] = (leaf, build(leaf, *args))
+  return t[1].substitute({t[0]: x})
+
 def _sorted_keys(keys: UOp) -> UOp:
   """Unique uint64 keys (R, m) sorted along the row: padded to a power of two P with keys above every real one, blocks
-  of _SORT_BLOCK sorted by counting, then one merge kernel per level. (R, P), the first m being the real keys."""
+  of _SORT_BLOCK sorted by counting, then two kernels per merge level. (R, P), the first m being the real keys."""
+  return _templated(_build_sorted_keys, keys, _SORT_BLOCK, _SEARCH_WAYS)
+
+def _build_sorted_keys(keys: UOp, block: int, ways: int) -> UOp:
   R, m = keys.shape
   P = 1 << (m - 1).bit_length()
   if P > m:  # padding: the largest keys, each its own (2**64-1-j), above any real key's index part
     at = UOp(Ops.CAST, U64, (_iota((R, P), 1, keys.device),))
     # (m - 1 - at wraps around to 2**64 - 1 - (at - m))
     keys = _where(_bin(Ops.CMPLT, at, m), keys.pad(((0, 0), (0, P - m))), _bin(Ops.SUB, _full(m - 1, U64, (R, P), keys.device), at))
-  B = min(P, _SORT_BLOCK)
-  keys, L = UOp(Ops.CONTIGUOUS, U64, (_block_sort(keys, B),)), B
-  while L < P: keys, L = UOp(Ops.CONTIGUOUS, U64, (_merge(keys, L),)), 2 * L
+  B = min(P, block)
+  keys, L = _block_sort(keys, B), B  # a scatter's output (as each level's): stored already
+  while L < P: keys, L = _merge(keys, L, ways), 2 * L
   return keys
+
+# a search step reads this many - 1 entries at once and narrows by this factor. Sort of 100k, sum of each kernel's best
+# time over 6 runs, two alternating runs each: 2 ways 40-50 ms, 4 ways 21-22, 8 ways 23-26; 4 has half the probes of 8,
+# so about half the graph to build and schedule
+_SEARCH_WAYS = 4
+
+def _search(table: UOp, q: UOp, L: int, ways: int = _SEARCH_WAYS) -> UOp:
+  """How many entries of sorted runs of L (a power of two) are below each query: table (.., 1, L) expanded rows, q
+  (.., m, 1), int64 (.., m, 1). Each step reads ways - 1 evenly spaced entries of the candidates left (loads that don't
+  wait on each other) and counts those below: log_ways(L) + 1 dependent steps, not log2(L) + 1 (the loads' latency, not
+  their number, bounds a search). Every read is inside the run (the count before a step of stride s and r ways is at
+  most L - r*s), so the gathers need no checks."""
+  c, M = _full(0, I64, q.shape, q.device), L
+  while M > 1:
+    r = min(ways, M)
+    s = M // r
+    below = [UOp(Ops.CAST, I64, (_bin(Ops.CMPLT, _take(table, _bin(Ops.ADD, c, j * s - 1)), q),)) for j in range(1, r)]
+    n = below[0]
+    for b in below[1:]: n = _bin(Ops.ADD, n, b)
+    c, M = _bin(Ops.ADD, c, n if s == 1 else _bin(Ops.MUL, n, s)), s
+  return _where(_bin(Ops.CMPLT, _take(table, c), q), _bin(Ops.ADD, c, 1), c)  # c <= L - 1 here, L after
 
 def _count_below(table: UOp, q: UOp) -> UOp:
   """For a sorted (non-decreasing) uint64 table (R, P), P a power of two, and queries q (R, m): how many entries of the
-  row are below each query (at most P - 1: a query that is in the row, or below its last entry), by a binary search
-  of log2(P) steps (int64, (R, m)). For unique keys that is the query's position."""
+  row are below each query (at most P - 1: a query that is in the row, or below its last entry), int64 (R, m). For
+  unique keys that is the query's position."""
   R, P = table.shape
-  m, dev = q.shape[1], q.device
-  t, shape = table.reshape((R, 1, P)), (R, q.shape[1], 1)
-  qq, i, s = q.reshape(shape), _full(0, I64, shape, dev), P // 2
-  while s >= 1:
-    i = _where(_bin(Ops.CMPLT, _take(t, _bin(Ops.ADD, i, s - 1)), qq), _bin(Ops.ADD, i, s), i)
-    s //= 2
-  return i.reshape((R, m))
+  m = q.shape[1]
+  c = _search(table.reshape((R, 1, P)), q.reshape((R, m, 1)), P).reshape((R, m))
+  return _where(_bin(Ops.CMPLT, c, P - 1), c, _full(P - 1, I64, (R, m), q.device))
 
-def _merge(keys: UOp, L: int) -> UOp:
-  """keys (R, P) of unique uint64 in sorted runs of L: runs merged in pairs. Output p of a merged pair takes from the
-  first run the i elements found by a binary search along the merge path (the largest i with A[i-1] < B[p-i]), in
-  log2(L)+1 steps of two one-element reads (a gather each), so a level is one kernel of O(P log L). Reads past A's end
-  see the largest key (A is searched complemented: a read outside a buffer gives 0), reads before B's start 0."""
+def _merge(keys: UOp, L: int, ways: int) -> UOp:
+  """keys (R, P) of unique uint64 in sorted runs of L: runs merged in pairs, by rank. Element i of a run lands at i plus
+  the number of keys of the other run below it (_search), then a scatter puts each key at its place. Two kernels a level:
+  the positions (split across the cores), then the scatter (one pass, a load and a store per key)."""
   R, P = keys.shape
   Q, dev = P // (2 * L), keys.device
   k = keys.reshape((R, Q, 2, L))
-  runs = [k.shrink(((0, R), (0, Q), (h, h + 1), (0, L))).reshape((R, Q, 1, L)) for h in (0, 1)]
-  ones = _full((1 << 64) - 1, U64, runs[0].shape, dev)
-  notA, notB = (_bin(Ops.XOR, r, ones) for r in runs)
-  shape = (R, Q, 2 * L, 1)
-  top = _full((1 << 64) - 1, U64, shape, dev)
-  p = _iota(shape, 2, dev)
-  i = _where(_bin(Ops.CMPLT, p, L), _full(0, I64, shape, dev), _bin(Ops.ADD, p, -L))
-  s = L
-  while s >= 1:
-    a = _bin(Ops.XOR, _take(notA, _bin(Ops.ADD, i, s - 1)), top)
-    b = _take(runs[1], _bin(Ops.SUB, p, _bin(Ops.ADD, i, s)))
-    i = _where(_bin(Ops.CMPLT, a, b), _bin(Ops.ADD, i, s), i)
-    s //= 2
-  a = _bin(Ops.XOR, _take(notA, i), top)
-  b = _bin(Ops.XOR, _take(notB, _bin(Ops.SUB, p, i)), top)
-  return _where(_bin(Ops.CMPLT, a, b), a, b).reshape((R, P))
+  table = k.flip((False, False, True, False)).reshape((R, Q, 2, 1, L))  # the other run of each element's pair
+  shape = (R, Q, 2, L, 1)
+  c = _search(table, k.reshape(shape), L, ways)
+  pos = UOp(Ops.CONTIGUOUS, I64, (_bin(Ops.ADD, c, _iota(shape, 3, dev)),)).reshape((R, Q, 1, 2, L))
+  full = (R, Q, 2 * L, 2, L)
+  hit = UOp(Ops.CMPEQ, dtypes.bool, (pos.expand(full), _iota(full, 2, dev)))
+  picked = _where(hit, k.reshape((R, Q, 1, 2, L)).expand(full), _full(0, U64, full, dev))
+  return picked.reduce_axis(Ops.ADD, (3, 4)).reshape((R, P))
+
+def _topk_indices(x: UOp, k: int, largest: bool, T: type) -> UOp:
+  """The int64 indices (R, k) of the k largest (smallest) of x (R, n) along the row, in order, by _largest of keys that
+  order like the sort (ties by index), complemented so that the wanted ones are the largest."""
+  R, n = x.shape
+  def key_of(v: UOp, i: UOp) -> UOp:
+    w = T(v)._order_word(largest, 32).uop
+    return _bin(Ops.XOR, _bin(Ops.OR, _bin(Ops.SHL, w, 32), UOp(Ops.CAST, U64, (i,))), (1 << 64) - 1)
+  top = _largest(key_of(x, _iota((R, n), 1, x.device)), k, 1, (x, key_of))
+  return ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1).uop
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
@@ -482,13 +523,8 @@ class ReorderOps:
     of keys that order like the sort (ties by index), complemented so the wanted ones are the largest."""
     n, lead = self.shape[-1], self.shape[:-1]
     R, T = math.prod(lead), type(self)
-    def key_of(x: UOp, i: UOp) -> UOp:  # complemented: the wanted keys are the largest
-      w = T(x)._order_word(largest, 32).uop
-      return _bin(Ops.XOR, _bin(Ops.OR, _bin(Ops.SHL, w, 32), UOp(Ops.CAST, U64, (i,))), (1 << 64) - 1)
-    x = self.reshape(R, n).uop
-    top = _largest(key_of(x, _iota((R, n), 1, self.device)), k, 1, (x, key_of)) if k else None
-    if top is None: idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
-    else: idx = ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1)
+    if k == 0: idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
+    else: idx = T(_templated(_topk_indices, self.reshape(R, n).uop, k, largest, T))
     vals = self.reshape(R, n).gather(1, idx)
     return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
