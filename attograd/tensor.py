@@ -4,7 +4,7 @@ from __future__ import annotations
 import math, struct, weakref
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
-from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
@@ -95,6 +95,29 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
 
+def _view_chain(u: UOp, root: UOp) -> list[UOp] | None:
+  """The movement ops from root up to u, innermost first, seeing through a realized view to the graph it came from;
+  None when u doesn't come from root that way."""
+  chain = []
+  while u is not root:
+    if (src := sources.get(u)) is not None: u = src
+    elif u.op in GroupOp.Movement: chain.append(u); u = u.src[0]
+    else: return None
+  return chain[::-1]
+
+def _redo_views(chain: list[UOp], u: UOp) -> UOp:
+  for m in chain: u = m.replace(src=(u,))
+  return u
+
+def _undo_view(m: UOp, t: Tensor) -> Tensor:
+  """t, shaped like the movement op m's output, laid back out in m's source's shape (elements m drops are 0/False)."""
+  shape = m.src[0].shape
+  if m.op is Ops.RESHAPE or m.op is Ops.EXPAND: return t.reshape(shape)  # an EXPAND here adds no elements (checked)
+  if m.op is Ops.PERMUTE: return t.permute(argsort(m.arg))
+  if m.op is Ops.FLIP: return t.flip(*(i for i, f in enumerate(m.arg) if f))
+  if m.op is Ops.SHRINK: return t.pad(tuple((b, s - e) for (b, e), s in zip(m.arg, shape)))
+  return t.shrink(tuple((b, b + s) for (b, _), s in zip(m.arg, shape)))  # PAD
+
 def _split_for_cores(n: sint) -> int:
   """How many partial reductions a full reduction of n elements is split into (1: none)."""
   if not isinstance(n, int) or n < 1 << 20: return 1
@@ -102,7 +125,7 @@ def _split_for_cores(n: sint) -> int:
 
 class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
-  __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
+  __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
   training: bool = False
   @staticmethod
   def train(mode: bool = True) -> _TrainMode: return _TrainMode(mode)
@@ -112,7 +135,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
     if type(data) is UOp and device is None and dtype is None and data.op is not Ops.BIND: self.uop: UOp = data  # the front end's own nodes
     else: self.uop = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
-    self._requires_grad, self.grad = None, None
+    self._requires_grad, self.grad, self._view_of = None, None, None
     if requires_grad is not None: self.requires_grad = requires_grad
 
   # ***** properties *****
@@ -236,15 +259,44 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
     if x.device != self.device: raise ValueError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
+    if (vo := self._view_of) is not None and (base := vo[0]()) is not None and base is not self: return self._assign_through(base, vo[1], x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
     if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
     if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     _pending_realize[id(self)] = self
     return self
+  def _assign_through(self, base: Tensor, root: UOp, x: Tensor) -> Tensor:
+    """The write to a view: the movement ops from the base's node (when the view was made) up to this view, undone on
+    the value and on an all-True mask, say which elements of the base the write reaches; the base is assigned."""
+    if (chain := _view_chain(self.uop, root)) is None:
+      raise RuntimeError(f"write to a view of shape {self.shape} whose base tensor {base.shape} it can no longer be traced to "
+                         "(the view was realized on its own): write to the base tensor instead, e.g. base[index] = value")
+    if any(u.op is Ops.EXPAND and u.src[0].shape != u.shape for u in chain):
+      raise RuntimeError("unsupported operation: a write to an expanded view, where more than one element of the view refers "
+                         "to a single element of its base; call .clone() before writing to it")
+    value, mask = x, Tensor.full(x.shape, True, dtype=dtypes.bool, device=self.device)
+    for u in reversed(chain):
+      value, mask = _undo_view(u, value), _undo_view(u, mask)
+    base.assign(mask.where(value, base))
+    self.uop, self._view_of = _redo_views(chain, base.uop), (self._view_of[0], base.uop)
+    return self
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def _new(self, u: UOp) -> Tensor: return Tensor(u)
+  def _view(self, u: UOp) -> Tensor: return self._mark_view(Tensor(u))
+  def _mark_view(self, t: Tensor) -> Tensor:
+    """t is a view of self (as a PyTorch view shares memory): a write to t becomes an assign to the region of self's
+    base it shows. The base is held weakly: once nothing else holds it, no one can see a write to it, and t is on its own."""
+    vo = self._view_of
+    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
+    return t
+  def _fresh(self) -> Tensor:
+    """A view whose base was written since it was made shows the base's new values (before an in-place op reads it)."""
+    vo = self._view_of
+    if vo is None or (base := vo[0]()) is None or base.uop is vo[1] or (chain := _view_chain(self.uop, vo[1])) is None: return self
+    self.uop, self._view_of = _redo_views(chain, base.uop), (vo[0], base.uop)
+    return self
 
   # ***** creation *****
   @staticmethod
@@ -352,14 +404,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if any(type(s) is not int or s < 0 for s in shape): shape = tuple(_check_size(s, f"shape {shape}") for s in shape)
     if not sym_eq(sym_prod(shape), numel): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
     if shape == self.shape: return self
-    return self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
+    return self._view(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
   def view(self, *shape) -> Tensor: return self.reshape(*shape)
   def permute(self, *order) -> Tensor:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
     axes = tuple(_normalize_axis(o, self.ndim) for o in order)
     if sorted(axes) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
     if axes == tuple(range(self.ndim)): return self
-    return self._new(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
+    return self._view(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
   def expand(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
     if len(shape) < self.ndim: raise ValueError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
@@ -368,7 +420,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     for b, s in zip(base, new):
       if b != s and b != 1: raise ValueError(f"can't expand shape {self.shape} to {shape}: size {b} is not 1")
     t = self.reshape(base)
-    return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
+    return t if new == base else self._view(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
     if (n := len(shape) - len(self.shape)) >= 0 and all(a == 1 or a == b for a, b in zip(self.shape, shape[n:])):  # the common case, directly
@@ -410,7 +462,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}" + ("" if all(isinstance(x, int) for x in (b, e, s)) else
                          f" for some values of its Variables (the range [{smin(b)}, {smax(e)}] must fit in {smin(s)})"))
     if all(a == (0, s) for a, s in zip(arg, self.shape)): return self
-    return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
+    return self._view(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
   def flip(self, *axis) -> Tensor:
     axis = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else axis
     ax = {_normalize_axis(a, self.ndim) for a in axis}
@@ -480,7 +532,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       padded = t.shape
       t = t.reshape(flatten((s // k, k) for s, k in zip(padded, steps)))
       t = t.shrink(tuple(flatten(((0, s // k), (0, 1)) for s, k in zip(padded, steps))))
-    return t.reshape(tuple(out_shape))
+    t = t.reshape(tuple(out_shape))
+    return t if t is self else self._mark_view(t)  # a basic index is a view, as in PyTorch
 
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
@@ -633,10 +686,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   __le__ = lambda self, x: self.le(x); __ge__ = lambda self, x: self.ge(x)
   __eq__ = lambda self, x: self.eq(x); __ne__ = lambda self, x: self.ne(x)  # type: ignore[assignment]
   __matmul__ = lambda self, x: self.matmul(x); __rmatmul__ = lambda self, x: x.matmul(self) if isinstance(x, Tensor) else Tensor(x).matmul(self)
-  def __iadd__(self, x): return self.assign(self + x)
-  def __isub__(self, x): return self.assign(self - x)
-  def __imul__(self, x): return self.assign(self * x)
-  def __itruediv__(self, x): return self.assign(self / x)
+  def __iadd__(self, x): return self.assign(self._fresh() + x)
+  def __isub__(self, x): return self.assign(self._fresh() - x)
+  def __imul__(self, x): return self.assign(self._fresh() * x)
+  def __itruediv__(self, x): return self.assign(self._fresh() / x)
 
   # unary math
   def _float_unary(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
