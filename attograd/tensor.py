@@ -1,7 +1,7 @@
 """The front end: a lazy Tensor that builds UOps. Shapes, broadcasting, dtype promotion and error
 messages live here; composite ops are written in terms of a few primitive UOps (DESIGN §3.1)."""
 from __future__ import annotations
-import math, struct, weakref
+import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
@@ -11,7 +11,7 @@ from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_b
 from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
 from attograd.engine.registry import sources
 from attograd.gradient import compute_gradient
-from attograd.frontend.indexing import IndexingOps, full_index
+from attograd.frontend.indexing import IndexingOps, IndexOutOfRange, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.elementwise import ElementwiseOps
 
@@ -118,6 +118,14 @@ def _undo_view(m: UOp, t: Tensor) -> Tensor:
   if m.op is Ops.SHRINK: return t.pad(tuple((b, s - e) for (b, e), s in zip(m.arg, shape)))
   return t.shrink(tuple((b, b + s) for (b, _), s in zip(m.arg, shape)))  # PAD
 
+# index checks realized inside a TinyJit capture: the JIT takes them and reads them after every replay
+captured_checks: list[tuple[Any, str, int]] = []
+def raise_index_errors(checks: list[tuple[Any, str, int]]) -> None:
+  """Read the reports of index checks (buffers of [count out of range, one such value]) and raise for the first bad one."""
+  for buf, what, size in checks:
+    count, value = buf.as_bytes().cast("q")[:2]
+    if count: raise IndexOutOfRange(f"index {value} is out of bounds for {what} with size {size} ({count} such entries)")
+
 def _split_for_cores(n: sint) -> int:
   """How many partial reductions a full reduction of n elements is split into (1: none)."""
   if not isinstance(n, int) or n < 1 << 20: return 1
@@ -207,9 +215,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if _pending_realize:
       tensors = [*tensors, *_pending_realize.values()]
       _pending_realize.clear()
+    checks = index_checks[:]
+    if checks:
+      index_checks.clear()
+      tensors = [*tensors, *(c[0] for c in checks)]
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
     for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], [not t.requires_grad for t in tensors])): t.uop = u
+    if checks:
+      if capturing() is not None: captured_checks.extend((buffer_of(c.uop.base), what, size) for c, what, size in checks)
+      else: raise_index_errors([(buffer_of(c.uop.base), what, size) for c, what, size in checks])
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
@@ -307,8 +322,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = Tensor._shape_arg(shape if isinstance(shape, tuple) else (shape,))
     dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-    t = Tensor(_const(fill_value, dtype, Device.canonicalize(device)), **kw)
-    return t.reshape((1,) * len(shape)).expand(shape) if shape else t
+    t = Tensor(_const(fill_value, dtype, Device.canonicalize(device)))
+    t = t.reshape((1,) * len(shape)).expand(shape) if shape else t
+    # a tensor that requires grad is a leaf with memory of its own: a constant node is shared by every equal constant
+    return Tensor(t.contiguous().realize().uop, **kw) if kw.get("requires_grad") else Tensor(t.uop, **kw) if kw else t
   @staticmethod
   def zeros(*shape, dtype=None, device=None, **kw) -> Tensor: return Tensor.full(Tensor._shape_arg(shape), 0, dtype or dtypes.default_float, device, **kw)
   @staticmethod
@@ -1002,6 +1019,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
     n = self.shape[1 if self.ndim > 1 else 0]
     classes = Tensor.arange(n, device=self.device).reshape(*((1, n) + (1,) * (self.ndim - 2) if self.ndim > 1 else (n,)))
+    if dtypes.is_float(Y.dtype) or Y.dtype == dtypes.bool: raise TypeError(f"cross_entropy targets must be class indices (integers) or probabilities (floats), got {Y.dtype}")
+    self._check_index_values(Y.ne(ignore_index).where(Y, 0), 0, n, "cross_entropy's classes")  # torch raises for a target outside [0, n)
     y = Y.unsqueeze(1) if self.ndim > 1 else Y
     picked = (classes == y).where(logp, 0).sum(1 if self.ndim > 1 else 0)
     loss = -(picked * (1 - label_smoothing) + logp.mean(1 if self.ndim > 1 else 0) * label_smoothing)
@@ -1081,7 +1100,19 @@ def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
   if data is None: return _buffer_from_bytes(b"", dtype or dtypes.default_float, (0,), device)
   raise TypeError(f"can't make a Tensor from {type(data).__name__}")
 
+# while TinyJit runs a function's first two calls: the data each Tensor made from Python/numpy data got, with the line
+# of user code that made it; jit.py compares the two calls (data that changed would be frozen by the replay)
+host_data_log: list[tuple[tuple[str, int], bytes]] | None = None
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+def _user_site() -> tuple[str, int] | None:
+  """The user's line that called Tensor(data), or None when the package made it (its own constant tables)."""
+  f = sys._getframe(2)
+  while f.f_code.co_name in ("_uop_from", "__init__") and f.f_code.co_filename == __file__: f = f.f_back
+  return None if f.f_code.co_filename.startswith(_PACKAGE_DIR) else (f.f_code.co_filename, f.f_lineno)
+
 def _buffer_from_bytes(raw: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
+  if host_data_log is not None and (site := _user_site()) is not None: host_data_log.append((site, raw))
   size = prod(shape)
   buf = new_buffer(device, size, dtype)
   buffer_of(buf).copyin(memoryview(raw))

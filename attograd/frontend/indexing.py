@@ -5,21 +5,29 @@ gradients come for free. A lookup `x[idx]` compares the index against arange(siz
 and reduces: `(idx[..., None] == arange(n)).where(x, 0).sum(-1)`; the scheduler fuses this into one
 kernel that loops over n per output element (no one-hot buffer is realized).
 
-Out-of-range tensor indices: torch raises. attograd checks the values only when the index tensor is
-already realized (then it raises IndexError naming the index and the size, which reads the index back:
-a sync). A lazy index tensor is not checked (that would need a sync): an out-of-range entry matches no
-position, so a lookup gives 0 and a write is dropped. Python-int indices are always checked.
+Out-of-range tensor indices: torch raises, and so does attograd. A realized index tensor (not huge) is read back
+and checked at the call (a sync); any other one gets a check computed with the next realize (index_checks: a
+two-number report, how many entries are out of range and one of them), read right after it runs, and the realize
+raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
+Python-int indices are always checked at the call.
 
 A bool mask needs the number of True elements to know the output shape (torch's dynamic shape), so
 indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
 from typing import Any
 from attograd.dtype import dtypes
-from attograd.uop.ops import UOp
+from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
 from attograd.schedule.schedule import is_view_of_buffer
+from attograd.engine.realize import capturing
 
-_CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked
+_CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
+
+class IndexOutOfRange(IndexError, RuntimeError):
+  """An index value outside its axis: IndexError as Python's, RuntimeError as torch raises for gather/embedding."""
+
+# lazy index checks the next realize computes and reads: (report, what was indexed, its size); see the module doc
+index_checks: list[tuple[Any, str, int]] = []
 
 def _is_tensor(x: Any) -> bool: return hasattr(x, "uop") and hasattr(x, "realize")
 
@@ -41,16 +49,44 @@ def full_index(idx: list[Any], ndim: int) -> list[Any]:
   e = next((p for p, i in enumerate(idx) if i is Ellipsis), len(idx))
   return idx[:e] + [slice(None)] * (ndim - consumed) + idx[e + 1:]
 
+def _known_range(u: UOp) -> tuple[int, int] | None:
+  """(min, max) an index computed from arange and constants can take, from the symbolic rules' bounds of the same
+  arithmetic on one element (an arange is a variable over its range; movement ops don't change values); None when
+  it depends on data."""
+  memo: dict[UOp, UOp | None] = {}
+  def scalar(n: UOp) -> UOp | None:
+    if n in memo: return memo[n]
+    if n.op is Ops.IOTA and isinstance(n.arg, int): r = UOp.variable(f"iota{n.arg}", 0, max(n.arg - 1, 0), n.dtype)
+    elif n.op is Ops.CONST: r = n
+    elif n.op in GroupOp.Movement and n.op is not Ops.PAD: r = scalar(n.src[0])
+    elif n.op in GroupOp.ALU or n.op is Ops.CAST:
+      srcs = [scalar(x) for x in n.src]
+      r = None if any(x is None for x in srcs) else n.replace(src=tuple(srcs))  # type: ignore[arg-type]
+    else: r = None
+    memo[n] = r
+    return r
+  if (s := scalar(u)) is None: return None
+  s = s.simplify()
+  return int(s.vmin), int(s.vmax)
+
 class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
 
   # ***** helpers *****
   def _check_index_values(self, idx: Any, lo: int, hi: int, what: str) -> None:
-    """If idx is already realized (and not huge), raise IndexError for values outside [lo, hi)."""
-    if idx.numel() == 0 or idx.numel() > _CHECK_LIMIT or not is_view_of_buffer(idx.uop): return
-    vals = idx.numpy()
-    bad = vals[(vals < lo) | (vals >= hi)]
-    if bad.size: raise IndexError(f"index {int(bad.flat[0])} is out of bounds for {what} with size {hi if lo == 0 else -lo}")
+    """Values of idx outside [lo, hi) raise IndexError: now if idx is realized (and not huge), else at the next realize."""
+    if idx.numel() == 0: return
+    size = hi if lo == 0 else -lo
+    if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and capturing() is None:
+      vals = idx.numpy()
+      bad = vals[(vals < lo) | (vals >= hi)]
+      if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for {what} with size {size}")
+      return
+    if (r := _known_range(idx.uop)) is not None and lo <= r[0] and r[1] < hi: return  # in range by construction
+    i = idx.cast(dtypes.int64)
+    bad = (i < lo) | (i >= hi)
+    report = bad.sum().reshape(1).cat(bad.where(i, dtypes.min(dtypes.int64)).max().reshape(1)).contiguous()
+    index_checks.append((report, what, size))
 
   def _as_index(self, i: Any) -> Any:
     """Python lists/tuples and numpy arrays used as indices become Tensors on self's device."""
