@@ -10,7 +10,7 @@ from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
 from attograd.engine.registry import sources
-from attograd.gradient import compute_gradient
+from attograd.gradient import compute_gradient, GradMode
 from attograd.frontend.indexing import IndexingOps, IndexOutOfRange, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.elementwise import ElementwiseOps
@@ -63,6 +63,8 @@ def _check_size(s: Any, what: str) -> sint:
     return s
   if not isinstance(s, int) or s < 0: raise ValueError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
   return s
+
+_UNSET: Any = object()  # an argument not given (None means the default device)
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -156,6 +158,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @property
   def ndim(self) -> int: return len(self.shape)
   def numel(self) -> sint: return sym_prod(self.shape)
+  def dim(self) -> int: return self.ndim
+  ndimension = dim
   def element_size(self) -> int: return self.dtype.itemsize
   def nbytes(self) -> int: return self.numel() * self.element_size()
   def size(self, dim: int | None = None) -> tuple[int, ...] | int:
@@ -175,9 +179,6 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     self._requires_grad = value
     if value: _grad_tensors[id(self)] = self
     else: _grad_tensors.pop(id(self), None)
-  def requires_grad_(self, value: bool = True) -> Tensor:
-    self.requires_grad = value
-    return self
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """Gradients of this tensor with respect to targets, as lazy tensors (nothing is stored)."""
     if gradient is None:
@@ -221,7 +222,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       tensors = [*tensors, *(c[0] for c in checks)]
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
-    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], [not t.requires_grad for t in tensors])): t.uop = u
+    keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
+    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
       if capturing() is not None: captured_checks.extend((buffer_of(c.uop.base), what, size) for c, what, size in checks)
       else: raise_index_errors([(buffer_of(c.uop.base), what, size) for c, what, size in checks])
@@ -257,7 +259,17 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return bool(self.item())
   def __float__(self) -> float: return float(self.item())
   def __int__(self) -> int: return int(self.item())
-  def to(self, device: str | None) -> Tensor:
+  def to(self, *args: Any, device: str | None | Any = _UNSET, dtype: DType | None = None, non_blocking: bool = False, copy: bool = False) -> Tensor:
+    """to(device), to(dtype), to(device, dtype), to(other_tensor) (its device and dtype), or keywords, as in torch."""
+    for a in args:
+      if isinstance(a, DType): dtype = a
+      elif isinstance(a, Tensor): device, dtype = a.device, a.dtype
+      elif a is None or isinstance(a, str): device = a
+      else: raise TypeError(f"to() takes a device (str), a dtype or a tensor, not {type(a).__name__}")
+    t = self if device is _UNSET else self._to_device(device)
+    t = t if dtype is None else t.cast(dtype)
+    return t.clone() if copy and t is self else t
+  def _to_device(self, device: str | None) -> Tensor:
     device = Device.canonicalize(device)
     if device == self.device: return self
     if is_view_of_buffer(self.uop) or Device[self.device].renderer is None:
@@ -356,6 +368,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     m = n if m is None else m
     rows, cols = Tensor.arange(n, device=device).reshape(n, 1), Tensor.arange(m, device=device).reshape(1, m)
     return (rows == cols).cast(dtype or dtypes.default_float)
+  def new_full(self, size, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
+    return Tensor.full(tuple(size) if isinstance(size, (tuple, list)) else (size,), fill_value, dtype or self.dtype, device or self.device, **kw)
+  def new_zeros(self, *size, dtype=None, device=None, **kw) -> Tensor: return self.new_full(Tensor._shape_arg(size), 0, dtype, device, **kw)
+  def new_ones(self, *size, dtype=None, device=None, **kw) -> Tensor: return self.new_full(Tensor._shape_arg(size), 1, dtype, device, **kw)
+  def new_empty(self, *size, dtype=None, device=None, **kw) -> Tensor: return Tensor.empty(*size, dtype=dtype or self.dtype, device=device or self.device, **kw)
+  def new_tensor(self, data: Any, dtype=None, device=None, **kw) -> Tensor:
+    return Tensor(data.detach() if isinstance(data, Tensor) else data, dtype=dtype or self.dtype, device=device or self.device, **kw)
+  @staticmethod
+  def from_numpy(a: Any) -> Tensor: return Tensor(a)
+  def cpu(self) -> Tensor: return self.to("CPU")
   def full_like(self, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
     return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device, **kw)
   def zeros_like(self, **kw) -> Tensor: return self.full_like(0, **kw)
@@ -400,7 +422,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     z = ((1 - u[0]).log() * -2).sqrt() * (u[1] * (2 * math.pi)).cos()
     return Tensor(z.reshape(shape).cast(dtype or dtypes.default_float).uop, **kw)
   @staticmethod
-  def randint(*shape, low: int = 0, high: int = 10, dtype=None, device=None, **kw) -> Tensor:
+  def randint(*shape, low: int = 0, high: int = 10, dtype=None, device=None, size=None, **kw) -> Tensor:
+    """tinygrad's randint(*shape, low=, high=) and torch's randint(high, size) / randint(low, high, size)."""
+    if size is not None or (shape and isinstance(shape[-1], (tuple, list))):
+      bounds, size = (shape, size) if size is not None else (shape[:-1], shape[-1])
+      if len(bounds) == 1: low, high = 0, bounds[0]
+      elif len(bounds) == 2: low, high = bounds
+      elif bounds: raise TypeError(f"randint takes (high, size) or (low, high, size), got {shape}")
+      shape = tuple(size)
     if high <= low: raise ValueError(f"randint needs low < high, got [{low}, {high})")
     r = Tensor.rand(*shape, dtype=dtypes.float64, device=device)
     return Tensor(((r * (high - low)).floor() + low).cast(dtype or dtypes.default_int).uop, **kw)
@@ -492,6 +521,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.permute(order)
   @property
   def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+  @property
+  def mT(self) -> Tensor: return self.transpose(-2, -1)
+  def t(self) -> Tensor:
+    if self.ndim > 2: raise ValueError(f"t() expects a tensor of at most 2 dimensions, got {self.ndim}")
+    return self.T
+  def is_contiguous(self) -> bool:
+    """Whether the elements lie in memory in row-major order (a lazy result will: realize writes it so)."""
+    u = self.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return u.op not in GroupOp.Movement or is_contiguous_buffer(self.uop)
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if self.ndim == 0: return self.reshape(1)
     s, e = _normalize_axis(start_dim, self.ndim), _normalize_axis(end_dim, self.ndim)
@@ -582,14 +621,24 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if dtype.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast from {self.dtype} to {dtype} needs equal item sizes")
     return self if self.dtype == dtype else Tensor(UOp(Ops.BITCAST, dtype, (self.uop,)))
   def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def byte(self) -> Tensor: return self.cast(dtypes.uint8)
+  def char(self) -> Tensor: return self.cast(dtypes.int8)
+  def type_as(self, other: Tensor) -> Tensor: return self.cast(other.dtype)
+  def type(self, dtype: DType | str | None = None) -> Tensor | str:
+    """With a dtype, a cast; without, torch's type name ('torch.FloatTensor'), so code comparing it runs unchanged."""
+    if dtype is None: return f"torch.{_TORCH_TYPE_NAMES.get(self.dtype, self.dtype.name)}Tensor"
+    return self.cast(dtype)
   def half(self) -> Tensor: return self.cast(dtypes.float16)
   def double(self) -> Tensor: return self.cast(dtypes.float64)
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
 
-  def add(self, x, reverse=False) -> Tensor: return _binop(Ops.ADD, self, x, reverse)
-  def sub(self, x, reverse=False) -> Tensor:
+  def add(self, x, reverse=False, *, alpha=None) -> Tensor: return _binop(Ops.ADD, self, x if alpha is None else x * alpha, reverse)
+  def sub(self, x, reverse=False, *, alpha=None) -> Tensor:
+    if alpha is not None: x = x * alpha
     # PyTorch refuses a bool on either side of -, even with a float or int on the other
     if self.dtype == dtypes.bool or isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype == dtypes.bool):
       raise TypeError("subtraction with a bool tensor or bool scalar is not supported; use logical_xor, ~ or cast first")
@@ -703,10 +752,35 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   __le__ = lambda self, x: self.le(x); __ge__ = lambda self, x: self.ge(x)
   __eq__ = lambda self, x: self.eq(x); __ne__ = lambda self, x: self.ne(x)  # type: ignore[assignment]
   __matmul__ = lambda self, x: self.matmul(x); __rmatmul__ = lambda self, x: x.matmul(self) if isinstance(x, Tensor) else Tensor(x).matmul(self)
-  def __iadd__(self, x): return self.assign(self._fresh() + x)
-  def __isub__(self, x): return self.assign(self._fresh() - x)
-  def __imul__(self, x): return self.assign(self._fresh() * x)
-  def __itruediv__(self, x): return self.assign(self._fresh() / x)
+  def __iadd__(self, x): return self._write(self._fresh() + x)
+  def __isub__(self, x): return self._write(self._fresh() - x)
+  def __imul__(self, x): return self._write(self._fresh() * x)
+  def __itruediv__(self, x): return self._write(self._fresh() / x)
+
+  # ***** in place (torch's x.add_(y)...): lazy like assign; the family is generated below the class *****
+  def _write(self, value: Tensor | ConstType) -> Tensor:
+    """An in-place op's result written into self, with torch's rules: no write into a leaf that requires grad while
+    autograd records, and no result of a higher kind (float into an int tensor) cast down silently."""
+    if self._requires_grad and GradMode.enabled:
+      raise RuntimeError("a leaf tensor that requires grad is used in an in-place operation: wrap the update in "
+                         "`with attograd.no_grad():`, or use assign")
+    if isinstance(value, Tensor) and kind(value.dtype) > kind(self.dtype):
+      raise RuntimeError(f"result type {value.dtype} can't be cast to the desired output type {self.dtype} in an in-place operation")
+    return self.assign(value)
+  def zero_(self) -> Tensor: return self._write(Tensor.zeros(self.shape, dtype=self.dtype, device=self.device))
+  def fill_(self, value: Tensor | ConstType) -> Tensor:
+    v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor(_const(value, self.dtype, self.device))
+    return self._write(v._broadcast_to(self.shape))
+  def copy_(self, src: Tensor | Any, non_blocking: bool = False) -> Tensor:
+    src = src if isinstance(src, Tensor) else Tensor(src, device=self.device)
+    return self.assign(src.to(self.device))  # copy_ casts freely, as torch's
+  def requires_grad_(self, value: bool = True) -> Tensor:
+    self.requires_grad = value
+    return self
+  def detach_(self) -> Tensor:
+    """Cut this tensor from the graph it came from, in place."""
+    self.uop = UOp(Ops.DETACH, self.dtype, (self.uop,))
+    return self
 
   # unary math
   def _float_unary(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
@@ -755,7 +829,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
   def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float_unary()).sigmoid() - 1.0
-  def clip(self, min_=None, max_=None) -> Tensor:
+  def clip(self, min_=None, max_=None, *, min=None, max=None) -> Tensor:
+    if min is not None: min_ = min
+    if max is not None: max_ = max
     if min_ is None and max_ is None: raise ValueError("clip needs min or max")
     t = self if min_ is None else self.maximum(min_)
     return t if max_ is None else t.minimum(max_)
@@ -772,7 +848,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     axis = (axis,) if isinstance(axis, int) else tuple(axis)
     out = tuple(sorted({_normalize_axis(a, self.ndim) for a in axis}))
     if len(out) != len(axis): raise ValueError(f"axis {axis} has repeated entries")
-    return out
+    return out if self.ndim else ()  # a 0-d tensor takes axis 0 or -1 (as torch) and has nothing to reduce
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._axes(axis)
     if len(axes) == self.ndim and (parts := _split_for_cores(self.numel())) > 1:
@@ -787,46 +863,66 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         raise ValueError(f"max/min over an empty axis of shape {self.shape} has no identity")
       ret = Tensor.full(out_shape, 0 if op is Ops.ADD else 1 if op is Ops.MUL else dtypes.min(self.dtype), dtype=self.dtype, device=self.device)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+  # PyTorch's names beside tinygrad's: dim= is axis= (the reductions, softmax, scans); a keyword-only parameter rather
+  # than a wrapper, which would cost every call a Python frame
+  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     # as in PyTorch, integer and bool sums accumulate in int64 (unsigned in uint64)
     acc = to_dtype(dtype) if dtype is not None else (dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype.itemsize >= 4 else dtypes.int64) \
       if not dtypes.is_float(self.dtype) else self.dtype
     return self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
-  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     acc = to_dtype(dtype) if dtype is not None else dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
-  def max(self, axis=None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
-  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+  def max(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    """tinygrad's max over axis (a tensor); with dim=, torch's (values, indices); with a tensor, torch.maximum."""
+    if dim is not None: return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
+    if isinstance(axis, Tensor): return self.maximum(axis)
+    return self._reduce(Ops.MAX, axis, keepdim)
+  def min(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    if dim is not None: return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+    if isinstance(axis, Tensor): return self.minimum(axis)
     if dtypes.is_float(self.dtype): return -((-self).max(axis, keepdim))
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     return ~((~self).max(axis, keepdim))  # ~ reverses the order of signed and unsigned ints alike
-  def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+  def amax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self._reduce(Ops.MAX, dim if axis is None else axis, keepdim)
+  def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self.min(dim if axis is None else axis, keepdim)
+  def mean(self, axis=None, keepdim: bool = False, *, dim=None, dtype: DType | None = None) -> Tensor:
+    if dim is not None: axis = dim
+    if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
     if not dtypes.is_float(self.dtype):
       raise TypeError(f"mean of a {self.dtype} tensor: PyTorch needs a floating dtype here too; use .float().mean()")
     n = sym_prod(self.shape[a] for a in self._axes(axis))
     s = self.sum(axis, keepdim)
     return s / n if not isinstance(n, int) or n else s * math.nan  # a symbolic count of 0 divides 0 by 0: nan, as torch
-  def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
+    if dim is not None: axis = dim
+    if unbiased is not None: correction = int(unbiased)
     n = sym_prod(self.shape[a] for a in self._axes(axis))
     sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
     return sq / (max(n - correction, 0) if isinstance(n, int) else (n - correction).maximum(0))  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
-  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
-  def any(self, axis=None, keepdim: bool = False) -> Tensor:
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
+    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
+  def any(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
-    return self.cast(dtypes.bool).max(axis, keepdim)
-  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
-  def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
+    return self.cast(dtypes.bool).max(axis if dim is None else dim, keepdim)
+  def all(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor: return self.logical_not().any(axis, keepdim, dim=dim).logical_not()
+  def argmax(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     if axis is None:
       ret = self.flatten().argmax(0)
       return ret.reshape((1,) * self.ndim) if keepdim else ret
     a = _normalize_axis(axis, self.ndim)
+    if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
     n = self.shape[a]
     idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
     is_max = self == self.max(a, keepdim=True)
     if dtypes.is_float(self.dtype): is_max = is_max | self.isnan()  # as in torch a NaN is the max, but NaN == NaN is False
     hit = is_max.cast(dtypes.int64) * idx
     return (n - hit.max(a, keepdim=keepdim)).cast(dtypes.int64)
-  def argmin(self, axis=None, keepdim: bool = False) -> Tensor: return (-self if dtypes.is_float(self.dtype) else ~self).argmax(axis, keepdim)
+  def argmin(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    return (-self if dtypes.is_float(self.dtype) else self.logical_not() if self.dtype == dtypes.bool else ~self).argmax(axis, keepdim, dim=dim)
 
   # ***** composites *****
   def matmul(self, x: Tensor) -> Tensor:
@@ -848,17 +944,46 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if x.ndim == 1: out = out.squeeze(-1)
     return out
   dot = matmul
+  def bmm(self, x: Tensor) -> Tensor:
+    if self.ndim != 3 or not isinstance(x, Tensor) or x.ndim != 3 or self.shape[0] != x.shape[0]:
+      raise ValueError(f"bmm needs two 3-D tensors with the same batch size, got {self.shape} and {getattr(x, 'shape', x)}")
+    return self.matmul(x)
+  def outer(self, x: Tensor) -> Tensor:
+    if self.ndim != 1 or x.ndim != 1: raise ValueError(f"outer needs two 1-D tensors, got {self.shape} and {x.shape}")
+    return self.reshape(-1, 1) * x.reshape(1, -1)
+  ger = outer
+  def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
+    x = (self if dtype is None else self.cast(dtype))._float_unary().abs()
+    if p in ("fro", 2): return x.square().sum(dim, keepdim).sqrt()
+    if p == math.inf: return x.amax(dim, keepdim)
+    if p == -math.inf: return x.amin(dim, keepdim)
+    if p == 0: return x.ne(0).cast(x.dtype).sum(dim, keepdim)
+    if p == 1: return x.sum(dim, keepdim)
+    if isinstance(p, (int, float)): return x.pow(p).sum(dim, keepdim).pow(1 / p)
+    raise ValueError(f"norm: unsupported p={p!r}")
+  def isclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|self - other| <= atol + rtol * |other|, as torch.isclose (infinities are close only to themselves)."""
+    a, b = self._operands(other)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    close = a.eq(b) | ((a - b).abs() <= atol + rtol * b.abs())
+    if equal_nan: close = close | (a.isnan() & b.isnan())
+    return close
+  def allclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     out = self @ weight.T  # a 1-D weight is one output feature: x @ w, as in torch
     return out + bias if bias is not None else out
-  def softmax(self, axis: int = -1) -> Tensor:
-    x = self._float_unary()  # ints first: x - max would wrap for unsigned ones
+  def softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
+    x = self._float_unary() if dtype is None else self.cast(dtype)  # ints first: x - max would wrap for unsigned ones
     # the shift by the row's max changes nothing mathematically, so no gradient flows into it (as in torch): through
     # the max it would be a sum of terms that cancel, at the cost of two more reductions in the backward pass
     e = (x - x.max(axis, keepdim=True).detach()).exp()
     return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
-  def log_softmax(self, axis: int = -1) -> Tensor:
-    x = self._float_unary()
+  def log_softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
+    x = self._float_unary() if dtype is None else self.cast(dtype)
     m = x - x.max(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
     return m - m.exp().sum(axis, keepdim=True).log()
 
@@ -1043,6 +1168,26 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return x
   def contiguous_backward(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)))
 
+def _inplace(name: str) -> Callable[..., Tensor]:
+  def op(self: Tensor, *args: Any, **kwargs: Any) -> Tensor: return self._write(getattr(self._fresh(), name)(*args, **kwargs))
+  op.__name__ = op.__qualname__ = f"{name}_"
+  op.__doc__ = f"In place: x.{name}_(...) is x.assign(x.{name}(...)), lazy like assign (torch's {name}_)."
+  return op
+# torch's in-place spellings: each is its out-of-place op written back (one rule, not a method each)
+INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
+               "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
+               "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",
+               "bitwise_or", "bitwise_xor", "logical_not")
+for _name in INPLACE_OPS:
+  if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
+
+class ValuesIndices(tuple):
+  """What torch's max/min/sort/topk with a dim return: a pair that also reads as .values and .indices."""
+  __slots__ = ()
+  def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
+  values = property(lambda self: self[0])
+  indices = property(lambda self: self[1])
+
 class _TrainMode:
   """Tensor.train() turns on dropout and batchnorm statistics; as `with Tensor.train():` it restores
   the previous mode at the end."""
@@ -1067,6 +1212,9 @@ def _lowbias32(x: int) -> int:
 _NUMPY_NAMES = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16", dtypes.uint16: "uint16",
                 dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64", dtypes.uint64: "uint64",
                 dtypes.float16: "float16", dtypes.float32: "float32", dtypes.float64: "float64"}
+_TORCH_TYPE_NAMES = {dtypes.float32: "Float", dtypes.float64: "Double", dtypes.float16: "Half", dtypes.bfloat16: "BFloat16",
+                     dtypes.uint8: "Byte", dtypes.int8: "Char", dtypes.int16: "Short", dtypes.int32: "Int", dtypes.int64: "Long",
+                     dtypes.bool: "Bool"}
 def _from_numpy_dtype(npdt) -> DType:
   for dt, name in _NUMPY_NAMES.items():
     if npdt.name == name: return dt

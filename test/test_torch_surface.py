@@ -109,3 +109,110 @@ def test_creation_keeps_requires_grad(make):
   assert a.requires_grad and b.requires_grad
   (a * 2 + b * 3).sum().backward()
   assert a.grad.tolist() == [[2.] * 3] * 2 and b.grad.tolist() == [[3.] * 3] * 2
+
+# ***** PyTorch's keyword names beside tinygrad's *****
+X = np.random.default_rng(1).standard_normal((3, 4, 5)).astype(np.float32)
+KW_CASES = [
+  ("sum", dict(dim=0)), ("sum", dict(dim=-1, keepdim=True)), ("sum", dict(dim=(0, 2))), ("mean", dict(dim=-1, keepdim=True)),
+  ("prod", dict(dim=1)), ("softmax", dict(dim=-1)), ("log_softmax", dict(dim=1)), ("argmax", dict(dim=-1)),
+  ("argmin", dict(dim=0, keepdim=True)), ("var", dict(dim=-1, unbiased=False)), ("var", dict(dim=1, correction=0)), ("std", dict(dim=0)),
+  ("std", dict(dim=2, keepdim=True, unbiased=True)), ("clamp", dict(min=0)), ("clamp", dict(max=0.5)), ("clamp", dict(min=-0.1, max=0.2)),
+  ("clip", dict(min=0)), ("logsumexp", dict(dim=1)), ("cumsum", dict(dim=1)), ("cumprod", dict(dim=-1)), ("amax", dict(dim=1)),
+  ("amin", dict(dim=(0, 1))), ("any", dict(dim=1)), ("all", dict(dim=0)),
+]
+@pytest.mark.parametrize("name,kw", KW_CASES, ids=[f"{n}-{'-'.join(kw)}" for n, kw in KW_CASES])
+def test_torch_keyword_names(name, kw):
+  x, r = both(X)
+  if name in ("any", "all"): x, r = x > 0, r > 0
+  same(getattr(x, name)(**kw), getattr(r, name)(**kw), rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_with_dim_give_values_and_indices(name):
+  x, r = both(X)
+  out, ref = getattr(x, name)(dim=-1), getattr(r, name)(dim=-1)
+  same(out.values, ref.values); same(out.indices, ref.indices)
+  v, i = getattr(x, name)(dim=1, keepdim=True)
+  same(v, getattr(r, name)(dim=1, keepdim=True)[0]); same(i, getattr(r, name)(dim=1, keepdim=True)[1])
+  same(getattr(x, name)(1), r.amax(1) if name == "max" else r.amin(1))  # tinygrad's axis stays a tensor
+  same(getattr(x, name)(x * 0), getattr(r, name)(r * 0))  # with a tensor: elementwise, as torch.max(a, b)
+
+# ***** in-place ops, lazy like assign *****
+INPLACE_CASES = [
+  lambda x: x.add_(1), lambda x: x.add_(x, alpha=2), lambda x: x.sub_(0.5), lambda x: x.mul_(3).add_(1), lambda x: x.div_(4),
+  lambda x: x.zero_(), lambda x: x.fill_(2.5), lambda x: x.clamp_(min=2, max=5), lambda x: x.clamp_(max=1), lambda x: x.abs_().sqrt_(),
+  lambda x: x.masked_fill_(x > 3, -1), lambda x: x.exp_(), lambda x: x.neg_(), lambda x: x.pow_(2), lambda x: x.lerp_(x * 0, 0.25),
+  lambda x: x.copy_(x.flip(0) * 2), lambda x: x.__setitem__(x > 4, 0.5), lambda x: x.__iadd__(1),
+  lambda x: x.scatter_(0, idx(x, [[2, 0, 1, 2]]), x[:1] * 10),
+  lambda x: x.index_add_(0, idx(x, [0, 2, 0]), x[:3] * 1), lambda x: x.index_add_(1, idx(x, [3, 3]), x[:, :2], alpha=-1),
+]
+def idx(x, v):  # an int64 index for whichever library x is from
+  return Tensor(v) if isinstance(x, Tensor) else torch.tensor(v)
+@pytest.mark.parametrize("op", INPLACE_CASES)
+def test_inplace_ops(op):
+  x, r = both(arange(3, 4) - 3)
+  out, ref = op(x), op(r)
+  same(x, r, rtol=1e-6)
+  if out is not None: assert out is x and ref is r
+
+def test_inplace_on_view_reaches_base():
+  x, r = both(arange(3, 4))
+  x[1].mul_(-1); r[1].mul_(-1)
+  x[:, 0].zero_(); r[:, 0].zero_()
+  same(x, r)
+
+def test_inplace_rules():
+  w = Tensor.ones(3, requires_grad=True)
+  with pytest.raises(RuntimeError, match="leaf"): w.add_(1)
+  i = Tensor([1, 2, 3]).realize()
+  with pytest.raises(RuntimeError, match="can't be cast"): i.add_(0.5)
+  with pytest.raises(RuntimeError, match="can't be cast"): torch.tensor([1, 2, 3]).add_(0.5)
+
+# ***** autograd context *****
+import attograd
+@pytest.mark.parametrize("ctx", [attograd.no_grad, attograd.inference_mode])
+def test_no_grad_allows_leaf_updates_and_cuts_the_graph(ctx):
+  w = Tensor([1., 2., 3.], requires_grad=True)
+  with ctx():
+    w.mul_(2)
+    ema = (w * 0.5).realize()
+    assert not attograd.is_grad_enabled()
+    with attograd.enable_grad(): assert attograd.is_grad_enabled()
+  assert attograd.is_grad_enabled()
+  assert w.tolist() == [2., 4., 6.]
+  (w * ema).sum().backward()  # ema was computed under no_grad: no gradient flows through it
+  assert w.grad.tolist() == [1., 2., 3.]
+
+def test_no_grad_decorator_and_requires_grad_detach():
+  @attograd.no_grad()
+  def f(): return attograd.is_grad_enabled()
+  assert f() is False and attograd.is_grad_enabled()
+  x = Tensor([1., 2.]).requires_grad_()
+  assert x.requires_grad
+  y = (x * 3)
+  y.detach_()
+  (y * 2 + x).sum().backward()
+  assert x.grad.tolist() == [1., 1.]  # nothing flows through the detached y
+
+# ***** methods PyTorch users reach for *****
+def test_methods_against_torch():
+  x, r = both(arange(2, 3) - 2)
+  assert x.dim() == r.dim() == 2 and x.type() == r.type() == "torch.FloatTensor"
+  same(x.mT, r.mT); same(x.cpu(), r.cpu()); same(x.type_as(Tensor([1])), r.type_as(torch.tensor([1])))
+  assert x.bfloat16().dtype == dtypes.bfloat16 and x.to(dtypes.float16).dtype == dtypes.float16
+  assert x.to("CPU", dtypes.float64).dtype == dtypes.float64 and x.to(Tensor([1])).dtype == dtypes.int64
+  assert x.is_contiguous() and not x.T.is_contiguous() and x.T.contiguous().is_contiguous()
+  same(x.new_zeros(2, 2), r.new_zeros(2, 2)); same(x.new_ones((3,)), r.new_ones((3,))); same(x.new_full((2,), 7.), r.new_full((2,), 7.))
+  same(x.new_tensor([1, 2]), r.new_tensor([1, 2]))
+  assert x.allclose(x + 1e-9) and not x.allclose(x + 1e-3) and r.allclose(r + 1e-9)
+  same(x.isclose(x * 1.00001), r.isclose(r * 1.00001))
+  for p in ("fro", 1, 3, float("inf"), -float("inf"), 0):
+    same(x.norm(p), r.norm(p), rtol=1e-5); same(x.norm(p, dim=1, keepdim=True), r.norm(p, dim=1, keepdim=True), rtol=1e-5)
+  same((x > 0).nonzero(), (r > 0).nonzero())
+  same(Tensor.stack(x, x).bmm(Tensor.stack(x.T, x.T)), torch.stack([r, r]).bmm(torch.stack([r.T, r.T])))
+  same(x[0].outer(x[1]), r[0].outer(r[1]))
+  same(x.index_select(1, Tensor([2, 0, 2])), r.index_select(1, torch.tensor([2, 0, 2])))
+  same(x.amax(1), r.amax(1)); same(x.amin(dim=0, keepdim=True), r.amin(dim=0, keepdim=True))
+  same(Tensor.from_numpy(np.ones(3)), torch.from_numpy(np.ones(3)))
+  v = Tensor.randint(3, 7, (200,))
+  assert v.shape == (200,) and v.dtype == dtypes.int64 and set(v.tolist()) == {3, 4, 5, 6}
+  assert set(Tensor.randint(5, size=(300,)).tolist()) == set(range(5)) and Tensor.randint(2, 3, high=4).shape == (2, 3)

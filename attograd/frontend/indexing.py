@@ -324,6 +324,37 @@ class IndexingOps:
       r = r.floor_divide(c) if not dtypes.is_float(self.dtype) else r / c
     return has.where(r.cast(self.dtype), self)
 
+  def index_select(self, dim: int, index: Any) -> Any:
+    """torch.index_select: the entries of a 1-D integer index along dim."""
+    if not _is_tensor(index) or not dtypes.is_int(index.dtype) or index.ndim > 1:
+      raise TypeError(f"index_select: index must be a 1-D integer tensor, got {getattr(index, 'shape', type(index).__name__)}")
+    d = _axis(dim, self.ndim)
+    return self[(slice(None),) * d + (index.reshape(-1),)] if self.ndim else self.reshape(1)[index.reshape(-1)].reshape(index.shape)
+
+  def index_add(self, dim: int, index: Any, source: Any, alpha: Any = 1) -> Any:
+    """torch.index_add (out of place): out[.., index[j], ..] += alpha * source[.., j, ..] along dim; repeated
+    indices all add. Built as a compare of each output position with the index and a sum over j."""
+    if not _is_tensor(index) or not dtypes.is_int(index.dtype) or index.ndim > 1:
+      raise TypeError(f"index_add: index must be a 1-D integer tensor, got {getattr(index, 'shape', type(index).__name__)}")
+    d = _axis(dim, self.ndim)
+    x, src = (self, source) if self.ndim else (self.reshape(1), source.reshape(1))
+    J, n = index.numel(), x.shape[d]
+    want = x.shape[:d] + (J,) + x.shape[d + 1:]
+    if src.shape != want: raise ValueError(f"index_add: source of shape {source.shape} must have shape {want}")
+    self._check_index_values(index, 0, n, f"dimension {d}")
+    hit = index.reshape(J, 1) == type(self).arange(n, device=self.device, dtype=index.dtype).reshape(1, n)  # (J, n)
+    s = src.cast(self.dtype).transpose(d, -1).unsqueeze(-1) * alpha  # (.., J, n)
+    out = x + hit.where(s, s.zeros_like()).sum(-2).transpose(d, -1).cast(self.dtype)
+    return out.reshape(self.shape)
+
+  def nonzero(self, as_tuple: bool = False) -> Any:
+    """torch.nonzero: (N, ndim) int64 positions of nonzero entries, row-major. The count sets the shape: it syncs."""
+    import numpy as np
+    pos = np.argwhere(self.numpy().reshape(self.shape or (1,))).astype(np.int64)
+    if not self.ndim: pos = pos[:, :0]
+    if as_tuple: return tuple(type(self)(np.ascontiguousarray(pos[:, i]), device=self.device) for i in range(max(self.ndim, 1)))
+    return type(self)(pos, device=self.device)
+
   def masked_fill(self, mask: Any, value: Any) -> Any:
     """self where mask is False, value (cast to self's dtype) where it is True; mask broadcasts to self."""
     if not _is_tensor(mask) or mask.dtype != dtypes.bool: raise TypeError(f"masked_fill: mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")

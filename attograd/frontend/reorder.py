@@ -328,8 +328,10 @@ class ReorderOps:
     return x
 
   # ***** reductions *****
-  def logsumexp(self, axis=None, keepdim: bool = False):
+  def logsumexp(self, axis=None, keepdim: bool = False, *, dim=None):
     """log(sum(exp(x))) computed stably around the (detached) max; all -inf gives -inf, as in torch."""
+    if dim is not None: axis = dim
+    if self.ndim == 0: self._axes(axis); return self._float_unary()  # a one-element reduce (the axis is checked)
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     if x.numel() == 0: return x.exp().sum(axis, keepdim).log()
     m = x.max(axis, keepdim=True).detach()
@@ -337,10 +339,10 @@ class ReorderOps:
     out = (x - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze(axis) if isinstance(axis, int) else out.reshape(x.sum(axis).shape)
 
-  def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
-    return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
-  def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
-    return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+  def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased=None) -> tuple:
+    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased), self.mean(axis, keepdim, dim=dim)
+  def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased=None) -> tuple:
+    return self.std(axis, keepdim, correction, dim=dim, unbiased=unbiased), self.mean(axis, keepdim, dim=dim)
 
   # ***** scans: a reduce over the (n, n) triangle j <= i, blocked for long rows *****
   def _scan(self, axis: int, dtype, fill, reduce, combine, block: int = 0):
@@ -365,16 +367,19 @@ class ReorderOps:
     out = scan(x)
     return out.reshape(()) if self.ndim == 0 else out.transpose(d, -1)
 
-  def cumsum(self, axis: int = 0):
+  def cumsum(self, axis: int = 0, *, dim=None):
     """torch.cumsum; ints and bools accumulate in int64 as in torch."""
+    if dim is not None: axis = dim
     dt = dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self._scan(axis, dt, 0, lambda t, a: t.sum(a, dtype=dt), lambda b, x: b + x)
-  def cumprod(self, axis: int = 0):
+  def cumprod(self, axis: int = 0, *, dim=None):
+    if dim is not None: axis = dim
     dt = dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self._scan(axis, dt, 1, lambda t, a: t.prod(a, dtype=dt), lambda b, x: b * x)
-  def cummax(self, axis: int = 0) -> tuple:
+  def cummax(self, axis: int = 0, *, dim=None) -> tuple:
     """torch.cummax: (values, int64 indices); the index is the latest position of the max, and a NaN
     sticks once seen, as in torch. Long rows go by blocks like the other scans, carrying the index along."""
+    if dim is not None: axis = dim
     d = _axis(axis, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     if x.numel() == 0: return self, self.zeros_like(dtype=dtypes.int64)
@@ -413,14 +418,16 @@ class ReorderOps:
     v, i = scan(x, None)
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
-  def cummin(self, axis: int = 0) -> tuple:
+  def cummin(self, axis: int = 0, *, dim=None) -> tuple:
     """torch.cummin, through cummax of the order-reversed values."""
+    if dim is not None: axis = dim
     if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return v.logical_not(), i
     if dtypes.is_float(self.dtype): v, i = (-self).cummax(axis); return -v, i
     v, i = (~self).cummax(axis)
     return ~v, i
-  def logcumsumexp(self, axis: int = 0):
+  def logcumsumexp(self, axis: int = 0, *, dim=None):
     """torch.logcumsumexp: a stable logsumexp over each prefix (masked entries are -inf)."""
+    if dim is not None: axis = dim
     s = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     if s.numel() == 0: return s
     def logaddexp(b, x):
