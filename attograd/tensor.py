@@ -3,6 +3,7 @@ messages live here; composite ops are written in terms of a few primitive UOps (
 from __future__ import annotations
 import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
+from attograd.errors import ArgumentError, IndexOutOfRange
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value
@@ -11,7 +12,7 @@ from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_b
 from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
 from attograd.engine.registry import sources
 from attograd.gradient import compute_gradient, GradMode
-from attograd.frontend.indexing import IndexingOps, IndexOutOfRange, full_index, index_checks
+from attograd.frontend.indexing import IndexingOps, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.elementwise import ElementwiseOps
 
@@ -55,13 +56,13 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
 def _check_size(s: Any, what: str) -> sint:
   """A size in a shape: a non-negative int, or an integer expression of bound Variables, never negative."""
   if isinstance(s, UOp):
-    if not dtypes.is_int(s.dtype) or s.shape != (): raise ValueError(f"invalid size {s!r} in {what}: a size must be an int or an integer Variable")
+    if not dtypes.is_int(s.dtype) or s.shape != (): raise ArgumentError(f"invalid size {s!r} in {what}: a size must be an int or an integer Variable")
     topo = s.toposort
     if (free := [u.arg[0] for u in topo if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in topo)]):
-      raise ValueError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
-    if (s := s if s.op is Ops.BIND else s.simplify()).vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
+      raise ArgumentError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
+    if (s := s if s.op is Ops.BIND else s.simplify()).vmin < 0: raise ArgumentError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
     return s
-  if not isinstance(s, int) or s < 0: raise ValueError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
+  if not isinstance(s, int) or s < 0: raise ArgumentError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
   return s
 
 _UNSET: Any = object()  # an argument not given (None means the default device)
@@ -74,7 +75,7 @@ def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
   if len(data) == 0: return [], (0,)
   parts = [_flatten_nested(d) for d in data]
   shapes = [s for _, s in parts]
-  if not all_same(shapes): raise ValueError(f"nested list is not rectangular: rows have shapes {sorted(set(shapes))}")
+  if not all_same(shapes): raise ArgumentError(f"nested list is not rectangular: rows have shapes {sorted(set(shapes))}")
   return [x for p, _ in parts for x in p], (len(data), *shapes[0])
 
 def _pack(values: list[Any], dtype: DType) -> bytes:
@@ -184,7 +185,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if gradient is None:
       if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
-    elif gradient.shape != self.shape: raise ValueError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
+    elif gradient.shape != self.shape: raise ArgumentError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
     wanted = {t.uop for t in targets}
     grads = compute_gradient(_graph_for_gradient(self.uop, wanted), root_grad, wanted)
@@ -248,7 +249,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: flat = _unpack(self._raw(), self.dtype)
     return _nest(flat, self._value_shape()) if self.shape else flat[0]
   def item(self) -> ConstType:
-    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+    if self.numel() != 1: raise ArgumentError(f"item() needs a tensor with one element, this one has shape {self.shape}")
     return _unpack(self._raw(), self.dtype)[0] if self.dtype != dtypes.bool else bool(self._raw().cast("B")[0])
   def numpy(self):
     import numpy as np
@@ -284,7 +285,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     The write lands at the next realize of anything, in new memory: tensors computed from the old
     values keep them, even if they are still lazy (views made before the write see the old values too)."""
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
-    if x.device != self.device: raise ValueError(f"assign from device {x.device} to a tensor on {self.device}")
+    if x.device != self.device: raise ArgumentError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
     if (vo := self._view_of) is not None and (base := vo[0]()) is not None and base is not self: return self._assign_through(base, vo[1], x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
@@ -351,13 +352,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if stop is None: start, stop = 0, start
     if any(isinstance(v, UOp) for v in (start, stop, step)):
       if not (isinstance(start, int) and start == 0 and step == 1):
-        raise ValueError(f"arange with a Variable takes only a stop: arange(n), not arange({start}, {stop}, {step})")
+        raise ArgumentError(f"arange with a Variable takes only a stop: arange(n), not arange({start}, {stop}, {step})")
       dtype = to_dtype(dtype) if dtype is not None else dtypes.default_int
       idx = Tensor(UOp(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32, (_device_node(Device.canonicalize(device)),),
                        _check_size(stop, "arange")), **kw)
       return idx.cast(dtype)
-    if step == 0: raise ValueError("arange step must be nonzero")
-    if (stop - start) * step < 0: raise ValueError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
+    if step == 0: raise ArgumentError("arange step must be nonzero")
+    if (stop - start) * step < 0: raise ArgumentError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
     n = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int
     device = Device.canonicalize(device)
@@ -430,7 +431,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       elif len(bounds) == 2: low, high = bounds
       elif bounds: raise TypeError(f"randint takes (high, size) or (low, high, size), got {shape}")
       shape = tuple(size)
-    if high <= low: raise ValueError(f"randint needs low < high, got [{low}, {high})")
+    if high <= low: raise ArgumentError(f"randint needs low < high, got [{low}, {high})")
     r = Tensor.rand(*shape, dtype=dtypes.float64, device=device)
     return Tensor(((r * (high - low)).floor() + low).cast(dtype or dtypes.default_int).uop, **kw)
   def rand_like(self, **kw) -> Tensor: return Tensor.rand(*self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
@@ -439,32 +440,32 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** movement *****
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    if shape.count(-1) > 1: raise ValueError(f"reshape to {shape}: only one dimension can be -1")
+    if shape.count(-1) > 1: raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
     numel = self.numel()
     if -1 in shape:
       known = sym_prod(s for s in shape if s != -1)
       if isinstance(known, int) and isinstance(numel, int):
-        if known == 0 or numel % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+        if known == 0 or numel % known: raise ArgumentError(f"cannot reshape tensor of shape {self.shape} to {shape}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
       else: shape = tuple((numel // known).simplify() if s == -1 else s for s in shape)  # checked with the rest below
     if any(type(s) is not int or s < 0 for s in shape): shape = tuple(_check_size(s, f"shape {shape}") for s in shape)
-    if not sym_eq(sym_prod(shape), numel): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
+    if not sym_eq(sym_prod(shape), numel): raise ArgumentError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
     if shape == self.shape: return self
     return self._view(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
   def view(self, *shape) -> Tensor: return self.reshape(*shape)
   def permute(self, *order) -> Tensor:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
     axes = tuple(_normalize_axis(o, self.ndim) for o in order)
-    if sorted(axes) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
+    if sorted(axes) != list(range(self.ndim)): raise ArgumentError(f"permute order {order} is not a permutation of {self.ndim} axes")
     if axes == tuple(range(self.ndim)): return self
     return self._view(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
   def expand(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    if len(shape) < self.ndim: raise ValueError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
+    if len(shape) < self.ndim: raise ArgumentError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
     base = (1,) * (len(shape) - self.ndim) + self.shape
     new = tuple(b if s == -1 else s for s, b in zip(shape, base))
     for b, s in zip(base, new):
-      if b != s and b != 1: raise ValueError(f"can't expand shape {self.shape} to {shape}: size {b} is not 1")
+      if b != s and b != 1: raise ArgumentError(f"can't expand shape {self.shape} to {shape}: size {b} is not 1")
     t = self.reshape(base)
     return t if new == base else self._view(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
@@ -474,21 +475,21 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       u = UOp(Ops.RESHAPE, self.dtype, (self.uop,), (1,) * n + self.shape)  # (4,) -> (1, 4), then -> (3, 4)
       return self._new(u if u.arg == shape else UOp(Ops.EXPAND, self.dtype, (u,), shape))
     if len(self.shape) > len(shape) or broadcast_shape(self.shape, shape) != shape:
-      raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
+      raise ArgumentError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)
   def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: ConstType = 0, mode: str = "constant") -> Tensor:
     """padding per axis as ((before, after), ...), or flat PyTorch style (last axis first).
     mode 'reflect', 'replicate' or 'circular' is done by ReorderOps._pad_mode."""
     if all(isinstance(p, int) for p in padding):
-      if len(padding) % 2 or len(padding) // 2 > self.ndim: raise ValueError(f"padding {padding} doesn't fit a tensor of {self.ndim} dims")
+      if len(padding) % 2 or len(padding) // 2 > self.ndim: raise ArgumentError(f"padding {padding} doesn't fit a tensor of {self.ndim} dims")
       pairs = [(0, 0)] * (self.ndim - len(padding) // 2) + [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
     else:
-      if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis ({self.ndim})")
+      if len(padding) != self.ndim: raise ArgumentError(f"padding {padding} needs one entry per axis ({self.ndim})")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
     if any(isinstance(x, UOp) for p in pairs for x in p):  # a symbolic amount must be a size: never negative
       pairs = [tuple(x if isinstance(x, int) else _check_size(x, f"padding {pairs}") for x in p) for p in pairs]
     if mode != "constant":
-      if value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
+      if value != 0: raise ArgumentError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
       return self._pad_mode(pairs, mode)
     # negative padding cuts
     neg = lambda x: isinstance(x, int) and x < 0
@@ -500,12 +501,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     inside = Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device).pad(pos)
     return inside.where(out, Tensor(_const(value, self.dtype, self.device)))  # the value takes the tensor's dtype, as in torch
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
-    if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis ({self.ndim})")
+    if len(arg) != self.ndim: raise ArgumentError(f"shrink {arg} needs one entry per axis ({self.ndim})")
     arg = tuple((0, s) if a is None else tuple(x if type(x) is int else _check_size(x, f"shrink {arg}") for x in a) for a, s in zip(arg, self.shape))
     for (b, e), s in zip(arg, self.shape):
       # with Variables it must hold for every value they can take: a TinyJit replay may bind any of them
       if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, s)):
-        raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}" + ("" if all(isinstance(x, int) for x in (b, e, s)) else
+        raise ArgumentError(f"shrink {arg} is out of bounds for shape {self.shape}" + ("" if all(isinstance(x, int) for x in (b, e, s)) else
                          f" for some values of its Variables (the range [{smin(b)}, {smax(e)}] must fit in {smin(s)})"))
     if all(a == (0, s) for a, s in zip(arg, self.shape)): return self
     return self._view(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
@@ -524,7 +525,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @property
   def mT(self) -> Tensor: return self.transpose(-2, -1)
   def t(self) -> Tensor:
-    if self.ndim > 2: raise ValueError(f"t() expects a tensor of at most 2 dimensions, got {self.ndim}")
+    if self.ndim > 2: raise ArgumentError(f"t() expects a tensor of at most 2 dimensions, got {self.ndim}")
     return self.T
   def is_contiguous(self) -> bool:
     """Whether the elements lie in memory in row-major order (a lazy result will: realize writes it so)."""
@@ -547,7 +548,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
   def repeat(self, *repeats) -> Tensor:
     repeats = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
-    if len(repeats) < self.ndim: raise ValueError(f"repeat {repeats} needs at least {self.ndim} counts")
+    if len(repeats) < self.ndim: raise ArgumentError(f"repeat {repeats} needs at least {self.ndim} counts")
     base = (1,) * (len(repeats) - self.ndim) + self.shape
     t = self.reshape(flatten((1, s) for s in base)).expand(flatten(zip(repeats, base)))
     return t.reshape(tuple(r * s for r, s in zip(repeats, base)))
@@ -556,7 +557,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """Basic indexing: ints, slices (any step), None and Ellipsis. Tensors (and lists) as indices go to
     IndexingOps._tensor_getitem (advanced indexing, bool masks)."""
     idx = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" for i in idx): return self._tensor_getitem(index)
+    if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" or (isinstance(i, tuple) and isinstance(index, tuple)) for i in idx):
+      return self._tensor_getitem(index)
     idx = full_index(idx, self.ndim)
     t, dim, out_shape = self, 0, []
     shrink, flips, steps = [], [], []
@@ -575,7 +577,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         shrink.append((start, stop)); flips.append(False); steps.append(1); out_shape.append(sym_sum(stop, sym_neg(start)))
       else:
         start, stop, step = i.indices(size)
-        if step == 0: raise ValueError("slice step cannot be zero")
+        if step == 0: raise ArgumentError("slice step cannot be zero")
         n = len(range(start, stop, step))
         if step > 0: shrink.append((start, start + max(n - 1, 0) * step + (1 if n else 0))); flips.append(False)
         else: shrink.append((start + (n - 1) * step if n else 0, start + 1 if n else 0)); flips.append(True)
@@ -594,7 +596,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     if isinstance(x, Tensor):
-      if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
+      if x.device != self.device: raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
         _weak_promote(self.dtype, x.dtype) if x.ndim == 0 else _weak_promote(x.dtype, self.dtype)
@@ -607,7 +609,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
-    shape = broadcast_shape(a.shape, b.shape)
+    try: shape = broadcast_shape(a.shape, b.shape)
+    except ValueError as e: raise ArgumentError(str(e)) from None  # torch raises RuntimeError here: ours is both
     a, b = a._broadcast_to(shape), b._broadcast_to(shape)
     return (b, a) if reverse else (a, b)
   def _alu(self, op: Ops, *src: Tensor) -> Tensor:
@@ -618,7 +621,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self if self.dtype == dtype else Tensor(UOp(Ops.CAST, dtype, (self.uop,)))
   def bitcast(self, dtype: DType | str) -> Tensor:
     dtype = to_dtype(dtype)
-    if dtype.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast from {self.dtype} to {dtype} needs equal item sizes")
+    if dtype.itemsize != self.dtype.itemsize: raise ArgumentError(f"bitcast from {self.dtype} to {dtype} needs equal item sizes")
     return self if self.dtype == dtype else Tensor(UOp(Ops.BITCAST, dtype, (self.uop,)))
   def float(self) -> Tensor: return self.cast(dtypes.float32)
   def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
@@ -653,7 +656,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       a, b = self._operands(x, reverse)
       return a._alu(Ops.IDIV, b) if dtypes.is_int(a.dtype) else (a._alu(Ops.FDIV, b)).trunc()
     if rounding_mode == "floor": return self.floor_divide(x, reverse)
-    raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+    raise ArgumentError(f"div rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
   def floor_divide(self, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
     if a.dtype == dtypes.bool: raise TypeError("floor division of bools is not supported (as in PyTorch); cast to an integer type first")
@@ -674,7 +677,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def pow(self, x, reverse=False) -> Tensor:
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
       if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
-        raise ValueError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
+        raise ArgumentError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
       n, base = int(abs(x)), self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
       acc = base.ones_like() if n == 0 else base
       for _ in range(n - 1): acc = acc * base
@@ -732,7 +735,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else:
       dt = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
       x, y = Tensor(_const(x, dt, self.device)), Tensor(_const(y, dt, self.device))
-    shape = broadcast_shape(cond.shape, x.shape, y.shape)
+    try: shape = broadcast_shape(cond.shape, x.shape, y.shape)
+    except ValueError as e: raise ArgumentError(str(e)) from None
     return Tensor(UOp(Ops.WHERE, x.dtype, (cond._broadcast_to(shape).uop, x._broadcast_to(shape).uop, y._broadcast_to(shape).uop)))
 
   __add__ = lambda self, x: self.add(x); __radd__ = lambda self, x: self.add(x, True)
@@ -832,7 +836,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def clip(self, min_=None, max_=None, *, min=None, max=None) -> Tensor:
     if min is not None: min_ = min
     if max is not None: max_ = max
-    if min_ is None and max_ is None: raise ValueError("clip needs min or max")
+    if min_ is None and max_ is None: raise ArgumentError("clip needs min or max")
     t = self if min_ is None else self.maximum(min_)
     return t if max_ is None else t.minimum(max_)
   clamp = clip
@@ -847,7 +851,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if axis is None: return tuple(range(self.ndim))
     axis = (axis,) if isinstance(axis, int) else tuple(axis)
     out = tuple(sorted({_normalize_axis(a, self.ndim) for a in axis}))
-    if len(out) != len(axis): raise ValueError(f"axis {axis} has repeated entries")
+    if len(out) != len(axis): raise ArgumentError(f"axis {axis} has repeated entries")
     return out if self.ndim else ()  # a 0-d tensor takes axis 0 or -1 (as torch) and has nothing to reduce
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._axes(axis)
@@ -860,7 +864,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     ret = self if not axes else Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
     if 0 in self.shape:  # nothing to reduce: the identity (or an empty result); max has one only for bools (any() is False)
       if op is Ops.MAX and self.dtype != dtypes.bool and any(self.shape[a] == 0 for a in axes):
-        raise ValueError(f"max/min over an empty axis of shape {self.shape} has no identity")
+        raise ArgumentError(f"max/min over an empty axis of shape {self.shape} has no identity")
       ret = Tensor.full(out_shape, 0 if op is Ops.ADD else 1 if op is Ops.MUL else dtypes.min(self.dtype), dtype=self.dtype, device=self.device)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   # PyTorch's names beside tinygrad's: dim= is axis= (the reductions, softmax, scans); a keyword-only parameter rather
@@ -928,16 +932,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def matmul(self, x: Tensor) -> Tensor:
     """PyTorch's matmul: 1-D operands are vectors, leading dims broadcast."""
     if not isinstance(x, Tensor): raise TypeError(f"matmul with {type(x).__name__}")
-    if self.ndim == 0 or x.ndim == 0: raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
+    if self.ndim == 0 or x.ndim == 0: raise ArgumentError("matmul needs tensors of at least one dimension; use * for scalars")
     a = self.reshape(1, -1) if self.ndim == 1 else self
     b = x.reshape(-1, 1) if x.ndim == 1 else x
     if not sym_eq(a.shape[-1], b.shape[-2]):
-      raise ValueError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
+      raise ArgumentError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
     dt = least_upper_dtype(a.dtype, b.dtype)
     a, b = a.cast(dt), b.cast(dt)
     k, m = a.shape[-1], b.shape[-1]
     try: broadcast_shape(a.shape[:-2], b.shape[:-2])
-    except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
+    except ValueError: raise ArgumentError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
     out = prod_._reduce(Ops.ADD, -1)
     if self.ndim == 1: out = out.squeeze(-2)
@@ -946,10 +950,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   dot = matmul
   def bmm(self, x: Tensor) -> Tensor:
     if self.ndim != 3 or not isinstance(x, Tensor) or x.ndim != 3 or self.shape[0] != x.shape[0]:
-      raise ValueError(f"bmm needs two 3-D tensors with the same batch size, got {self.shape} and {getattr(x, 'shape', x)}")
+      raise ArgumentError(f"bmm needs two 3-D tensors with the same batch size, got {self.shape} and {getattr(x, 'shape', x)}")
     return self.matmul(x)
   def outer(self, x: Tensor) -> Tensor:
-    if self.ndim != 1 or x.ndim != 1: raise ValueError(f"outer needs two 1-D tensors, got {self.shape} and {x.shape}")
+    if self.ndim != 1 or x.ndim != 1: raise ArgumentError(f"outer needs two 1-D tensors, got {self.shape} and {x.shape}")
     return self.reshape(-1, 1) * x.reshape(1, -1)
   ger = outer
   def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
@@ -961,7 +965,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if p == 0: return x.ne(0).cast(x.dtype).sum(dim, keepdim)
     if p == 1: return x.sum(dim, keepdim)
     if isinstance(p, (int, float)): return x.pow(p).sum(dim, keepdim).pow(1 / p)
-    raise ValueError(f"norm: unsupported p={p!r}")
+    raise ArgumentError(f"norm: unsupported p={p!r}")
   def isclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
     """|self - other| <= atol + rtol * |other|, as torch.isclose (infinities are close only to themselves)."""
     a, b = self._operands(other)
@@ -994,7 +998,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     then keep every stride-th column."""
     *lead, i = self.shape
     o = (i - dilation * (k - 1) - 1) // stride + 1
-    if o <= 0: raise ValueError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
+    if o <= 0: raise ArgumentError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
     keep, nopad = tuple((0, s) for s in lead), ((0, 0),) * len(lead)
     if dilation * (k - 1) < stride:
       # windows that don't overlap (pooling): rows of `stride` elements, a window at the start of each row.
@@ -1022,7 +1026,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @staticmethod
   def _tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     t = (v,) * n if isinstance(v, int) else tuple(v)
-    if len(t) != n or any(not isinstance(x, int) for x in t): raise ValueError(f"{name} {v} must be an int or {n} ints")
+    if len(t) != n or any(not isinstance(x, int) for x in t): raise ArgumentError(f"{name} {v} must be an int or {n} ints")
     return t
   def _conv_padding(self, padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     n = len(kernel)
@@ -1033,15 +1037,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if isinstance(padding, int): return ((padding, padding),) * n
     if len(padding) == n: return tuple((p, p) for p in padding)
     if len(padding) == 2 * n: return tuple((padding[2 * i], padding[2 * i + 1]) for i in range(n))
-    raise ValueError(f"padding {padding} must be 'same', 'valid', an int, {n} ints or {2 * n} ints")
+    raise ArgumentError(f"padding {padding} must be 'same', 'valid', an int, {n} ints or {2 * n} ints")
   def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0) -> Tensor:
     """Convolution over the trailing spatial axes (1-, 2- or 3-D), PyTorch's layout: x (N, Cin, *S),
     weight (Cout, Cin/groups, *K)."""
     n = weight.ndim - 2
-    if self.ndim != n + 2: raise ValueError(f"conv input of shape {self.shape} doesn't match weight of shape {weight.shape}")
+    if self.ndim != n + 2: raise ArgumentError(f"conv input of shape {self.shape} doesn't match weight of shape {weight.shape}")
     bs, cin_total, cout, cin = self.shape[0], self.shape[1], weight.shape[0], weight.shape[1]
     if cin * groups != cin_total or cout % groups:
-      raise ValueError(f"conv of input {self.shape} with weight {weight.shape} and groups={groups}: channels don't match")
+      raise ArgumentError(f"conv of input {self.shape} with weight {weight.shape} and groups={groups}: channels don't match")
     kernel = weight.shape[2:]
     stride, dilation = Tensor._tuple(stride, n, "stride"), Tensor._tuple(dilation, n, "dilation")
     pads = self._conv_padding(padding, kernel, dilation)
@@ -1084,7 +1088,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     dilation, padding = Tensor._tuple(dilation, n, "dilation"), Tensor._tuple(padding, n, "padding")
     extras = []
     for i, k, s, d, p in zip(self.shape[-n:], kernel, stride, dilation, padding):
-      if 2 * p > k: raise ValueError(f"pool padding {p} must be at most half the kernel size {k}")
+      if 2 * p > k: raise ArgumentError(f"pool padding {p} must be at most half the kernel size {k}")
       span = i + 2 * p - d * (k - 1) - 1
       o = (-(-span // s) if ceil_mode else span // s) + 1
       if ceil_mode and (o - 1) * s >= i + p: o -= 1  # the last window must start inside the input or left padding
@@ -1121,7 +1125,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = (self - mean.reshape(shape)) * (invstd.reshape(shape) if weight is None else (weight.reshape(shape) * invstd.reshape(shape)))
     return x + bias.reshape(shape) if bias is not None else x
   def dropout(self, p: float = 0.5) -> Tensor:
-    if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} must be in [0, 1]")
+    if not 0 <= p <= 1: raise ArgumentError(f"dropout probability {p} must be in [0, 1]")
     if not Tensor.training or p == 0: return self
     if p == 1: return self * 0
     keep = Tensor.rand(*self.shape, device=self.device, dtype=dtypes.float32) >= p
@@ -1135,7 +1139,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.cross_entropy(Y, reduction=reduction, label_smoothing=label_smoothing, ignore_index=ignore_index)
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
     """torch.nn.functional.cross_entropy for logits (N, C, ...) and class indices or probabilities."""
-    if reduction not in ("mean", "sum", "none"): raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if reduction not in ("mean", "sum", "none"): raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     logp = self.log_softmax(1 if self.ndim > 1 else 0)
     if dtypes.is_float(Y.dtype):  # class probabilities
       n = self.shape[1 if self.ndim > 1 else 0]

@@ -216,3 +216,35 @@ def test_methods_against_torch():
   v = Tensor.randint(3, 7, (200,))
   assert v.shape == (200,) and v.dtype == dtypes.int64 and set(v.tolist()) == {3, 4, 5, 6}
   assert set(Tensor.randint(5, size=(300,)).tolist()) == set(range(5)) and Tensor.randint(2, 3, high=4).shape == (2, 3)
+
+# ***** 0-d tensors and indexing with Python sequences *****
+ZERO_D = [lambda t: t.sum(0), lambda t: t.sum(-1), lambda t: t.sum(dim=0, keepdim=True), lambda t: t.log_softmax(0),
+          lambda t: t.logsumexp(0), lambda t: t.softmax(-1), lambda t: t.mean(0), lambda t: t.amax(0), lambda t: t.argmax(0),
+          lambda t: t.cumsum(0), lambda t: t.prod(-1)]
+@pytest.mark.parametrize("op", ZERO_D)
+def test_zero_d_reductions(op):
+  same(op(Tensor(3.0)), op(torch.tensor(3.0)))
+
+@pytest.mark.parametrize("op", [lambda t: t.sum(1), lambda t: t.sum(-2), lambda t: t.log_softmax(1), lambda t: t.logsumexp(2), lambda t: t.mean(dim=1)])
+def test_zero_d_axis_out_of_range_raises_at_the_call(op):
+  with pytest.raises(IndexError): op(torch.tensor(3.0))
+  with pytest.raises(IndexError): op(Tensor(3.0))
+
+def test_cat_of_zero_d_raises_like_torch():
+  with pytest.raises(RuntimeError, match="zero-dim"): torch.cat([torch.tensor(1.), torch.tensor(2.)])
+  with pytest.raises(RuntimeError, match="zero-dim"): Tensor.cat(Tensor(1.), Tensor(2.))
+
+@pytest.mark.parametrize("index", [([0, 1], [1, 2]), ((0,), Ellipsis), ((0, 2),), (0, [1, 3]), ([2, 0], slice(1, 3)), ((1, 2), (0, 3))])
+def test_index_with_python_sequences(index):
+  x, r = both(arange(3, 4))
+  same(x[index], r[index])
+  x[index] = -1.0; r[index] = -1.0
+  same(x, r)
+
+# ***** errors are also RuntimeErrors, as torch's, raised at the call *****
+@pytest.mark.parametrize("bad", [lambda T: T([1., 2.]) + T([1., 2., 3.]), lambda T: T([[1., 2.]]).reshape(3),
+                                 lambda T: T([[1., 2.]]) @ T([[1., 2.]]), lambda T: T([1., 2.]).expand(3, 3)])
+def test_shape_errors_are_runtime_errors(bad):
+  with pytest.raises(RuntimeError): bad(torch.tensor)
+  with pytest.raises(RuntimeError): bad(Tensor)
+  with pytest.raises(ValueError): bad(Tensor)  # tinygrad's convention keeps working

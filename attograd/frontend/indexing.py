@@ -15,6 +15,7 @@ A bool mask needs the number of True elements to know the output shape (torch's 
 indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
 from typing import Any
+from attograd.errors import ArgumentError, IndexOutOfRange
 from attograd.dtype import dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
@@ -22,9 +23,6 @@ from attograd.schedule.schedule import is_view_of_buffer
 from attograd.engine.realize import capturing
 
 _CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
-
-class IndexOutOfRange(IndexError, RuntimeError):
-  """An index value outside its axis: IndexError as Python's, RuntimeError as torch raises for gather/embedding."""
 
 # lazy index checks the next realize computes and reads: (report, what was indexed, its size); see the module doc
 index_checks: list[tuple[Any, str, int]] = []
@@ -91,7 +89,7 @@ class IndexingOps:
   def _as_index(self, i: Any) -> Any:
     """Python lists/tuples and numpy arrays used as indices become Tensors on self's device."""
     if _is_tensor(i): return i
-    if isinstance(i, list) or type(i).__module__ == "numpy":
+    if isinstance(i, (list, tuple)) or type(i).__module__ == "numpy":  # a tuple inside an index is a sequence too, as in torch
       t = type(self)(i, device=self.device)
       if t.dtype != dtypes.bool and not dtypes.is_int(t.dtype): raise IndexError(f"tensors used as indices must be integer or bool, got {t.dtype}")
       return t
@@ -179,13 +177,13 @@ class IndexingOps:
       raise TypeError(f"setitem at a Variable position ({index}) is not supported: write with a mask, e.g. "
                       "x.assign((Tensor.arange(n) == v).reshape(n, 1).where(value, x))")
     v = value if _is_tensor(value) else T(value, device=self.device, dtype=self.dtype)
-    if v.device != self.device: raise ValueError(f"setitem from device {v.device} into a tensor on {self.device}")
+    if v.device != self.device: raise ArgumentError(f"setitem from device {v.device} into a tensor on {self.device}")
     target_shape = self[index].shape
     v = v.cast(self.dtype)
     if v.ndim > len(target_shape) and all(s == 1 for s in v.shape[:v.ndim - len(target_shape)]):  # torch drops leading 1s
       v = v.reshape(v.shape[v.ndim - len(target_shape):])
     try: v = v._broadcast_to(target_shape)
-    except ValueError: raise ValueError(f"shape mismatch: value of shape {v.shape} cannot be broadcast to indexing result of shape {target_shape}") from None
+    except ValueError: raise ArgumentError(f"shape mismatch: value of shape {v.shape} cannot be broadcast to indexing result of shape {target_shape}") from None
     idx = list(index) if isinstance(index, tuple) else [index]
     if all(i is None or i is Ellipsis or (isinstance(i, (int, slice)) and not isinstance(i, bool)) for i in idx):
       new = self._basic_setitem(idx, v)
@@ -243,7 +241,7 @@ class IndexingOps:
       raise TypeError(f"{name}: index must be an integer tensor, got {getattr(index, 'dtype', type(index).__name__)}")
     d = _axis(dim, self.ndim)
     if index.ndim != max(self.ndim, 1) and not (index.ndim == 0 and self.ndim == 0) and not (index.ndim <= 1 and self.ndim <= 1):
-      raise ValueError(f"{name}: index has {index.ndim} dimension(s) but the tensor has {self.ndim}; they must match")
+      raise ArgumentError(f"{name}: index has {index.ndim} dimension(s) but the tensor has {self.ndim}; they must match")
     return d
 
   def gather(self, dim: int, index: Any) -> Any:
@@ -253,7 +251,7 @@ class IndexingOps:
     x = self.reshape(self.shape or (1,))
     ix = index.reshape(index.shape or (1,))
     for a, (si, sx) in enumerate(zip(ix.shape, x.shape)):
-      if a != d and si > sx: raise ValueError(f"gather: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+      if a != d and si > sx: raise ArgumentError(f"gather: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
     n = x.shape[d]
     self._check_index_values(index, 0, n, f"dimension {d}")
     x = x.shrink(tuple((0, n) if a == d else (0, s) for a, s in enumerate(ix.shape)))  # (.., n at d, ..)
@@ -265,10 +263,10 @@ class IndexingOps:
   def _scatter_mask(self, d: int, index: Any, src: Any, name: str) -> tuple[Any, Any, Any]:
     """The (.., n at d, J at d+1, ..) match of self positions vs. index entries, and src (unsqueezed
     likewise), both on index's extent of the other axes."""
-    if src.ndim != index.ndim: raise ValueError(f"{name}: src has {src.ndim} dimension(s) but index has {index.ndim}")
+    if src.ndim != index.ndim: raise ArgumentError(f"{name}: src has {src.ndim} dimension(s) but index has {index.ndim}")
     for a, (si, ss, sx) in enumerate(zip(index.shape, src.shape, self.shape)):
-      if si > ss: raise ValueError(f"{name}: index {tuple(index.shape)} is bigger than src {tuple(src.shape)} at dimension {a}")
-      if a != d and si > sx: raise ValueError(f"{name}: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+      if si > ss: raise ArgumentError(f"{name}: index {tuple(index.shape)} is bigger than src {tuple(src.shape)} at dimension {a}")
+      if a != d and si > sx: raise ArgumentError(f"{name}: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
     n = self.shape[d]
     self._check_index_values(index, 0, n, f"dimension {d}")
     src = src.shrink(tuple((0, s) for s in index.shape))
@@ -300,7 +298,7 @@ class IndexingOps:
     keep self's value; include_self=False leaves self out of the reduction where something is written.
     mean of integers rounds down (as torch)."""
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-      raise ValueError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+      raise ArgumentError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
     d = self._check_dim_index(dim, index, "scatter_reduce")
     if self.ndim == 0: return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
     mask, s, n = self._scatter_mask(d, index, src.cast(self.dtype), "scatter_reduce")
@@ -340,7 +338,7 @@ class IndexingOps:
     x, src = (self, source) if self.ndim else (self.reshape(1), source.reshape(1))
     J, n = index.numel(), x.shape[d]
     want = x.shape[:d] + (J,) + x.shape[d + 1:]
-    if src.shape != want: raise ValueError(f"index_add: source of shape {source.shape} must have shape {want}")
+    if src.shape != want: raise ArgumentError(f"index_add: source of shape {source.shape} must have shape {want}")
     self._check_index_values(index, 0, n, f"dimension {d}")
     hit = index.reshape(J, 1) == type(self).arange(n, device=self.device, dtype=index.dtype).reshape(1, n)  # (J, n)
     s = src.cast(self.dtype).transpose(d, -1).unsqueeze(-1) * alpha  # (.., J, n)
@@ -361,9 +359,9 @@ class IndexingOps:
     try: ok = _broadcast_shapes(mask.shape, self.shape) == self.shape
     except IndexError: ok = False
     if not ok:
-      raise ValueError(f"masked_fill: mask of shape {mask.shape} doesn't broadcast to the tensor's shape {self.shape}")
+      raise ArgumentError(f"masked_fill: mask of shape {mask.shape} doesn't broadcast to the tensor's shape {self.shape}")
     if _is_tensor(value):
-      if value.ndim != 0: raise ValueError(f"masked_fill: value must be a 0-dim tensor or a number, got shape {value.shape}")
+      if value.ndim != 0: raise ArgumentError(f"masked_fill: value must be a 0-dim tensor or a number, got shape {value.shape}")
       v = value.cast(self.dtype)
     else: v = type(self).full((), value, dtype=self.dtype, device=self.device)
     return mask.where(v, self)

@@ -28,6 +28,7 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
 from __future__ import annotations
 import math
 from typing import Sequence
+from attograd.errors import ArgumentError
 from attograd.dtype import dtypes, least_upper_dtype
 from attograd.uop.ops import UOp, Ops
 
@@ -180,20 +181,20 @@ class ReorderOps:
     """torch.cat: Tensor.cat(a, b, dim=0) or a.cat(b, dim=0); a list/tuple of tensors works as well."""
     tensors = [self, *args]
     if len(tensors) == 1 and isinstance(self, (list, tuple)): tensors = list(self)
-    if not tensors: raise ValueError("cat needs at least one tensor")
+    if not tensors: raise ArgumentError("cat needs at least one tensor")
     for t in tensors:
       if not isinstance(t, ReorderOps): raise TypeError(f"cat expects Tensors, got {type(t).__name__}")
     first = tensors[0]
-    if first.ndim == 0 or any(t.ndim == 0 for t in tensors): raise ValueError("zero-dimensional tensors cannot be concatenated")
+    if first.ndim == 0 or any(t.ndim == 0 for t in tensors): raise ArgumentError("zero-dimensional tensors cannot be concatenated")
     for t in tensors:
-      if t.device != first.device: raise ValueError(f"cat of tensors on different devices: {first.device} and {t.device}")
+      if t.device != first.device: raise ArgumentError(f"cat of tensors on different devices: {first.device} and {t.device}")
     # as in torch, 1-D empty tensors are skipped (a legacy rule), but still take part in dtype promotion
     kept = [t for t in tensors if t.shape != (0,)] or tensors[:1]
     ref = kept[0]
     d = _axis(dim, ref.ndim)
     for t in kept:
       if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
-        raise ValueError(f"cat: shapes {ref.shape} and {t.shape} must match except in dim {d}")
+        raise ArgumentError(f"cat: shapes {ref.shape} and {t.shape} must match except in dim {d}")
     dt = first.dtype
     for t in tensors[1:]: dt = least_upper_dtype(dt, t.dtype)
     kept = [t.cast(dt) for t in kept if t.shape[d] != 0] or [kept[0].cast(dt)]  # empty pieces add nothing
@@ -209,23 +210,23 @@ class ReorderOps:
   def stack(self, *args, dim: int = 0):
     """torch.stack: Tensor.stack(a, b, dim=0) or a.stack(b, dim=0)."""
     tensors = list(self) if isinstance(self, (list, tuple)) and not args else [self, *args]
-    if not tensors: raise ValueError("stack needs at least one tensor")
+    if not tensors: raise ArgumentError("stack needs at least one tensor")
     for t in tensors:
-      if t.shape != tensors[0].shape: raise ValueError(f"stack expects tensors of equal shape, got {tensors[0].shape} and {t.shape}")
+      if t.shape != tensors[0].shape: raise ArgumentError(f"stack expects tensors of equal shape, got {tensors[0].shape} and {t.shape}")
     d = _axis(dim, tensors[0].ndim, extra=1)
     return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
 
   def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple:
     """torch.split: chunks of `sizes` elements (the last may be smaller), or one piece per entry of a list."""
-    if self.ndim == 0: raise ValueError("split of a 0-d tensor")
+    if self.ndim == 0: raise ArgumentError("split of a 0-d tensor")
     d = _axis(dim, self.ndim)
     n = self.shape[d]
     if isinstance(sizes, int):
-      if sizes <= 0 and not (sizes == 0 and n == 0): raise ValueError(f"split size must be positive, got {sizes}")
+      if sizes <= 0 and not (sizes == 0 and n == 0): raise ArgumentError(f"split size must be positive, got {sizes}")
       sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
     sizes = list(sizes)
-    if any(not isinstance(s, int) or s < 0 for s in sizes): raise ValueError(f"split sizes {sizes} must be non-negative ints")
-    if sum(sizes) != n: raise ValueError(f"split sizes {sizes} sum to {sum(sizes)}, but dim {d} has size {n}")
+    if any(not isinstance(s, int) or s < 0 for s in sizes): raise ArgumentError(f"split sizes {sizes} must be non-negative ints")
+    if sum(sizes) != n: raise ArgumentError(f"split sizes {sizes} sum to {sum(sizes)}, but dim {d} has size {n}")
     out, off = [], 0
     for s in sizes:
       out.append(self.shrink(tuple((off, off + s) if i == d else None for i in range(self.ndim))))
@@ -234,8 +235,8 @@ class ReorderOps:
 
   def chunk(self, chunks: int, dim: int = 0) -> tuple:
     """torch.chunk: pieces of ceil(n / chunks) elements, so there may be fewer than `chunks` of them."""
-    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int, got {chunks}")
-    if self.ndim == 0: raise ValueError("chunk of a 0-d tensor")
+    if not isinstance(chunks, int) or chunks <= 0: raise ArgumentError(f"chunk count must be a positive int, got {chunks}")
+    if self.ndim == 0: raise ArgumentError("chunk of a 0-d tensor")
     d = _axis(dim, self.ndim)
     n = self.shape[d]
     if n == 0: return tuple(self for _ in range(chunks))  # torch returns `chunks` empty pieces
@@ -250,27 +251,27 @@ class ReorderOps:
     if x.ndim == 0: x = x.reshape(1)
     sh = x.shape
     if isinstance(repeats, ReorderOps):
-      if repeats.ndim > 1 or dtypes.is_float(repeats.dtype): raise ValueError(f"repeats must be 0-d or 1-d ints, got {repeats.dtype} of shape {repeats.shape}")
+      if repeats.ndim > 1 or dtypes.is_float(repeats.dtype): raise ArgumentError(f"repeats must be 0-d or 1-d ints, got {repeats.dtype} of shape {repeats.shape}")
       repeats = repeats.tolist()
     if isinstance(repeats, (list, tuple)):
       if len(repeats) == 1: repeats = repeats[0]
       else:
-        if len(repeats) != sh[d]: raise ValueError(f"repeats has {len(repeats)} entries, but dim {d} has size {sh[d]}")
-        if any(not isinstance(r, int) or r < 0 for r in repeats): raise ValueError(f"repeats {list(repeats)} must be non-negative ints")
+        if len(repeats) != sh[d]: raise ArgumentError(f"repeats has {len(repeats)} entries, but dim {d} has size {sh[d]}")
+        if any(not isinstance(r, int) or r < 0 for r in repeats): raise ArgumentError(f"repeats {list(repeats)} must be non-negative ints")
         parts = [x.shrink(tuple((i, i + 1) if a == d else None for a in range(x.ndim))).repeat_interleave(r, d) for i, r in enumerate(repeats)]
         if not parts: return x
         return parts[0].cat(*parts[1:], dim=d)
-    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeats must be a non-negative int, got {repeats}")
+    if not isinstance(repeats, int) or repeats < 0: raise ArgumentError(f"repeats must be a non-negative int, got {repeats}")
     return x.unsqueeze(d + 1).expand(*sh[:d + 1], repeats, *sh[d + 1:]).reshape(*sh[:d], sh[d] * repeats, *sh[d + 1:])
 
   def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None):
     """torch.roll: element i moves to i + shift (wrapping). dims None: roll the flattened tensor."""
     if dims is None:
-      if not isinstance(shifts, int): raise ValueError(f"roll without dims takes a single shift, got {shifts}")
+      if not isinstance(shifts, int): raise ArgumentError(f"roll without dims takes a single shift, got {shifts}")
       return self.flatten().roll(shifts, 0).reshape(self.shape)
     shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    if len(shifts) != len(dims): raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+    if len(shifts) != len(dims): raise ArgumentError(f"roll: shifts {shifts} and dims {dims} must have the same length")
     x = self
     for s, dm in zip(shifts, dims):
       d = _axis(dm, self.ndim)
@@ -282,7 +283,7 @@ class ReorderOps:
     return x
 
   def _tri_mask(self, diagonal: int, upper: bool):
-    if self.ndim < 2: raise ValueError(f"{'triu' if upper else 'tril'} needs a tensor of at least 2 dimensions, got shape {self.shape}")
+    if self.ndim < 2: raise ArgumentError(f"{'triu' if upper else 'tril'} needs a tensor of at least 2 dimensions, got shape {self.shape}")
     r, c = self.shape[-2:]
     rows = type(self).arange(r, device=self.device).reshape(r, 1)
     cols = type(self).arange(c, device=self.device).reshape(1, c)
@@ -294,10 +295,10 @@ class ReorderOps:
 
   def meshgrid(self, *args, indexing: str = "ij") -> tuple:
     """torch.meshgrid: Tensor.meshgrid(x, y, indexing='ij') or x.meshgrid(y)."""
-    if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+    if indexing not in ("ij", "xy"): raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
     ts = [self, *args]
     for t in ts:
-      if t.ndim > 1: raise ValueError(f"meshgrid expects 0-d or 1-d tensors, got shape {t.shape}")
+      if t.ndim > 1: raise ArgumentError(f"meshgrid expects 0-d or 1-d tensors, got shape {t.shape}")
     ts = [t.reshape(-1) for t in ts]
     if indexing == "xy" and len(ts) >= 2: ts[0], ts[1] = ts[1], ts[0]
     shape = tuple(t.shape[0] for t in ts)
@@ -308,17 +309,17 @@ class ReorderOps:
   def _pad_mode(self, pairs: Sequence[tuple[int, int]], mode: str):
     """pad with mode 'reflect', 'replicate' or 'circular', given ((before, after), ...) per axis."""
     if mode not in ("reflect", "replicate", "circular"):
-      raise ValueError(f"padding mode {mode!r} is not one of 'constant', 'reflect', 'replicate', 'circular'")
+      raise ArgumentError(f"padding mode {mode!r} is not one of 'constant', 'reflect', 'replicate', 'circular'")
     x = self
     for d, (b, a) in enumerate(pairs):
       if (b, a) == (0, 0): continue
       n = x.shape[d]
-      if b < 0 or a < 0: raise ValueError(f"{mode} padding {(b, a)} of dim {d}: negative padding is only supported in constant mode")
+      if b < 0 or a < 0: raise ArgumentError(f"{mode} padding {(b, a)} of dim {d}: negative padding is only supported in constant mode")
       if mode == "reflect" and (b >= n or a >= n):
-        raise ValueError(f"reflect padding {(b, a)} of dim {d} must be less than its size {n}")
+        raise ArgumentError(f"reflect padding {(b, a)} of dim {d} must be less than its size {n}")
       if mode == "circular" and (b > n or a > n):
-        raise ValueError(f"circular padding {(b, a)} of dim {d} must be at most its size {n}")
-      if mode == "replicate" and n == 0: raise ValueError(f"replicate padding of dim {d}, which is empty")
+        raise ArgumentError(f"circular padding {(b, a)} of dim {d} must be at most its size {n}")
+      if mode == "replicate" and n == 0: raise ArgumentError(f"replicate padding of dim {d}, which is empty")
       def part(lo: int, hi: int, x=x, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
       def rep(t, k: int, d=d): return t.expand(tuple(k if i == d else s for i, s in enumerate(t.shape)))
       if mode == "reflect": before, after = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
