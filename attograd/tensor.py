@@ -312,7 +312,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def _new(self, u: UOp) -> Tensor: return Tensor(u)
-  def _view(self, u: UOp) -> Tensor: return self._mark_view(Tensor(u))
+  def _view(self, u: UOp) -> Tensor:
+    t, vo = Tensor(u), self._view_of  # _mark_view inlined: reshape is on the hot path
+    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
+    return t
   def _mark_view(self, t: Tensor) -> Tensor:
     """t is a view of self (as a PyTorch view shares memory): a write to t becomes an assign to the region of self's
     base it shows. The base is held weakly: once nothing else holds it, no one can see a write to it, and t is on its own."""
