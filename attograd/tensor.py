@@ -217,8 +217,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if _pending_realize:
       tensors = [*tensors, *_pending_realize.values()]
       _pending_realize.clear()
-    checks = index_checks[:]
-    if checks:
+    checks = None
+    if index_checks:
+      checks = index_checks[:]
       index_checks.clear()
       tensors = [*tensors, *(c[0] for c in checks)]
     tensors = list({id(t): t for t in tensors}.values())
