@@ -252,8 +252,14 @@ class IndexingOps:
     ix = index.reshape(index.shape or (1,))
     for a, (si, sx) in enumerate(zip(ix.shape, x.shape)):
       if a != d and si > sx: raise ArgumentError(f"gather: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+    self._check_index_values(index, 0, x.shape[d], f"dimension {d}")
+    return self._gather(d, index)
+
+  def _gather(self, d: int, index: Any) -> Any:
+    """gather without the checks, for indices in range by construction (a sort's permutations)."""
+    x = self.reshape(self.shape or (1,))
+    ix = index.reshape(index.shape or (1,))
     n = x.shape[d]
-    self._check_index_values(index, 0, n, f"dimension {d}")
     x = x.shrink(tuple((0, n) if a == d else (0, s) for a, s in enumerate(ix.shape)))  # (.., n at d, ..)
     x = x.unsqueeze(d).transpose(d + 1, -1)  # (.., 1 at d, .., n last)
     mask = ix.unsqueeze(-1) == type(self).arange(n, device=self.device, dtype=ix.dtype)

@@ -465,17 +465,17 @@ class ReorderOps:
     order = pos = None  # the input index at each position of the order so far, and each input's position in it
     for word in ([w & mask, w >> 32] if wide else [w]):
       word = word.pad(((0, 0), (0, P - n)), value=mask)  # padding sorts last: the largest word, indices past n
-      if order is not None: word = word.gather(1, order)
+      if order is not None: word = word._gather(1, order)
       start = _bin(Ops.OR, _bin(Ops.SHL, word.uop, 32), UOp(Ops.CAST, U64, (_iota((R, P), 1, self.device),)))
       keys = _sorted_keys(start)
       # the minimum changes nothing (the keys' low halves are positions below P) but bounds index math: it stays int32
       step = (T(keys) & mask).cast(dtypes.int64).minimum(P - 1)
-      order = step if order is None else order.gather(1, step)
+      order = step if order is None else order._gather(1, step)
       if grad:
         moved = T(_count_below(keys, start)).contiguous()
-        pos = moved if pos is None else moved.gather(1, pos)
+        pos = moved if pos is None else moved._gather(1, pos)
     idx, x = order[:, :n].minimum(n - 1), self.reshape(R, n)
-    if not grad: vals = x.gather(1, idx)
+    if not grad: vals = x._gather(1, idx)
     else:
       # values[p] = x[idx[p]], written as a sum over r of (r == idx[p] and pos[r] == p) ? x[r] : 0 with pos the inverse
       # permutation (found by searching the sorted keys): the forward reads one element per output, and so does the
@@ -497,7 +497,7 @@ class ReorderOps:
     top = _largest(key_of(x, _iota((R, n), 1, self.device)), k, 1, (x, key_of)) if k else None
     if top is None: idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
     else: idx = ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1)
-    vals = self.reshape(R, n).gather(1, idx)
+    vals = self.reshape(R, n)._gather(1, idx)
     return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
   def _long_sort(self, descending: bool) -> tuple:
@@ -571,7 +571,7 @@ class ReorderOps:
       nans = x.isnan().sum(d, keepdim=True)
       pos = (nans > 0).where(n - nans, (n - 1) // 2)
     else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
-    v, i = v.gather(d, pos), i.gather(d, pos)
+    v, i = v._gather(d, pos), i._gather(d, pos)
     if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
     if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
     return v, i
@@ -600,9 +600,9 @@ class ReorderOps:
     P = 1 << (n - 1).bit_length()
     table = group.cast(U64).pad(((0, P - n),), value=k).reshape(1, P).uop
     at = T(_count_below(table, _iota((1, k), 1, self.device).cast(U64))).reshape(k)
-    out = [v.gather(0, at)]
+    out = [v._gather(0, at)]
     if return_inverse:
       rank = order.cast(dtypes.int32).argsort()  # each element's sorted position (the sort's inverse permutation)
-      out.append(group.gather(0, rank).reshape(self.shape))
+      out.append(group._gather(0, rank).reshape(self.shape))
     if return_counts: out.append(at[1:].cat(T.full((1,), n, dtype=dtypes.int64, device=self.device)) - at)
     return tuple(out) if len(out) > 1 else out[0]
