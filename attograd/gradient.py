@@ -84,3 +84,41 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
       if g is None or not on_path[s]: continue
       grads[s] = grads[s] + g if s in grads else g
   return {t: grads[t] for t in targets if t in grads}
+
+class GradMode:
+  """Whether autograd records (PyTorch's grad mode). Under no_grad a realized result forgets the graph it came from,
+  so no gradient flows back through it (and its graph can be freed), and in-place ops may write leaves that require
+  grad (an optimizer step, an EMA of the weights). A still-lazy result made under no_grad keeps its graph: realize it
+  inside the block if a later backward() must not see through it."""
+  enabled: bool = True
+
+class _GradModeSetter:
+  """A context manager and a decorator that sets the grad mode while it is active and restores the previous one."""
+  mode = True
+  def __enter__(self) -> None: self.prev, GradMode.enabled = GradMode.enabled, self.mode
+  def __exit__(self, *exc) -> None: GradMode.enabled = self.prev
+  def __call__(self, fn):
+    import functools
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+      with type(self)(): return fn(*args, **kwargs)
+    return run
+
+class no_grad(_GradModeSetter):
+  """`with attograd.no_grad():` or `@attograd.no_grad()`: autograd doesn't record (see GradMode)."""
+  mode = False
+class enable_grad(_GradModeSetter):
+  """Autograd records again inside a no_grad block."""
+  mode = True
+class inference_mode(_GradModeSetter):
+  """torch.inference_mode: here the same as no_grad. inference_mode(False) records as usual."""
+  def __init__(self, mode: bool = True): self.mode = not mode
+  def __call__(self, fn):
+    if not callable(fn): raise TypeError("inference_mode() decorates a function")
+    import functools
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+      with inference_mode(not self.mode): return fn(*args, **kwargs)
+    return run
+def is_grad_enabled() -> bool: return GradMode.enabled
+def set_grad_enabled(mode: bool) -> None: GradMode.enabled = bool(mode)

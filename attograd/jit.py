@@ -1,7 +1,7 @@
 """TinyJit: run a function twice the usual way (the second time recording every kernel it launches),
 then replay the recorded kernels on new inputs with no graph building, scheduling or compiling."""
 from __future__ import annotations
-import functools
+import functools, types
 from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG
 from attograd.uop.ops import UOp, Ops, substitute_sym
@@ -9,7 +9,8 @@ from attograd.runtime.device import Buffer
 from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes
 from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to
-from attograd.tensor import Tensor
+from attograd import tensor as tensor_module
+from attograd.tensor import Tensor, raise_index_errors
 from attograd.schedule.schedule import is_contiguous_buffer
 
 JIT = ContextVar("JIT", 1)
@@ -71,6 +72,42 @@ def _latest(node: UOp) -> UOp:
   while (moved := assigned_to.get(node)) is not None: node = moved
   return node
 
+def _changed_data(first: list, second: list) -> tuple[str, int] | None:
+  """The user line whose Tensor data differs between two calls' logs (the n-th made at a line against the n-th), if any."""
+  by_site: dict[tuple[str, int], list[bytes]] = {}
+  for site, raw in first: by_site.setdefault(site, []).append(raw)
+  seen: dict[tuple[str, int], int] = {}
+  for site, raw in second:
+    n = seen[site] = seen.get(site, -1) + 1
+    if n < len(olds := by_site.get(site, [])) and olds[n] != raw: return site
+  return None
+
+def _watch_list(fxn: Callable, args: tuple, kwargs: dict) -> list[tuple[Any, Any, Any, str]]:
+  """The Python floats a function's kernels may have baked in, to compare on every replay: (owner, key, value, name) for
+  Tensor.training, floats among the globals and closure variables it names and its arguments, and the float attributes
+  of those objects (with floats in their list/dict attributes: an optimizer's param_groups). A float read only by a
+  function it calls, or deeper in an object, isn't seen."""
+  roots: list[tuple[str, Any, Any, Any]] = []  # (name, owner, key, value)
+  if (code := getattr(fxn, "__code__", None)) is not None:
+    g = fxn.__globals__
+    roots += [(n, g, n, g[n]) for n in code.co_names if n in g]
+    for n, cell in zip(code.co_freevars, fxn.__closure__ or ()):
+      try: roots.append((n, None, None, cell.cell_contents))
+      except ValueError: pass  # an empty cell
+  roots += [(f"argument {i}", None, None, a) for i, a in enumerate(args)] + [(k, None, None, v) for k, v in kwargs.items()]
+  watch: list[tuple[Any, Any, Any, str]] = [(Tensor, "training", Tensor.training, "Tensor.training")]
+  def is_float(v: Any) -> bool: return type(v) is float
+  for name, owner, key, obj in roots:
+    if is_float(obj):
+      if owner is not None: watch.append((owner, key, obj, name))
+      continue
+    if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)) or not hasattr(obj, "__dict__"): continue
+    for k, v in vars(obj).items():
+      if is_float(v): watch.append((obj, k, v, f"{name}.{k}"))
+      for i, d in enumerate(v if isinstance(v, (list, tuple)) else [v] if isinstance(v, dict) else []):
+        if isinstance(d, dict): watch += [(d, dk, dv, f"{name}.{k}[{i}][{dk!r}]") for dk, dv in d.items() if is_float(dv)]
+  return watch
+
 class _Replay:
   """The recorded kernels as a plan run by the one run loop (engine/realize.py ExecPlan), where each input's memory
   goes, and the memory from outside the function (weights, optimizer state) with the node that names it: an assign
@@ -103,9 +140,20 @@ class TinyJit(Generic[ReturnType]):
     self.var_vals: dict[UOp, int] = {}
     self.sym_outputs: list[tuple[Tensor, UOp]] = []  # returned tensors of symbolic shape, with their view unbound
     self.symbolic = False  # inputs or outputs of symbolic shape
+    self.checks: list[tuple[Buffer, str, int]] = []  # index checks' reports the replay reads (frontend/indexing.py)
+    self.watch: list[tuple[Any, Any, Any, str]] = []  # Python floats the capture saw, compared on each replay
+    self.host_data: list = []  # the data of Tensors made from Python/numpy data in the first call, by user line
     functools.update_wrapper(self, fxn)
   def __get__(self, obj: Any, objtype: Any = None) -> Any: return self if obj is None else functools.partial(self.__call__, obj)
-  def reset(self) -> None: self.cnt, self.signature, self.replay, self.ret, self.sym_outputs, self.symbolic = 0, None, None, None, [], False
+  def reset(self) -> None:
+    self.cnt, self.signature, self.replay, self.ret, self.sym_outputs, self.symbolic = 0, None, None, None, [], False
+    self.checks, self.watch, self.host_data = [], [], []
+
+  def _run_logged(self, run: Callable[[], Any]) -> tuple[Any, list]:
+    """run() (a plain call or the capture) with the data of Tensors made from Python/numpy data logged by user line."""
+    tensor_module.host_data_log = log = []
+    try: return run(), log
+    finally: tensor_module.host_data_log = None
 
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
     # inside another TinyJit's capture, run plainly: the outer one records these kernels with its own
@@ -118,14 +166,28 @@ class TinyJit(Generic[ReturnType]):
     _as_plain_buffers(tensors)
     if self.cnt == 0:
       self.cnt = 1
-      return self.fxn(*args, **kwargs)
-    if self.cnt == 1: return self._capture(tensors, args, kwargs)
+      ret, self.host_data = self._run_logged(lambda: self.fxn(*args, **kwargs))
+      return ret
+    if self.cnt == 1:
+      ret, host_data = self._run_logged(lambda: self._capture(tensors, args, kwargs))
+      if (changed := _changed_data(self.host_data, host_data)) is not None:
+        self.reset()
+        raise JitError(f"{self.fxn.__name__} makes a Tensor from Python/numpy data at {changed[0]}:{changed[1]} whose values changed "
+                       "between its first two calls: a replay would reuse this call's values. Pass that data as a Tensor argument")
+      self.watch, self.host_data = _watch_list(self.fxn, args, kwargs), []
+      return ret
     assert self.replay is not None
+    for owner, key, value, name in self.watch:
+      if [owner[key] if type(owner) is dict else getattr(owner, key)] != [value]:
+        raise JitError(f"{name} was {value} when {self.fxn.__name__} was captured and is now "
+                       f"{owner[key] if type(owner) is dict else getattr(owner, key)}: a replay would use the old value, baked "
+                       "into its kernels. Hold a value that changes in a Tensor (and assign to it), or call .reset() to capture again")
     bound = {b.src[0]: b.src[1].arg for b in _find(list(args) + list(kwargs.values()), _is_bound_variable)}
     if self.symbolic:  # Variables can come in the shapes of the inputs too, and outputs' shapes show this call's values
       bound.update((b.src[0], b.src[1].arg) for t in tensors for b in _shape_binds(t))
     var_vals = {**self.var_vals, **bound}
     self.replay([buffer_of(t.uop.base) for t in tensors], var_vals)
+    if self.checks: raise_index_errors(self.checks)
     if self.symbolic:
       for t, view in self.sym_outputs: t.uop = bind_shapes(view, var_vals)
     return self.ret
@@ -133,6 +195,7 @@ class TinyJit(Generic[ReturnType]):
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
     capture = Capture()
     _captures.append(capture)
+    tensor_module.captured_checks.clear()
     try:
       ret = self.fxn(*args, **kwargs)
       outputs = _tensors_in(ret)
@@ -142,6 +205,11 @@ class TinyJit(Generic[ReturnType]):
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
     kept = kept_inputs | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}
+    # index checks computed inside: the replay reads their reports after running, so their memory is kept
+    self.checks = tensor_module.captured_checks[:]
+    tensor_module.captured_checks.clear()
+    kept |= {id(buf) for buf, _, _ in self.checks}
+    tensor_module.raise_index_errors(self.checks)
     for t, before in capture.assigned.items(): items = self._write_in_place(items, t, before, kept, capture.nodes)
     # buffers first seen as a kernel's output were made inside: the ones nothing outside keeps share memory
     seen: set[int] = set()

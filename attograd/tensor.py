@@ -1,17 +1,18 @@
 """The front end: a lazy Tensor that builds UOps. Shapes, broadcasting, dtype promotion and error
 messages live here; composite ops are written in terms of a few primitive UOps (DESIGN §3.1)."""
 from __future__ import annotations
-import math, struct, weakref
+import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
+from attograd.errors import ArgumentError, IndexOutOfRange
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
-from attograd.helpers import prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
 from attograd.engine.registry import sources
-from attograd.gradient import compute_gradient
-from attograd.frontend.indexing import IndexingOps, full_index
+from attograd.gradient import compute_gradient, GradMode
+from attograd.frontend.indexing import IndexingOps, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.elementwise import ElementwiseOps
 
@@ -55,14 +56,16 @@ def _graph_for_gradient(root: UOp, targets: set[UOp]) -> UOp:
 def _check_size(s: Any, what: str) -> sint:
   """A size in a shape: a non-negative int, or an integer expression of bound Variables, never negative."""
   if isinstance(s, UOp):
-    if not dtypes.is_int(s.dtype) or s.shape != (): raise ValueError(f"invalid size {s!r} in {what}: a size must be an int or an integer Variable")
+    if not dtypes.is_int(s.dtype) or s.shape != (): raise ArgumentError(f"invalid size {s!r} in {what}: a size must be an int or an integer Variable")
     topo = s.toposort
     if (free := [u.arg[0] for u in topo if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in topo)]):
-      raise ValueError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
-    if (s := s if s.op is Ops.BIND else s.simplify()).vmin < 0: raise ValueError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
+      raise ArgumentError(f"Variable {free[0]!r} in {what} is not bound: use Variable(...).bind(value)")
+    if (s := s if s.op is Ops.BIND else s.simplify()).vmin < 0: raise ArgumentError(f"size {s!r} in {what} can be negative (down to {s.vmin})")
     return s
-  if not isinstance(s, int) or s < 0: raise ValueError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
+  if not isinstance(s, int) or s < 0: raise ArgumentError(f"invalid {what}: sizes must be non-negative ints or bound Variables")
   return s
+
+_UNSET: Any = object()  # an argument not given (None means the default device)
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
@@ -72,7 +75,7 @@ def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
   if len(data) == 0: return [], (0,)
   parts = [_flatten_nested(d) for d in data]
   shapes = [s for _, s in parts]
-  if not all_same(shapes): raise ValueError(f"nested list is not rectangular: rows have shapes {sorted(set(shapes))}")
+  if not all_same(shapes): raise ArgumentError(f"nested list is not rectangular: rows have shapes {sorted(set(shapes))}")
   return [x for p, _ in parts for x in p], (len(data), *shapes[0])
 
 def _pack(values: list[Any], dtype: DType) -> bytes:
@@ -95,6 +98,37 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
 
+def _view_chain(u: UOp, root: UOp) -> list[UOp] | None:
+  """The movement ops from root up to u, innermost first, seeing through a realized view to the graph it came from;
+  None when u doesn't come from root that way."""
+  chain = []
+  while u is not root:
+    if (src := sources.get(u)) is not None: u = src
+    elif u.op in GroupOp.Movement: chain.append(u); u = u.src[0]
+    else: return None
+  return chain[::-1]
+
+def _redo_views(chain: list[UOp], u: UOp) -> UOp:
+  for m in chain: u = m.replace(src=(u,))
+  return u
+
+def _undo_view(m: UOp, t: Tensor) -> Tensor:
+  """t, shaped like the movement op m's output, laid back out in m's source's shape (elements m drops are 0/False)."""
+  shape = m.src[0].shape
+  if m.op is Ops.RESHAPE or m.op is Ops.EXPAND: return t.reshape(shape)  # an EXPAND here adds no elements (checked)
+  if m.op is Ops.PERMUTE: return t.permute(argsort(m.arg))
+  if m.op is Ops.FLIP: return t.flip(*(i for i, f in enumerate(m.arg) if f))
+  if m.op is Ops.SHRINK: return t.pad(tuple((b, s - e) for (b, e), s in zip(m.arg, shape)))
+  return t.shrink(tuple((b, b + s) for (b, _), s in zip(m.arg, shape)))  # PAD
+
+# index checks realized inside a TinyJit capture: the JIT takes them and reads them after every replay
+captured_checks: list[tuple[Any, str, int]] = []
+def raise_index_errors(checks: list[tuple[Any, str, int]]) -> None:
+  """Read the reports of index checks (buffers of [count out of range, one such value]) and raise for the first bad one."""
+  for buf, what, size in checks:
+    count, value = buf.as_bytes().cast("q")[:2]
+    if count: raise IndexOutOfRange(f"index {value} is out of bounds for {what} with size {size} ({count} such entries)")
+
 def _split_for_cores(n: sint) -> int:
   """How many partial reductions a full reduction of n elements is split into (1: none)."""
   if not isinstance(n, int) or n < 1 << 20: return 1
@@ -102,7 +136,7 @@ def _split_for_cores(n: sint) -> int:
 
 class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   """A lazy n-dimensional array: operations build a graph; realize() (or reading data) runs it."""
-  __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
+  __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
   training: bool = False
   @staticmethod
   def train(mode: bool = True) -> _TrainMode: return _TrainMode(mode)
@@ -112,7 +146,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
     if type(data) is UOp and device is None and dtype is None and data.op is not Ops.BIND: self.uop: UOp = data  # the front end's own nodes
     else: self.uop = _uop_from(data, Device.canonicalize(device), to_dtype(dtype) if dtype is not None else None)
-    self._requires_grad, self.grad = None, None
+    self._requires_grad, self.grad, self._view_of = None, None, None
     if requires_grad is not None: self.requires_grad = requires_grad
 
   # ***** properties *****
@@ -125,6 +159,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @property
   def ndim(self) -> int: return len(self.shape)
   def numel(self) -> sint: return sym_prod(self.shape)
+  def dim(self) -> int: return self.ndim
+  ndimension = dim
   def element_size(self) -> int: return self.dtype.itemsize
   def nbytes(self) -> int: return self.numel() * self.element_size()
   def size(self, dim: int | None = None) -> tuple[int, ...] | int:
@@ -144,15 +180,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     self._requires_grad = value
     if value: _grad_tensors[id(self)] = self
     else: _grad_tensors.pop(id(self), None)
-  def requires_grad_(self, value: bool = True) -> Tensor:
-    self.requires_grad = value
-    return self
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """Gradients of this tensor with respect to targets, as lazy tensors (nothing is stored)."""
     if gradient is None:
       if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
-    elif gradient.shape != self.shape: raise ValueError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
+    elif gradient.shape != self.shape: raise ArgumentError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
     wanted = {t.uop for t in targets}
     grads = compute_gradient(_graph_for_gradient(self.uop, wanted), root_grad, wanted)
@@ -184,9 +217,18 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if _pending_realize:
       tensors = [*tensors, *_pending_realize.values()]
       _pending_realize.clear()
+    checks = None
+    if index_checks:
+      checks = index_checks[:]
+      index_checks.clear()
+      tensors = [*tensors, *(c[0] for c in checks)]
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
-    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], [not t.requires_grad for t in tensors])): t.uop = u
+    keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
+    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
+    if checks:
+      if capturing() is not None: captured_checks.extend((buffer_of(c.uop.base), what, size) for c, what, size in checks)
+      else: raise_index_errors([(buffer_of(c.uop.base), what, size) for c, what, size in checks])
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
@@ -208,7 +250,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: flat = _unpack(self._raw(), self.dtype)
     return _nest(flat, self._value_shape()) if self.shape else flat[0]
   def item(self) -> ConstType:
-    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+    if self.numel() != 1: raise ArgumentError(f"item() needs a tensor with one element, this one has shape {self.shape}")
     return _unpack(self._raw(), self.dtype)[0] if self.dtype != dtypes.bool else bool(self._raw().cast("B")[0])
   def numpy(self):
     import numpy as np
@@ -219,7 +261,17 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return bool(self.item())
   def __float__(self) -> float: return float(self.item())
   def __int__(self) -> int: return int(self.item())
-  def to(self, device: str | None) -> Tensor:
+  def to(self, *args: Any, device: str | None | Any = _UNSET, dtype: DType | None = None, non_blocking: bool = False, copy: bool = False) -> Tensor:
+    """to(device), to(dtype), to(device, dtype), to(other_tensor) (its device and dtype), or keywords, as in torch."""
+    for a in args:
+      if isinstance(a, DType): dtype = a
+      elif isinstance(a, Tensor): device, dtype = a.device, a.dtype
+      elif a is None or isinstance(a, str): device = a
+      else: raise TypeError(f"to() takes a device (str), a dtype or a tensor, not {type(a).__name__}")
+    t = self if device is _UNSET else self._to_device(device)
+    t = t if dtype is None else t.cast(dtype)
+    return t.clone() if copy and t is self else t
+  def _to_device(self, device: str | None) -> Tensor:
     device = Device.canonicalize(device)
     if device == self.device: return self
     if is_view_of_buffer(self.uop) or Device[self.device].renderer is None:
@@ -234,17 +286,49 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     The write lands at the next realize of anything, in new memory: tensors computed from the old
     values keep them, even if they are still lazy (views made before the write see the old values too)."""
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
-    if x.device != self.device: raise ValueError(f"assign from device {x.device} to a tensor on {self.device}")
+    if x.device != self.device: raise ArgumentError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
+    if (vo := self._view_of) is not None and (base := vo[0]()) is not None and base is not self: return self._assign_through(base, vo[1], x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
     if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
     if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     _pending_realize[id(self)] = self
     return self
+  def _assign_through(self, base: Tensor, root: UOp, x: Tensor) -> Tensor:
+    """The write to a view: the movement ops from the base's node (when the view was made) up to this view, undone on
+    the value and on an all-True mask, say which elements of the base the write reaches; the base is assigned."""
+    if (chain := _view_chain(self.uop, root)) is None:
+      raise RuntimeError(f"write to a view of shape {self.shape} whose base tensor {base.shape} it can no longer be traced to "
+                         "(the view was realized on its own): write to the base tensor instead, e.g. base[index] = value")
+    if any(u.op is Ops.EXPAND and u.src[0].shape != u.shape for u in chain):
+      raise RuntimeError("unsupported operation: a write to an expanded view, where more than one element of the view refers "
+                         "to a single element of its base; call .clone() before writing to it")
+    value, mask = x, Tensor.full(x.shape, True, dtype=dtypes.bool, device=self.device)
+    for u in reversed(chain):
+      value, mask = _undo_view(u, value), _undo_view(u, mask)
+    base.assign(mask.where(value, base))
+    self.uop, self._view_of = _redo_views(chain, base.uop), (self._view_of[0], base.uop)
+    return self
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def _new(self, u: UOp) -> Tensor: return Tensor(u)
+  def _view(self, u: UOp) -> Tensor:
+    t, vo = Tensor(u), self._view_of  # _mark_view inlined: reshape is on the hot path
+    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
+    return t
+  def _mark_view(self, t: Tensor) -> Tensor:
+    """t is a view of self (as a PyTorch view shares memory): a write to t becomes an assign to the region of self's
+    base it shows. The base is held weakly: once nothing else holds it, no one can see a write to it, and t is on its own."""
+    vo = self._view_of
+    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
+    return t
+  def _fresh(self) -> Tensor:
+    """A view whose base was written since it was made shows the base's new values (before an in-place op reads it)."""
+    vo = self._view_of
+    if vo is None or (base := vo[0]()) is None or base.uop is vo[1] or (chain := _view_chain(self.uop, vo[1])) is None: return self
+    self.uop, self._view_of = _redo_views(chain, base.uop), (vo[0], base.uop)
+    return self
 
   # ***** creation *****
   @staticmethod
@@ -255,8 +339,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = Tensor._shape_arg(shape if isinstance(shape, tuple) else (shape,))
     dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-    t = Tensor(_const(fill_value, dtype, Device.canonicalize(device)), **kw)
-    return t.reshape((1,) * len(shape)).expand(shape) if shape else t
+    t = Tensor(_const(fill_value, dtype, Device.canonicalize(device)))
+    t = t.reshape((1,) * len(shape)).expand(shape) if shape else t
+    # a tensor that requires grad is a leaf with memory of its own: a constant node is shared by every equal constant
+    return Tensor(t.contiguous().realize().uop, **kw) if kw.get("requires_grad") else Tensor(t.uop, **kw) if kw else t
   @staticmethod
   def zeros(*shape, dtype=None, device=None, **kw) -> Tensor: return Tensor.full(Tensor._shape_arg(shape), 0, dtype or dtypes.default_float, device, **kw)
   @staticmethod
@@ -270,13 +356,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if stop is None: start, stop = 0, start
     if any(isinstance(v, UOp) for v in (start, stop, step)):
       if not (isinstance(start, int) and start == 0 and step == 1):
-        raise ValueError(f"arange with a Variable takes only a stop: arange(n), not arange({start}, {stop}, {step})")
+        raise ArgumentError(f"arange with a Variable takes only a stop: arange(n), not arange({start}, {stop}, {step})")
       dtype = to_dtype(dtype) if dtype is not None else dtypes.default_int
       idx = Tensor(UOp(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32, (_device_node(Device.canonicalize(device)),),
                        _check_size(stop, "arange")), **kw)
       return idx.cast(dtype)
-    if step == 0: raise ValueError("arange step must be nonzero")
-    if (stop - start) * step < 0: raise ValueError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
+    if step == 0: raise ArgumentError("arange step must be nonzero")
+    if (stop - start) * step < 0: raise ArgumentError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
     n = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int
     device = Device.canonicalize(device)
@@ -287,6 +373,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     m = n if m is None else m
     rows, cols = Tensor.arange(n, device=device).reshape(n, 1), Tensor.arange(m, device=device).reshape(1, m)
     return (rows == cols).cast(dtype or dtypes.default_float)
+  def new_full(self, size, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
+    return Tensor.full(tuple(size) if isinstance(size, (tuple, list)) else (size,), fill_value, dtype or self.dtype, device or self.device, **kw)
+  def new_zeros(self, *size, dtype=None, device=None, **kw) -> Tensor: return self.new_full(Tensor._shape_arg(size), 0, dtype, device, **kw)
+  def new_ones(self, *size, dtype=None, device=None, **kw) -> Tensor: return self.new_full(Tensor._shape_arg(size), 1, dtype, device, **kw)
+  def new_empty(self, *size, dtype=None, device=None, **kw) -> Tensor: return Tensor.empty(*size, dtype=dtype or self.dtype, device=device or self.device, **kw)
+  def new_tensor(self, data: Any, dtype=None, device=None, **kw) -> Tensor:
+    return Tensor(data.detach() if isinstance(data, Tensor) else data, dtype=dtype or self.dtype, device=device or self.device, **kw)
+  @staticmethod
+  def from_numpy(a: Any) -> Tensor: return Tensor(a)
+  def cpu(self) -> Tensor: return self.to("CPU")
   def full_like(self, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
     return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device, **kw)
   def zeros_like(self, **kw) -> Tensor: return self.full_like(0, **kw)
@@ -331,8 +427,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     z = ((1 - u[0]).log() * -2).sqrt() * (u[1] * (2 * math.pi)).cos()
     return Tensor(z.reshape(shape).cast(dtype or dtypes.default_float).uop, **kw)
   @staticmethod
-  def randint(*shape, low: int = 0, high: int = 10, dtype=None, device=None, **kw) -> Tensor:
-    if high <= low: raise ValueError(f"randint needs low < high, got [{low}, {high})")
+  def randint(*shape, low: int = 0, high: int = 10, dtype=None, device=None, size=None, **kw) -> Tensor:
+    """tinygrad's randint(*shape, low=, high=) and torch's randint(high, size) / randint(low, high, size)."""
+    if size is not None or (shape and isinstance(shape[-1], (tuple, list))):
+      bounds, size = (shape, size) if size is not None else (shape[:-1], shape[-1])
+      if len(bounds) == 1: low, high = 0, bounds[0]
+      elif len(bounds) == 2: low, high = bounds
+      elif bounds: raise TypeError(f"randint takes (high, size) or (low, high, size), got {shape}")
+      shape = tuple(size)
+    if high <= low: raise ArgumentError(f"randint needs low < high, got [{low}, {high})")
     r = Tensor.rand(*shape, dtype=dtypes.float64, device=device)
     return Tensor(((r * (high - low)).floor() + low).cast(dtype or dtypes.default_int).uop, **kw)
   def rand_like(self, **kw) -> Tensor: return Tensor.rand(*self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
@@ -341,34 +444,34 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** movement *****
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    if shape.count(-1) > 1: raise ValueError(f"reshape to {shape}: only one dimension can be -1")
+    if shape.count(-1) > 1: raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
     numel = self.numel()
     if -1 in shape:
       known = sym_prod(s for s in shape if s != -1)
       if isinstance(known, int) and isinstance(numel, int):
-        if known == 0 or numel % known: raise ValueError(f"cannot reshape tensor of shape {self.shape} to {shape}")
+        if known == 0 or numel % known: raise ArgumentError(f"cannot reshape tensor of shape {self.shape} to {shape}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
       else: shape = tuple((numel // known).simplify() if s == -1 else s for s in shape)  # checked with the rest below
     if any(type(s) is not int or s < 0 for s in shape): shape = tuple(_check_size(s, f"shape {shape}") for s in shape)
-    if not sym_eq(sym_prod(shape), numel): raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
+    if not sym_eq(sym_prod(shape), numel): raise ArgumentError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
     if shape == self.shape: return self
-    return self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
+    return self._view(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
   def view(self, *shape) -> Tensor: return self.reshape(*shape)
   def permute(self, *order) -> Tensor:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
     axes = tuple(_normalize_axis(o, self.ndim) for o in order)
-    if sorted(axes) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
+    if sorted(axes) != list(range(self.ndim)): raise ArgumentError(f"permute order {order} is not a permutation of {self.ndim} axes")
     if axes == tuple(range(self.ndim)): return self
-    return self._new(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
+    return self._view(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
   def expand(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    if len(shape) < self.ndim: raise ValueError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
+    if len(shape) < self.ndim: raise ArgumentError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
     base = (1,) * (len(shape) - self.ndim) + self.shape
     new = tuple(b if s == -1 else s for s, b in zip(shape, base))
     for b, s in zip(base, new):
-      if b != s and b != 1: raise ValueError(f"can't expand shape {self.shape} to {shape}: size {b} is not 1")
+      if b != s and b != 1: raise ArgumentError(f"can't expand shape {self.shape} to {shape}: size {b} is not 1")
     t = self.reshape(base)
-    return t if new == base else self._new(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
+    return t if new == base else self._view(UOp(Ops.EXPAND, self.dtype, (t.uop,), new))
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
     if (n := len(shape) - len(self.shape)) >= 0 and all(a == 1 or a == b for a, b in zip(self.shape, shape[n:])):  # the common case, directly
@@ -376,21 +479,21 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       u = UOp(Ops.RESHAPE, self.dtype, (self.uop,), (1,) * n + self.shape)  # (4,) -> (1, 4), then -> (3, 4)
       return self._new(u if u.arg == shape else UOp(Ops.EXPAND, self.dtype, (u,), shape))
     if len(self.shape) > len(shape) or broadcast_shape(self.shape, shape) != shape:
-      raise ValueError(f"can't broadcast shape {self.shape} to {shape}")
+      raise ArgumentError(f"can't broadcast shape {self.shape} to {shape}")
     return self.expand(shape)
   def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: ConstType = 0, mode: str = "constant") -> Tensor:
     """padding per axis as ((before, after), ...), or flat PyTorch style (last axis first).
     mode 'reflect', 'replicate' or 'circular' is done by ReorderOps._pad_mode."""
     if all(isinstance(p, int) for p in padding):
-      if len(padding) % 2 or len(padding) // 2 > self.ndim: raise ValueError(f"padding {padding} doesn't fit a tensor of {self.ndim} dims")
+      if len(padding) % 2 or len(padding) // 2 > self.ndim: raise ArgumentError(f"padding {padding} doesn't fit a tensor of {self.ndim} dims")
       pairs = [(0, 0)] * (self.ndim - len(padding) // 2) + [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
     else:
-      if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis ({self.ndim})")
+      if len(padding) != self.ndim: raise ArgumentError(f"padding {padding} needs one entry per axis ({self.ndim})")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
     if any(isinstance(x, UOp) for p in pairs for x in p):  # a symbolic amount must be a size: never negative
       pairs = [tuple(x if isinstance(x, int) else _check_size(x, f"padding {pairs}") for x in p) for p in pairs]
     if mode != "constant":
-      if value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
+      if value != 0: raise ArgumentError(f"padding mode {mode!r} doesn't take a fill value (got {value})")
       return self._pad_mode(pairs, mode)
     # negative padding cuts
     neg = lambda x: isinstance(x, int) and x < 0
@@ -402,15 +505,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     inside = Tensor.full(t.shape, True, dtype=dtypes.bool, device=self.device).pad(pos)
     return inside.where(out, Tensor(_const(value, self.dtype, self.device)))  # the value takes the tensor's dtype, as in torch
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
-    if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis ({self.ndim})")
+    if len(arg) != self.ndim: raise ArgumentError(f"shrink {arg} needs one entry per axis ({self.ndim})")
     arg = tuple((0, s) if a is None else tuple(x if type(x) is int else _check_size(x, f"shrink {arg}") for x in a) for a, s in zip(arg, self.shape))
     for (b, e), s in zip(arg, self.shape):
       # with Variables it must hold for every value they can take: a TinyJit replay may bind any of them
       if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, s)):
-        raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}" + ("" if all(isinstance(x, int) for x in (b, e, s)) else
+        raise ArgumentError(f"shrink {arg} is out of bounds for shape {self.shape}" + ("" if all(isinstance(x, int) for x in (b, e, s)) else
                          f" for some values of its Variables (the range [{smin(b)}, {smax(e)}] must fit in {smin(s)})"))
     if all(a == (0, s) for a, s in zip(arg, self.shape)): return self
-    return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
+    return self._view(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
   def flip(self, *axis) -> Tensor:
     axis = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else axis
     ax = {_normalize_axis(a, self.ndim) for a in axis}
@@ -423,6 +526,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.permute(order)
   @property
   def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+  @property
+  def mT(self) -> Tensor: return self.transpose(-2, -1)
+  def t(self) -> Tensor:
+    if self.ndim > 2: raise ArgumentError(f"t() expects a tensor of at most 2 dimensions, got {self.ndim}")
+    return self.T
+  def is_contiguous(self) -> bool:
+    """Whether the elements lie in memory in row-major order (a lazy result will: realize writes it so)."""
+    u = self.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return u.op not in GroupOp.Movement or is_contiguous_buffer(self.uop)
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if self.ndim == 0: return self.reshape(1)
     s, e = _normalize_axis(start_dim, self.ndim), _normalize_axis(end_dim, self.ndim)
@@ -439,7 +552,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
   def repeat(self, *repeats) -> Tensor:
     repeats = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
-    if len(repeats) < self.ndim: raise ValueError(f"repeat {repeats} needs at least {self.ndim} counts")
+    if len(repeats) < self.ndim: raise ArgumentError(f"repeat {repeats} needs at least {self.ndim} counts")
     base = (1,) * (len(repeats) - self.ndim) + self.shape
     t = self.reshape(flatten((1, s) for s in base)).expand(flatten(zip(repeats, base)))
     return t.reshape(tuple(r * s for r, s in zip(repeats, base)))
@@ -448,7 +561,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """Basic indexing: ints, slices (any step), None and Ellipsis. Tensors (and lists) as indices go to
     IndexingOps._tensor_getitem (advanced indexing, bool masks)."""
     idx = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" for i in idx): return self._tensor_getitem(index)
+    if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" or (isinstance(i, tuple) and isinstance(index, tuple)) for i in idx):
+      return self._tensor_getitem(index)
     idx = full_index(idx, self.ndim)
     t, dim, out_shape = self, 0, []
     shrink, flips, steps = [], [], []
@@ -467,7 +581,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         shrink.append((start, stop)); flips.append(False); steps.append(1); out_shape.append(sym_sum(stop, sym_neg(start)))
       else:
         start, stop, step = i.indices(size)
-        if step == 0: raise ValueError("slice step cannot be zero")
+        if step == 0: raise ArgumentError("slice step cannot be zero")
         n = len(range(start, stop, step))
         if step > 0: shrink.append((start, start + max(n - 1, 0) * step + (1 if n else 0))); flips.append(False)
         else: shrink.append((start + (n - 1) * step if n else 0, start + 1 if n else 0)); flips.append(True)
@@ -480,12 +594,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       padded = t.shape
       t = t.reshape(flatten((s // k, k) for s, k in zip(padded, steps)))
       t = t.shrink(tuple(flatten(((0, s // k), (0, 1)) for s, k in zip(padded, steps))))
-    return t.reshape(tuple(out_shape))
+    t = t.reshape(tuple(out_shape))
+    return t if t is self else self._mark_view(t)  # a basic index is a view, as in PyTorch
 
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     if isinstance(x, Tensor):
-      if x.device != self.device: raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
+      if x.device != self.device: raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
         _weak_promote(self.dtype, x.dtype) if x.ndim == 0 else _weak_promote(x.dtype, self.dtype)
@@ -498,7 +613,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
-    shape = broadcast_shape(a.shape, b.shape)
+    try: shape = broadcast_shape(a.shape, b.shape)
+    except ValueError as e: raise ArgumentError(str(e)) from None  # torch raises RuntimeError here: ours is both
     a, b = a._broadcast_to(shape), b._broadcast_to(shape)
     return (b, a) if reverse else (a, b)
   def _alu(self, op: Ops, *src: Tensor) -> Tensor:
@@ -509,17 +625,27 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self if self.dtype == dtype else Tensor(UOp(Ops.CAST, dtype, (self.uop,)))
   def bitcast(self, dtype: DType | str) -> Tensor:
     dtype = to_dtype(dtype)
-    if dtype.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast from {self.dtype} to {dtype} needs equal item sizes")
+    if dtype.itemsize != self.dtype.itemsize: raise ArgumentError(f"bitcast from {self.dtype} to {dtype} needs equal item sizes")
     return self if self.dtype == dtype else Tensor(UOp(Ops.BITCAST, dtype, (self.uop,)))
   def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def byte(self) -> Tensor: return self.cast(dtypes.uint8)
+  def char(self) -> Tensor: return self.cast(dtypes.int8)
+  def type_as(self, other: Tensor) -> Tensor: return self.cast(other.dtype)
+  def type(self, dtype: DType | str | None = None) -> Tensor | str:
+    """With a dtype, a cast; without, torch's type name ('torch.FloatTensor'), so code comparing it runs unchanged."""
+    if dtype is None: return f"torch.{_TORCH_TYPE_NAMES.get(self.dtype, self.dtype.name)}Tensor"
+    return self.cast(dtype)
   def half(self) -> Tensor: return self.cast(dtypes.float16)
   def double(self) -> Tensor: return self.cast(dtypes.float64)
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
 
-  def add(self, x, reverse=False) -> Tensor: return _binop(Ops.ADD, self, x, reverse)
-  def sub(self, x, reverse=False) -> Tensor:
+  def add(self, x, reverse=False, *, alpha=None) -> Tensor: return _binop(Ops.ADD, self, x if alpha is None else x * alpha, reverse)
+  def sub(self, x, reverse=False, *, alpha=None) -> Tensor:
+    if alpha is not None: x = x * alpha
     # PyTorch refuses a bool on either side of -, even with a float or int on the other
     if self.dtype == dtypes.bool or isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype == dtypes.bool):
       raise TypeError("subtraction with a bool tensor or bool scalar is not supported; use logical_xor, ~ or cast first")
@@ -534,7 +660,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       a, b = self._operands(x, reverse)
       return a._alu(Ops.IDIV, b) if dtypes.is_int(a.dtype) else (a._alu(Ops.FDIV, b)).trunc()
     if rounding_mode == "floor": return self.floor_divide(x, reverse)
-    raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+    raise ArgumentError(f"div rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
   def floor_divide(self, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
     if a.dtype == dtypes.bool: raise TypeError("floor division of bools is not supported (as in PyTorch); cast to an integer type first")
@@ -555,7 +681,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def pow(self, x, reverse=False) -> Tensor:
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
       if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
-        raise ValueError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
+        raise ArgumentError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
       n, base = int(abs(x)), self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
       acc = base.ones_like() if n == 0 else base
       for _ in range(n - 1): acc = acc * base
@@ -613,7 +739,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else:
       dt = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
       x, y = Tensor(_const(x, dt, self.device)), Tensor(_const(y, dt, self.device))
-    shape = broadcast_shape(cond.shape, x.shape, y.shape)
+    try: shape = broadcast_shape(cond.shape, x.shape, y.shape)
+    except ValueError as e: raise ArgumentError(str(e)) from None
     return Tensor(UOp(Ops.WHERE, x.dtype, (cond._broadcast_to(shape).uop, x._broadcast_to(shape).uop, y._broadcast_to(shape).uop)))
 
   __add__ = lambda self, x: self.add(x); __radd__ = lambda self, x: self.add(x, True)
@@ -633,10 +760,35 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   __le__ = lambda self, x: self.le(x); __ge__ = lambda self, x: self.ge(x)
   __eq__ = lambda self, x: self.eq(x); __ne__ = lambda self, x: self.ne(x)  # type: ignore[assignment]
   __matmul__ = lambda self, x: self.matmul(x); __rmatmul__ = lambda self, x: x.matmul(self) if isinstance(x, Tensor) else Tensor(x).matmul(self)
-  def __iadd__(self, x): return self.assign(self + x)
-  def __isub__(self, x): return self.assign(self - x)
-  def __imul__(self, x): return self.assign(self * x)
-  def __itruediv__(self, x): return self.assign(self / x)
+  def __iadd__(self, x): return self._write(self._fresh() + x)
+  def __isub__(self, x): return self._write(self._fresh() - x)
+  def __imul__(self, x): return self._write(self._fresh() * x)
+  def __itruediv__(self, x): return self._write(self._fresh() / x)
+
+  # ***** in place (torch's x.add_(y)...): lazy like assign; the family is generated below the class *****
+  def _write(self, value: Tensor | ConstType) -> Tensor:
+    """An in-place op's result written into self, with torch's rules: no write into a leaf that requires grad while
+    autograd records, and no result of a higher kind (float into an int tensor) cast down silently."""
+    if self._requires_grad and GradMode.enabled:
+      raise RuntimeError("a leaf tensor that requires grad is used in an in-place operation: wrap the update in "
+                         "`with attograd.no_grad():`, or use assign")
+    if isinstance(value, Tensor) and kind(value.dtype) > kind(self.dtype):
+      raise RuntimeError(f"result type {value.dtype} can't be cast to the desired output type {self.dtype} in an in-place operation")
+    return self.assign(value)
+  def zero_(self) -> Tensor: return self._write(Tensor.zeros(self.shape, dtype=self.dtype, device=self.device))
+  def fill_(self, value: Tensor | ConstType) -> Tensor:
+    v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor(_const(value, self.dtype, self.device))
+    return self._write(v._broadcast_to(self.shape))
+  def copy_(self, src: Tensor | Any, non_blocking: bool = False) -> Tensor:
+    src = src if isinstance(src, Tensor) else Tensor(src, device=self.device)
+    return self.assign(src.to(self.device))  # copy_ casts freely, as torch's
+  def requires_grad_(self, value: bool = True) -> Tensor:
+    self.requires_grad = value
+    return self
+  def detach_(self) -> Tensor:
+    """Cut this tensor from the graph it came from, in place."""
+    self.uop = UOp(Ops.DETACH, self.dtype, (self.uop,))
+    return self
 
   # unary math
   def _float_unary(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
@@ -685,8 +837,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
   def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float_unary()).sigmoid() - 1.0
-  def clip(self, min_=None, max_=None) -> Tensor:
-    if min_ is None and max_ is None: raise ValueError("clip needs min or max")
+  def clip(self, min_=None, max_=None, *, min=None, max=None) -> Tensor:
+    if min is not None: min_ = min
+    if max is not None: max_ = max
+    if min_ is None and max_ is None: raise ArgumentError("clip needs min or max")
     t = self if min_ is None else self.maximum(min_)
     return t if max_ is None else t.minimum(max_)
   clamp = clip
@@ -701,8 +855,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if axis is None: return tuple(range(self.ndim))
     axis = (axis,) if isinstance(axis, int) else tuple(axis)
     out = tuple(sorted({_normalize_axis(a, self.ndim) for a in axis}))
-    if len(out) != len(axis): raise ValueError(f"axis {axis} has repeated entries")
-    return out
+    if len(out) != len(axis): raise ArgumentError(f"axis {axis} has repeated entries")
+    return out if self.ndim else ()  # a 0-d tensor takes axis 0 or -1 (as torch) and has nothing to reduce
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
     axes = self._axes(axis)
     if len(axes) == self.ndim and (parts := _split_for_cores(self.numel())) > 1:
@@ -714,81 +868,130 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     ret = self if not axes else Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
     if 0 in self.shape:  # nothing to reduce: the identity (or an empty result); max has one only for bools (any() is False)
       if op is Ops.MAX and self.dtype != dtypes.bool and any(self.shape[a] == 0 for a in axes):
-        raise ValueError(f"max/min over an empty axis of shape {self.shape} has no identity")
+        raise ArgumentError(f"max/min over an empty axis of shape {self.shape} has no identity")
       ret = Tensor.full(out_shape, 0 if op is Ops.ADD else 1 if op is Ops.MUL else dtypes.min(self.dtype), dtype=self.dtype, device=self.device)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+  # PyTorch's names beside tinygrad's: dim= is axis= (the reductions, softmax, scans); a keyword-only parameter rather
+  # than a wrapper, which would cost every call a Python frame
+  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     # as in PyTorch, integer and bool sums accumulate in int64 (unsigned in uint64)
     acc = to_dtype(dtype) if dtype is not None else (dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype.itemsize >= 4 else dtypes.int64) \
       if not dtypes.is_float(self.dtype) else self.dtype
     return self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
-  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     acc = to_dtype(dtype) if dtype is not None else dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
-  def max(self, axis=None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
-  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+  def max(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    """tinygrad's max over axis (a tensor); with dim=, torch's (values, indices); with a tensor, torch.maximum."""
+    if dim is not None: return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
+    if isinstance(axis, Tensor): return self.maximum(axis)
+    return self._reduce(Ops.MAX, axis, keepdim)
+  def min(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    if dim is not None: return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+    if isinstance(axis, Tensor): return self.minimum(axis)
     if dtypes.is_float(self.dtype): return -((-self).max(axis, keepdim))
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     return ~((~self).max(axis, keepdim))  # ~ reverses the order of signed and unsigned ints alike
-  def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+  def amax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self._reduce(Ops.MAX, dim if axis is None else axis, keepdim)
+  def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self.min(dim if axis is None else axis, keepdim)
+  def mean(self, axis=None, keepdim: bool = False, *, dim=None, dtype: DType | None = None) -> Tensor:
+    if dim is not None: axis = dim
+    if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
     if not dtypes.is_float(self.dtype):
       raise TypeError(f"mean of a {self.dtype} tensor: PyTorch needs a floating dtype here too; use .float().mean()")
     n = sym_prod(self.shape[a] for a in self._axes(axis))
     s = self.sum(axis, keepdim)
     return s / n if not isinstance(n, int) or n else s * math.nan  # a symbolic count of 0 divides 0 by 0: nan, as torch
-  def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
+    if dim is not None: axis = dim
+    if unbiased is not None: correction = int(unbiased)
     n = sym_prod(self.shape[a] for a in self._axes(axis))
     sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
     return sq / (max(n - correction, 0) if isinstance(n, int) else (n - correction).maximum(0))  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
-  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
-  def any(self, axis=None, keepdim: bool = False) -> Tensor:
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
+    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
+  def any(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
-    return self.cast(dtypes.bool).max(axis, keepdim)
-  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
-  def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
+    return self.cast(dtypes.bool).max(axis if dim is None else dim, keepdim)
+  def all(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor: return self.logical_not().any(axis, keepdim, dim=dim).logical_not()
+  def argmax(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     if axis is None:
       ret = self.flatten().argmax(0)
       return ret.reshape((1,) * self.ndim) if keepdim else ret
     a = _normalize_axis(axis, self.ndim)
+    if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
     n = self.shape[a]
     idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
     is_max = self == self.max(a, keepdim=True)
     if dtypes.is_float(self.dtype): is_max = is_max | self.isnan()  # as in torch a NaN is the max, but NaN == NaN is False
     hit = is_max.cast(dtypes.int64) * idx
     return (n - hit.max(a, keepdim=keepdim)).cast(dtypes.int64)
-  def argmin(self, axis=None, keepdim: bool = False) -> Tensor: return (-self if dtypes.is_float(self.dtype) else ~self).argmax(axis, keepdim)
+  def argmin(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
+    return (-self if dtypes.is_float(self.dtype) else self.logical_not() if self.dtype == dtypes.bool else ~self).argmax(axis, keepdim, dim=dim)
 
   # ***** composites *****
   def matmul(self, x: Tensor) -> Tensor:
     """PyTorch's matmul: 1-D operands are vectors, leading dims broadcast."""
     if not isinstance(x, Tensor): raise TypeError(f"matmul with {type(x).__name__}")
-    if self.ndim == 0 or x.ndim == 0: raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
+    if self.ndim == 0 or x.ndim == 0: raise ArgumentError("matmul needs tensors of at least one dimension; use * for scalars")
     a = self.reshape(1, -1) if self.ndim == 1 else self
     b = x.reshape(-1, 1) if x.ndim == 1 else x
     if not sym_eq(a.shape[-1], b.shape[-2]):
-      raise ValueError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
+      raise ArgumentError(f"matmul shapes {self.shape} and {x.shape} don't match: {a.shape[-1]} != {b.shape[-2]}")
     dt = least_upper_dtype(a.dtype, b.dtype)
     a, b = a.cast(dt), b.cast(dt)
     k, m = a.shape[-1], b.shape[-1]
     try: broadcast_shape(a.shape[:-2], b.shape[:-2])
-    except ValueError: raise ValueError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
+    except ValueError: raise ArgumentError(f"matmul shapes {self.shape} and {x.shape}: batch dims {a.shape[:-2]} and {b.shape[:-2]} don't broadcast") from None
     prod_ = a.reshape(*a.shape[:-1], 1, k) * b.transpose(-1, -2).reshape(*b.shape[:-2], 1, m, k)
     out = prod_._reduce(Ops.ADD, -1)
     if self.ndim == 1: out = out.squeeze(-2)
     if x.ndim == 1: out = out.squeeze(-1)
     return out
   dot = matmul
+  def bmm(self, x: Tensor) -> Tensor:
+    if self.ndim != 3 or not isinstance(x, Tensor) or x.ndim != 3 or self.shape[0] != x.shape[0]:
+      raise ArgumentError(f"bmm needs two 3-D tensors with the same batch size, got {self.shape} and {getattr(x, 'shape', x)}")
+    return self.matmul(x)
+  def outer(self, x: Tensor) -> Tensor:
+    if self.ndim != 1 or x.ndim != 1: raise ArgumentError(f"outer needs two 1-D tensors, got {self.shape} and {x.shape}")
+    return self.reshape(-1, 1) * x.reshape(1, -1)
+  ger = outer
+  def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
+    x = (self if dtype is None else self.cast(dtype))._float_unary().abs()
+    if p in ("fro", 2): return x.square().sum(dim, keepdim).sqrt()
+    if p == math.inf: return x.amax(dim, keepdim)
+    if p == -math.inf: return x.amin(dim, keepdim)
+    if p == 0: return x.ne(0).cast(x.dtype).sum(dim, keepdim)
+    if p == 1: return x.sum(dim, keepdim)
+    if isinstance(p, (int, float)): return x.pow(p).sum(dim, keepdim).pow(1 / p)
+    raise ArgumentError(f"norm: unsupported p={p!r}")
+  def isclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|self - other| <= atol + rtol * |other|, as torch.isclose (infinities are close only to themselves)."""
+    a, b = self._operands(other)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    close = a.eq(b) | ((a - b).abs() <= atol + rtol * b.abs())
+    if equal_nan: close = close | (a.isnan() & b.isnan())
+    return close
+  def allclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     out = self @ weight.T  # a 1-D weight is one output feature: x @ w, as in torch
     return out + bias if bias is not None else out
-  def softmax(self, axis: int = -1) -> Tensor:
-    x = self._float_unary()  # ints first: x - max would wrap for unsigned ones
+  def softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
+    x = self._float_unary() if dtype is None else self.cast(dtype)  # ints first: x - max would wrap for unsigned ones
     # the shift by the row's max changes nothing mathematically, so no gradient flows into it (as in torch): through
     # the max it would be a sum of terms that cancel, at the cost of two more reductions in the backward pass
     e = (x - x.max(axis, keepdim=True).detach()).exp()
     return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
-  def log_softmax(self, axis: int = -1) -> Tensor:
-    x = self._float_unary()
+  def log_softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
+    if dim is not None: axis = dim
+    x = self._float_unary() if dtype is None else self.cast(dtype)
     m = x - x.max(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
     return m - m.exp().sum(axis, keepdim=True).log()
 
@@ -799,7 +1002,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     then keep every stride-th column."""
     *lead, i = self.shape
     o = (i - dilation * (k - 1) - 1) // stride + 1
-    if o <= 0: raise ValueError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
+    if o <= 0: raise ArgumentError(f"kernel size {k} (dilation {dilation}) is larger than the padded input size {i}")
     keep, nopad = tuple((0, s) for s in lead), ((0, 0),) * len(lead)
     if dilation * (k - 1) < stride:
       # windows that don't overlap (pooling): rows of `stride` elements, a window at the start of each row.
@@ -827,7 +1030,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @staticmethod
   def _tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     t = (v,) * n if isinstance(v, int) else tuple(v)
-    if len(t) != n or any(not isinstance(x, int) for x in t): raise ValueError(f"{name} {v} must be an int or {n} ints")
+    if len(t) != n or any(not isinstance(x, int) for x in t): raise ArgumentError(f"{name} {v} must be an int or {n} ints")
     return t
   def _conv_padding(self, padding, kernel: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     n = len(kernel)
@@ -838,15 +1041,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if isinstance(padding, int): return ((padding, padding),) * n
     if len(padding) == n: return tuple((p, p) for p in padding)
     if len(padding) == 2 * n: return tuple((padding[2 * i], padding[2 * i + 1]) for i in range(n))
-    raise ValueError(f"padding {padding} must be 'same', 'valid', an int, {n} ints or {2 * n} ints")
+    raise ArgumentError(f"padding {padding} must be 'same', 'valid', an int, {n} ints or {2 * n} ints")
   def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0) -> Tensor:
     """Convolution over the trailing spatial axes (1-, 2- or 3-D), PyTorch's layout: x (N, Cin, *S),
     weight (Cout, Cin/groups, *K)."""
     n = weight.ndim - 2
-    if self.ndim != n + 2: raise ValueError(f"conv input of shape {self.shape} doesn't match weight of shape {weight.shape}")
+    if self.ndim != n + 2: raise ArgumentError(f"conv input of shape {self.shape} doesn't match weight of shape {weight.shape}")
     bs, cin_total, cout, cin = self.shape[0], self.shape[1], weight.shape[0], weight.shape[1]
     if cin * groups != cin_total or cout % groups:
-      raise ValueError(f"conv of input {self.shape} with weight {weight.shape} and groups={groups}: channels don't match")
+      raise ArgumentError(f"conv of input {self.shape} with weight {weight.shape} and groups={groups}: channels don't match")
     kernel = weight.shape[2:]
     stride, dilation = Tensor._tuple(stride, n, "stride"), Tensor._tuple(dilation, n, "dilation")
     pads = self._conv_padding(padding, kernel, dilation)
@@ -889,7 +1092,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     dilation, padding = Tensor._tuple(dilation, n, "dilation"), Tensor._tuple(padding, n, "padding")
     extras = []
     for i, k, s, d, p in zip(self.shape[-n:], kernel, stride, dilation, padding):
-      if 2 * p > k: raise ValueError(f"pool padding {p} must be at most half the kernel size {k}")
+      if 2 * p > k: raise ArgumentError(f"pool padding {p} must be at most half the kernel size {k}")
       span = i + 2 * p - d * (k - 1) - 1
       o = (-(-span // s) if ceil_mode else span // s) + 1
       if ceil_mode and (o - 1) * s >= i + p: o -= 1  # the last window must start inside the input or left padding
@@ -926,7 +1129,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = (self - mean.reshape(shape)) * (invstd.reshape(shape) if weight is None else (weight.reshape(shape) * invstd.reshape(shape)))
     return x + bias.reshape(shape) if bias is not None else x
   def dropout(self, p: float = 0.5) -> Tensor:
-    if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} must be in [0, 1]")
+    if not 0 <= p <= 1: raise ArgumentError(f"dropout probability {p} must be in [0, 1]")
     if not Tensor.training or p == 0: return self
     if p == 1: return self * 0
     keep = Tensor.rand(*self.shape, device=self.device, dtype=dtypes.float32) >= p
@@ -940,7 +1143,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.cross_entropy(Y, reduction=reduction, label_smoothing=label_smoothing, ignore_index=ignore_index)
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
     """torch.nn.functional.cross_entropy for logits (N, C, ...) and class indices or probabilities."""
-    if reduction not in ("mean", "sum", "none"): raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if reduction not in ("mean", "sum", "none"): raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     logp = self.log_softmax(1 if self.ndim > 1 else 0)
     if dtypes.is_float(Y.dtype):  # class probabilities
       n = self.shape[1 if self.ndim > 1 else 0]
@@ -949,6 +1152,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
     n = self.shape[1 if self.ndim > 1 else 0]
     classes = Tensor.arange(n, device=self.device).reshape(*((1, n) + (1,) * (self.ndim - 2) if self.ndim > 1 else (n,)))
+    if dtypes.is_float(Y.dtype) or Y.dtype == dtypes.bool: raise TypeError(f"cross_entropy targets must be class indices (integers) or probabilities (floats), got {Y.dtype}")
+    self._check_index_values(Y.ne(ignore_index).where(Y, 0), 0, n, "cross_entropy's classes")  # torch raises for a target outside [0, n)
     y = Y.unsqueeze(1) if self.ndim > 1 else Y
     picked = (classes == y).where(logp, 0).sum(1 if self.ndim > 1 else 0)
     loss = -(picked * (1 - label_smoothing) + logp.mean(1 if self.ndim > 1 else 0) * label_smoothing)
@@ -970,6 +1175,26 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     for f in layers: x = f(x)
     return x
   def contiguous_backward(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)))
+
+def _inplace(name: str) -> Callable[..., Tensor]:
+  def op(self: Tensor, *args: Any, **kwargs: Any) -> Tensor: return self._write(getattr(self._fresh(), name)(*args, **kwargs))
+  op.__name__ = op.__qualname__ = f"{name}_"
+  op.__doc__ = f"In place: x.{name}_(...) is x.assign(x.{name}(...)), lazy like assign (torch's {name}_)."
+  return op
+# torch's in-place spellings: each is its out-of-place op written back (one rule, not a method each)
+INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
+               "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
+               "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",
+               "bitwise_or", "bitwise_xor", "logical_not")
+for _name in INPLACE_OPS:
+  if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
+
+class ValuesIndices(tuple):
+  """What torch's max/min/sort/topk with a dim return: a pair that also reads as .values and .indices."""
+  __slots__ = ()
+  def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
+  values = property(lambda self: self[0])
+  indices = property(lambda self: self[1])
 
 class _TrainMode:
   """Tensor.train() turns on dropout and batchnorm statistics; as `with Tensor.train():` it restores
@@ -995,6 +1220,9 @@ def _lowbias32(x: int) -> int:
 _NUMPY_NAMES = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16", dtypes.uint16: "uint16",
                 dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64", dtypes.uint64: "uint64",
                 dtypes.float16: "float16", dtypes.float32: "float32", dtypes.float64: "float64"}
+_TORCH_TYPE_NAMES = {dtypes.float32: "Float", dtypes.float64: "Double", dtypes.float16: "Half", dtypes.bfloat16: "BFloat16",
+                     dtypes.uint8: "Byte", dtypes.int8: "Char", dtypes.int16: "Short", dtypes.int32: "Int", dtypes.int64: "Long",
+                     dtypes.bool: "Bool"}
 def _from_numpy_dtype(npdt) -> DType:
   for dt, name in _NUMPY_NAMES.items():
     if npdt.name == name: return dt
@@ -1028,7 +1256,19 @@ def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
   if data is None: return _buffer_from_bytes(b"", dtype or dtypes.default_float, (0,), device)
   raise TypeError(f"can't make a Tensor from {type(data).__name__}")
 
+# while TinyJit runs a function's first two calls: the data each Tensor made from Python/numpy data got, with the line
+# of user code that made it; jit.py compares the two calls (data that changed would be frozen by the replay)
+host_data_log: list[tuple[tuple[str, int], bytes]] | None = None
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+def _user_site() -> tuple[str, int] | None:
+  """The user's line that called Tensor(data), or None when the package made it (its own constant tables)."""
+  f = sys._getframe(2)
+  while f.f_code.co_name in ("_uop_from", "__init__") and f.f_code.co_filename == __file__: f = f.f_back
+  return None if f.f_code.co_filename.startswith(_PACKAGE_DIR) else (f.f_code.co_filename, f.f_lineno)
+
 def _buffer_from_bytes(raw: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
+  if host_data_log is not None and (site := _user_site()) is not None: host_data_log.append((site, raw))
   size = prod(shape)
   buf = new_buffer(device, size, dtype)
   buffer_of(buf).copyin(memoryview(raw))

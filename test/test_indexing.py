@@ -108,10 +108,11 @@ def test_getitem_errors(device):
     with pytest.raises(TypeError, match="invalid index"): x[index]
   with pytest.raises(IndexError, match="single ellipsis"): x[..., 0, ...]
 
-def test_getitem_lazy_out_of_range_is_zero(device):
-  """Documented: a lazy index tensor isn't checked (that would sync); out-of-range entries read 0."""
+def test_getitem_lazy_out_of_range_raises(device):
+  """A lazy index tensor is checked with the realize (as torch raises): nothing wrong is returned."""
   x = Tensor([1.0, 2.0, 3.0], device=device)
-  assert x[Tensor.arange(5, device=device) - 1].tolist() == [3.0, 1.0, 2.0, 3.0, 0.0]
+  with pytest.raises(IndexError, match="index 3 is out of bounds"): x[Tensor.arange(5, device=device) - 1].tolist()
+  assert x[Tensor.arange(4, device=device) - 1].tolist() == [3.0, 1.0, 2.0, 3.0]
 
 # ***** __setitem__ *****
 

@@ -7,6 +7,7 @@ then checked in float32 arithmetic); the maximum errors measured are noted next 
 from __future__ import annotations
 import math
 from typing import Sequence
+from attograd.errors import ArgumentError
 from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops
@@ -228,7 +229,7 @@ class ElementwiseOps:
     negative x keep their precision. gelu(inf) is inf (torch returns nan there)."""
     x, dt = self._math_dtype()
     if approximate == "tanh": return (0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())).cast(dt)
-    if approximate != "none": raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    if approximate != "none": raise ArgumentError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
     z = x.abs() * (1 / math.sqrt(2))
     t = (1 + 0.5 * z).reciprocal()
     tail = 0.5 * t * (_poly(t, _ERFCC) - z * z).exp()
@@ -266,7 +267,7 @@ class ElementwiseOps:
   @staticmethod
   def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
     """torch's (fan_in, fan_out): dim 1 and dim 0, times the receptive field (the product of the rest)."""
-    if len(shape) < 2: raise ValueError(f"fan in and fan out need at least 2 dimensions, got shape {shape}")
+    if len(shape) < 2: raise ArgumentError(f"fan in and fan out need at least 2 dimensions, got shape {shape}")
     rf = prod(shape[2:])
     return shape[1] * rf, shape[0] * rf
   @classmethod
@@ -284,9 +285,9 @@ class ElementwiseOps:
   @staticmethod
   def _kaiming_std(shape, a: float, mode: str, nonlinearity: str) -> float:
     fan_in, fan_out = ElementwiseOps._fans(shape)
-    if mode not in ("fan_in", "fan_out"): raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
+    if mode not in ("fan_in", "fan_out"): raise ArgumentError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
     gains = {"linear": 1.0, "sigmoid": 1.0, "tanh": 5 / 3, "relu": math.sqrt(2), "selu": 3 / 4, "leaky_relu": math.sqrt(2 / (1 + a * a))}
-    if nonlinearity not in gains: raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
+    if nonlinearity not in gains: raise ArgumentError(f"unsupported nonlinearity {nonlinearity!r}")
     return gains[nonlinearity] / math.sqrt(fan_in if mode == "fan_in" else fan_out)
   @classmethod
   def kaiming_uniform(cls, *shape, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", **kw):
@@ -302,7 +303,7 @@ class ElementwiseOps:
   @classmethod
   def linspace(cls, start: float, end: float, steps: int, dtype=None, device=None, **kw):
     """torch's linspace: the first half counts up from start, the second half down from end."""
-    if steps < 0: raise ValueError(f"linspace needs steps >= 0, got {steps}")
+    if steps < 0: raise ArgumentError(f"linspace needs steps >= 0, got {steps}")
     dt = dtype or dtypes.default_float
     if steps == 0: return cls.empty(0, dtype=dt, device=device, **kw)
     if steps == 1: return cls.full((1,), start, dtype=dt, device=device, **kw)
@@ -312,10 +313,10 @@ class ElementwiseOps:
     return cls(out.cast(dt).uop, **kw)
   def multinomial(self, num_samples: int = 1, replacement: bool = False):
     """Draw category indices (int64) from the rows of a 1-D or 2-D tensor of non-negative weights."""
-    if self.ndim not in (1, 2): raise ValueError(f"multinomial needs a 1-D or 2-D weight tensor, got {self.ndim}-D")
-    if num_samples < 1: raise ValueError(f"multinomial needs num_samples >= 1, got {num_samples}")
+    if self.ndim not in (1, 2): raise ArgumentError(f"multinomial needs a 1-D or 2-D weight tensor, got {self.ndim}-D")
+    if num_samples < 1: raise ArgumentError(f"multinomial needs num_samples >= 1, got {num_samples}")
     n = self.shape[-1]
-    if not replacement and num_samples > n: raise ValueError(f"cannot draw {num_samples} samples without replacement from {n} categories")
+    if not replacement and num_samples > n: raise ArgumentError(f"cannot draw {num_samples} samples without replacement from {n} categories")
     w = (self if self.ndim == 2 else self.unsqueeze(0)).cast(dtypes.float32)
     rows = w.shape[0]
     tri = type(self).arange(n, device=self.device).unsqueeze(1) <= type(self).arange(n, device=self.device).unsqueeze(0)  # [j, k]: j <= k
@@ -344,11 +345,11 @@ class ElementwiseOps:
     f = formula.replace(" ", "")
     lhs, arrow, out = f.partition("->")
     ins = lhs.split(",")
-    if len(ins) != len(operands): raise ValueError(f"einsum {formula!r} names {len(ins)} operands, got {len(operands)}")
+    if len(ins) != len(operands): raise ArgumentError(f"einsum {formula!r} names {len(ins)} operands, got {len(operands)}")
     if "." in f:  # '...' becomes fresh letters, right-aligned across the operands (they broadcast)
-      if any(sub.count("...") != sub.count(".") / 3 or sub.count("...") > 1 for sub in ins + [out]): raise ValueError(f"einsum: bad '...' in {formula!r}")
+      if any(sub.count("...") != sub.count(".") / 3 or sub.count("...") > 1 for sub in ins + [out]): raise ArgumentError(f"einsum: bad '...' in {formula!r}")
       nell = max((t.ndim - len(sub) + 3 for sub, t in zip(ins, operands) if "..." in sub), default=0)
-      if nell < 0: raise ValueError(f"einsum {formula!r}: an operand has too few dims")
+      if nell < 0: raise ArgumentError(f"einsum {formula!r}: an operand has too few dims")
       ell = "".join(chr(0x3b1 + i) for i in range(nell))  # greek letters: not used by a formula of ascii letters
       ins = [sub.replace("...", ell[nell - (t.ndim - len(sub) + 3):] if t.ndim - len(sub) + 3 > 0 else "") for sub, t in zip(ins, operands)]
       if arrow: out = out.replace("...", ell)
@@ -356,13 +357,13 @@ class ElementwiseOps:
       lhs = ",".join(ins)
     sizes: dict[str, int] = {}
     for sub, t in zip(ins, operands):
-      if not sub.isalpha() and sub != "": raise ValueError(f"einsum subscripts must be letters, got {sub!r}")
-      if len(sub) != t.ndim: raise ValueError(f"einsum subscripts {sub!r} for an operand of {t.ndim} dims")
+      if not sub.isalpha() and sub != "": raise ArgumentError(f"einsum subscripts must be letters, got {sub!r}")
+      if len(sub) != t.ndim: raise ArgumentError(f"einsum subscripts {sub!r} for an operand of {t.ndim} dims")
       for c, n in zip(sub, t.shape):
-        if sizes.get(c, n) != n and 1 not in (n, sizes[c]): raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
+        if sizes.get(c, n) != n and 1 not in (n, sizes[c]): raise ArgumentError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
         sizes[c] = max(sizes.get(c, n), n) if n != 1 else sizes.get(c, n)
     if not arrow: out = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
-    if len(set(out)) != len(out) or any(c not in sizes for c in out): raise ValueError(f"einsum output {out!r} is invalid")
+    if len(set(out)) != len(out) or any(c not in sizes for c in out): raise ArgumentError(f"einsum output {out!r} is invalid")
     letters = list(out) + sorted(c for c in sizes if c not in out)
     full = tuple(sizes[c] for c in letters)
     acc = None
@@ -370,7 +371,7 @@ class ElementwiseOps:
       while len(set(sub)) != len(sub):  # a repeated letter takes the diagonal: mask with the identity, sum one copy away
         c = next(ch for ch in sub if sub.count(ch) > 1)
         p, q = sub.index(c), sub.index(c, sub.index(c) + 1)
-        if t.shape[p] != t.shape[q]: raise ValueError(f"einsum: subscript {c!r} repeated with sizes {t.shape[p]} and {t.shape[q]}")
+        if t.shape[p] != t.shape[q]: raise ArgumentError(f"einsum: subscript {c!r} repeated with sizes {t.shape[p]} and {t.shape[q]}")
         eye = type(t).eye(t.shape[p], dtype=t.dtype, device=t.device).reshape(*[t.shape[i] if i in (p, q) else 1 for i in range(t.ndim)])
         t, sub = (t * eye).sum(q), sub[:q] + sub[q + 1:]
       present = [c for c in letters if c in sub]
@@ -388,7 +389,7 @@ class ElementwiseOps:
     s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
     attn = (q @ key.transpose(-2, -1)) * s
     if is_causal:
-      if attn_mask is not None: raise ValueError("scaled_dot_product_attention: attn_mask and is_causal are exclusive")
+      if attn_mask is not None: raise ArgumentError("scaled_dot_product_attention: attn_mask and is_causal are exclusive")
       ar = type(self).arange
       attn_mask = ar(L, device=q.device).unsqueeze(1) >= ar(S, device=q.device).unsqueeze(0)
     if attn_mask is not None:
@@ -425,19 +426,19 @@ class ElementwiseOps:
   def interpolate(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
     """torch.nn.functional.interpolate for (N, C, W) and (N, C, H, W) inputs: modes 'nearest', 'linear' (3-D),
     'bilinear' and 'bicubic' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
-    if self.ndim not in (3, 4): raise ValueError(f"interpolate supports 3-D and 4-D inputs, got {self.ndim}-D")
+    if self.ndim not in (3, 4): raise ArgumentError(f"interpolate supports 3-D and 4-D inputs, got {self.ndim}-D")
     if mode not in ("nearest", "linear", "bilinear", "bicubic"): raise NotImplementedError(f"interpolate mode {mode!r}")
-    if (mode == "linear") != (self.ndim == 3) and mode != "nearest": raise ValueError(f"interpolate mode {mode!r} doesn't fit a {self.ndim}-D input")
-    if mode == "nearest" and align_corners is not None: raise ValueError("align_corners only applies to linear modes")
+    if (mode == "linear") != (self.ndim == 3) and mode != "nearest": raise ArgumentError(f"interpolate mode {mode!r} doesn't fit a {self.ndim}-D input")
+    if mode == "nearest" and align_corners is not None: raise ArgumentError("align_corners only applies to linear modes")
     if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")
     nsp = self.ndim - 2
-    if (size is None) == (scale_factor is None): raise ValueError("interpolate needs exactly one of size and scale_factor")
+    if (size is None) == (scale_factor is None): raise ArgumentError("interpolate needs exactly one of size and scale_factor")
     if size is not None:
       out_sz, scales = (tuple(size) if isinstance(size, (list, tuple)) else (size,) * nsp), (None,) * nsp
     else:
       scales = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * nsp
       out_sz = tuple(int(math.floor(n * sc)) for n, sc in zip(self.shape[2:], scales))
-    if len(out_sz) != nsp: raise ValueError(f"interpolate: size {size} for {nsp} spatial dims")
+    if len(out_sz) != nsp: raise ArgumentError(f"interpolate: size {size} for {nsp} spatial dims")
     x = self
     for ax in range(nsp):
       d = 2 + ax

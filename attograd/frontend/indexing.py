@@ -5,21 +5,27 @@ gradients come for free. A lookup `x[idx]` compares the index against arange(siz
 and reduces: `(idx[..., None] == arange(n)).where(x, 0).sum(-1)`; the scheduler fuses this into one
 kernel that loops over n per output element (no one-hot buffer is realized).
 
-Out-of-range tensor indices: torch raises. attograd checks the values only when the index tensor is
-already realized (then it raises IndexError naming the index and the size, which reads the index back:
-a sync). A lazy index tensor is not checked (that would need a sync): an out-of-range entry matches no
-position, so a lookup gives 0 and a write is dropped. Python-int indices are always checked.
+Out-of-range tensor indices: torch raises, and so does attograd. A realized index tensor (not huge) is read back
+and checked at the call (a sync); any other one gets a check computed with the next realize (index_checks: a
+two-number report, how many entries are out of range and one of them), read right after it runs, and the realize
+raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
+Python-int indices are always checked at the call.
 
 A bool mask needs the number of True elements to know the output shape (torch's dynamic shape), so
 indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
 from typing import Any
+from attograd.errors import ArgumentError, IndexOutOfRange
 from attograd.dtype import dtypes
-from attograd.uop.ops import UOp
+from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
 from attograd.schedule.schedule import is_view_of_buffer
+from attograd.engine.realize import capturing
 
-_CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked
+_CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
+
+# lazy index checks the next realize computes and reads: (report, what was indexed, its size); see the module doc
+index_checks: list[tuple[Any, str, int]] = []
 
 def _is_tensor(x: Any) -> bool: return hasattr(x, "uop") and hasattr(x, "realize")
 
@@ -41,21 +47,49 @@ def full_index(idx: list[Any], ndim: int) -> list[Any]:
   e = next((p for p, i in enumerate(idx) if i is Ellipsis), len(idx))
   return idx[:e] + [slice(None)] * (ndim - consumed) + idx[e + 1:]
 
+def _known_range(u: UOp) -> tuple[int, int] | None:
+  """(min, max) an index computed from arange and constants can take, from the symbolic rules' bounds of the same
+  arithmetic on one element (an arange is a variable over its range; movement ops don't change values); None when
+  it depends on data."""
+  memo: dict[UOp, UOp | None] = {}
+  def scalar(n: UOp) -> UOp | None:
+    if n in memo: return memo[n]
+    if n.op is Ops.IOTA and isinstance(n.arg, int): r = UOp.variable(f"iota{n.arg}", 0, max(n.arg - 1, 0), n.dtype)
+    elif n.op is Ops.CONST: r = n
+    elif n.op in GroupOp.Movement and n.op is not Ops.PAD: r = scalar(n.src[0])
+    elif n.op in GroupOp.ALU or n.op is Ops.CAST:
+      srcs = [scalar(x) for x in n.src]
+      r = None if any(x is None for x in srcs) else n.replace(src=tuple(srcs))  # type: ignore[arg-type]
+    else: r = None
+    memo[n] = r
+    return r
+  if (s := scalar(u)) is None: return None
+  s = s.simplify()
+  return int(s.vmin), int(s.vmax)
+
 class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
 
   # ***** helpers *****
   def _check_index_values(self, idx: Any, lo: int, hi: int, what: str) -> None:
-    """If idx is already realized (and not huge), raise IndexError for values outside [lo, hi)."""
-    if idx.numel() == 0 or idx.numel() > _CHECK_LIMIT or not is_view_of_buffer(idx.uop): return
-    vals = idx.numpy()
-    bad = vals[(vals < lo) | (vals >= hi)]
-    if bad.size: raise IndexError(f"index {int(bad.flat[0])} is out of bounds for {what} with size {hi if lo == 0 else -lo}")
+    """Values of idx outside [lo, hi) raise IndexError: now if idx is realized (and not huge), else at the next realize."""
+    if idx.numel() == 0: return
+    size = hi if lo == 0 else -lo
+    if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and capturing() is None:
+      vals = idx.numpy()
+      bad = vals[(vals < lo) | (vals >= hi)]
+      if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for {what} with size {size}")
+      return
+    if (r := _known_range(idx.uop)) is not None and lo <= r[0] and r[1] < hi: return  # in range by construction
+    i = idx.cast(dtypes.int64)
+    bad = (i < lo) | (i >= hi)
+    report = bad.sum().reshape(1).cat(bad.where(i, dtypes.min(dtypes.int64)).max().reshape(1)).contiguous()
+    index_checks.append((report, what, size))
 
   def _as_index(self, i: Any) -> Any:
     """Python lists/tuples and numpy arrays used as indices become Tensors on self's device."""
     if _is_tensor(i): return i
-    if isinstance(i, list) or type(i).__module__ == "numpy":
+    if isinstance(i, (list, tuple)) or type(i).__module__ == "numpy":  # a tuple inside an index is a sequence too, as in torch
       t = type(self)(i, device=self.device)
       if t.dtype != dtypes.bool and not dtypes.is_int(t.dtype): raise IndexError(f"tensors used as indices must be integer or bool, got {t.dtype}")
       return t
@@ -143,13 +177,13 @@ class IndexingOps:
       raise TypeError(f"setitem at a Variable position ({index}) is not supported: write with a mask, e.g. "
                       "x.assign((Tensor.arange(n) == v).reshape(n, 1).where(value, x))")
     v = value if _is_tensor(value) else T(value, device=self.device, dtype=self.dtype)
-    if v.device != self.device: raise ValueError(f"setitem from device {v.device} into a tensor on {self.device}")
+    if v.device != self.device: raise ArgumentError(f"setitem from device {v.device} into a tensor on {self.device}")
     target_shape = self[index].shape
     v = v.cast(self.dtype)
     if v.ndim > len(target_shape) and all(s == 1 for s in v.shape[:v.ndim - len(target_shape)]):  # torch drops leading 1s
       v = v.reshape(v.shape[v.ndim - len(target_shape):])
     try: v = v._broadcast_to(target_shape)
-    except ValueError: raise ValueError(f"shape mismatch: value of shape {v.shape} cannot be broadcast to indexing result of shape {target_shape}") from None
+    except ValueError: raise ArgumentError(f"shape mismatch: value of shape {v.shape} cannot be broadcast to indexing result of shape {target_shape}") from None
     idx = list(index) if isinstance(index, tuple) else [index]
     if all(i is None or i is Ellipsis or (isinstance(i, (int, slice)) and not isinstance(i, bool)) for i in idx):
       new = self._basic_setitem(idx, v)
@@ -207,7 +241,7 @@ class IndexingOps:
       raise TypeError(f"{name}: index must be an integer tensor, got {getattr(index, 'dtype', type(index).__name__)}")
     d = _axis(dim, self.ndim)
     if index.ndim != max(self.ndim, 1) and not (index.ndim == 0 and self.ndim == 0) and not (index.ndim <= 1 and self.ndim <= 1):
-      raise ValueError(f"{name}: index has {index.ndim} dimension(s) but the tensor has {self.ndim}; they must match")
+      raise ArgumentError(f"{name}: index has {index.ndim} dimension(s) but the tensor has {self.ndim}; they must match")
     return d
 
   def gather(self, dim: int, index: Any) -> Any:
@@ -217,9 +251,15 @@ class IndexingOps:
     x = self.reshape(self.shape or (1,))
     ix = index.reshape(index.shape or (1,))
     for a, (si, sx) in enumerate(zip(ix.shape, x.shape)):
-      if a != d and si > sx: raise ValueError(f"gather: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+      if a != d and si > sx: raise ArgumentError(f"gather: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+    self._check_index_values(index, 0, x.shape[d], f"dimension {d}")
+    return self._gather(d, index)
+
+  def _gather(self, d: int, index: Any) -> Any:
+    """gather without the checks, for indices in range by construction (a sort's permutations)."""
+    x = self.reshape(self.shape or (1,))
+    ix = index.reshape(index.shape or (1,))
     n = x.shape[d]
-    self._check_index_values(index, 0, n, f"dimension {d}")
     x = x.shrink(tuple((0, n) if a == d else (0, s) for a, s in enumerate(ix.shape)))  # (.., n at d, ..)
     x = x.unsqueeze(d).transpose(d + 1, -1)  # (.., 1 at d, .., n last)
     mask = ix.unsqueeze(-1) == type(self).arange(n, device=self.device, dtype=ix.dtype)
@@ -229,10 +269,10 @@ class IndexingOps:
   def _scatter_mask(self, d: int, index: Any, src: Any, name: str) -> tuple[Any, Any, Any]:
     """The (.., n at d, J at d+1, ..) match of self positions vs. index entries, and src (unsqueezed
     likewise), both on index's extent of the other axes."""
-    if src.ndim != index.ndim: raise ValueError(f"{name}: src has {src.ndim} dimension(s) but index has {index.ndim}")
+    if src.ndim != index.ndim: raise ArgumentError(f"{name}: src has {src.ndim} dimension(s) but index has {index.ndim}")
     for a, (si, ss, sx) in enumerate(zip(index.shape, src.shape, self.shape)):
-      if si > ss: raise ValueError(f"{name}: index {tuple(index.shape)} is bigger than src {tuple(src.shape)} at dimension {a}")
-      if a != d and si > sx: raise ValueError(f"{name}: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
+      if si > ss: raise ArgumentError(f"{name}: index {tuple(index.shape)} is bigger than src {tuple(src.shape)} at dimension {a}")
+      if a != d and si > sx: raise ArgumentError(f"{name}: index {tuple(index.shape)} is bigger than the tensor {self.shape} at dimension {a}")
     n = self.shape[d]
     self._check_index_values(index, 0, n, f"dimension {d}")
     src = src.shrink(tuple((0, s) for s in index.shape))
@@ -264,7 +304,7 @@ class IndexingOps:
     keep self's value; include_self=False leaves self out of the reduction where something is written.
     mean of integers rounds down (as torch)."""
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-      raise ValueError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+      raise ArgumentError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
     d = self._check_dim_index(dim, index, "scatter_reduce")
     if self.ndim == 0: return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
     mask, s, n = self._scatter_mask(d, index, src.cast(self.dtype), "scatter_reduce")
@@ -288,15 +328,46 @@ class IndexingOps:
       r = r.floor_divide(c) if not dtypes.is_float(self.dtype) else r / c
     return has.where(r.cast(self.dtype), self)
 
+  def index_select(self, dim: int, index: Any) -> Any:
+    """torch.index_select: the entries of a 1-D integer index along dim."""
+    if not _is_tensor(index) or not dtypes.is_int(index.dtype) or index.ndim > 1:
+      raise TypeError(f"index_select: index must be a 1-D integer tensor, got {getattr(index, 'shape', type(index).__name__)}")
+    d = _axis(dim, self.ndim)
+    return self[(slice(None),) * d + (index.reshape(-1),)] if self.ndim else self.reshape(1)[index.reshape(-1)].reshape(index.shape)
+
+  def index_add(self, dim: int, index: Any, source: Any, alpha: Any = 1) -> Any:
+    """torch.index_add (out of place): out[.., index[j], ..] += alpha * source[.., j, ..] along dim; repeated
+    indices all add. Built as a compare of each output position with the index and a sum over j."""
+    if not _is_tensor(index) or not dtypes.is_int(index.dtype) or index.ndim > 1:
+      raise TypeError(f"index_add: index must be a 1-D integer tensor, got {getattr(index, 'shape', type(index).__name__)}")
+    d = _axis(dim, self.ndim)
+    x, src = (self, source) if self.ndim else (self.reshape(1), source.reshape(1))
+    J, n = index.numel(), x.shape[d]
+    want = x.shape[:d] + (J,) + x.shape[d + 1:]
+    if src.shape != want: raise ArgumentError(f"index_add: source of shape {source.shape} must have shape {want}")
+    self._check_index_values(index, 0, n, f"dimension {d}")
+    hit = index.reshape(J, 1) == type(self).arange(n, device=self.device, dtype=index.dtype).reshape(1, n)  # (J, n)
+    s = src.cast(self.dtype).transpose(d, -1).unsqueeze(-1) * alpha  # (.., J, n)
+    out = x + hit.where(s, s.zeros_like()).sum(-2).transpose(d, -1).cast(self.dtype)
+    return out.reshape(self.shape)
+
+  def nonzero(self, as_tuple: bool = False) -> Any:
+    """torch.nonzero: (N, ndim) int64 positions of nonzero entries, row-major. The count sets the shape: it syncs."""
+    import numpy as np
+    pos = np.argwhere(self.numpy().reshape(self.shape or (1,))).astype(np.int64)
+    if not self.ndim: pos = pos[:, :0]
+    if as_tuple: return tuple(type(self)(np.ascontiguousarray(pos[:, i]), device=self.device) for i in range(max(self.ndim, 1)))
+    return type(self)(pos, device=self.device)
+
   def masked_fill(self, mask: Any, value: Any) -> Any:
     """self where mask is False, value (cast to self's dtype) where it is True; mask broadcasts to self."""
     if not _is_tensor(mask) or mask.dtype != dtypes.bool: raise TypeError(f"masked_fill: mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
     try: ok = _broadcast_shapes(mask.shape, self.shape) == self.shape
     except IndexError: ok = False
     if not ok:
-      raise ValueError(f"masked_fill: mask of shape {mask.shape} doesn't broadcast to the tensor's shape {self.shape}")
+      raise ArgumentError(f"masked_fill: mask of shape {mask.shape} doesn't broadcast to the tensor's shape {self.shape}")
     if _is_tensor(value):
-      if value.ndim != 0: raise ValueError(f"masked_fill: value must be a 0-dim tensor or a number, got shape {value.shape}")
+      if value.ndim != 0: raise ArgumentError(f"masked_fill: value must be a 0-dim tensor or a number, got shape {value.shape}")
       v = value.cast(self.dtype)
     else: v = type(self).full((), value, dtype=self.dtype, device=self.device)
     return mask.where(v, self)

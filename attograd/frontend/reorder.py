@@ -30,6 +30,7 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
 from __future__ import annotations
 import math
 from typing import Sequence
+from attograd.errors import ArgumentError
 from attograd.dtype import dtypes, least_upper_dtype
 from attograd.uop.ops import UOp, Ops
 
@@ -221,20 +222,20 @@ class ReorderOps:
     """torch.cat: Tensor.cat(a, b, dim=0) or a.cat(b, dim=0); a list/tuple of tensors works as well."""
     tensors = [self, *args]
     if len(tensors) == 1 and isinstance(self, (list, tuple)): tensors = list(self)
-    if not tensors: raise ValueError("cat needs at least one tensor")
+    if not tensors: raise ArgumentError("cat needs at least one tensor")
     for t in tensors:
       if not isinstance(t, ReorderOps): raise TypeError(f"cat expects Tensors, got {type(t).__name__}")
     first = tensors[0]
-    if first.ndim == 0 or any(t.ndim == 0 for t in tensors): raise ValueError("zero-dimensional tensors cannot be concatenated")
+    if first.ndim == 0 or any(t.ndim == 0 for t in tensors): raise ArgumentError("zero-dimensional tensors cannot be concatenated")
     for t in tensors:
-      if t.device != first.device: raise ValueError(f"cat of tensors on different devices: {first.device} and {t.device}")
+      if t.device != first.device: raise ArgumentError(f"cat of tensors on different devices: {first.device} and {t.device}")
     # as in torch, 1-D empty tensors are skipped (a legacy rule), but still take part in dtype promotion
     kept = [t for t in tensors if t.shape != (0,)] or tensors[:1]
     ref = kept[0]
     d = _axis(dim, ref.ndim)
     for t in kept:
       if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
-        raise ValueError(f"cat: shapes {ref.shape} and {t.shape} must match except in dim {d}")
+        raise ArgumentError(f"cat: shapes {ref.shape} and {t.shape} must match except in dim {d}")
     dt = first.dtype
     for t in tensors[1:]: dt = least_upper_dtype(dt, t.dtype)
     kept = [t.cast(dt) for t in kept if t.shape[d] != 0] or [kept[0].cast(dt)]  # empty pieces add nothing
@@ -250,23 +251,23 @@ class ReorderOps:
   def stack(self, *args, dim: int = 0):
     """torch.stack: Tensor.stack(a, b, dim=0) or a.stack(b, dim=0)."""
     tensors = list(self) if isinstance(self, (list, tuple)) and not args else [self, *args]
-    if not tensors: raise ValueError("stack needs at least one tensor")
+    if not tensors: raise ArgumentError("stack needs at least one tensor")
     for t in tensors:
-      if t.shape != tensors[0].shape: raise ValueError(f"stack expects tensors of equal shape, got {tensors[0].shape} and {t.shape}")
+      if t.shape != tensors[0].shape: raise ArgumentError(f"stack expects tensors of equal shape, got {tensors[0].shape} and {t.shape}")
     d = _axis(dim, tensors[0].ndim, extra=1)
     return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
 
   def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple:
     """torch.split: chunks of `sizes` elements (the last may be smaller), or one piece per entry of a list."""
-    if self.ndim == 0: raise ValueError("split of a 0-d tensor")
+    if self.ndim == 0: raise ArgumentError("split of a 0-d tensor")
     d = _axis(dim, self.ndim)
     n = self.shape[d]
     if isinstance(sizes, int):
-      if sizes <= 0 and not (sizes == 0 and n == 0): raise ValueError(f"split size must be positive, got {sizes}")
+      if sizes <= 0 and not (sizes == 0 and n == 0): raise ArgumentError(f"split size must be positive, got {sizes}")
       sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
     sizes = list(sizes)
-    if any(not isinstance(s, int) or s < 0 for s in sizes): raise ValueError(f"split sizes {sizes} must be non-negative ints")
-    if sum(sizes) != n: raise ValueError(f"split sizes {sizes} sum to {sum(sizes)}, but dim {d} has size {n}")
+    if any(not isinstance(s, int) or s < 0 for s in sizes): raise ArgumentError(f"split sizes {sizes} must be non-negative ints")
+    if sum(sizes) != n: raise ArgumentError(f"split sizes {sizes} sum to {sum(sizes)}, but dim {d} has size {n}")
     out, off = [], 0
     for s in sizes:
       out.append(self.shrink(tuple((off, off + s) if i == d else None for i in range(self.ndim))))
@@ -275,8 +276,8 @@ class ReorderOps:
 
   def chunk(self, chunks: int, dim: int = 0) -> tuple:
     """torch.chunk: pieces of ceil(n / chunks) elements, so there may be fewer than `chunks` of them."""
-    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int, got {chunks}")
-    if self.ndim == 0: raise ValueError("chunk of a 0-d tensor")
+    if not isinstance(chunks, int) or chunks <= 0: raise ArgumentError(f"chunk count must be a positive int, got {chunks}")
+    if self.ndim == 0: raise ArgumentError("chunk of a 0-d tensor")
     d = _axis(dim, self.ndim)
     n = self.shape[d]
     if n == 0: return tuple(self for _ in range(chunks))  # torch returns `chunks` empty pieces
@@ -291,27 +292,27 @@ class ReorderOps:
     if x.ndim == 0: x = x.reshape(1)
     sh = x.shape
     if isinstance(repeats, ReorderOps):
-      if repeats.ndim > 1 or dtypes.is_float(repeats.dtype): raise ValueError(f"repeats must be 0-d or 1-d ints, got {repeats.dtype} of shape {repeats.shape}")
+      if repeats.ndim > 1 or dtypes.is_float(repeats.dtype): raise ArgumentError(f"repeats must be 0-d or 1-d ints, got {repeats.dtype} of shape {repeats.shape}")
       repeats = repeats.tolist()
     if isinstance(repeats, (list, tuple)):
       if len(repeats) == 1: repeats = repeats[0]
       else:
-        if len(repeats) != sh[d]: raise ValueError(f"repeats has {len(repeats)} entries, but dim {d} has size {sh[d]}")
-        if any(not isinstance(r, int) or r < 0 for r in repeats): raise ValueError(f"repeats {list(repeats)} must be non-negative ints")
+        if len(repeats) != sh[d]: raise ArgumentError(f"repeats has {len(repeats)} entries, but dim {d} has size {sh[d]}")
+        if any(not isinstance(r, int) or r < 0 for r in repeats): raise ArgumentError(f"repeats {list(repeats)} must be non-negative ints")
         parts = [x.shrink(tuple((i, i + 1) if a == d else None for a in range(x.ndim))).repeat_interleave(r, d) for i, r in enumerate(repeats)]
         if not parts: return x
         return parts[0].cat(*parts[1:], dim=d)
-    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeats must be a non-negative int, got {repeats}")
+    if not isinstance(repeats, int) or repeats < 0: raise ArgumentError(f"repeats must be a non-negative int, got {repeats}")
     return x.unsqueeze(d + 1).expand(*sh[:d + 1], repeats, *sh[d + 1:]).reshape(*sh[:d], sh[d] * repeats, *sh[d + 1:])
 
   def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None):
     """torch.roll: element i moves to i + shift (wrapping). dims None: roll the flattened tensor."""
     if dims is None:
-      if not isinstance(shifts, int): raise ValueError(f"roll without dims takes a single shift, got {shifts}")
+      if not isinstance(shifts, int): raise ArgumentError(f"roll without dims takes a single shift, got {shifts}")
       return self.flatten().roll(shifts, 0).reshape(self.shape)
     shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    if len(shifts) != len(dims): raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+    if len(shifts) != len(dims): raise ArgumentError(f"roll: shifts {shifts} and dims {dims} must have the same length")
     x = self
     for s, dm in zip(shifts, dims):
       d = _axis(dm, self.ndim)
@@ -323,7 +324,7 @@ class ReorderOps:
     return x
 
   def _tri_mask(self, diagonal: int, upper: bool):
-    if self.ndim < 2: raise ValueError(f"{'triu' if upper else 'tril'} needs a tensor of at least 2 dimensions, got shape {self.shape}")
+    if self.ndim < 2: raise ArgumentError(f"{'triu' if upper else 'tril'} needs a tensor of at least 2 dimensions, got shape {self.shape}")
     r, c = self.shape[-2:]
     rows = type(self).arange(r, device=self.device).reshape(r, 1)
     cols = type(self).arange(c, device=self.device).reshape(1, c)
@@ -335,10 +336,10 @@ class ReorderOps:
 
   def meshgrid(self, *args, indexing: str = "ij") -> tuple:
     """torch.meshgrid: Tensor.meshgrid(x, y, indexing='ij') or x.meshgrid(y)."""
-    if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+    if indexing not in ("ij", "xy"): raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
     ts = [self, *args]
     for t in ts:
-      if t.ndim > 1: raise ValueError(f"meshgrid expects 0-d or 1-d tensors, got shape {t.shape}")
+      if t.ndim > 1: raise ArgumentError(f"meshgrid expects 0-d or 1-d tensors, got shape {t.shape}")
     ts = [t.reshape(-1) for t in ts]
     if indexing == "xy" and len(ts) >= 2: ts[0], ts[1] = ts[1], ts[0]
     shape = tuple(t.shape[0] for t in ts)
@@ -349,17 +350,17 @@ class ReorderOps:
   def _pad_mode(self, pairs: Sequence[tuple[int, int]], mode: str):
     """pad with mode 'reflect', 'replicate' or 'circular', given ((before, after), ...) per axis."""
     if mode not in ("reflect", "replicate", "circular"):
-      raise ValueError(f"padding mode {mode!r} is not one of 'constant', 'reflect', 'replicate', 'circular'")
+      raise ArgumentError(f"padding mode {mode!r} is not one of 'constant', 'reflect', 'replicate', 'circular'")
     x = self
     for d, (b, a) in enumerate(pairs):
       if (b, a) == (0, 0): continue
       n = x.shape[d]
-      if b < 0 or a < 0: raise ValueError(f"{mode} padding {(b, a)} of dim {d}: negative padding is only supported in constant mode")
+      if b < 0 or a < 0: raise ArgumentError(f"{mode} padding {(b, a)} of dim {d}: negative padding is only supported in constant mode")
       if mode == "reflect" and (b >= n or a >= n):
-        raise ValueError(f"reflect padding {(b, a)} of dim {d} must be less than its size {n}")
+        raise ArgumentError(f"reflect padding {(b, a)} of dim {d} must be less than its size {n}")
       if mode == "circular" and (b > n or a > n):
-        raise ValueError(f"circular padding {(b, a)} of dim {d} must be at most its size {n}")
-      if mode == "replicate" and n == 0: raise ValueError(f"replicate padding of dim {d}, which is empty")
+        raise ArgumentError(f"circular padding {(b, a)} of dim {d} must be at most its size {n}")
+      if mode == "replicate" and n == 0: raise ArgumentError(f"replicate padding of dim {d}, which is empty")
       def part(lo: int, hi: int, x=x, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
       def rep(t, k: int, d=d): return t.expand(tuple(k if i == d else s for i, s in enumerate(t.shape)))
       if mode == "reflect": before, after = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
@@ -369,8 +370,10 @@ class ReorderOps:
     return x
 
   # ***** reductions *****
-  def logsumexp(self, axis=None, keepdim: bool = False):
+  def logsumexp(self, axis=None, keepdim: bool = False, *, dim=None):
     """log(sum(exp(x))) computed stably around the (detached) max; all -inf gives -inf, as in torch."""
+    if dim is not None: axis = dim
+    if self.ndim == 0: self._axes(axis); return self._float_unary()  # a one-element reduce (the axis is checked)
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     if x.numel() == 0: return x.exp().sum(axis, keepdim).log()
     m = x.max(axis, keepdim=True).detach()
@@ -378,10 +381,10 @@ class ReorderOps:
     out = (x - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze(axis) if isinstance(axis, int) else out.reshape(x.sum(axis).shape)
 
-  def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
-    return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
-  def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple:
-    return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+  def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased=None) -> tuple:
+    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased), self.mean(axis, keepdim, dim=dim)
+  def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased=None) -> tuple:
+    return self.std(axis, keepdim, correction, dim=dim, unbiased=unbiased), self.mean(axis, keepdim, dim=dim)
 
   # ***** scans: a reduce over the (n, n) triangle j <= i, blocked for long rows *****
   def _scan(self, axis: int, dtype, fill, reduce, combine, block: int = 0):
@@ -406,16 +409,19 @@ class ReorderOps:
     out = scan(x)
     return out.reshape(()) if self.ndim == 0 else out.transpose(d, -1)
 
-  def cumsum(self, axis: int = 0):
+  def cumsum(self, axis: int = 0, *, dim=None):
     """torch.cumsum; ints and bools accumulate in int64 as in torch."""
+    if dim is not None: axis = dim
     dt = dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self._scan(axis, dt, 0, lambda t, a: t.sum(a, dtype=dt), lambda b, x: b + x)
-  def cumprod(self, axis: int = 0):
+  def cumprod(self, axis: int = 0, *, dim=None):
+    if dim is not None: axis = dim
     dt = dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self._scan(axis, dt, 1, lambda t, a: t.prod(a, dtype=dt), lambda b, x: b * x)
-  def cummax(self, axis: int = 0) -> tuple:
+  def cummax(self, axis: int = 0, *, dim=None) -> tuple:
     """torch.cummax: (values, int64 indices); the index is the latest position of the max, and a NaN
     sticks once seen, as in torch. Long rows go by blocks like the other scans, carrying the index along."""
+    if dim is not None: axis = dim
     d = _axis(axis, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     if x.numel() == 0: return self, self.zeros_like(dtype=dtypes.int64)
@@ -454,14 +460,16 @@ class ReorderOps:
     v, i = scan(x, None)
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
-  def cummin(self, axis: int = 0) -> tuple:
+  def cummin(self, axis: int = 0, *, dim=None) -> tuple:
     """torch.cummin, through cummax of the order-reversed values."""
+    if dim is not None: axis = dim
     if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return v.logical_not(), i
     if dtypes.is_float(self.dtype): v, i = (-self).cummax(axis); return -v, i
     v, i = (~self).cummax(axis)
     return ~v, i
-  def logcumsumexp(self, axis: int = 0):
+  def logcumsumexp(self, axis: int = 0, *, dim=None):
     """torch.logcumsumexp: a stable logsumexp over each prefix (masked entries are -inf)."""
+    if dim is not None: axis = dim
     s = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     if s.numel() == 0: return s
     def logaddexp(b, x):
@@ -498,17 +506,17 @@ class ReorderOps:
     order = pos = None  # the input index at each position of the order so far, and each input's position in it
     for word in ([w & mask, w >> 32] if wide else [w]):
       word = word.pad(((0, 0), (0, P - n)), value=mask)  # padding sorts last: the largest word, indices past n
-      if order is not None: word = word.gather(1, order)
+      if order is not None: word = word._gather(1, order)
       start = _bin(Ops.OR, _bin(Ops.SHL, word.uop, 32), UOp(Ops.CAST, U64, (_iota((R, P), 1, self.device),)))
       keys = _sorted_keys(start)
       # the minimum changes nothing (the keys' low halves are positions below P) but bounds index math: it stays int32
       step = (T(keys) & mask).cast(dtypes.int64).minimum(P - 1)
-      order = step if order is None else order.gather(1, step)
+      order = step if order is None else order._gather(1, step)
       if grad:
         moved = T(_count_below(keys, start)).contiguous()
-        pos = moved if pos is None else moved.gather(1, pos)
+        pos = moved if pos is None else moved._gather(1, pos)
     idx, x = order[:, :n].minimum(n - 1), self.reshape(R, n)
-    if not grad: vals = x.gather(1, idx)
+    if not grad: vals = x._gather(1, idx)
     else:
       # values[p] = x[idx[p]], written as a sum over r of (r == idx[p] and pos[r] == p) ? x[r] : 0 with pos the inverse
       # permutation (found by searching the sorted keys): the forward reads one element per output, and so does the
@@ -525,7 +533,7 @@ class ReorderOps:
     R, T = math.prod(lead), type(self)
     if k == 0: idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
     else: idx = T(_templated(_topk_indices, self.reshape(R, n).uop, k, largest, T))
-    vals = self.reshape(R, n).gather(1, idx)
+    vals = self.reshape(R, n)._gather(1, idx)
     return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
   def _long_sort(self, descending: bool) -> tuple:
@@ -599,7 +607,7 @@ class ReorderOps:
       nans = x.isnan().sum(d, keepdim=True)
       pos = (nans > 0).where(n - nans, (n - 1) // 2)
     else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
-    v, i = v.gather(d, pos), i.gather(d, pos)
+    v, i = v._gather(d, pos), i._gather(d, pos)
     if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
     if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
     return v, i
@@ -628,9 +636,9 @@ class ReorderOps:
     P = 1 << (n - 1).bit_length()
     table = group.cast(U64).pad(((0, P - n),), value=k).reshape(1, P).uop
     at = T(_count_below(table, _iota((1, k), 1, self.device).cast(U64))).reshape(k)
-    out = [v.gather(0, at)]
+    out = [v._gather(0, at)]
     if return_inverse:
       rank = order.cast(dtypes.int32).argsort()  # each element's sorted position (the sort's inverse permutation)
-      out.append(group.gather(0, rank).reshape(self.shape))
+      out.append(group._gather(0, rank).reshape(self.shape))
     if return_counts: out.append(at[1:].cat(T.full((1,), n, dtype=dtypes.int64, device=self.device)) - at)
     return tuple(out) if len(out) > 1 else out[0]

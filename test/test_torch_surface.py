@@ -1,0 +1,250 @@
+"""The Tensor surface a PyTorch user touches (issue 16): each test runs the same lines in torch and attograd."""
+import numpy as np
+import pytest
+import torch
+from attograd import Tensor, TinyJit, JitError, dtypes
+
+def arange(*shape: int) -> np.ndarray: return np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+def both(a: np.ndarray) -> tuple[Tensor, torch.Tensor]: return Tensor(a).realize(), torch.tensor(a)
+def same(t: Tensor, r: torch.Tensor, **kw) -> None:
+  assert t.shape == tuple(r.shape), (t.shape, tuple(r.shape))
+  np.testing.assert_allclose(t.numpy(), r.numpy(), **kw)
+
+# ***** writes through views reach the base *****
+@pytest.mark.parametrize("write", [
+  lambda x: x[0].__setitem__(1, 5),                          # x[0][1] = 5
+  lambda x: x[1].__iadd__(100),                              # v = x[1]; v += 100
+  lambda x: x.reshape(4, 3).__setitem__((1, 2), -1),         # setitem on x.reshape(...)
+  lambda x: x.T.__setitem__(0, 9),                           # a permuted view
+  lambda x: x[:, 1:3][1].__setitem__(slice(None), 7),        # a view of a view
+  lambda x: x.view(12)[::5].__imul__(-2),                    # a strided view
+  lambda x: x.unsqueeze(0).squeeze(0).flatten()[3:].__isub__(1)])
+def test_write_through_view(write):
+  (x, r) = both(arange(3, 4))
+  write(x); write(r)
+  same(x, r)
+
+def test_write_through_view_of_lazy_and_realized_view():
+  x, r = Tensor.zeros(3, 3), torch.zeros(3, 3)
+  row, trow = x[0], r[0]
+  assert row.tolist() == trow.tolist()  # the view is realized on its own first
+  row[1] = 7; trow[1] = 7
+  same(x, r); same(row, trow)
+
+def test_view_sees_base_written_before_inplace_op():
+  (x, r) = both(arange(2, 3))
+  v, tv = x[0], r[0]
+  x += 1; r += 1
+  v += 10; tv += 10
+  same(x, r); same(v, tv)
+
+def test_write_to_expanded_view_raises():
+  x = Tensor.ones(1, 3).contiguous().realize()
+  with pytest.raises(RuntimeError, match="expanded"): x.expand(2, 3)[0] = 1.0
+
+# ***** out-of-range indices raise *****
+@pytest.mark.parametrize("bad", [10, -11])
+def test_lookup_out_of_range_raises(bad):
+  w = Tensor.randn(10, 4).realize()
+  idx = Tensor([1, bad]) + 0  # lazy: checked with the realize
+  with pytest.raises(IndexError, match="out of bounds"): w[idx].numpy()
+  with pytest.raises(IndexError, match="out of bounds"): w.gather(0, Tensor([[1, bad]]) + 0).numpy()
+  with pytest.raises(RuntimeError): w[idx].numpy()  # torch raises RuntimeError for gather/embedding
+  assert w[Tensor([1, -1]) + 0].shape == (2, 4)  # negative in range still wraps
+
+@pytest.mark.parametrize("target", [[0, 7, 1], [0, -1, 1]])
+def test_cross_entropy_target_out_of_range_raises(target):
+  logits = Tensor.randn(3, 3)
+  with pytest.raises(IndexError): logits.cross_entropy(Tensor(target)).item()
+  with pytest.raises(IndexError): torch.nn.functional.cross_entropy(torch.randn(3, 3), torch.tensor(target))
+
+def test_cross_entropy_ignore_index_is_not_out_of_range():
+  x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+  y = [0, -100, 4]
+  same(Tensor(x).cross_entropy(Tensor(y)), torch.nn.functional.cross_entropy(torch.tensor(x), torch.tensor(y)), rtol=1e-5)
+
+def test_jit_replay_reports_out_of_range_index():
+  w = Tensor.randn(10, 4).realize()
+  @TinyJit
+  def f(i: Tensor) -> Tensor: return w[i].sum().realize()
+  for _ in range(3): f(Tensor([1, 2]))
+  with pytest.raises(IndexError): f(Tensor([1, 12]))
+  f(Tensor([3, 4]))
+
+# ***** TinyJit never replays stale values silently *****
+def test_jit_raises_when_a_python_float_it_read_changes():
+  w = Tensor.ones(3).contiguous().realize()
+  class Opt: pass
+  opt = Opt(); opt.lr = 0.1
+  @TinyJit
+  def step(x: Tensor) -> Tensor:
+    w.assign(w - opt.lr * x)
+    return w.sum().realize()
+  for _ in range(3): step(Tensor.ones(3))
+  opt.lr = 0.01
+  with pytest.raises(JitError, match="opt.lr"): step(Tensor.ones(3))
+
+def test_jit_raises_when_training_mode_changes():
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return x.dropout(0.5).realize()
+  for _ in range(3): f(Tensor.ones(4))
+  with Tensor.train():
+    with pytest.raises(JitError, match="training"): f(Tensor.ones(4))
+
+def test_jit_raises_for_numpy_data_made_inside_that_changes():
+  rng = np.random.default_rng(0)
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return (x + Tensor(rng.random(3).astype(np.float32))).realize()
+  f(Tensor.ones(3))
+  with pytest.raises(JitError, match="numpy"): f(Tensor.ones(3))
+
+def test_jit_allows_constant_data_made_inside():
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return (x + Tensor([1., 2., 3.]) + Tensor.rand(3) * 0).realize()
+  for _ in range(4): assert f(Tensor.ones(3)).tolist() == [2., 3., 4.]
+
+@pytest.mark.parametrize("make", [Tensor.zeros, Tensor.ones, lambda *s, **kw: Tensor.full(s, 2.0, **kw)])
+def test_creation_keeps_requires_grad(make):
+  a, b = make(2, 3, requires_grad=True), make(2, 3, requires_grad=True)
+  assert a.requires_grad and b.requires_grad
+  (a * 2 + b * 3).sum().backward()
+  assert a.grad.tolist() == [[2.] * 3] * 2 and b.grad.tolist() == [[3.] * 3] * 2
+
+# ***** PyTorch's keyword names beside tinygrad's *****
+X = np.random.default_rng(1).standard_normal((3, 4, 5)).astype(np.float32)
+KW_CASES = [
+  ("sum", dict(dim=0)), ("sum", dict(dim=-1, keepdim=True)), ("sum", dict(dim=(0, 2))), ("mean", dict(dim=-1, keepdim=True)),
+  ("prod", dict(dim=1)), ("softmax", dict(dim=-1)), ("log_softmax", dict(dim=1)), ("argmax", dict(dim=-1)),
+  ("argmin", dict(dim=0, keepdim=True)), ("var", dict(dim=-1, unbiased=False)), ("var", dict(dim=1, correction=0)), ("std", dict(dim=0)),
+  ("std", dict(dim=2, keepdim=True, unbiased=True)), ("clamp", dict(min=0)), ("clamp", dict(max=0.5)), ("clamp", dict(min=-0.1, max=0.2)),
+  ("clip", dict(min=0)), ("logsumexp", dict(dim=1)), ("cumsum", dict(dim=1)), ("cumprod", dict(dim=-1)), ("amax", dict(dim=1)),
+  ("amin", dict(dim=(0, 1))), ("any", dict(dim=1)), ("all", dict(dim=0)),
+]
+@pytest.mark.parametrize("name,kw", KW_CASES, ids=[f"{n}-{'-'.join(kw)}" for n, kw in KW_CASES])
+def test_torch_keyword_names(name, kw):
+  x, r = both(X)
+  if name in ("any", "all"): x, r = x > 0, r > 0
+  same(getattr(x, name)(**kw), getattr(r, name)(**kw), rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_with_dim_give_values_and_indices(name):
+  x, r = both(X)
+  out, ref = getattr(x, name)(dim=-1), getattr(r, name)(dim=-1)
+  same(out.values, ref.values); same(out.indices, ref.indices)
+  v, i = getattr(x, name)(dim=1, keepdim=True)
+  same(v, getattr(r, name)(dim=1, keepdim=True)[0]); same(i, getattr(r, name)(dim=1, keepdim=True)[1])
+  same(getattr(x, name)(1), r.amax(1) if name == "max" else r.amin(1))  # tinygrad's axis stays a tensor
+  same(getattr(x, name)(x * 0), getattr(r, name)(r * 0))  # with a tensor: elementwise, as torch.max(a, b)
+
+# ***** in-place ops, lazy like assign *****
+INPLACE_CASES = [
+  lambda x: x.add_(1), lambda x: x.add_(x, alpha=2), lambda x: x.sub_(0.5), lambda x: x.mul_(3).add_(1), lambda x: x.div_(4),
+  lambda x: x.zero_(), lambda x: x.fill_(2.5), lambda x: x.clamp_(min=2, max=5), lambda x: x.clamp_(max=1), lambda x: x.abs_().sqrt_(),
+  lambda x: x.masked_fill_(x > 3, -1), lambda x: x.exp_(), lambda x: x.neg_(), lambda x: x.pow_(2), lambda x: x.lerp_(x * 0, 0.25),
+  lambda x: x.copy_(x.flip(0) * 2), lambda x: x.__setitem__(x > 4, 0.5), lambda x: x.__iadd__(1),
+  lambda x: x.scatter_(0, idx(x, [[2, 0, 1, 2]]), x[:1] * 10),
+  lambda x: x.index_add_(0, idx(x, [0, 2, 0]), x[:3] * 1), lambda x: x.index_add_(1, idx(x, [3, 3]), x[:, :2], alpha=-1),
+]
+def idx(x, v):  # an int64 index for whichever library x is from
+  return Tensor(v) if isinstance(x, Tensor) else torch.tensor(v)
+@pytest.mark.parametrize("op", INPLACE_CASES)
+def test_inplace_ops(op):
+  x, r = both(arange(3, 4) - 3)
+  out, ref = op(x), op(r)
+  same(x, r, rtol=1e-6)
+  if out is not None: assert out is x and ref is r
+
+def test_inplace_on_view_reaches_base():
+  x, r = both(arange(3, 4))
+  x[1].mul_(-1); r[1].mul_(-1)
+  x[:, 0].zero_(); r[:, 0].zero_()
+  same(x, r)
+
+def test_inplace_rules():
+  w = Tensor.ones(3, requires_grad=True)
+  with pytest.raises(RuntimeError, match="leaf"): w.add_(1)
+  i = Tensor([1, 2, 3]).realize()
+  with pytest.raises(RuntimeError, match="can't be cast"): i.add_(0.5)
+  with pytest.raises(RuntimeError, match="can't be cast"): torch.tensor([1, 2, 3]).add_(0.5)
+
+# ***** autograd context *****
+import attograd
+@pytest.mark.parametrize("ctx", [attograd.no_grad, attograd.inference_mode])
+def test_no_grad_allows_leaf_updates_and_cuts_the_graph(ctx):
+  w = Tensor([1., 2., 3.], requires_grad=True)
+  with ctx():
+    w.mul_(2)
+    ema = (w * 0.5).realize()
+    assert not attograd.is_grad_enabled()
+    with attograd.enable_grad(): assert attograd.is_grad_enabled()
+  assert attograd.is_grad_enabled()
+  assert w.tolist() == [2., 4., 6.]
+  (w * ema).sum().backward()  # ema was computed under no_grad: no gradient flows through it
+  assert w.grad.tolist() == [1., 2., 3.]
+
+def test_no_grad_decorator_and_requires_grad_detach():
+  @attograd.no_grad()
+  def f(): return attograd.is_grad_enabled()
+  assert f() is False and attograd.is_grad_enabled()
+  x = Tensor([1., 2.]).requires_grad_()
+  assert x.requires_grad
+  y = (x * 3)
+  y.detach_()
+  (y * 2 + x).sum().backward()
+  assert x.grad.tolist() == [1., 1.]  # nothing flows through the detached y
+
+# ***** methods PyTorch users reach for *****
+def test_methods_against_torch():
+  x, r = both(arange(2, 3) - 2)
+  assert x.dim() == r.dim() == 2 and x.type() == r.type() == "torch.FloatTensor"
+  same(x.mT, r.mT); same(x.cpu(), r.cpu()); same(x.type_as(Tensor([1])), r.type_as(torch.tensor([1])))
+  assert x.bfloat16().dtype == dtypes.bfloat16 and x.to(dtypes.float16).dtype == dtypes.float16
+  assert x.to("CPU", dtypes.float64).dtype == dtypes.float64 and x.to(Tensor([1])).dtype == dtypes.int64
+  assert x.is_contiguous() and not x.T.is_contiguous() and x.T.contiguous().is_contiguous()
+  same(x.new_zeros(2, 2), r.new_zeros(2, 2)); same(x.new_ones((3,)), r.new_ones((3,))); same(x.new_full((2,), 7.), r.new_full((2,), 7.))
+  same(x.new_tensor([1, 2]), r.new_tensor([1, 2]))
+  assert x.allclose(x + 1e-9) and not x.allclose(x + 1e-3) and r.allclose(r + 1e-9)
+  same(x.isclose(x * 1.00001), r.isclose(r * 1.00001))
+  for p in ("fro", 1, 3, float("inf"), -float("inf"), 0):
+    same(x.norm(p), r.norm(p), rtol=1e-5); same(x.norm(p, dim=1, keepdim=True), r.norm(p, dim=1, keepdim=True), rtol=1e-5)
+  same((x > 0).nonzero(), (r > 0).nonzero())
+  same(Tensor.stack(x, x).bmm(Tensor.stack(x.T, x.T)), torch.stack([r, r]).bmm(torch.stack([r.T, r.T])))
+  same(x[0].outer(x[1]), r[0].outer(r[1]))
+  same(x.index_select(1, Tensor([2, 0, 2])), r.index_select(1, torch.tensor([2, 0, 2])))
+  same(x.amax(1), r.amax(1)); same(x.amin(dim=0, keepdim=True), r.amin(dim=0, keepdim=True))
+  same(Tensor.from_numpy(np.ones(3)), torch.from_numpy(np.ones(3)))
+  v = Tensor.randint(3, 7, (200,))
+  assert v.shape == (200,) and v.dtype == dtypes.int64 and set(v.tolist()) == {3, 4, 5, 6}
+  assert set(Tensor.randint(5, size=(300,)).tolist()) == set(range(5)) and Tensor.randint(2, 3, high=4).shape == (2, 3)
+
+# ***** 0-d tensors and indexing with Python sequences *****
+ZERO_D = [lambda t: t.sum(0), lambda t: t.sum(-1), lambda t: t.sum(dim=0, keepdim=True), lambda t: t.log_softmax(0),
+          lambda t: t.logsumexp(0), lambda t: t.softmax(-1), lambda t: t.mean(0), lambda t: t.amax(0), lambda t: t.argmax(0),
+          lambda t: t.cumsum(0), lambda t: t.prod(-1)]
+@pytest.mark.parametrize("op", ZERO_D)
+def test_zero_d_reductions(op):
+  same(op(Tensor(3.0)), op(torch.tensor(3.0)))
+
+@pytest.mark.parametrize("op", [lambda t: t.sum(1), lambda t: t.sum(-2), lambda t: t.log_softmax(1), lambda t: t.logsumexp(2), lambda t: t.mean(dim=1)])
+def test_zero_d_axis_out_of_range_raises_at_the_call(op):
+  with pytest.raises(IndexError): op(torch.tensor(3.0))
+  with pytest.raises(IndexError): op(Tensor(3.0))
+
+def test_cat_of_zero_d_raises_like_torch():
+  with pytest.raises(RuntimeError, match="zero-dim"): torch.cat([torch.tensor(1.), torch.tensor(2.)])
+  with pytest.raises(RuntimeError, match="zero-dim"): Tensor.cat(Tensor(1.), Tensor(2.))
+
+@pytest.mark.parametrize("index", [([0, 1], [1, 2]), ((0,), Ellipsis), ((0, 2),), (0, [1, 3]), ([2, 0], slice(1, 3)), ((1, 2), (0, 3))])
+def test_index_with_python_sequences(index):
+  x, r = both(arange(3, 4))
+  same(x[index], r[index])
+  x[index] = -1.0; r[index] = -1.0
+  same(x, r)
+
+# ***** errors are also RuntimeErrors, as torch's, raised at the call *****
+@pytest.mark.parametrize("bad", [lambda T: T([1., 2.]) + T([1., 2., 3.]), lambda T: T([[1., 2.]]).reshape(3),
+                                 lambda T: T([[1., 2.]]) @ T([[1., 2.]]), lambda T: T([1., 2.]).expand(3, 3)])
+def test_shape_errors_are_runtime_errors(bad):
+  with pytest.raises(RuntimeError): bad(torch.tensor)
+  with pytest.raises(RuntimeError): bad(Tensor)
+  with pytest.raises(ValueError): bad(Tensor)  # tinygrad's convention keeps working
