@@ -59,6 +59,7 @@ class ParamGroup(dict):
 
 class Optimizer:
   """Base class: params is a list of Tensors, or of dicts {"params": [...], "lr": ...} (one param group each)."""
+  _saves_step = True  # whether state_dict() lists each parameter's step, as torch's counterpart does (SGD doesn't)
   def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]] | Tensor, defaults: dict[str, Any]):
     if isinstance(params, Tensor): raise TypeError("params must be an iterable of Tensors or of dicts, not a Tensor")
     self.defaults = defaults
@@ -142,7 +143,7 @@ class Optimizer:
     state, groups, i = {}, [], 0
     for g in self.param_groups:
       idx = list(range(i, i + len(g["params"])))
-      for j, p in zip(idx, g["params"]): state[j] = {"step": g.t("step"), **self.state[p]}
+      for j, p in zip(idx, g["params"]): state[j] = {**({"step": g.t("step")} if self._saves_step else {}), **self.state[p]}
       groups.append({**{k: g[k] for k in g if k != "params"}, "params": idx})
       i += len(idx)
     return {"state": state, "param_groups": groups}
@@ -163,6 +164,8 @@ class Optimizer:
           if v.shape != target.shape and v.numel() != target.numel():
             raise ValueError(f"state {name!r} of parameter {j}: shape {v.shape} for {target.shape}")
           writes.append((target, v.reshape(target.shape)))
+        if state.get(j) and "step" not in state[j] and g.t("step").item() == 0:
+          writes.append((g.t("step"), Tensor(1.0)))  # torch's SGD keeps no step: a saved state means it has stepped
     for target, v in writes: target.assign(v.cast(target.dtype).to(target.device))
     Tensor.realize_all([t for t, _ in writes])
     for sg, g in zip(groups, self.param_groups):
@@ -180,6 +183,7 @@ def _betas(betas: tuple[float, float] | None, b1: float | None, b2: float | None
 
 class SGD(Optimizer):
   """torch.optim.SGD: momentum (with dampening), nesterov, L2 weight_decay, maximize."""
+  _saves_step = False
   def __init__(self, params, lr: float = 0.001, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
                nesterov: bool = False, maximize: bool = False):
     if nesterov and (momentum <= 0 or dampening != 0): raise ValueError("nesterov momentum needs momentum > 0 and zero dampening")
@@ -247,6 +251,7 @@ class LAMB(Adam):
 class LARS(Optimizer):
   """LARS (You et al. 2017): SGD with momentum whose step for each parameter is scaled by the trust ratio
   tcoef * ||p|| / (||g|| + weight_decay * ||p||) (1 when a norm is 0)."""
+  _saves_step = False
   def __init__(self, params, lr: float = 0.001, momentum: float = 0.9, weight_decay: float = 1e-4, nesterov: bool = False, tcoef: float = 0.001):
     super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, tcoef=tcoef))
   def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {"momentum_buffer": _zeros(p)}
