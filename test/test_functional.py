@@ -178,3 +178,15 @@ def test_submodules_are_attributes():
   import attograd
   assert attograd.nn.functional is F and hasattr(attograd.nn, "optim") and hasattr(attograd.nn, "state") and hasattr(attograd.nn.optim, "lr_scheduler")
   assert attograd.nn.init.xavier_uniform_ and attograd.nn.utils.clip_grad_norm_
+
+def test_out_of_range_indices_raise_like_torch():
+  for bad in ([0, 10], [-1, 2]):
+    with pytest.raises(IndexError): torch.nn.Embedding(10, 2)(torch.tensor(bad))
+    with pytest.raises(IndexError, match="out of bounds"): nn.Embedding(10, 2)(Tensor(bad))
+  with pytest.raises(IndexError, match="target 7"): F.cross_entropy(Tensor.ones(2, 3), Tensor([0, 7]))
+  with pytest.raises(IndexError): F.nll_loss(Tensor.ones(2, 3), Tensor([-2, 1]))
+  assert F.cross_entropy(Tensor.ones(2, 3), Tensor([-100, 1])).item() == pytest.approx(math.log(3))  # ignore_index is not out of range
+  from attograd import TinyJit
+  emb = nn.Embedding(10, 2)
+  f = TinyJit(lambda i: emb(i).realize())  # inside a capture the values aren't read (the replays get other ones)
+  for k in range(3): np.testing.assert_array_equal(f(Tensor([k, 9])).numpy(), emb.weight.numpy()[[k, 9]])

@@ -7,6 +7,7 @@ from attograd.tensor import Tensor
 from attograd.dtype import dtypes
 from attograd.nn.module import Module, Parameter
 from attograd.nn.containers import Sequential, ModuleList, ModuleDict
+from attograd.nn import functional
 from attograd.nn.activation import (ReLU, ReLU6, LeakyReLU, GELU, SiLU, Mish, ELU, SELU, CELU, Tanh, Sigmoid, LogSigmoid, Softplus,
                                     Softsign, Hardswish, Hardsigmoid, Hardtanh, GLU, Softmax, LogSoftmax, Softmin, MaxPool1d, MaxPool2d,
                                     MaxPool3d, AvgPool1d, AvgPool2d, AvgPool3d, AdaptiveAvgPool1d, AdaptiveAvgPool2d, Upsample,
@@ -143,22 +144,13 @@ class Embedding(Module):
     w = Tensor.randn(num_embeddings, embedding_dim) if _weight is None else _weight
     if self.padding_idx is not None: w = (Tensor.arange(num_embeddings).unsqueeze(1) == self.padding_idx).where(0.0, w)
     self.weight = Parameter(w.contiguous())
-  def forward(self, idx: Tensor) -> Tensor: return embedding(idx, self.weight, self.padding_idx)
+  def forward(self, idx: Tensor) -> Tensor: return functional.embedding(idx, self.weight, self.padding_idx)
   @classmethod
   def from_pretrained(cls, embeddings: Tensor, freeze: bool = True, padding_idx: int | None = None) -> Embedding:
     if embeddings.ndim != 2: raise ValueError(f"from_pretrained needs a 2-D weight, got shape {embeddings.shape}")
     m = cls(*embeddings.shape, padding_idx=padding_idx, _weight=embeddings)
     m.weight.requires_grad = not freeze
     return m
-
-def embedding(idx: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
-  """Rows of weight picked by integer indices (the gradient of padding_idx's row is zero)."""
-  if dtypes.is_float(idx.dtype): raise TypeError(f"Embedding indices must be integers, got {idx.dtype}")
-  n = weight.shape[0]
-  rows = Tensor.arange(n, device=idx.device)
-  if padding_idx is not None: weight = (rows.unsqueeze(1) == padding_idx % n).where(weight.detach(), weight)
-  hit = idx.unsqueeze(-1) == rows
-  return (hit.unsqueeze(-1).where(weight, 0.0)).sum(-2)
 
 def _ones(*shape: int) -> Parameter: return Parameter(Tensor.ones(*shape).contiguous())
 def _zeros(*shape: int) -> Parameter: return Parameter(Tensor.zeros(*shape).contiguous())
@@ -216,4 +208,4 @@ class MultiheadAttention(Module):
     return out, (w if batched else w.squeeze(0))
 
 # after the layers: these import from nn (as `from attograd import nn` then nn.optim works, as in tinygrad)
-from attograd.nn import functional, init, utils, optim, state  # noqa: E402
+from attograd.nn import init, utils, optim, state  # noqa: E402

@@ -5,6 +5,18 @@ import math
 from typing import Any, Sequence
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
+from attograd.engine.realize import capturing
+from attograd.schedule.schedule import is_view_of_buffer
+
+def _check_range(idx: Tensor, hi: int, what: str, ignore: int | None = None) -> None:
+  """IndexError for index values outside [0, hi) (other than ignore), as torch raises, when idx is already in memory
+  (and small): reading it is a copy, not a computation. A lazy index, or one inside a TinyJit capture (whose replays
+  get other values), isn't checked: a device-side check would be needed, and an out-of-range entry then matches no row."""
+  if idx.numel() == 0 or idx.numel() > 1 << 16 or capturing() is not None or not is_view_of_buffer(idx.uop): return
+  vals = idx.numpy()
+  if ignore is not None: vals = vals[vals != ignore]
+  bad = vals[(vals < 0) | (vals >= hi)]
+  if bad.size: raise IndexError(f"{what} {int(bad.flat[0])} is out of bounds for size {hi}")
 
 # ***** activations *****
 
@@ -63,6 +75,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore
   if target.shape != input.shape[:cdim] + input.shape[cdim + 1:]:
     raise ValueError(f"nll_loss: target of shape {target.shape} doesn't match input of shape {input.shape}")
   n = input.shape[cdim]
+  _check_range(target, n, "target", ignore_index)
   hit = target.unsqueeze(cdim) == _class_view(Tensor.arange(n, device=input.device), input.ndim)
   w = (hit.where(_class_view(weight, input.ndim), 0.0) if weight is not None else hit.cast(input.dtype)).sum(cdim)  # weight of each target
   w = target.ne(ignore_index).where(w, 0.0)
@@ -174,9 +187,15 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None, norm_type: float = 2.0,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+  """Rows of weight picked by integer indices (the gradient of padding_idx's row is zero)."""
   if max_norm is not None or scale_grad_by_freq or sparse: raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse")
-  from attograd.nn import embedding as _embedding  # (the layer's own function: one implementation)
-  return _embedding(input, weight, padding_idx)
+  if dtypes.is_float(input.dtype): raise TypeError(f"embedding indices must be integers, got {input.dtype}")
+  n = weight.shape[0]
+  _check_range(input, n, "embedding index")
+  rows = Tensor.arange(n, device=input.device)
+  if padding_idx is not None: weight = (rows.unsqueeze(1) == padding_idx % n).where(weight.detach(), weight)
+  hit = input.unsqueeze(-1) == rows
+  return (hit.unsqueeze(-1).where(weight, 0.0)).sum(-2)
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor: return tensor.one_hot(num_classes)
 
