@@ -82,6 +82,9 @@ def test_load_state_dict_strict_and_errors():
   res = ours.load_state_dict(sd, strict=False)
   assert res.missing_keys == ["emb.weight"] and res.unexpected_keys == ["extra"]
   assert not np.array_equal(before, ours.conv.weight.numpy())
+  theirs = _theirs()
+  ours.load_state_dict(theirs.state_dict())  # torch tensors as they are
+  np.testing.assert_array_equal(ours.conv.weight.numpy(), theirs.conv.weight.detach().numpy())
   sd2 = _sd_numpy(_theirs())
   sd2["conv.weight"] = np.zeros((1, 2), np.float32)
   w = ours.conv.weight.numpy()
@@ -235,3 +238,14 @@ def test_activation_modules_match_torch():
                      ("AdaptiveAvgPool2d", (1,)), ("Upsample", (None, 2)), ("Unflatten", (1, (3, 1)))]:
     np.testing.assert_allclose(getattr(nn, name)(*args)(Tensor(img)).numpy(), getattr(torch.nn, name)(*args)(torch.tensor(img)).numpy(),
                                atol=1e-5, rtol=1e-4, err_msg=f"{name}{args}")
+
+def test_deepcopy_gives_independent_parameters():
+  import copy
+  m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+  m2 = copy.deepcopy(m)
+  assert m2[0].weight is not m[0].weight and isinstance(m2[0].weight, nn.Parameter) and list(m2.state_dict()) == list(m.state_dict())
+  np.testing.assert_array_equal(m2[0].weight.numpy(), m[0].weight.numpy())
+  m2[0](Tensor.ones(1, 2)).sum().backward()
+  assert m2[0].weight.grad is not None and m[0].weight.grad is None  # the copy's gradient lands on the copy only
+  m2[0].weight.assign(Tensor.zeros(2, 2)).realize()
+  assert m[0].weight.numpy().any()

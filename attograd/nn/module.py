@@ -20,6 +20,17 @@ class Parameter(Tensor):
     super().__init__(data.uop)
     self.requires_grad = requires_grad
   def __repr__(self) -> str: return f"Parameter(shape={self.shape}, dtype={self.dtype}, device={self.device})"
+  def __deepcopy__(self, memo: dict) -> Parameter:
+    # a copy in memory of its own: gradients find their targets by graph node, so sharing this one's node would
+    # send the copy's gradients here too (copy.deepcopy(model) for an EMA model, a frozen teacher...)
+    out = Parameter(self.detach().clone().realize(), requires_grad=bool(self.requires_grad))
+    memo[id(self)] = out
+    return out
+
+def as_tensor(v: Any, device: str | None = None) -> Any:
+  """numpy arrays, and torch tensors (through numpy: torch is never imported here), as Tensors; anything else as it is."""
+  if type(v).__module__.startswith("torch") and hasattr(v, "detach"): v = v.detach().cpu().numpy()
+  return Tensor(v, device=device) if type(v).__module__ == "numpy" and hasattr(v, "dtype") else v
 
 class IncompatibleKeys(NamedTuple):
   missing_keys: list[str]
@@ -37,7 +48,7 @@ def copy_state(owner: str, params: dict[str, Tensor], state_dict: dict[str, Any]
   for k, p in params.items():
     if k not in state_dict: continue
     v = state_dict[k]
-    if type(v).__module__ == "numpy": v = Tensor(v, device=p.device)  # a torch checkpoint converted with .numpy()
+    v = as_tensor(v, p.device)
     if not isinstance(v, Tensor): errors.append(f"{k}: expected a Tensor in the state_dict, got {type(v).__name__}"); continue
     if v.shape != p.shape:
       errors.append(f"size mismatch for {k}: copying a param with shape {v.shape} from checkpoint, the shape in current model is {p.shape}.")
@@ -159,8 +170,8 @@ class Module:
       if (m := getattr(self, name)) is not None: m.state_dict(out, prefix + name + ".")
     return out
   def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> IncompatibleKeys:
-    """Copy values in by torch's key names; the values may be Tensors or numpy arrays (a torch checkpoint's
-    `{k: v.numpy() for k, v in sd.items()}`). Parameters keep their identity, so optimizers holding them see the values."""
+    """Copy values in by torch's key names; the values may be Tensors, numpy arrays or torch tensors (a torch
+    model's state_dict() as it is). Parameters keep their identity, so optimizers holding them see the values."""
     return copy_state(type(self).__name__, self.state_dict(), state_dict, strict)
 
   # ***** modes and movement *****

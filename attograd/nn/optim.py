@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable, Iterable
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
+from attograd.nn.module import as_tensor
 
 def _scalar(v: float, device: str) -> Tensor: return Tensor.full((), float(v), dtype=dtypes.float32, device=device).contiguous().realize()
 def _is_number(v: Any) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -158,7 +159,8 @@ class Optimizer:
     for sg, g in zip(groups, self.param_groups):
       for j, p in zip(sg["params"], g["params"]):
         for name, v in state.get(j, {}).items():
-          v = Tensor(v) if type(v).__module__ == "numpy" else v if isinstance(v, Tensor) else Tensor(float(v))
+          v = as_tensor(v)
+          if not isinstance(v, Tensor): v = Tensor(float(v))
           target = g.t("step") if name == "step" else self.state[p].get(name)
           if target is None: raise ValueError(f"{type(self).__name__} has no state {name!r} (parameter {j})")
           if v.shape != target.shape and v.numel() != target.numel():
