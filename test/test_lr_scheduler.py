@@ -203,3 +203,33 @@ def test_optimizer_group_and_lars():
   assert a.tolist() == pytest.approx([0.9, 0.9]) and b.numpy().max() < 1 and len(g.param_groups) == 2
   g.zero_grad()
   assert a.grad is None and b.grad is None
+
+def _numpy_muon(p, grads, lr, wd, mom, nesterov, coef, eps, steps):
+  buf = np.zeros_like(p)
+  for g in grads:
+    buf = buf + (g - buf) * (1 - mom)
+    x = g + (buf - g) * mom if nesterov else buf
+    t = x.shape[0] > x.shape[1]
+    x = x.T if t else x
+    x = x / max(np.linalg.norm(x), eps)
+    for _ in range(steps):
+      gram = x @ x.T
+      x = coef[0] * x + (coef[1] * gram + coef[2] * gram @ gram) @ x
+    x = x.T if t else x
+    p = p * (1 - lr * wd) - lr * math.sqrt(max(1, p.shape[0] / p.shape[1])) * x
+  return p
+
+@pytest.mark.parametrize("shape,nesterov", [((6, 4), True), ((3, 5), False)])
+def test_muon_matches_a_numpy_reference_and_torch(shape, nesterov):
+  rng = np.random.default_rng(0)
+  p0 = rng.standard_normal(shape).astype(np.float32)
+  grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+  w, tw = Tensor(p0.copy(), requires_grad=True), torch.tensor(p0.copy(), requires_grad=True)
+  o, t = optim.Muon([w], lr=0.02, nesterov=nesterov), torch.optim.Muon([tw], lr=0.02, nesterov=nesterov)
+  for g in grads:
+    w.grad, tw.grad = Tensor(g), torch.tensor(g)
+    o.step(); t.step()
+  ref = _numpy_muon(p0.astype(np.float64), [g.astype(np.float64) for g in grads], 0.02, 0.1, 0.95, nesterov, (3.4445, -4.775, 2.0315), 1e-7, 5)
+  np.testing.assert_allclose(w.numpy(), ref, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(w.numpy() - p0, tw.detach().numpy() - p0, atol=0.02 * 0.02 * 3, rtol=0.05)  # torch iterates in bfloat16
+  with pytest.raises(ValueError): optim.Muon([Tensor.ones(3, requires_grad=True)])

@@ -61,6 +61,7 @@ class ParamGroup(dict):
 class Optimizer:
   """Base class: params is a list of Tensors, or of dicts {"params": [...], "lr": ...} (one param group each)."""
   _saves_step = True  # whether state_dict() lists each parameter's step, as torch's counterpart does (SGD doesn't)
+  _structural: frozenset[str] = frozenset()  # numeric hyperparameters that shape the graph (loop counts): not Tensors
   def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]] | Tensor, defaults: dict[str, Any]):
     if isinstance(params, Tensor): raise TypeError("params must be an iterable of Tensors or of dicts, not a Tensor")
     self.defaults = defaults
@@ -91,7 +92,7 @@ class Optimizer:
     values = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": ps}
     self._check(values)
     device = ps[0].device if ps else "CPU"
-    g = ParamGroup(values, device, self.defaults)
+    g = ParamGroup(values, device, [k for k in self.defaults if k not in self._structural])
     g.tensors["step"] = _scalar(0, device)  # how many steps this group has taken (float, as torch keeps it)
     self._init_group(g)
     self.param_groups.append(g)
@@ -264,6 +265,37 @@ class LARS(Optimizer):
     g = (g + wd * p) * trust
     b = state["momentum_buffer"].assign(m * state["momentum_buffer"] + g)
     return p - group.t("lr") * (g + m * b if group["nesterov"] else b)
+
+class Muon(Optimizer):
+  """torch.optim.Muon for 2-D parameters: the momentum buffer moves toward the gradient by 1 - momentum (nesterov: the
+  update is the gradient moved toward the buffer by momentum), the update is orthogonalized by ns_steps quintic
+  Newton-Schulz iterations (ns_coefficients), scaled by sqrt(max(1, rows / cols)) ("match_rms_adamw":
+  0.2 * sqrt(max(rows, cols))), with decoupled weight decay. The iterations run in the parameter's dtype (torch: bfloat16)."""
+  _saves_step = False
+  _structural = frozenset({"ns_steps"})
+  def __init__(self, params, lr: float = 0.001, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
+               ns_coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315), eps: float = 1e-7, ns_steps: int = 5,
+               adjust_lr_fn: str | None = None):
+    if adjust_lr_fn not in (None, "original", "match_rms_adamw"): raise ValueError(f"unknown adjust_lr_fn {adjust_lr_fn!r}")
+    if not 0 < ns_steps < 100: raise ValueError(f"ns_steps must be in 1..99, got {ns_steps}")
+    super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_coefficients=tuple(ns_coefficients),
+                                  eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn))
+    if any(p.ndim != 2 for p in self.params): raise ValueError("Muon trains 2-D parameters only; give the others to another optimizer")
+  def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {"momentum_buffer": _zeros(p)}
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
+    m, (a, b, c) = group.t("momentum"), group.t("ns_coefficients")
+    buf = state["momentum_buffer"].assign(state["momentum_buffer"] + (g - state["momentum_buffer"]) * (1 - m))
+    x = g + (buf - g) * m if group["nesterov"] else buf
+    rows, cols = p.shape
+    if rows > cols: x = x.T
+    x = x / x.square().sum().sqrt().maximum(group.t("eps"))  # spectral norm at most 1
+    for _ in range(group["ns_steps"]):
+      gram = x @ x.T
+      x = a * x + (b * gram + c * (gram @ gram)) @ x
+    if rows > cols: x = x.T
+    scale = 0.2 * math.sqrt(max(rows, cols)) if group["adjust_lr_fn"] == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+    lr = group.t("lr")
+    return p * (1 - lr * group.t("weight_decay")) - lr * scale * x
 
 class OptimizerGroup(Optimizer):
   """Several optimizers stepped as one (one schedule), as tinygrad's OptimizerGroup."""
