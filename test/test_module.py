@@ -249,3 +249,8 @@ def test_deepcopy_gives_independent_parameters():
   assert m2[0].weight.grad is not None and m[0].weight.grad is None  # the copy's gradient lands on the copy only
   m2[0].weight.assign(Tensor.zeros(2, 2)).realize()
   assert m[0].weight.numpy().any()
+
+def test_batchnorm_takes_torchs_positional_order():
+  bn, tbn = nn.BatchNorm2d(3, 1e-3, 0.3, False), torch.nn.BatchNorm2d(3, 1e-3, 0.3, False)
+  assert (bn.eps, bn.momentum, bn.weight) == (tbn.eps, tbn.momentum, tbn.weight) == (1e-3, 0.3, None)
+  assert nn.BatchNorm(3, 1e-3, False).weight is None  # tinygrad's: (sz, eps, affine, track_running_stats, momentum)

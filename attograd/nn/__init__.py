@@ -65,8 +65,9 @@ class ConvTranspose2d(Module):
 
 class BatchNorm(Module):
   """BatchNorm over axis 1 of (N, C, ...) inputs. In training mode it normalizes with the batch's
-  statistics and updates the running ones (running_var with the unbiased estimate, as torch)."""
-  def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True, track_running_stats: bool = True, momentum: float = 0.1):
+  statistics and updates the running ones (running_var with the unbiased estimate, as torch); momentum=None keeps
+  their cumulative average instead. Arguments in tinygrad's order; BatchNorm1d/2d/3d take torch's."""
+  def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True, track_running_stats: bool = True, momentum: float | None = 0.1):
     super().__init__()
     self.num_features, self.eps, self.momentum, self.track_running_stats = num_features, eps, momentum, track_running_stats
     self.weight = _ones(num_features) if affine else None
@@ -83,12 +84,19 @@ class BatchNorm(Module):
       var = (x - mean.reshape(1, -1, *(1,) * (x.ndim - 2))).square().mean(axes)
       if self.training and self.track_running_stats:
         n = x.numel() // x.shape[1]
-        self.running_mean.assign((1 - self.momentum) * self.running_mean + self.momentum * mean.detach())
-        self.running_var.assign((1 - self.momentum) * self.running_var + self.momentum * (n / max(n - 1, 1)) * var.detach())
-        self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        count = self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        f = self.momentum if self.momentum is not None else 1 / count.cast(dtypes.float32)  # (None: the cumulative average)
+        self.running_mean.assign((1 - f) * self.running_mean + f * mean.detach())
+        self.running_var.assign((1 - f) * self.running_var + f * (n / max(n - 1, 1)) * var.detach())
     else: mean, var = self.running_mean, self.running_var
     return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
-BatchNorm1d = BatchNorm2d = BatchNorm3d = BatchNorm
+
+class BatchNorm2d(BatchNorm):
+  """torch's argument order: (num_features, eps, momentum, affine, track_running_stats)."""
+  def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True, track_running_stats: bool = True):
+    super().__init__(num_features, eps, affine, track_running_stats, momentum)
+class BatchNorm1d(BatchNorm2d): pass
+class BatchNorm3d(BatchNorm2d): pass
 
 class LayerNorm(Module):
   def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
