@@ -101,3 +101,8 @@ def test_train_decorator_and_mean_of_bool():
   acc = (pred == y).mean()
   assert acc.dtype.name.startswith("float") and acc.item() == 0.5
   assert (pred == y).mean(0).item() == 0.5
+
+def test_torch_generator_seeds_the_order():
+  ds = data.TensorDataset(X, Y)
+  order = lambda g: next(iter(data.DataLoader(ds, batch_size=46, shuffle=True, generator=g)))[1].tolist()
+  assert order(torch.Generator().manual_seed(5)) == order(torch.Generator().manual_seed(5)) != order(torch.Generator().manual_seed(6))

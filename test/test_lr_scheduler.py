@@ -117,6 +117,7 @@ def test_param_groups_and_keywords():
   assert [g["lr"] for g in o.param_groups] == [0.01, 0.5] and o.param_groups[1]["betas"] == (0.5, 0.6) and o.param_groups[0]["eps"] == 1e-6
   assert o.params == [a, b]
   assert optim.Adam([a], b1=0.7).param_groups[0]["betas"] == (0.7, 0.999)  # tinygrad's spelling
+  assert optim.SGD(nn.Linear(2, 2).named_parameters()).params[0].shape == (2, 2)  # torch's (name, tensor) pairs
   with pytest.raises(TypeError): optim.Adam([a], betas=(0.9, 0.99), b1=0.8)
   with pytest.raises(TypeError): optim.SGD([{"params": [a], "betas": (0.9, 0.9)}])
   with pytest.raises(ValueError): optim.SGD([{"params": [a]}, {"params": [a]}])

@@ -68,6 +68,7 @@ class Optimizer:
     self.param_groups: list[ParamGroup] = []
     self.state: dict[Tensor, dict[str, Tensor]] = {}  # per parameter: its optimizer state tensors, by torch's names
     params = list(params)
+    if params and isinstance(params[0], tuple): params = [p for _, p in params]  # torch's named parameters: (name, tensor)
     for g in (params if params and isinstance(params[0], dict) else [{"params": params}]): self.add_param_group(g)
     if not self.params: raise ValueError("optimizer got no parameters that require grad")
   @staticmethod

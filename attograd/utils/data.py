@@ -62,7 +62,8 @@ def _rng(generator: Any) -> random.Random:
   if isinstance(generator, random.Random): return generator
   if isinstance(generator, int): return random.Random(generator)
   if hasattr(generator, "integers"): return random.Random(int(generator.integers(2 ** 63)))
-  raise TypeError(f"generator must be an int seed, a random.Random or a numpy Generator, not {type(generator).__name__}")
+  if hasattr(generator, "initial_seed"): return random.Random(int(generator.initial_seed()))  # a torch.Generator: its seed
+  raise TypeError(f"generator must be an int seed, a random.Random, a numpy or torch Generator, not {type(generator).__name__}")
 
 def random_split(dataset: Dataset, lengths: Sequence[int | float], generator: Any = None) -> list[Subset]:
   n = len(dataset)  # type: ignore[arg-type]
