@@ -98,6 +98,11 @@ def test_parameters_keep_identity_through_load_and_to():
   assert m.weight is w and isinstance(w, nn.Parameter) and w.requires_grad and w.tolist() == [[1.0] * 3] * 2
   m.to(dtypes.float16)
   assert m.weight is w and w.dtype == dtypes.float16 and m(Tensor.ones(1, 3, dtype=dtypes.float16)).dtype == dtypes.float16
+  m2 = nn.Linear(3, 2)
+  w2, ref = m2.weight, m2(Tensor.ones(1, 3)).numpy()
+  m2.to("PYTHON")
+  assert m2.weight is w2 and w2.device == m2.bias.device == "PYTHON"
+  np.testing.assert_allclose(m2(Tensor.ones(1, 3, device="PYTHON")).numpy(), ref, rtol=1e-6)
   bn = nn.BatchNorm2d(3).to(dtypes.float64)
   assert bn.running_mean.dtype == dtypes.float64 and bn.num_batches_tracked.dtype == dtypes.int64  # ints aren't cast
 

@@ -240,7 +240,6 @@ class Module:
     lines = [f"  ({name}): " + repr(getattr(self, name)).replace("\n", "\n  ") for name in self._modules]
     head = f"{type(self).__name__}({self.extra_repr()}"
     return head + ("\n" + "\n".join(lines) + "\n)" if lines else ")")
-  def __dir__(self) -> list[str]: return sorted(set(super().__dir__()))
 
 class _HookHandle:
   _next = 0
