@@ -32,7 +32,7 @@ class ParamGroup(dict):
     return tuple(x.uop for x in t) if isinstance(t, tuple) else (t.uop,)
   def _mark(self, k: str) -> None: self._seen[k] = self._uops(k)
   def __setitem__(self, k: str, v: Any) -> None:
-    if k in self.tensors:
+    if k in self._seen:  # a hyperparameter (not the optimizer's own tensors, "step" and the like, also in self.tensors)
       t = self.tensors[k]
       if isinstance(v, Tensor):  # (opt.lr = Tensor(...)): the value is copied in; the tensor stays the one kernels read
         if isinstance(t, tuple): raise TypeError(f"param group entry {k!r} is a tuple of {len(t)} numbers, not a Tensor")
@@ -45,7 +45,7 @@ class ParamGroup(dict):
       self._mark(k)
     super().__setitem__(k, v)
   def __getitem__(self, k: str) -> Any:
-    if k in self.tensors:  # someone assigned the tensor directly (opt.lr.assign(...)): read the value it now holds
+    if k in self._seen:  # someone assigned the tensor directly (opt.lr.assign(...)): read the value it now holds
       t = self.tensors[k]
       if any(a is not b for a, b in zip(self._uops(k), self._seen[k])):
         v = tuple(float(x.item()) for x in t) if isinstance(t, tuple) else float(t.item())
