@@ -265,6 +265,65 @@ class Progress:
     else: self.bar.close()
     self.bar = None
 
+class _Bar:
+  """tqdm's common surface (iterate, update, set_description, set_postfix, close, with) for when tqdm isn't installed:
+  one stderr line rewritten at most 10 times a second."""
+  def __init__(self, iterable: Iterable[Any] | None = None, desc: str = "", total: int | None = None, disable: bool = False,
+               unit: str = "it", leave: bool = True, **kw: Any):
+    self.iterable, self.desc, self.disable, self.unit, self.leave, self.n, self.postfix = iterable, desc, disable, unit, leave, 0, ""
+    self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)  # type: ignore[arg-type]
+    self.start, self.shown = time.perf_counter(), 0.0
+  def __iter__(self) -> Iterator[Any]:
+    if self.iterable is None: raise TypeError("this progress bar has no iterable: call update()")
+    try:
+      for x in self.iterable:
+        yield x
+        self.update(1)
+    finally: self.close()
+  def __len__(self) -> int: return self.total or 0
+  def __enter__(self) -> _Bar: return self
+  def __exit__(self, *exc: Any) -> None: self.close()
+  def set_description(self, desc: str = "", refresh: bool = True) -> None: self.desc = desc; self._draw(refresh)
+  def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: self.postfix = s; self._draw(refresh)
+  def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True, **kw: Any) -> None:
+    self.set_postfix_str(", ".join(f"{k}={v}" for k, v in {**(ordered_dict or {}), **kw}.items()), refresh)
+  def update(self, n: int = 1) -> None: self.n += n; self._draw(False)
+  def refresh(self) -> None: self._draw(True)
+  def _draw(self, force: bool) -> None:
+    now = time.perf_counter()
+    if self.disable or (not force and now - self.shown < 0.1 and self.n != self.total): return
+    self.shown, el = now, now - self.start
+    rate = f"{self.n / el:.2f} {self.unit}/s" if el > 0 else ""
+    of = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+    sys.stderr.write(f"\r{self.desc + ': ' if self.desc else ''}{of} [{el:.1f} s, {rate}]{' ' + self.postfix if self.postfix else ''}\033[K")
+    sys.stderr.flush()
+  def close(self) -> None:
+    if self.disable or self.shown < 0: return
+    self._draw(True)
+    sys.stderr.write("\n" if self.leave else "\r\033[K"); sys.stderr.flush()
+    self.shown = -1.0
+
+def tqdm(iterable: Iterable[Any] | None = None, *args: Any, **kw: Any) -> Any:
+  """tqdm's progress bar when the package is installed, else a small one with the same common methods."""
+  try: from tqdm import tqdm as real
+  except ImportError: return _Bar(iterable, *args, **kw)
+  return real(iterable, *args, **kw)
+
+def trange(n: int, *args: Any, **kw: Any) -> Any:
+  """tqdm(range(n)): tinygrad's `for i in (t := trange(steps)): t.set_description(...)`."""
+  return tqdm(range(n), *args, **kw)
+
+class Timing(contextlib.ContextDecorator):
+  """with Timing("step: "): ... prints how long the block took (wall clock), in ms; on_exit(ns) adds to the line."""
+  def __init__(self, prefix: str = "", on_exit: Callable[[int], str] | None = None, enabled: bool = True):
+    self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+  def __enter__(self) -> Timing:
+    self.st = time.perf_counter_ns()
+    return self
+  def __exit__(self, *exc: Any) -> None:
+    self.et = time.perf_counter_ns() - self.st
+    if self.enabled: print(f"{self.prefix}{self.et * 1e-6:6.2f} ms" + (self.on_exit(self.et) if self.on_exit else ""))
+
 def colored(s: str, color: str | None) -> str:
   codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36}
   return f"\u001b[{codes[color]}m{s}\u001b[0m" if color and sys.stdout.isatty() else s

@@ -140,6 +140,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   training: bool = False
   @staticmethod
   def train(mode: bool = True) -> _TrainMode: return _TrainMode(mode)
+  @staticmethod
+  def test() -> _TrainMode: return _TrainMode(False)
   _seed: int = 0
   _rng_state: dict[str, Tensor] = {}  # per device: [key, counter] as uint32s in device memory
 
@@ -899,6 +901,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def mean(self, axis=None, keepdim: bool = False, *, dim=None, dtype: DType | None = None) -> Tensor:
     if dim is not None: axis = dim
     if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
+    if self.dtype == dtypes.bool: return self.cast(dtypes.default_float).mean(axis, keepdim)  # tinygrad's (pred == y).mean()
     if not dtypes.is_float(self.dtype):
       raise TypeError(f"mean of a {self.dtype} tensor: PyTorch needs a floating dtype here too; use .float().mean()")
     n = sym_prod(self.shape[a] for a in self._axes(axis))
@@ -1197,11 +1200,19 @@ class ValuesIndices(tuple):
   indices = property(lambda self: self[1])
 
 class _TrainMode:
-  """Tensor.train() turns on dropout and batchnorm statistics; as `with Tensor.train():` it restores
-  the previous mode at the end."""
-  def __init__(self, mode: bool): self.prev, Tensor.training = Tensor.training, mode
-  def __enter__(self) -> _TrainMode: return self
-  def __exit__(self, *exc) -> None: Tensor.training = self.prev
+  """`with Tensor.train():` or `@Tensor.train()` turns on dropout and batchnorm statistics for the block or the decorated
+  function, then restores the previous mode (Tensor.test() turns them off). A stack of previous modes: re-entrant."""
+  def __init__(self, mode: bool): self.mode, self.prev = mode, []
+  def __enter__(self) -> _TrainMode:
+    self.prev.append(Tensor.training)
+    Tensor.training = self.mode
+    return self
+  def __exit__(self, *exc) -> None: Tensor.training = self.prev.pop()
+  def __call__(self, fn: Callable) -> Callable:
+    def wrapped(*args: Any, **kw: Any) -> Any:
+      with self: return fn(*args, **kw)
+    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = getattr(fn, "__name__", "fn"), fn.__doc__, fn  # type: ignore[attr-defined]
+    return wrapped
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):

@@ -10,13 +10,14 @@ def time_steps(step, n: int) -> float:
     st = time.perf_counter(); step(); times.append(time.perf_counter() - st)
   return statistics.median(times) * 1e3
 
-def attograd_step(bs: int):
+def attograd_step(bs: int, beautiful: bool = False):
   from mnist import ConvNet
+  from beautiful_mnist import Net
   from attograd import Tensor
   from attograd.nn import optim
   from attograd.nn.state import get_parameters
   Tensor.manual_seed(0)
-  model = ConvNet()
+  model = Net() if beautiful else ConvNet()
   opt = optim.Adam(get_parameters(model), lr=1e-3)
   x, y = Tensor.randn(bs, 1, 28, 28).realize(), Tensor.randint(bs, high=10).realize()
   def step():
@@ -27,11 +28,15 @@ def attograd_step(bs: int):
     return loss.item()
   return step
 
-def torch_step(bs: int):
+def torch_step(bs: int, beautiful: bool = False):
   import torch
   torch.manual_seed(0)
-  model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3),
-                              torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(400, 10))
+  nn = torch.nn
+  if beautiful:  # examples/beautiful_mnist.py's Net
+    block = lambda cin, cout, k: [nn.Conv2d(cin, cout, k), nn.ReLU(), nn.Conv2d(cout, cout, k), nn.ReLU(), nn.BatchNorm2d(cout), nn.MaxPool2d(2)]
+    model = nn.Sequential(*block(1, 32, 5), *block(32, 64, 3), nn.Flatten(), nn.Linear(576, 10))
+    model.train()
+  else: model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 10))
   opt = torch.optim.Adam(model.parameters(), lr=1e-3)
   x, y = torch.randn(bs, 1, 28, 28), torch.randint(0, 10, (bs,))
   def step():
@@ -43,11 +48,13 @@ def torch_step(bs: int):
   return step
 
 def main() -> None:
-  bs, n = int(os.getenv("BS", 128)), int(os.getenv("STEPS", 20))
-  ours, theirs = attograd_step(bs), torch_step(bs)
+  """--model beautiful: examples/beautiful_mnist.py's 4-conv + 2-BatchNorm net (batch 512 by default)."""
+  beautiful = "--model" in sys.argv and sys.argv[sys.argv.index("--model") + 1] == "beautiful"
+  bs, n = int(os.getenv("BS", 512 if beautiful else 128)), int(os.getenv("STEPS", 20))
+  ours, theirs = attograd_step(bs, beautiful), torch_step(bs, beautiful)
   for _ in range(3): ours(), theirs()   # compile, warm caches
   a, t = time_steps(ours, n), time_steps(theirs, n)
-  print(f"mnist convnet training step, batch {bs}, median of {n}")
+  print(f"mnist {'beautiful (4 conv, 2 batchnorm)' if beautiful else 'convnet'} training step, batch {bs}, median of {n}")
   print(f"  attograd {a:8.2f} ms\n  torch    {t:8.2f} ms\n  attograd/torch {a / t:.2f}x ({'faster' if a < t else 'slower'})")
 
 if __name__ == "__main__": main()

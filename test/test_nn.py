@@ -78,7 +78,8 @@ def test_conv_transpose2d(cin, cout, k, kw, hw):
 
 # ***** normalization *****
 
-@pytest.mark.parametrize("shape,kw", [((8, 3, 4, 5), {}), ((6, 4), dict(momentum=0.3, eps=1e-3)), ((5, 3, 7), dict(affine=False))])
+@pytest.mark.parametrize("shape,kw", [((8, 3, 4, 5), {}), ((6, 4), dict(momentum=0.3, eps=1e-3)), ((5, 3, 7), dict(affine=False)),
+                                      ((6, 3, 2), dict(momentum=None))])
 def test_batchnorm_train_then_eval(shape, kw):
   """Two training steps (batch statistics, running stats updated with the unbiased variance), then eval
   mode, which normalizes with the running statistics. The 3-D case leaves the first update pending

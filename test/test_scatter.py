@@ -76,10 +76,11 @@ def test_cross_entropy_gradient_matches_torch(vocab):
   torch.nn.functional.cross_entropy(t, torch.tensor(target)).backward()
   np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), atol=1e-6, rtol=1e-4)
 
-def _embedding_grad(vocab: int, d: int, idx: np.ndarray, g: np.ndarray, device: str = "CPU") -> Tensor:
+def _embedding_grad(vocab: int, d: int, idx: np.ndarray, g: np.ndarray, device: str = "CPU", lazy: bool = False) -> Tensor:
   emb = nn.Embedding(vocab, d)
   emb.weight = Tensor(np.zeros((vocab, d), np.float32), device=device, requires_grad=True)
-  (emb(Tensor(idx, device=device)) * Tensor(g, device=device)).sum().backward()
+  i = Tensor(idx, device=device)
+  (emb(i + 0 if lazy else i) * Tensor(g, device=device)).sum().backward()
   return emb.weight.grad
 
 def test_scatter_work_does_not_grow_with_vocab():
@@ -96,7 +97,8 @@ def test_out_of_range_indices_add_nothing():
   vocab, d = 10, 4
   raw = np.array([[0, 3, 10, -1], [9, 12, 3, -5]])
   g = rng.standard_normal((2, 4, d)).astype(np.float32)
-  grad = _embedding_grad(vocab, d, raw, g).numpy()
+  with pytest.raises(IndexError): _embedding_grad(vocab, d, raw, g)  # one in memory is checked, as torch checks
+  grad = _embedding_grad(vocab, d, raw, g, lazy=True).numpy()
   want = np.zeros((vocab, d), np.float32)
   for i, v in np.ndenumerate(raw):
     if 0 <= v < vocab: want[v] += g[i]

@@ -1,78 +1,319 @@
-"""Optimizers. One step() realizes every parameter update (and optimizer state) together, and the
-learning rate is a Tensor, so a schedule changing it reuses the same compiled kernels."""
+"""Optimizers, with PyTorch's names (param_groups, betas=, state_dict) beside tinygrad's (b1=, b2=, schedule_step,
+OptimizerGroup). One step() realizes every parameter update and optimizer state together.
+
+Every numeric hyperparameter of a group (lr, betas, momentum, weight_decay, eps, ...) lives in a 0-d Tensor that the
+update kernels read, so changing one (`group["lr"] = 0.01`, `opt.lr = 0.01`, a scheduler) compiles nothing and a
+TinyJit replay reads the new value: nothing is baked into a kernel that could go stale."""
 from __future__ import annotations
+import math
+from typing import Any, Callable, Iterable
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
+from attograd.nn.module import as_tensor
+
+def _scalar(v: float, device: str) -> Tensor: return Tensor.full((), float(v), dtype=dtypes.float32, device=device).contiguous().realize()
+def _is_number(v: Any) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _live(v: Any) -> bool: return _is_number(v) or (isinstance(v, tuple) and len(v) > 0 and all(_is_number(x) for x in v))
+
+class ParamGroup(dict):
+  """torch's param group dict ("params", "lr", ...). Setting a numeric entry also writes the Tensor the kernels read."""
+  def __init__(self, values: dict[str, Any], device: str, hyper: Iterable[str]):
+    super().__init__(values)
+    self.device = device
+    self.tensors: dict[str, Any] = {}  # key -> Tensor, or a tuple of Tensors for a tuple entry (betas)
+    self._seen: dict[str, Any] = {}    # key -> the uops the tensors had when last set: a direct assign is noticed
+    for k in hyper:
+      if _live(values[k]): self._make(k, values[k])
+  def _make(self, k: str, v: Any) -> None:
+    self.tensors[k] = tuple(_scalar(x, self.device) for x in v) if isinstance(v, tuple) else _scalar(v, self.device)
+    self._mark(k)
+  def _uops(self, k: str) -> tuple:
+    t = self.tensors[k]
+    return tuple(x.uop for x in t) if isinstance(t, tuple) else (t.uop,)
+  def _mark(self, k: str) -> None: self._seen[k] = self._uops(k)
+  def __setitem__(self, k: str, v: Any) -> None:
+    if k in self._seen:  # a hyperparameter (not the optimizer's own tensors, "step" and the like, also in self.tensors)
+      t = self.tensors[k]
+      if isinstance(v, Tensor):  # (opt.lr = Tensor(...)): the value is copied in; the tensor stays the one kernels read
+        if isinstance(t, tuple): raise TypeError(f"param group entry {k!r} is a tuple of {len(t)} numbers, not a Tensor")
+        t.assign(v.reshape(()).cast(t.dtype).to(t.device)).realize()
+        self._mark(k)
+        return super().__setitem__(k, float(t.item()))
+      if not _live(v) or isinstance(v, tuple) != isinstance(t, tuple) or (isinstance(v, tuple) and len(v) != len(t)):
+        raise TypeError(f"param group entry {k!r} must stay a {'tuple of numbers' if isinstance(t, tuple) else 'number'}, got {v!r}")
+      for x, y in zip(t, v) if isinstance(t, tuple) else [(t, v)]: x.assign(float(y)).realize()
+      self._mark(k)
+    super().__setitem__(k, v)
+  def __getitem__(self, k: str) -> Any:
+    if k in self._seen:  # someone assigned the tensor directly (opt.lr.assign(...)): read the value it now holds
+      t = self.tensors[k]
+      if any(a is not b for a, b in zip(self._uops(k), self._seen[k])):
+        v = tuple(float(x.item()) for x in t) if isinstance(t, tuple) else float(t.item())
+        self._mark(k)
+        super().__setitem__(k, v)
+    return super().__getitem__(k)
+  def get(self, k: str, default: Any = None) -> Any: return self[k] if k in self else default
+  def setdefault(self, k: str, default: Any = None) -> Any:
+    if k not in self: self[k] = default
+    return self[k]
+  def t(self, k: str) -> Any: return self.tensors[k]
 
 class Optimizer:
-  def __init__(self, params: list[Tensor], lr: float):
-    # like tinygrad: parameters handed to an optimizer require grad unless explicitly set False
-    for p in params:
-      if p.requires_grad is None: p.requires_grad = True
-    self.params = [p for p in dict.fromkeys(params) if p.requires_grad]
+  """Base class: params is a list of Tensors, or of dicts {"params": [...], "lr": ...} (one param group each)."""
+  _saves_step = True  # whether state_dict() lists each parameter's step, as torch's counterpart does (SGD doesn't)
+  _structural: frozenset[str] = frozenset()  # numeric hyperparameters that shape the graph (loop counts): not Tensors
+  def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]] | Tensor, defaults: dict[str, Any]):
+    if isinstance(params, Tensor): raise TypeError("params must be an iterable of Tensors or of dicts, not a Tensor")
+    self.defaults = defaults
+    self.param_groups: list[ParamGroup] = []
+    self.state: dict[Tensor, dict[str, Tensor]] = {}  # per parameter: its optimizer state tensors, by torch's names
+    params = list(params)
+    if params and isinstance(params[0], tuple): params = [p for _, p in params]  # torch's named parameters: (name, tensor)
+    for g in (params if params and isinstance(params[0], dict) else [{"params": params}]): self.add_param_group(g)
     if not self.params: raise ValueError("optimizer got no parameters that require grad")
-    self.lr = Tensor([lr], dtype=dtypes.float32, device=self.params[0].device).realize()
-    self.state: list[Tensor] = []  # buffers realized with the parameters on each step
-  def zero_grad(self) -> None:
-    for p in self.params: p.grad = None
-  def step(self) -> None:
+  @staticmethod
+  def _trainable(params: Iterable[Tensor]) -> list[Tensor]:
+    """The tensors the optimizer will train: floating point ones not marked requires_grad=False. Like tinygrad, a
+    float tensor that never said is made to require grad; ints (BatchNorm's num_batches_tracked) are skipped."""
+    out = []
+    for p in params:
+      if not isinstance(p, Tensor): raise TypeError(f"optimizer params must be Tensors, got {type(p).__name__}")
+      if not dtypes.is_float(p.dtype) or p.requires_grad is False: continue
+      if p.requires_grad is None: p.requires_grad = True
+      out.append(p)
+    return list(dict.fromkeys(out))
+  def add_param_group(self, group: dict[str, Any]) -> None:
+    if "params" not in group: raise ValueError("a param group needs a 'params' entry")
+    ps = [group["params"]] if isinstance(group["params"], Tensor) else list(group["params"])
+    ps = self._trainable(ps)
+    taken = {id(p) for g in self.param_groups for p in g["params"]}
+    if any(id(p) in taken for p in ps): raise ValueError("some parameters appear in more than one parameter group")
+    unknown = set(group) - set(self.defaults) - {"params", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum", "name"}
+    if unknown: raise TypeError(f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)}")
+    values = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": ps}
+    self._check(values)
+    device = ps[0].device if ps else "CPU"
+    g = ParamGroup(values, device, [k for k in self.defaults if k not in self._structural])
+    g.tensors["step"] = _scalar(0, device)  # how many steps this group has taken (float, as torch keeps it)
+    self._init_group(g)
+    self.param_groups.append(g)
+    for p in ps: self.state[p] = self._init_state(p, g)
+  def _check(self, group: dict[str, Any]) -> None:
+    for k in ("lr", "eps", "weight_decay", "momentum"):
+      if k in group and _is_number(group[k]) and group[k] < 0: raise ValueError(f"invalid {k}: {group[k]} (must be >= 0)")
+    if "betas" in group and not all(0 <= b < 1 for b in group["betas"]): raise ValueError(f"invalid betas {group['betas']}: each must be in [0, 1)")
+  @property
+  def params(self) -> list[Tensor]: return [p for g in self.param_groups for p in g["params"]]
+  @property
+  def lr(self) -> Tensor:
+    """The first group's learning rate tensor; `opt.lr = x` sets every group's."""
+    return self.param_groups[0].t("lr")
+  @lr.setter
+  def lr(self, value: float | Tensor) -> None:
+    for g in self.param_groups: g["lr"] = value
+  def zero_grad(self, set_to_none: bool = True) -> None:
+    for p in self.params:
+      if set_to_none or p.grad is None: p.grad = None
+      else: p.grad = p.zeros_like().contiguous()
+  def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    loss = closure() if closure is not None else None
     Tensor.realize_all(self.schedule_step())
+    return loss
+  def state_tensors(self) -> list[Tensor]:
+    """Every tensor a step writes besides the parameters."""
+    return [*(t for s in self.state.values() for t in s.values()), *(g.t("step") for g in self.param_groups), *self._extra_state()]
+  def _extra_state(self) -> list[Tensor]: return []
   def schedule_step(self) -> list[Tensor]:
     """Assign the updates lazily and return everything that must be realized for them."""
-    for i, p in enumerate(self.params):
-      if p.grad is None: continue
-      p.assign(self._update(i, p, p.grad.detach().cast(p.dtype)).cast(p.dtype))
-    return [*self.params, *self.state]
-  def _update(self, i: int, p: Tensor, g: Tensor) -> Tensor: raise NotImplementedError
-  def _zeros_like_params(self) -> list[Tensor]:
-    return [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device).contiguous().realize() for p in self.params]
+    for g in self.param_groups:
+      step = g.t("step")
+      step.assign(step + 1)
+      self._group_step(g)
+      for p in g["params"]:
+        if p.grad is None: continue
+        grad = p.grad.detach().cast(p.dtype)
+        p.assign(self._update(p, grad, g, self.state[p]).cast(p.dtype))
+    return [*self.params, *self.state_tensors()]
+  def _init_group(self, group: ParamGroup) -> None: """Make per-group state tensors."""
+  def _group_step(self, group: ParamGroup) -> None: """Per-group work before the parameter updates (bias corrections)."""
+  def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {}
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor: raise NotImplementedError
+
+  # ***** saving and loading, in torch's layout *****
+  def state_dict(self) -> dict[str, Any]:
+    """{"state": {index: {name: Tensor}}, "param_groups": [{hyperparameters..., "params": [indices]}]}: torch's layout
+    and names (parameters numbered across groups in order), so a torch optimizer's state dict loads here and back."""
+    state, groups, i = {}, [], 0
+    for g in self.param_groups:
+      idx = list(range(i, i + len(g["params"])))
+      for j, p in zip(idx, g["params"]): state[j] = {**({"step": g.t("step")} if self._saves_step else {}), **self.state[p]}
+      groups.append({**{k: g[k] for k in g if k != "params"}, "params": idx})
+      i += len(idx)
+    return {"state": state, "param_groups": groups}
+  def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    """Load what state_dict() (ours or torch's, tensors as attograd Tensors or numpy arrays) gave. Checked first: on an
+    error nothing changes."""
+    groups, state = state_dict["param_groups"], state_dict["state"]
+    if len(groups) != len(self.param_groups): raise ValueError(f"state dict has {len(groups)} param groups, the optimizer {len(self.param_groups)}")
+    for sg, g in zip(groups, self.param_groups):
+      if len(sg["params"]) != len(g["params"]): raise ValueError(f"a param group of {len(sg['params'])} parameters for one of {len(g['params'])}")
+    writes: list[tuple[Tensor, Tensor]] = []
+    for sg, g in zip(groups, self.param_groups):
+      for j, p in zip(sg["params"], g["params"]):
+        for name, v in state.get(j, {}).items():
+          v = as_tensor(v)
+          if not isinstance(v, Tensor): v = Tensor(float(v))
+          target = g.t("step") if name == "step" else self.state[p].get(name)
+          if target is None: raise ValueError(f"{type(self).__name__} has no state {name!r} (parameter {j})")
+          if v.shape != target.shape and v.numel() != target.numel():
+            raise ValueError(f"state {name!r} of parameter {j}: shape {v.shape} for {target.shape}")
+          writes.append((target, v.reshape(target.shape)))
+        if state.get(j) and "step" not in state[j] and g.t("step").item() == 0:
+          writes.append((g.t("step"), Tensor(1.0)))  # torch's SGD keeps no step: a saved state means it has stepped
+    for target, v in writes: target.assign(v.cast(target.dtype).to(target.device))
+    Tensor.realize_all([t for t, _ in writes])
+    for sg, g in zip(groups, self.param_groups):
+      for k, v in sg.items():
+        if k != "params" and k in g.tensors and k != "step": g[k] = tuple(v) if isinstance(v, list) else v
+        elif k != "params" and k not in g.tensors: dict.__setitem__(g, k, v)
+
+def _zeros(p: Tensor) -> Tensor: return Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device).contiguous().realize()
+
+def _betas(betas: tuple[float, float] | None, b1: float | None, b2: float | None, default: tuple[float, float]) -> tuple[float, float]:
+  """torch's betas=(b1, b2) or tinygrad's b1=, b2= (not both)."""
+  if betas is not None and (b1 is not None or b2 is not None): raise TypeError("give betas=(b1, b2) or b1=/b2=, not both")
+  if betas is not None: return (float(betas[0]), float(betas[1]))
+  return (default[0] if b1 is None else b1, default[1] if b2 is None else b2)
 
 class SGD(Optimizer):
-  def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False):
-    super().__init__(params, lr)
-    if nesterov and momentum <= 0: raise ValueError("nesterov momentum needs momentum > 0")
-    self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
-    self.buf = self._zeros_like_params() if momentum else []
-    self.state = self.buf
-  def _update(self, i: int, p: Tensor, g: Tensor) -> Tensor:
-    if self.weight_decay: g = g + self.weight_decay * p
-    if self.momentum:
-      b = self.buf[i].assign(self.momentum * self.buf[i] + g)  # torch's first step sets buf = g: same as 0*m + g
-      g = g + self.momentum * b if self.nesterov else b
-    return p - self.lr * g
+  """torch.optim.SGD: momentum (with dampening), nesterov, L2 weight_decay, maximize."""
+  _saves_step = False
+  def __init__(self, params, lr: float = 0.001, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+               nesterov: bool = False, maximize: bool = False):
+    if nesterov and (momentum <= 0 or dampening != 0): raise ValueError("nesterov momentum needs momentum > 0 and zero dampening")
+    super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize))
+  def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]:
+    return {"momentum_buffer": _zeros(p)} if group["momentum"] else {}
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
+    if group["maximize"]: g = -g
+    g = g + group.t("weight_decay") * p
+    if "momentum_buffer" in state:
+      buf, m = state["momentum_buffer"], group.t("momentum")
+      first = group.t("step") == 1  # torch's first step sets the buffer to the gradient itself
+      b = buf.assign(first.where(g, m * buf + (1 - group.t("dampening")) * g))
+      g = g + m * b if group["nesterov"] else b
+    return p - group.t("lr") * g
 
-class LAMB(Optimizer):
-  """Adam moments with a per-parameter trust ratio ||p|| / ||update|| (LAMB); adam=True skips the
-  ratio and gives AdamW's decoupled weight decay."""
-  def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-               weight_decay: float = 0.0, adam: bool = False):
-    super().__init__(params, lr)
-    self.b1, self.b2, self.eps, self.weight_decay, self.adam = b1, b2, eps, weight_decay, adam
-    dev = self.params[0].device
-    self.b1_t, self.b2_t = Tensor([1.0], device=dev).realize(), Tensor([1.0], device=dev).realize()
-    self.m, self.v = self._zeros_like_params(), self._zeros_like_params()
-    self.state = [self.b1_t, self.b2_t, *self.m, *self.v]
-  def schedule_step(self) -> list[Tensor]:
-    self.b1_t.assign(self.b1_t * self.b1)
-    self.b2_t.assign(self.b2_t * self.b2)
-    return super().schedule_step()
-  def _update(self, i: int, p: Tensor, g: Tensor) -> Tensor:
-    m = self.m[i].assign(self.b1 * self.m[i] + (1 - self.b1) * g)
-    v = self.v[i].assign(self.b2 * self.v[i] + (1 - self.b2) * g.square())
-    m_hat, v_hat = m / (1 - self.b1_t), v / (1 - self.b2_t)
-    up = m_hat / (v_hat.sqrt() + self.eps)
-    if self.adam: return p * (1 - self.lr * self.weight_decay) - self.lr * up if self.weight_decay else p - self.lr * up
-    up = up + self.weight_decay * p
+class Adam(Optimizer):
+  """torch.optim.Adam (weight_decay is L2, added to the gradient; amsgrad, maximize); decoupled_weight_decay=True is AdamW."""
+  def __init__(self, params, lr: float = 0.001, betas: tuple[float, float] | None = None, eps: float = 1e-8, weight_decay: float = 0.0,
+               amsgrad: bool = False, *, maximize: bool = False, decoupled_weight_decay: bool = False, b1: float | None = None,
+               b2: float | None = None):
+    super().__init__(params, dict(lr=lr, betas=_betas(betas, b1, b2, (0.9, 0.999)), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                  maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
+  def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]:
+    return {"exp_avg": _zeros(p), "exp_avg_sq": _zeros(p), **({"max_exp_avg_sq": _zeros(p)} if group["amsgrad"] else {})}
+  def _init_group(self, group: ParamGroup) -> None: group.tensors["bc"] = (_scalar(1, group.device), _scalar(1, group.device))
+  def _group_step(self, group: ParamGroup) -> None:
+    # the bias corrections with the current betas, as torch computes them: once a step, not once per element
+    (b1, b2), step = group.t("betas"), group.t("step")
+    for bc, b in zip(group.t("bc"), (b1, b2)): bc.assign(1 - b.pow(step))
+  def _extra_state(self) -> list[Tensor]: return [t for g in self.param_groups for t in g.tensors.get("bc", ())]
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
+    if group["maximize"]: g = -g
+    lr, wd, (b1, b2), (bc1, bc2) = group.t("lr"), group.t("weight_decay"), group.t("betas"), group.t("bc")
+    if group["decoupled_weight_decay"]: p = p * (1 - lr * wd)
+    else: g = g + wd * p
+    m = state["exp_avg"].assign(b1 * state["exp_avg"] + (1 - b1) * g)
+    v = state["exp_avg_sq"].assign(b2 * state["exp_avg_sq"] + (1 - b2) * g.square())
+    if group["amsgrad"]: v = state["max_exp_avg_sq"].assign(state["max_exp_avg_sq"].maximum(v))
+    return p - (lr / bc1) * m / ((v.sqrt() / bc2.sqrt()) + group.t("eps"))
+
+class AdamW(Adam):
+  """torch.optim.AdamW: Adam with decoupled weight decay, 0.01 by default."""
+  def __init__(self, params, lr: float = 0.001, betas: tuple[float, float] | None = None, eps: float = 1e-8, weight_decay: float = 0.01,
+               amsgrad: bool = False, *, maximize: bool = False, b1: float | None = None, b2: float | None = None):
+    super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, decoupled_weight_decay=True, b1=b1, b2=b2)
+
+class LAMB(Adam):
+  """Adam moments with a per-parameter trust ratio ||p|| / ||update|| (LAMB); adam=True skips the ratio and gives
+  AdamW's decoupled weight decay (tinygrad's spelling)."""
+  def __init__(self, params, lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0,
+               adam: bool = False, betas: tuple[float, float] | None = None):
+    Optimizer.__init__(self, params, dict(lr=lr, betas=_betas(betas, None, None, (b1, b2)), eps=eps, weight_decay=weight_decay, adam=adam,
+                                          amsgrad=False, maximize=False, decoupled_weight_decay=True))
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
+    if group["adam"]: return super()._update(p, g, group, state)
+    lr, wd, (b1, b2), (bc1, bc2) = group.t("lr"), group.t("weight_decay"), group.t("betas"), group.t("bc")
+    m = state["exp_avg"].assign(b1 * state["exp_avg"] + (1 - b1) * g)
+    v = state["exp_avg_sq"].assign(b2 * state["exp_avg_sq"] + (1 - b2) * g.square())
+    up = (m / bc1) / ((v / bc2).sqrt() + group.t("eps")) + wd * p
     pn, un = p.square().sum().sqrt(), up.square().sum().sqrt()
     trust = ((pn > 0) & (un > 0)).where(pn / un, 1.0)
-    return p - self.lr * trust * up
+    return p - lr * trust * up
 
-def AdamW(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.01) -> LAMB:
-  return LAMB(params, lr, b1, b2, eps, weight_decay, adam=True)
+class LARS(Optimizer):
+  """LARS (You et al. 2017): SGD with momentum whose step for each parameter is scaled by the trust ratio
+  tcoef * ||p|| / (||g|| + weight_decay * ||p||) (1 when a norm is 0)."""
+  _saves_step = False
+  def __init__(self, params, lr: float = 0.001, momentum: float = 0.9, weight_decay: float = 1e-4, nesterov: bool = False, tcoef: float = 0.001):
+    super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, tcoef=tcoef))
+  def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {"momentum_buffer": _zeros(p)}
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
+    wd, m = group.t("weight_decay"), group.t("momentum")
+    pn, gn = p.square().sum().sqrt(), g.square().sum().sqrt()
+    trust = ((pn > 0) & (gn > 0)).where(group.t("tcoef") * pn / (gn + wd * pn), 1.0)
+    g = (g + wd * p) * trust
+    b = state["momentum_buffer"].assign(m * state["momentum_buffer"] + g)
+    return p - group.t("lr") * (g + m * b if group["nesterov"] else b)
 
-class Adam(LAMB):
-  """torch.optim.Adam: weight_decay is L2, added to the gradient (AdamW decouples it)."""
-  def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0):
-    super().__init__(params, lr, b1, b2, eps, 0.0, adam=True)
-    self.l2 = weight_decay
-  def _update(self, i: int, p: Tensor, g: Tensor) -> Tensor: return super()._update(i, p, g + self.l2 * p if self.l2 else g)
+class Muon(Optimizer):
+  """torch.optim.Muon for 2-D parameters: the momentum buffer moves toward the gradient by 1 - momentum (nesterov: the
+  update is the gradient moved toward the buffer by momentum), the update is orthogonalized by ns_steps quintic
+  Newton-Schulz iterations (ns_coefficients), scaled by sqrt(max(1, rows / cols)) ("match_rms_adamw":
+  0.2 * sqrt(max(rows, cols))), with decoupled weight decay. The iterations run in the parameter's dtype (torch: bfloat16)."""
+  _saves_step = False
+  _structural = frozenset({"ns_steps"})
+  def __init__(self, params, lr: float = 0.001, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
+               ns_coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315), eps: float = 1e-7, ns_steps: int = 5,
+               adjust_lr_fn: str | None = None):
+    if adjust_lr_fn not in (None, "original", "match_rms_adamw"): raise ValueError(f"unknown adjust_lr_fn {adjust_lr_fn!r}")
+    if not 0 < ns_steps < 100: raise ValueError(f"ns_steps must be in 1..99, got {ns_steps}")
+    super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_coefficients=tuple(ns_coefficients),
+                                  eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn))
+    if any(p.ndim != 2 for p in self.params): raise ValueError("Muon trains 2-D parameters only; give the others to another optimizer")
+  def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {"momentum_buffer": _zeros(p)}
+  def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
+    m, (a, b, c) = group.t("momentum"), group.t("ns_coefficients")
+    buf = state["momentum_buffer"].assign(state["momentum_buffer"] + (g - state["momentum_buffer"]) * (1 - m))
+    x = g + (buf - g) * m if group["nesterov"] else buf
+    rows, cols = p.shape
+    if rows > cols: x = x.T
+    x = x / x.square().sum().sqrt().maximum(group.t("eps"))  # spectral norm at most 1
+    for _ in range(group["ns_steps"]):
+      gram = x @ x.T
+      x = a * x + (b * gram + c * (gram @ gram)) @ x
+    if rows > cols: x = x.T
+    scale = 0.2 * math.sqrt(max(rows, cols)) if group["adjust_lr_fn"] == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+    lr = group.t("lr")
+    return p * (1 - lr * group.t("weight_decay")) - lr * scale * x
+
+class OptimizerGroup(Optimizer):
+  """Several optimizers stepped as one (one schedule), as tinygrad's OptimizerGroup."""
+  def __init__(self, *optimizers: Optimizer):
+    if not optimizers: raise ValueError("OptimizerGroup of no optimizers")
+    self.optimizers = list(optimizers)
+  def __getitem__(self, i: int) -> Optimizer: return self.optimizers[i]
+  @property
+  def param_groups(self) -> list[ParamGroup]: return [g for o in self.optimizers for g in o.param_groups]  # type: ignore[override]
+  @property
+  def state(self) -> dict[Tensor, dict[str, Tensor]]: return {p: s for o in self.optimizers for p, s in o.state.items()}  # type: ignore[override]
+  def state_tensors(self) -> list[Tensor]: return [t for o in self.optimizers for t in o.state_tensors()]
+  def zero_grad(self, set_to_none: bool = True) -> None:
+    for o in self.optimizers: o.zero_grad(set_to_none)
+  def schedule_step(self) -> list[Tensor]: return [t for o in self.optimizers for t in o.schedule_step()]
+  def state_dict(self) -> dict[str, Any]: return {"optimizers": [o.state_dict() for o in self.optimizers]}
+  def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    for o, sd in zip(self.optimizers, state_dict["optimizers"]): o.load_state_dict(sd)
+
+from attograd.nn import lr_scheduler  # noqa: E402  (torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler)

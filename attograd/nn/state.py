@@ -12,6 +12,7 @@ from attograd.uop.ops import UOp, Ops
 from attograd.tensor import Tensor
 from attograd.schedule.schedule import new_buffer
 from attograd.engine.realize import buffer_of
+from attograd.nn.module import Module, IncompatibleKeys, copy_state
 
 __all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata", "torch_load"]
 
@@ -39,11 +40,13 @@ def _cpu_tensor(raw: bytes | memoryview, dtype: DType, shape: tuple[int, ...]) -
 
 def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
   """Every tensor reachable from obj through attributes, lists, tuples and dicts, by dotted name
-  ("layers.0.weight", as torch names them). A tensor reachable twice appears under both names."""
+  ("layers.0.weight", as torch names them). A tensor reachable twice appears under both names.
+  An nn.Module contributes its state_dict(): its parameters and persistent buffers, as torch's would."""
   out: dict[str, Tensor] = {}
   on_path: set[int] = set()  # guards against cycles (a layer pointing back at its model)
   def walk(o: Any, name: str) -> None:
     if isinstance(o, tensor_type): out[name.rstrip(".")] = o; return
+    if isinstance(o, Module): o.state_dict(out, name); return
     if id(o) in on_path or isinstance(o, (str, bytes, int, float, type, types.ModuleType, UOp)) or o is None: return
     if isinstance(o, dict): items: Any = o.items()
     elif isinstance(o, (list, tuple)): items = enumerate(o)
@@ -59,34 +62,10 @@ def get_parameters(obj: Any) -> list[Tensor]:
   """The distinct tensors of obj, in state-dict order (a shared tensor once, like torch's parameters())."""
   return list({id(t): t for t in get_state_dict(obj).values()}.values())
 
-class IncompatibleKeys(NamedTuple):
-  missing_keys: list[str]
-  unexpected_keys: list[str]
-
 def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True, verbose: bool = False) -> IncompatibleKeys:
   """Copy state_dict's tensors into the model's (by get_state_dict names), as torch's load_state_dict.
   Everything is checked before anything is written: on an error the model is unchanged."""
-  params = get_state_dict(model)
-  missing = [k for k in params if k not in state_dict]
-  unexpected = [k for k in state_dict if k not in params]
-  errors = []
-  if strict and missing: errors.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ".")
-  if strict and unexpected: errors.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ".")
-  for k, p in params.items():
-    if k not in state_dict: continue
-    v = state_dict[k]
-    if not isinstance(v, Tensor): errors.append(f"{k}: expected a Tensor in the state_dict, got {type(v).__name__}")
-    elif v.shape != p.shape:
-      errors.append(f"size mismatch for {k}: copying a param with shape {v.shape} from checkpoint, the shape in current model is {p.shape}.")
-    elif v.dtype != p.dtype:
-      errors.append(f"dtype mismatch for {k}: copying a param with dtype {v.dtype} from checkpoint, the dtype in current model is {p.dtype}.")
-  if errors: raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}:\n\t" + "\n\t".join(errors))
-  for k, p in params.items():
-    if k in state_dict:
-      if verbose: print(f"loading {k} {p.shape} {p.dtype}")
-      p.assign(state_dict[k].to(p.device))
-  Tensor.realize_all(list({id(p): p for p in params.values()}.values()))
-  return IncompatibleKeys(missing, unexpected)
+  return copy_state(type(model).__name__, get_state_dict(model), state_dict, strict, verbose)
 
 # ***** safetensors: 8-byte little-endian header length, a JSON header, then the data *****
 
