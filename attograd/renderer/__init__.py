@@ -3,6 +3,9 @@ from __future__ import annotations
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import PatternMatcher
 
+# the IR's defined results that hardware may lack (codegen/semantics.py writes each out for a target without it)
+IR_SEMANTICS = frozenset({"divmod", "nan_max", "shift_mask", "bool_math", "bool_compare", "float_to_int"})
+
 class Renderer:
   device: str = ""
   has_threads: bool = False  # the runtime can run one kernel on several cores (the THREAD opt)
@@ -19,9 +22,27 @@ class Renderer:
   # bytes before and after every buffer that the device's allocator keeps mapped: a gated read whose address stays in
   # the buffer or in them needs no gate (uop/symbolic.py, ungate_load)
   spare_bytes: tuple[int, int] = (0, 0)
+  # which of IR_SEMANTICS the target's own instructions (or helpers) have: codegen/semantics.py writes the others as
+  # plain ops before rendering, so a renderer only spells ops
+  native: frozenset[str] = frozenset()
   @property
   def has_local(self) -> bool: return self.global_max is not None  # work-groups sharing local memory (LOCAL, GROUP)
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
+
+class Body:
+  """A C-like kernel's body as it is written: lines at the current loop depth, fresh names (alu0, val1, ...) for the
+  values that get one, and how many times each value is used (a value used once may be written inline)."""
+  def __init__(self, uops: list[UOp]):
+    self.lines: list[str] = []
+    self.depth, self.counter = 1, 0
+    self.uses: dict[UOp, int] = {}
+    for u in uops:
+      for s in u.src: self.uses[s] = self.uses.get(s, 0) + 1
+  def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
+  def fresh(self, prefix: str) -> str:
+    self.counter += 1
+    return f"{prefix}{self.counter - 1}"
+  def text(self) -> str: return "\n".join(self.lines)
 
 def scalar_args(uops: list[UOp]) -> list[UOp]:
   """A kernel's scalar arguments, after its buffers and in this order on every target: the DEFINE_VARs by name, then a
