@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from attograd.dtype import dtypes
 from attograd.helpers import ContextVar, prod
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic
 from attograd.codegen.lower import reduce_identity, fresh_range_id, NARROW_FLOATS
@@ -60,11 +60,11 @@ MAX_WRITTEN_OUT = 3072
 TILE_REGISTERS = 16
 SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
 
-def ranges_of(ast: UOp, kind: str) -> list[UOp]:
-  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
+def ranges_of(ast: UOp, kind: AxisKind) -> list[UOp]:
+  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] is kind), key=lambda r: r.arg)
 
-def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, "global")
-def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, "global") + ranges_of(ast, "reduce")
+def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, AxisKind.GLOBAL)
+def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, AxisKind.GLOBAL) + ranges_of(ast, AxisKind.REDUCE)
 def const_size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
 
 def split_size(r: UOp, opt: Opt) -> int:
@@ -73,7 +73,7 @@ def split_size(r: UOp, opt: Opt) -> int:
   if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
   return size
 
-WRITTEN_OUT = ("upcast", "unroll")  # the split-off kinds lowering writes out as copies (lane and simd stay loops)
+WRITTEN_OUT = (AxisKind.UPCAST, AxisKind.UNROLL)  # the split-off kinds lowering writes out as copies (lane and simd stay loops)
 
 def written_out_size(ast: UOp) -> int:
   """The kernel's nodes once lowering has written out its upcast and unrolled ranges: a node is copied once per
@@ -91,7 +91,7 @@ def written_out_size(ast: UOp) -> int:
 
 def copies(ast: UOp) -> int:
   # a simd loop's iterations each hold their own accumulators too: they count against the same register budget
-  return prod(const_size(r) for r in ranges_of(ast, "upcast") + ranges_of(ast, "unroll") + ranges_of(ast, "simd"))
+  return prod(const_size(r) for r in ranges_of(ast, AxisKind.UPCAST) + ranges_of(ast, AxisKind.UNROLL) + ranges_of(ast, AxisKind.SIMD))
 
 def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
   for opt in opts: ast = apply_opt(ast, opt, has_local)
@@ -101,13 +101,13 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel."""
   if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
     raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
-  if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] == "pack" for u in ast.toposort):
+  if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK for u in ast.toposort):
     # the copy is laid out for the loops as they were: only splitting the work across cores keeps it valid
     raise KernelOptError(f"{opt}: only THREAD may follow PACK")
   ax = axes(ast)
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
-  is_global = r.arg[1] == "global"
+  is_global = r.arg[1] is AxisKind.GLOBAL
   if opt.op in NEEDS and NEEDS[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if NEEDS[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
@@ -129,16 +129,16 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if opt.op is OptOps.THREAD: return apply_thread(ast, opt, r)
   if opt.op is OptOps.SIMD:
     if has_local: raise KernelOptError(f"{opt}: SIMD is for a C compiler's loop vectorizer; this target has work-groups")
-    if ranges_of(ast, "simd"): raise KernelOptError(f"{opt}: the kernel already has a SIMD loop")
-    return split(ast, r, opt.amount, "simd")
+    if ranges_of(ast, AxisKind.SIMD): raise KernelOptError(f"{opt}: the kernel already has a SIMD loop")
+    return split(ast, r, opt.amount, AxisKind.SIMD)
   if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
     if copies(ast) * opt.amount > MAX_COPIES: raise KernelOptError(f"{opt}: more than {MAX_COPIES} copies of the loop body")
-    out = split(ast, r, opt.amount, "unroll" if opt.op is OptOps.UNROLL else "upcast" if is_global else "lane")
+    out = split(ast, r, opt.amount, AxisKind.UNROLL if opt.op is OptOps.UNROLL else AxisKind.UPCAST if is_global else AxisKind.LANE)
     if (n := written_out_size(out)) > MAX_WRITTEN_OUT: raise KernelOptError(f"{opt}: {n} nodes written out, over {MAX_WRITTEN_OUT}")
     return out
   raise KernelOptError(f"{opt}: {opt.op.name} has no lowering for this target yet")
 
-def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
+def split(ast: UOp, r: UOp, amount: int, kind: AxisKind) -> UOp:
   """r = outer*amount + inner: the outer loop keeps r's name, the inner one is of `kind` and (but for
   simd) never becomes a loop (lowering writes out its iterations). A reduce over r reduces over both. The inner
   range remembers the axis it came from (arg[2]): lowering orders the copies by it."""
@@ -151,7 +151,7 @@ def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
     src = tuple(new.get(s, s) for s in u.src)
     if u.op is Ops.REDUCE and r in u.src[1:]: src = (src[0], *(x for s in u.src[1:] for x in ((outer, inner) if s is r else (s,))))
     # a simd range stays a loop: it closes inside the outer one
-    if u.op is Ops.END and u.src[1] is r: src = (src[0].end(inner) if kind == "simd" else src[0], outer)
+    if u.op is Ops.END and u.src[1] is r: src = (src[0].end(inner) if kind is AxisKind.SIMD else src[0], outer)
     new[u] = u.replace(src=src)
   return graph_rewrite(new[ast], symbolic, name="apply_opts/split")
 
@@ -188,7 +188,7 @@ def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
 
 def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   """Loops open in the order of their ids and close in the order of their ENDs: both are exchanged."""
-  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "global" or opt.amount == opt.axis:
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] is not AxisKind.GLOBAL or opt.amount == opt.axis:
     raise KernelOptError(f"{opt}: SWAP needs another global axis as amount")
   if stash_stores(ast): raise KernelOptError(f"{opt}: a STASH's reduce must stay outside the loop that reads it back")
   a, b = ax[opt.axis], ax[opt.amount]
@@ -228,9 +228,9 @@ def stash_plan(ast: UOp, opt: Opt, ax: list[UOp]) -> tuple[UOp, UOp, UOp, UOp]:
   r and o have one size; the value depends on r and, with o for r, the output computes it outside every reduce. Then
   the reduce's loop over r visits each element of the output's row once, and the loop over o reads them back before
   the next row's reduce. Of several such values the biggest is stashed (softmax's exp, not the x - max under it)."""
-  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "reduce": raise KernelOptError(f"{opt}: STASH needs a reduce axis as amount")
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] is not AxisKind.REDUCE: raise KernelOptError(f"{opt}: STASH needs a reduce axis as amount")
   o, r = ax[opt.axis], ax[opt.amount]
-  if any(u.op is Ops.RANGE and u.arg[1] not in ("global", "reduce") or u.op is Ops.CORE_ID for u in ast.toposort):
+  if any(u.op is Ops.RANGE and u.arg[1] not in (AxisKind.GLOBAL, AxisKind.REDUCE) or u.op is Ops.CORE_ID for u in ast.toposort):
     raise KernelOptError(f"{opt}: STASH comes before the opts that split axes")
   if const_size(o) is None or const_size(o) != const_size(r): raise KernelOptError(f"{opt}: axes {opt.axis} and {opt.amount} differ in size")
   ends = [u for u in ast.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE]
@@ -275,20 +275,20 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
   outside = set(globs[:globs.index(r)])  # loops open in the order of their ids
   def inner_ranges(ld: UOp) -> list[UOp] | None:
     rs = [u for u in ld.src[0].src[1].toposort if u.op is Ops.RANGE and u is not r and u not in outside]
-    return None if any(x.arg[1] == "global" or const_size(x) is None for x in rs) else rs
+    return None if any(x.arg[1] is AxisKind.GLOBAL or const_size(x) is None for x in rs) else rs
   reads = [ld for red in ast.toposort if red.op is Ops.REDUCE for ld in red.src[0].toposort
            if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and len(ld.src[0].src) == 2 and r in ld.src[0].src[1].toposort]
   if len(loads := set(reads)) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
     raise KernelOptError(f"{opt}: PACK needs one read inside a reduce along axis {opt.axis} that no other global axis moves")
   # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
-  rs = sorted(rs, key=lambda x: (x.arg[1] != "reduce", x.arg))
+  rs = sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
   if (size := prod(const_size(x) for x in rs)) > PACK_MAX: raise KernelOptError(f"{opt}: a {size}-element scratch is over {PACK_MAX}")
   nreg = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_REG)
   scratch = UOp(Ops.DEFINE_REG, read.dtype.ptr(size, "reg"), (), nreg)
   def offset(ranges: list[UOp]) -> UOp:
     return functools.reduce(lambda acc, x: acc * const_size(x[1]) + x[0], zip(ranges[1:], rs[1:]), ranges[0])
   first = fresh_range_id(ast)
-  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, "pack")) for n, x in enumerate(rs)]
+  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, AxisKind.PACK)) for n, x in enumerate(rs)]
   copy = scratch.index(offset(loops)).store(read.substitute(dict(zip(rs, loops)))).end(*loops)
   return graph_rewrite(ast.substitute({read: scratch.after(copy).index(offset(rs)).load()}), symbolic, name="apply_opts/pack")
 
@@ -299,7 +299,7 @@ def apply_local(ast: UOp, opt: Opt, r: UOp) -> UOp:
   if any(u.op is Ops.DEFINE_LOCAL for u in ast.toposort): raise KernelOptError(f"{opt}: LOCAL opts come before GROUP")
   size = split_size(r, opt)
   outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
-  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), "local"))
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), AxisKind.LOCAL))
   ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
   return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic, name="apply_opts/local")
 
@@ -311,22 +311,22 @@ def apply_group(ast: UOp, opt: Opt, r: UOp) -> UOp:
   # local memory is written once per thread: a reduce inside another loop would overwrite it while
   # other threads still read it
   nested = {x for u in red.src[0].toposort if u.op is Ops.REDUCE for x in u.src[1:]}
-  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] == "reduce"]):
+  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] is AxisKind.REDUCE]):
     raise KernelOptError(f"{opt}: the reduce is inside loop r{loops[0].arg[0]}: GROUP needs it outside every loop")
   new = fresh_range_id(ast)
   rr = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // n),), r.arg)
-  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, "local"))
+  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, AxisKind.LOCAL))
   dt = dtypes.float32 if red.dtype in NARROW_FLOATS else red.dtype  # partials of narrow floats stay float32
   value = red.src[0].substitute({r: rr * n + lid}).cast(dt)
   partial = UOp(Ops.REDUCE, dt, (value, *(rr if x is r else x for x in red.src[1:])), red.arg)
   # threads of other local axes (LOCAL opts) reduce their own rows: each gets its own n slots
-  others = sorted((x for x in partial.live_ranges if x.arg[1] == "local" and x is not lid), key=lambda x: x.arg)
+  others = sorted((x for x in partial.live_ranges if x.arg[1] is AxisKind.LOCAL and x is not lid), key=lambda x: x.arg)
   row, slots = UOp.const(r.dtype, 0), n
   for x in others: row, slots = row * x.src[0].arg + x, slots * x.src[0].arg
   nlocal = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_LOCAL)
   buf = UOp(Ops.DEFINE_LOCAL, dt.ptr(slots, "local"), (), nlocal)
   barrier = UOp(Ops.BARRIER, dtypes.void, (buf.index(row * n + lid).store(partial).end(lid),))
-  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, "reduce"))
+  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, AxisKind.REDUCE))
   final = UOp(Ops.REDUCE, dt, (buf.after(barrier).index(row * n + lid2).load(), lid2), red.arg).cast(red.dtype)
   return graph_rewrite(ast.substitute({red: final}), symbolic, name="apply_opts/group")
 
@@ -368,9 +368,9 @@ def _tile_rows(ast: UOp, opts: list[Opt], i: int, cap: int) -> UOp:
   most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
   rows = const_size(axes(ast)[i]) or 0
   padded = -(-rows // 6) * 6
-  reduced = prod(const_size(r) or 0 for r in axes(ast) if r.arg[1] == "reduce")
+  reduced = prod(const_size(r) or 0 for r in axes(ast) if r.arg[1] is AxisKind.REDUCE)
   six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
-  fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= cap and not ranges_of(ast, "simd")
+  fits = (padded - rows) * reduced * 4 <= 4096 and copies(ast) * 6 <= cap and not ranges_of(ast, AxisKind.SIMD)
   return _first(ast, opts, *((six,) if fits else ()),
                 *(Opt(OptOps.UPCAST, i, a) for a in _dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(ast) * a <= cap))
 
@@ -407,12 +407,12 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   - big kernels are split across the cores (THREAD), on the outermost axis that splits evenly.
   - a transcendental that the output and a reduce both compute per element (softmax's exp) is STASHed;
   Elementwise loops are left to the C compiler's loop vectorizer."""
-  if ranges_of(ast, "serial"): return scatter_opts(ast, threads)
+  if ranges_of(ast, AxisKind.SERIAL): return scatter_opts(ast, threads)
   opts: list[Opt] = []
   ax = axes(ast)
-  glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
+  glob = [i for i, r in enumerate(ax) if r.arg[1] is AxisKind.GLOBAL]
   # a transcendental that both the output and a reduce compute per element (softmax's exp) is computed once
-  for g, k in ((g, k) for g in glob for k, r in enumerate(ax) if r.arg[1] == "reduce"):
+  for g, k in ((g, k) for g in glob for k, r in enumerate(ax) if r.arg[1] is AxisKind.REDUCE):
     try: value = stash_plan(ast, Opt(OptOps.STASH, g, k), ax)[2]
     except KernelOptError: continue
     if any(u.op in GroupOp.Transcendental for u in value.toposort): ast = _try(ast, opts, Opt(OptOps.STASH, g, k))
@@ -450,7 +450,7 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
           if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): ast = _try(ast, opts, Opt(OptOps.UPCAST, g, const_size(ax[g])))
         # and 2 partial sums along the innermost reduce axis (the image's rows) where it splits, in place of half the
         # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
-        inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
+        inner = max((k for k, r in enumerate(ax) if r.arg[1] is AxisKind.REDUCE), default=None)
         if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: ast = _try(ast, opts, Opt(OptOps.UPCAST, inner, 2))
         ast = _tile_rows(ast, opts, i, min(36, TILE_REGISTERS * simd))
       elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or gated_along_j) and contiguous_j:
@@ -477,7 +477,7 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
           if copies(tile) > best[0]: best = (copies(tile), tile, tried)
           if best[0] >= FULL_TILE * simd: break
         ast = best[1]; opts += best[2]
-      reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
+      reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
       tiled = True
       big = len(glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
       if big or not contiguous_j:
@@ -487,7 +487,7 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
         # Unless the rows' operand is read across its rows (transposed: each step of the sum a new cache line per row) and
         # too big for the cache to hold between panels: then each row block packs its panels (a weight gradient summed
         # over 4096 tokens, 1152 x 4096 floats: 24 -> 44 GFLOPS; a row-major 2048^3 operand wants the swap, 18 -> 52)
-        inner = max((r for r in ax if r.arg[1] == "reduce"), key=lambda r: r.arg)
+        inner = max((r for r in ax if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
         rows_read = [u.src[0].src[1] for u in reds[0].src[0].toposort if u.op is Ops.LOAD and ax[j] not in u.src[0].src[1].toposort]
         across = any(inner in ix.toposort and not unit_stride(ix, inner) for ix in rows_read)
         swap = not across or (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS
@@ -498,7 +498,7 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   # (only a reduce with no reduce inside it: written-out copies of a loop around another loop are not lowered)
   innermost = {ax.index(r) for red in reds if not any(u.op is Ops.REDUCE for u in red.src[0].toposort) for r in red.src[1:] if r in ax}
   for k, r in reversed(list(enumerate(axes(ast)))):
-    if k in innermost and r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in gates):
+    if k in innermost and r.arg[1] is AxisKind.REDUCE and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in gates):
       ast = _try(ast, opts, Opt(OptOps.UNROLL, k, const_size(r)))
   if not tiled:
     for red in reds:
@@ -509,8 +509,8 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
       # (sum(0) of (4096, 1024): 14.4 -> 0.24 ms, torch 0.66)
       cur = axes(ast)
       reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
-      inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
-      along = [k for k, r in enumerate(cur) if r.arg[1] == "global" and any(unit_stride(i, r) for i in reads)]
+      inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg, default=None)
+      along = [k for k, r in enumerate(cur) if r.arg[1] is AxisKind.GLOBAL and any(unit_stride(i, r) for i in reads)]
       # (reads that don't vary along the row, a layernorm's per-token statistics in its weight's gradient, are one value
       # for all of it)
       if along and inner is not None and not any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort):
@@ -526,7 +526,7 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
       # axes from the innermost outward, up to 8, so the adds don't wait on each other (a conv's bias gradient over
       # batch x 26 x 26: 2x2x2, measured 7x). A max that keeps NaN is a compare, a test and a select per step, twice an
       # add's latency: 32 of them keep two registers' chains in flight (row max of (4096, 1024): 0.35 -> 0.27 ms)
-      rs = [ax.index(r) for r in sorted((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, reverse=True)]
+      rs = [ax.index(r) for r in sorted((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg, reverse=True)]
       if rs and (a := _largest(const_size(axes(ast)[rs[0]]), (32, 16, 8, 4) if red.arg is Ops.MAX else (16, 8, 4))) is not None:
         ast = _try(ast, opts, Opt(OptOps.UPCAST, rs[0], a)); continue
       lanes = 1
@@ -539,7 +539,7 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
     # each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient)
     cur = axes(ast)
     divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
-                   and u.src[0].arg[1] == "global" and u.src[1].op is Ops.CONST}, reverse=True)
+                   and u.src[0].arg[1] is AxisKind.GLOBAL and u.src[1].op is Ops.CONST}, reverse=True)
     for k, c in divs:
       if 2 <= c <= 8 and (const_size(axes(ast)[k]) or 0) % c == 0 and copies(ast) * c <= 16: ast = _try(ast, opts, Opt(OptOps.UPCAST, k, c))
   if threads >= 2 and work >= 1 << 16:  # below that, a launch on another core costs more than it saves
@@ -547,6 +547,6 @@ def hand_coded_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
     # on a machine shared with other work, a core that another process holds back leaves its slices to the rest
     counts = (4 * threads, threads) if work >= 1 << 22 else (threads,)
     for k, r in enumerate(axes(ast)):
-      if r.arg[1] == "global" and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+      if r.arg[1] is AxisKind.GLOBAL and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
         ast = _try(ast, opts, Opt(OptOps.THREAD, k, n)); break
   return opts

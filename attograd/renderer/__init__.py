@@ -1,6 +1,6 @@
 """Renderers turn a linear list of UOps into source text. They hold no optimization logic."""
 from __future__ import annotations
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import AxisKind, UOp, Ops
 from attograd.uop.patterns import PatternMatcher
 
 # the IR's defined results that hardware may lack (codegen/semantics.py writes each out for a target without it)
@@ -64,6 +64,6 @@ def kernel_name(uops: list[UOp]) -> str:
   """A readable, deterministic name: r_ for reductions, S_ for scatter-adds, E_ for elementwise, then the loop sizes."""
   ranges = [u for u in uops if u.op is Ops.RANGE or u.op is Ops.SPECIAL]
   kinds = {r.arg[1] for r in ranges if r.op is Ops.RANGE}
-  kind = "r" if "reduce" in kinds else "S" if "serial" in kinds else "E"  # S: a scatter-add's serial loops
+  kind = "r" if AxisKind.REDUCE in kinds else "S" if AxisKind.SERIAL in kinds else "E"  # S: a scatter-add's serial loops
   sizes = "_".join(str(r.src[0].arg) if r.src[0].op is Ops.CONST else "n" for r in ranges)
   return f"{kind}_{sizes}" if sizes else kind

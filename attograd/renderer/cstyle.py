@@ -3,7 +3,7 @@ the type names, the function signature and the few ops that are spelled differen
 from __future__ import annotations
 import math, struct
 from attograd.dtype import DType, PtrDType, dtypes
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.renderer import Body, Renderer, literal_operand, scalar_args
 
 def _float_literal(x: float, suffix: str) -> str:
@@ -179,7 +179,7 @@ class CStyleRenderer(Renderer):
     sees pointer + a masked (gated) read's offset as affine only when the loop's part isn't summed in int with the
     rest (that sum could wrap on the lanes the mask turns off), and otherwise reads it with a gather."""
     def terms(x: UOp) -> list[UOp]: return [t for s in x.src for t in terms(s)] if x.op is Ops.ADD else [x]
-    def moves(x: UOp) -> bool: return any(y.op is Ops.RANGE and y.arg[1] == "simd" for y in x.toposort)
+    def moves(x: UOp) -> bool: return any(y.op is Ops.RANGE and y.arg[1] is AxisKind.SIMD for y in x.toposort)
     parts = terms(idx)
     if not any(moves(t) for t in parts) or all(moves(t) for t in parts): return r[idx]
     still, moving = [r[t] for t in parts if not moves(t)], [r[t] for t in parts if moves(t)]
@@ -213,7 +213,7 @@ class CStyleRenderer(Renderer):
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
         # a lane or simd loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
-        if u.arg[1] in ("lane", "simd"): body.lines.append("#pragma GCC unroll 1")
+        if u.arg[1] in (AxisKind.LANE, AxisKind.SIMD): body.lines.append("#pragma GCC unroll 1")
         emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); body.depth += 1
       elif op is Ops.END: body.depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
