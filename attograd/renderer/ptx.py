@@ -136,7 +136,8 @@ class PTXRenderer(Renderer):
         else: emit(f"mad.lo.{t} {out}, {a[0]}, {a[1]}, {a[2]};")
         return narrow(out, dt)
       if op is Ops.NEG:
-        emit(f"neg.{t} {out}, {a[0]};"); return narrow(out, dt)
+        # neg has only signed types: an unsigned value negates as the signed one of its size (the same bits)
+        emit(f"neg.{'s' + t[1:] if t[0] == 'u' else t} {out}, {a[0]};"); return narrow(out, dt)
       if op is Ops.RECIP: emit(f"rcp.rn.{t} {out}, {a[0]};"); return out
       if op is Ops.SQRT: emit(f"sqrt.rn.{t} {out}, {a[0]};"); return out
       if op is Ops.TRUNC: emit(f"cvt.rzi.{t}.{t} {out}, {a[0]};"); return out
