@@ -12,7 +12,7 @@ from attograd.engine import search
 from attograd.engine.realize import run_schedule, buffer_of
 from attograd.runtime.device import Device
 from attograd.runtime.ops_python import PythonRenderer, PythonProgram
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import AxisKind, UOp, Ops
 from attograd.uop.spec import verify_kernel
 
 class GPUPythonRenderer(PythonRenderer):
@@ -33,7 +33,7 @@ def run_gpu(t: Tensor, opts: list[Opt] | None) -> np.ndarray:
   bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
   ast = si.ast
   name, src, uops = to_program(ast, GPU, gpu_opts(ast, GPU) if opts is None else opts)
-  assert not any(u.op is Ops.RANGE and u.arg[1] in ("global", "local") for u in uops), "output loops must become thread ids"
+  assert not any(u.op is Ops.RANGE and u.arg[1] in (AxisKind.GLOBAL, AxisKind.LOCAL) for u in uops), "output loops must become thread ids"
   verify_kernel(uops[-1])
   groups, local = launch_dims(uops)
   PythonProgram(name, src.encode())([b._buf for b in bufs], [], eval_dims(groups, {}), local)
@@ -101,7 +101,7 @@ def test_more_than_three_global_axes_share_a_dimension():
 def test_symbolic_size_launch():
   n = UOp.variable("n", 1, 64)
   buf = UOp(Ops.PARAM, dtypes.float32.ptr(64), (), 0)
-  r = UOp(Ops.RANGE, dtypes.int32, (n,), (0, "global"))
+  r = UOp(Ops.RANGE, dtypes.int32, (n,), (0, AxisKind.GLOBAL))
   ast = buf.index(r).store(r.cast(dtypes.float32) * 2).end(r).sink()
   _, src, uops = to_program(ast, GPU, [])
   groups, local = launch_dims(uops)
@@ -147,6 +147,6 @@ def test_opt_errors():
   inner = (x.reshape(4, 96, 1) * x.reshape(4, 1, 96)).max(2).sum(1)
   sast = inner.schedule()[-1].ast
   ax = axes(sast)
-  assert [r.arg[1] for r in ax] == ["global", "reduce", "reduce"]
+  assert [r.arg[1] for r in ax] == [AxisKind.GLOBAL, AxisKind.REDUCE, AxisKind.REDUCE]
   inner_axis = max((1, 2), key=lambda i: ax[i].arg)
   with pytest.raises(KernelOptError, match="inside loop"): to_program(sast, GPU, [Opt(G, inner_axis, 4)])

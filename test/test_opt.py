@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from attograd import Tensor, Context, GlobalCounters
-from attograd.uop.ops import Ops
+from attograd.uop.ops import AxisKind, Ops
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes
 from attograd.codegen.heuristic import cpu_opts
@@ -267,7 +267,7 @@ def _run_on(make, threads):
 def test_pack_keeps_results(kernels, name):
   si, reference = kernels[name]
   ax = axes(si.ast)
-  glob = [i for i, r in enumerate(ax) if r.arg[1] == "global"]
+  glob = [i for i, r in enumerate(ax) if r.arg[1] is AxisKind.GLOBAL]
   packed = 0
   for i in glob:
     for opts in ([Opt(OptOps.PACK, i, 0)], [Opt(OptOps.UPCAST, glob[-1], 2), Opt(OptOps.PACK, i, 0), Opt(OptOps.THREAD, glob[0], 2)]):
@@ -293,7 +293,7 @@ def _conv_backward_asts():
 def test_conv_backward_indexes_without_divmod():
   # a window's gradient reads its rows one longer than the data (pad, reshape): under the pad's gate that is
   # plain y - ky, with no division or remainder left in any index or gate
-  from attograd.uop.ops import Ops
+  from attograd.uop.ops import AxisKind, Ops
   asts = _conv_backward_asts()
   for ast in asts:
     assert not {Ops.IDIV, Ops.MOD} & {u.op for u in ast.toposort}, "div/mod left in a conv backward kernel"
@@ -397,7 +397,7 @@ def test_stash_keeps_results(shape, axis):
   si = x.softmax(axis).schedule()[-1]
   plain = _exec(si, [])
   ax = axes(si.ast)
-  o, r = sum(a.arg[1] == "global" for a in ax) - 1, len(ax) - 1
+  o, r = sum(a.arg[1] is AxisKind.GLOBAL for a in ax) - 1, len(ax) - 1
   tried = 0
   for more in ([], [Opt(OptOps.UPCAST, r, 4)], [Opt(OptOps.UNROLL, r, 2), Opt(OptOps.UPCAST, o, 2)], [Opt(OptOps.SIMD, o, 4)],
                [Opt(OptOps.PADTO, r, 48), Opt(OptOps.UPCAST, 0, 2)], [Opt(OptOps.THREAD, 0, 2)], [Opt(OptOps.PADTO, o, 48)]):

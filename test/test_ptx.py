@@ -31,7 +31,7 @@ def op_kernels() -> list:
     # a scatter-add (a gather's transpose): each row of a added into the row its index picks, in serial loops
     outs.append((Tensor([4, 0, 4], device="CPU").reshape(3, 1, 1) == Tensor.arange(5, device="CPU").reshape(1, 5, 1)).where(a.reshape(3, 1, 5), 0).sum(0))
     outs += [a.cast(other) for other in ALL] + [a.bitcast(other) for other in ALL if getattr(dtypes, other).itemsize == dt.itemsize]
-    if name != "bool": outs += [a - b, a.maximum(b), a.minimum(b), a.prod(1), a.cumsum(1), a.argmax(1)]
+    if name != "bool": outs += [a - b, -a, a.maximum(b), a.minimum(b), a.prod(1), a.cumsum(1), a.argmax(1)]
     if dtypes.is_int(dt): outs += [a // b, a % b, a << 2, a >> b.cast("int64").cast(dt), a & b, a | b, a ^ b, a // 3, a % -3]
     if name in FLOATS:
       outs += [a.exp(), a.log(), a.sin(), a.cos(), a.sqrt(), a / b, a.softmax(1), a.trunc(), a.tanh(), a.sigmoid(), a.erf(), a.reciprocal()]

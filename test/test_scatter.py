@@ -14,7 +14,7 @@ from attograd.engine import realize, search
 from attograd.engine.realize import run_schedule, buffer_of, get_kernel
 from attograd.runtime.device import Device
 from attograd.runtime.ops_python import PythonProgram
-from attograd.uop.ops import Ops
+from attograd.uop.ops import AxisKind, Ops
 from attograd.uop.spec import verify_kernel
 from helpers import DEVICES
 from test_gpudims import GPU
@@ -30,7 +30,7 @@ def indices(vocab: int, shape: tuple[int, ...]) -> np.ndarray:
 
 def scatter_kernels(t: Tensor) -> list:
   """The scatter-adds among t's kernels (their ASTs loop serially over the table's rows and the tokens)."""
-  return [si for si in t.schedule() if si.ast.op is Ops.SINK and any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in si.ast.toposort)]
+  return [si for si in t.schedule() if si.ast.op is Ops.SINK and any(u.op is Ops.RANGE and u.arg[1] is AxisKind.SERIAL for u in si.ast.toposort)]
 
 @pytest.mark.parametrize("vocab, d", [(90, 64), (50_000, 4)])
 def test_embedding_gradient_matches_torch(vocab, d):
@@ -170,7 +170,7 @@ def test_scatter_on_an_emulated_gpu():
   run_schedule(before)
   bufs = [buffer_of(b).ensure_allocated() for b in si.bufs]
   name, src, uops = to_program(si.ast, GPU, gpu_opts(si.ast, GPU))
-  assert any(u.op is Ops.SPECIAL for u in uops) and any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in uops)
+  assert any(u.op is Ops.SPECIAL for u in uops) and any(u.op is Ops.RANGE and u.arg[1] is AxisKind.SERIAL for u in uops)
   verify_kernel(uops[-1])
   groups, local = launch_dims(uops)
   PythonProgram(name, src.encode())([b._buf for b in bufs], [], eval_dims(groups, {}), local)

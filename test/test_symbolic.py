@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, assume, strategies as st, HealthCheck
 from attograd import Tensor, dtypes
-from attograd.uop.ops import UOp, Ops, sym_infer
+from attograd.uop.ops import AxisKind, UOp, Ops, sym_infer
 
 I32 = dtypes.int32
 def c(v, dt=I32): return UOp.const(dt, v)
-def rng(i, n): return UOp(Ops.RANGE, I32, (c(n),), (i, "global"))  # as schedule/indexing.py builds them
+def rng(i, n): return UOp(Ops.RANGE, I32, (c(n),), (i, AxisKind.GLOBAL))  # as schedule/indexing.py builds them
 r0, r1, r2 = rng(0, 4), rng(1, 4), rng(2, 8)
 n = UOp.variable("n", 1, 128)
 def simp(u): return u.simplify().render()
@@ -30,7 +30,7 @@ def test_index_patterns(expr, want): assert simp(expr) == want
 
 def test_divmod_by_a_multiple_of_a_coefficient():
   # a permuted pool window's index: (y + 26*x)//52 with y in [0, 26) is x//2 (the 26 divides 52, y never carries)
-  y, x = UOp(Ops.RANGE, I32, (c(26),), (5, "global")), UOp(Ops.RANGE, I32, (c(26),), (6, "global"))
+  y, x = UOp(Ops.RANGE, I32, (c(26),), (5, AxisKind.GLOBAL)), UOp(Ops.RANGE, I32, (c(26),), (6, AxisKind.GLOBAL))
   assert simp((y + x * 26) // 52) == "(r6/2)"
   assert simp((y + x * 26) % 52) == "(((r6%2)*26)+r5)"
   assert simp((y * 2 + x * 52 + 1) // 104) == "(r6/2)"
@@ -168,8 +168,8 @@ def test_simplify_keeps_values(ev, data):
 
 def test_window_remainder_test_becomes_a_range_test():
   # (kk*13 + p) % 14 < 11 is 0 <= p - kk < 11: for p < kk the remainder wraps to at least 12
-  p = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 13),), (0, "global"))
-  kk = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 3),), (1, "reduce"))
+  p = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 13),), (0, AxisKind.GLOBAL))
+  kk = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 3),), (1, AxisKind.REDUCE))
   assert ((kk * 13 + p) % 14 < 11).simplify().render() == "((-1<(r0+(r1*-1)))&((r0+(r1*-1))<11))"
   # where the wrapped values can reach below the bound, the test stays as it is
   assert ((kk * 13 + p) % 14 < 13).simplify().render() == "(((r0+(r1*13))%14)<13)"

@@ -10,7 +10,7 @@ the suite: a new rule comes with a left side that exercises it."""
 import functools, itertools, math
 import pytest
 from attograd import dtypes
-from attograd.uop.ops import UOp, Ops, sym_infer
+from attograd.uop.ops import AxisKind, UOp, Ops, sym_infer
 from attograd.uop.symbolic import symbolic, gated_index
 from attograd.codegen.divmod import divmod_lowering
 from z3_uop import prove, prove_equal, prove_bounds, RLIMIT
@@ -18,7 +18,7 @@ from z3_uop import prove, prove_equal, prove_bounds, RLIMIT
 I32, I8, U8, I64, F32 = dtypes.int32, dtypes.int8, dtypes.uint8, dtypes.int64, dtypes.float32
 def c(v, dt=I32): return UOp.const(dt, v)
 def v(name, lo, hi, dt=I32): return UOp.variable(name, lo, hi, dt)
-def rng(i, n, dt=I32): return UOp(Ops.RANGE, dt, (c(n, dt),), (i, "global"))
+def rng(i, n, dt=I32): return UOp(Ops.RANGE, dt, (c(n, dt),), (i, AxisKind.GLOBAL))
 
 MATCHERS = {"symbolic": symbolic, "gated_index": gated_index, "divmod": divmod_lowering}
 

@@ -10,6 +10,7 @@ from attograd.codegen.divmod import divmod_lowering
 from attograd.codegen.linearize import linearize
 from attograd.codegen.opt import Opt, apply_opts
 from attograd.codegen.gpudims import add_gpudims
+from attograd.codegen.semantics import ir_semantics
 from attograd.uop.mathlib import exp_math
 from attograd.renderer import Renderer, kernel_name
 
@@ -28,7 +29,8 @@ def _renderer_rewrites(sink: UOp, t: Target) -> UOp:
 # Kernel AST -> the graph linearize() orders, pass by pass (print them: [name for name, _ in PASSES]; docs/pipeline.md
 # says what each does). Division by constants goes after the last symbolic pass: its multiply-shift form is no longer
 # one the symbolic rules read. exp is arithmetic on every target: one range reduction and a polynomial, the same
-# accuracy everywhere, and a loop around it stays vectorizable on CPUs (a libm call per element would not).
+# accuracy everywhere, and a loop around it stays vectorizable on CPUs (a libm call per element would not). The IR's
+# defined results (x/0, NaN in max, ...) are written out last, after the renderer's own rewrites, which may make them.
 PASSES: list[Pass] = [
   ("apply_opts", lambda sink, t: apply_opts(sink, t.opts, t.renderer.has_local)),
   ("gpu_dims", lambda sink, t: add_gpudims(sink, t.renderer)),
@@ -43,6 +45,7 @@ PASSES: list[Pass] = [
   ("exp_math", exp_math),
   ("spare_bytes", _spare_bytes),
   ("renderer_rewrites", _renderer_rewrites),
+  ("ir_semantics", lambda sink, t: ir_semantics(sink, t.renderer.native)),
 ]
 
 def lowered(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> UOp:

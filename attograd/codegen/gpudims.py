@@ -26,7 +26,7 @@ dimension (which may be symbolic) and threads per work-group."""
 from __future__ import annotations
 from attograd.dtype import dtypes
 from attograd.helpers import prod
-from attograd.uop.ops import UOp, Ops, sym_infer
+from attograd.uop.ops import AxisKind, UOp, Ops, sym_infer
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, axes, global_ranges, ranges_of, apply_opts
 from attograd.renderer import Renderer
@@ -66,7 +66,7 @@ def _size(group: list[UOp]) -> UOp | int:
 
 def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
   """On a GPU target, global and local loops become thread ids; elsewhere a local axis is refused."""
-  local = ranges_of(ast, "local")[::-1]
+  local = ranges_of(ast, AxisKind.LOCAL)[::-1]
   if renderer.global_max is None:
     if local: raise KernelOptError(f"{renderer.device or type(renderer).__name__} has no work-groups: LOCAL and GROUP need a GPU target")
     return ast
@@ -80,7 +80,7 @@ def add_gpudims(ast: UOp, renderer: Renderer) -> UOp:
       ix = st.src[0]
       ix = ix.replace(src=(*ix.src[:2], gate if ix.gate is None else ix.gate & gate))
       gated[st] = st.replace(src=(ix, *st.src[1:]))
-  ids = _thread_ids(ranges_of(ast, "global")[::-1], "gidx", renderer.global_max) | _thread_ids(local, "lidx", renderer.local_max)
+  ids = _thread_ids(ranges_of(ast, AxisKind.GLOBAL)[::-1], "gidx", renderer.global_max) | _thread_ids(local, "lidx", renderer.local_max)
   return graph_rewrite(ast.substitute(gated).substitute(ids), drop_ends, name="gpu_dims/drop_ends")
 
 def launch_dims(uops: list[UOp]) -> tuple[tuple[UOp | int, ...], tuple[int, ...]]:

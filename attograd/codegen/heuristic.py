@@ -9,7 +9,7 @@ The measurements quoted below are one core of the development machine (AVX-512, 
 from __future__ import annotations
 from attograd.dtype import dtypes
 from attograd.helpers import DEBUG, prod
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import UOp, Ops, GroupOp, AxisKind
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic
 from attograd.codegen.opt import (Opt, OptOps, KernelOptError, THREADS, apply_opts, axes, const_size, copies, global_ranges,
@@ -54,7 +54,7 @@ class Plan:
   def __init__(self, ast: UOp, threads: int, simd: int):
     self.ast, self.threads, self.simd, self.opts, self.step = ast, threads, simd, [], ""
     self.ax = axes(ast)
-    self.glob = [i for i, r in enumerate(self.ax) if r.arg[1] == "global"]
+    self.glob = [i for i, r in enumerate(self.ax) if r.arg[1] is AxisKind.GLOBAL]
     self.work = prod(const_size(r) or 1 for r in self.ax)
     self.reds: list[UOp] = []
     self.gates: list[list[UOp]] = []
@@ -78,9 +78,9 @@ def tile_rows(p: Plan, i: int, cap: int) -> None:
   most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
   rows = const_size(axes(p.ast)[i]) or 0
   padded = -(-rows // 6) * 6
-  reduced = prod(const_size(r) or 0 for r in axes(p.ast) if r.arg[1] == "reduce")
+  reduced = prod(const_size(r) or 0 for r in axes(p.ast) if r.arg[1] is AxisKind.REDUCE)
   six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
-  fits = (padded - rows) * reduced * 4 <= 4096 and copies(p.ast) * 6 <= cap and not ranges_of(p.ast, "simd")
+  fits = (padded - rows) * reduced * 4 <= 4096 and copies(p.ast) * 6 <= cap and not ranges_of(p.ast, AxisKind.SIMD)
   p.first(*((six,) if fits else ()), *(Opt(OptOps.UPCAST, i, a) for a in dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(p.ast) * a <= cap))
 
 # ***** the CPU steps, in order *****
@@ -88,7 +88,7 @@ def tile_rows(p: Plan, i: int, cap: int) -> None:
 def stash_transcendentals(p: Plan) -> None:
   """Softmax: a transcendental that both the output and a reduce compute per element (the exp) is computed once and
   kept (STASH) for the output to read back."""
-  for g, k in ((g, k) for g in p.glob for k, r in enumerate(p.ax) if r.arg[1] == "reduce"):
+  for g, k in ((g, k) for g in p.glob for k, r in enumerate(p.ax) if r.arg[1] is AxisKind.REDUCE):
     try: value = stash_plan(p.ast, Opt(OptOps.STASH, g, k), p.ax)[2]
     except KernelOptError: continue
     if any(u.op in GroupOp.Transcendental for u in value.toposort): p.first(Opt(OptOps.STASH, g, k))
@@ -130,7 +130,7 @@ def register_tile(p: Plan) -> None:
     tile_rows(p, i, TILE_REGISTERS * p.simd)
   else: widest_tile(p, i, j, red)
   p.tiled = True
-  reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] == "reduce")
+  reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
   big = len(p.glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
 
@@ -143,7 +143,7 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
     if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): p.first(Opt(OptOps.UPCAST, g, const_size(ax[g])))
   # and 2 partial sums along the innermost reduce axis (the image's rows) where it splits, in place of half the
   # other axis: twice the independent adds per loaded value (conv1's 26-wide weight gradient, measured 1.45x)
-  inner = max((k for k, r in enumerate(ax) if r.arg[1] == "reduce"), default=None)
+  inner = max((k for k, r in enumerate(ax) if r.arg[1] is AxisKind.REDUCE), default=None)
   if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: p.first(Opt(OptOps.UPCAST, inner, 2))
   tile_rows(p, i, min(36, TILE_REGISTERS * p.simd))
 
@@ -175,7 +175,7 @@ def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
   big for the cache to hold between panels: then each row block packs its panels (a weight gradient summed over 4096
   tokens, 1152 x 4096 floats: 24 -> 44 GFLOPS; a row-major 2048^3 operand wants the swap, 18 -> 52)."""
   ax = p.ax
-  inner = max((r for r in ax if r.arg[1] == "reduce"), key=lambda r: r.arg)
+  inner = max((r for r in ax if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   rows_read = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] not in u.src[0].src[1].toposort]
   across = any(inner in ix.toposort and not unit_stride(ix, inner) for ix in rows_read)
   swap = (Opt(OptOps.SWAP, i, j),) if not across or (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS else ()
@@ -189,7 +189,7 @@ def unroll_small_windows(p: Plan) -> None:
   ax = p.ax
   innermost = {ax.index(r) for red in p.reds if not any(u.op is Ops.REDUCE for u in red.src[0].toposort) for r in red.src[1:] if r in ax}
   for k, r in reversed(list(enumerate(axes(p.ast)))):
-    if k in innermost and r.arg[1] == "reduce" and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in p.gates):
+    if k in innermost and r.arg[1] is AxisKind.REDUCE and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in p.gates):
       p.first(Opt(OptOps.UNROLL, k, const_size(r)))
 
 def reduce_accumulators(p: Plan) -> None:
@@ -202,7 +202,7 @@ def reduce_accumulators(p: Plan) -> None:
     # axes from the innermost outward, up to 8 (a conv's bias gradient over batch x 26 x 26: 2x2x2, measured 7x). A max
     # that keeps NaN is a compare, a test and a select per step, twice an add's latency: 32 of them keep two registers'
     # chains in flight (row max of (4096, 1024): 0.35 -> 0.27 ms)
-    rs = [p.ax.index(r) for r in sorted((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, reverse=True)]
+    rs = [p.ax.index(r) for r in sorted((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg, reverse=True)]
     if rs and (a := largest(const_size(axes(p.ast)[rs[0]]), (32, 16, 8, 4) if red.arg is Ops.MAX else (16, 8, 4))) is not None:
       p.first(Opt(OptOps.UPCAST, rs[0], a)); continue
     lanes = 1
@@ -217,8 +217,8 @@ def column_sum(p: Plan, red: UOp) -> bool:
   (4096, 1024): 14.4 -> 0.24 ms, torch 0.66). True if it chose the row."""
   cur = axes(p.ast)
   reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
-  inner = max((r for r in red.src[1:] if r.arg[1] == "reduce"), key=lambda r: r.arg, default=None)
-  along = [k for k, r in enumerate(cur) if r.arg[1] == "global" and any(unit_stride(i, r) for i in reads)]
+  inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg, default=None)
+  along = [k for k, r in enumerate(cur) if r.arg[1] is AxisKind.GLOBAL and any(unit_stride(i, r) for i in reads)]
   # (reads that don't vary along the row, a layernorm's per-token statistics in its weight's gradient, are one value
   # for all of it)
   if not along or inner is None or any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort): return False
@@ -234,7 +234,7 @@ def divided_axes(p: Plan) -> None:
   if p.tiled: return
   cur = axes(p.ast)
   divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in p.ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
-                 and u.src[0].arg[1] == "global" and u.src[1].op is Ops.CONST}, reverse=True)
+                 and u.src[0].arg[1] is AxisKind.GLOBAL and u.src[1].op is Ops.CONST}, reverse=True)
   for k, c in divs:
     if 2 <= c <= 8 and (const_size(axes(p.ast)[k]) or 0) % c == 0 and copies(p.ast) * c <= 16: p.first(Opt(OptOps.UPCAST, k, c))
 
@@ -245,7 +245,7 @@ def split_across_cores(p: Plan) -> None:
   if p.threads < 2 or p.work < 1 << 16: return
   counts = (4 * p.threads, p.threads) if p.work >= 1 << 22 else (p.threads,)
   for k, r in enumerate(axes(p.ast)):
-    if r.arg[1] == "global" and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+    if r.arg[1] is AxisKind.GLOBAL and (n := next((n for n in counts if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
       p.first(Opt(OptOps.THREAD, k, n)); return
 
 CPU_STEPS = [("stash_transcendentals", stash_transcendentals), ("register_tile", register_tile), ("unroll_small_windows", unroll_small_windows),
@@ -254,7 +254,7 @@ CPU_STEPS = [("stash_transcendentals", stash_transcendentals), ("register_tile",
 def cpu_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   """The CPU steps' Opts for a kernel split across `threads` cores with vectors of `simd` floats (elementwise loops are
   left to the C compiler's loop vectorizer)."""
-  if ranges_of(ast, "serial"): return scatter_opts(ast, threads)
+  if ranges_of(ast, AxisKind.SERIAL): return scatter_opts(ast, threads)
   p = Plan(ast, threads, simd)
   for name, step in CPU_STEPS:
     p.step, before = name, len(p.opts)
@@ -308,7 +308,7 @@ def gpu_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
       budget //= n
   outputs = prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 << 16 for r in glob)
   if outputs >= GROUP_OUTPUTS or budget < 16: return opts
-  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(axes(ast)) if r.arg[1] == "reduce" and r.src[0].op is Ops.CONST]
+  reduces = [(r.src[0].arg, axis) for axis, r in enumerate(axes(ast)) if r.arg[1] is AxisKind.REDUCE and r.src[0].op is Ops.CONST]
   for size, axis in sorted(reduces, reverse=True):  # the longest reduce gains most
     if (n := divisor(size, min(budget, size // 4))) < 16: continue  # and each thread reduces 4 elements or more
     try: apply_opts(ast, cand := opts + [Opt(OptOps.GROUP, axis, n)], has_local=True)

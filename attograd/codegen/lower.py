@@ -6,7 +6,7 @@ import functools, itertools
 from dataclasses import dataclass
 from attograd.helpers import prod
 from attograd.dtype import dtypes, DType
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
 
 NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
@@ -40,10 +40,10 @@ def fresh_range_id(ast: UOp) -> int:
   """An id no RANGE of ast has (ids order loops: a new one sorts after every existing one)."""
   return 1 + max((u.arg[0] for u in ast.toposort if u.op is Ops.RANGE), default=-1)
 
-def kind_of(ranges, kind: str) -> list[UOp]:
+def kind_of(ranges, kind: AxisKind) -> list[UOp]:
   """Split-off ranges of one kind, in the order of the axes they came from (the later axis, usually
   the one contiguous in memory, varies fastest); of two splits of one axis, the first made is finer."""
-  return sorted((r for r in ranges if r.op is Ops.RANGE and r.arg[1] == kind), key=lambda r: (r.arg[2], -r.arg[0]))
+  return sorted((r for r in ranges if r.op is Ops.RANGE and r.arg[1] is kind), key=lambda r: (r.arg[2], -r.arg[0]))
 
 def fold(op: Ops, acc: UOp, value: UOp) -> UOp:
   """acc op value; a float sum of products is one fused multiply-add (rounded once, as BLAS does)."""
@@ -52,7 +52,7 @@ def fold(op: Ops, acc: UOp, value: UOp) -> UOp:
 
 def upcast_store(st: UOp) -> UOp | None:
   """A store inside upcast ranges: written out once per upcast value."""
-  if not (ups := kind_of(st.ranges, "upcast")): return None
+  if not (ups := kind_of(st.ranges, AxisKind.UPCAST)): return None
   return UOp(Ops.NOOP, dtypes.void, tuple(instances(st, ups)))
 
 def compute_in_float32(a: UOp) -> UOp | None:
@@ -75,10 +75,10 @@ def hoist_gate(red: UOp) -> UOp | None:
   better (schedule.py merges nested reduces)."""
   if red.arg is not Ops.ADD or red.src[0].op is not Ops.WHERE or not dtypes.is_float(red.dtype): return None
   g, x, z = red.src[0].src
-  if z.op is not Ops.CONST or z.arg != 0 or not any(r.arg[1] == "simd" for r in red.src[0].live_ranges): return None
+  if z.op is not Ops.CONST or z.arg != 0 or not any(r.arg[1] is AxisKind.SIMD for r in red.src[0].live_ranges): return None
   inner = tuple(r for r in red.src[1:] if r not in g.live_ranges)
   outer = tuple(r for r in red.src[1:] if r in g.live_ranges)
-  if not inner or not outer or any(r.op is not Ops.RANGE or r.arg[1] != "reduce" for r in inner): return None
+  if not inner or not outer or any(r.op is not Ops.RANGE or r.arg[1] is not AxisKind.REDUCE for r in inner): return None
   return UOp(Ops.REDUCE, red.dtype, (g.where(UOp(Ops.REDUCE, red.dtype, (x, *inner), Ops.ADD), z), *outer), Ops.ADD)
 
 expander = PatternMatcher([
@@ -106,12 +106,12 @@ def lower_reduce_group(group: list[UOp], fresh: Fresh) -> dict[UOp, UOp]:
   the values depend on is moved inside the reduce's loops, as a loop of its own (one accumulator per
   iteration); after them, each iteration of the outer simd loop reads its own accumulator."""
   ranges = group[0].src[1:]
-  loops, unrolled, lanes = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] != "unroll"], kind_of(ranges, "unroll"), kind_of(ranges, "lane")
+  loops, unrolled, lanes = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] is not AxisKind.UNROLL], kind_of(ranges, AxisKind.UNROLL), kind_of(ranges, AxisKind.LANE)
   values = {red: instances(red.src[0], unrolled) for red in group}
   if not loops: return {red: functools.reduce(lambda a, b: fold(red.arg, a, b), vs) for red, vs in values.items()}
-  simd = kind_of(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)), "simd")
+  simd = kind_of(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)), AxisKind.SIMD)
   if simd:
-    inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (fresh.loop + n, "simd", *r.arg[2:])) for n, r in enumerate(simd)}
+    inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (fresh.loop + n, AxisKind.SIMD, *r.arg[2:])) for n, r in enumerate(simd)}
     fresh.loop += len(simd)
     values = {red: [v.substitute(inner) for v in vs] for red, vs in values.items()}
     loops, lanes = loops + list(inner.values()), lanes + list(inner.values())
@@ -149,7 +149,7 @@ def lower_reduces(sink: UOp) -> UOp:
   # registers after the scratches opts made (PACK); new loop ids after every loop's
   fresh = Fresh(sum(1 for u in sink.toposort if u.op is Ops.DEFINE_REG), fresh_range_id(sink))
   while reds := [u for u in sink.toposort if u.op is Ops.REDUCE]:
-    loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] != "unroll"]
+    loops = [r for r in reds[0].src[1:] if r.op is Ops.RANGE and r.arg[1] is not AxisKind.UNROLL]
     group = [u for u in reds if u.src[1:] == reds[0].src[1:]] if loops else [reds[0]]
     # (a set against each one's ancestors: a toposort per pair made this check a tenth of lowering a 16x8 register tile)
     members = set(group)
@@ -161,8 +161,8 @@ def simd_inside_serial(ctx: dict[UOp, UOp], st: UOp) -> UOp | None:
   """A store inside serial loops (a scatter-add's, schedule.py) that moves along a simd loop opened outside them gets a
   simd loop of its own inside them, innermost: a token's row is then one vector read, add and write, where the
   loop outside would run the whole token loop once per column. Its END outside is dropped (simd_outside_serial)."""
-  if not any(r.arg[1] == "serial" for r in st.live_ranges): return None
-  if not (simd := sorted((r for r in st.live_ranges if r.arg[1] == "simd" and r not in ctx.values()), key=lambda r: r.arg)): return None
+  if not any(r.arg[1] is AxisKind.SERIAL for r in st.live_ranges): return None
+  if not (simd := sorted((r for r in st.live_ranges if r.arg[1] is AxisKind.SIMD and r not in ctx.values()), key=lambda r: r.arg)): return None
   first = fresh_range_id(st) + len(ctx)
   inner = {r: UOp(Ops.RANGE, r.dtype, r.src, (first + n, *r.arg[1:])) for n, r in enumerate(simd)}
   ctx.update(inner)
@@ -170,7 +170,7 @@ def simd_inside_serial(ctx: dict[UOp, UOp], st: UOp) -> UOp | None:
 
 def simd_outside_serial(x: UOp, r: UOp) -> UOp | None:
   # the loop's body no longer moves along it: running it again would add each token again
-  return x if r.arg[1] == "simd" and r not in x.toposort else None
+  return x if r.arg[1] is AxisKind.SIMD and r not in x.toposort else None
 
 serial_simd = PatternMatcher([
   (UPat(Ops.STORE, name="st"), simd_inside_serial),
@@ -187,7 +187,7 @@ def split_loop(ctx: dict[str, int], x: UOp, r: UOp) -> UOp | None:
     gcc's cheap vectorizer cost model (runtime/ops_cpu.py) leaves a loop whose length needs a scalar epilogue scalar
     (softmax's exp over 90 logits: every element a scalar exp).
   The loop of a GPU's thread index is not a loop (add_gpudims made it SPECIAL) and is left alone."""
-  if r.arg[1] not in ("global", "simd") or r.src[0].op is not Ops.CONST: return None
+  if r.arg[1] not in (AxisKind.GLOBAL, AxisKind.SIMD) or r.src[0].op is not Ops.CONST: return None
   body, n = x.toposort, r.src[0].arg
   if any(u.op is Ops.END or u.op is Ops.REDUCE for u in body): return None  # the innermost loop only: a piece shares no loop
   cuts = {n - n % VECTOR_STEP} if n > 2 * VECTOR_STEP else set()
@@ -212,5 +212,5 @@ def split_loops(sink: UOp) -> UOp:
 
 def simd_in_serial_loops(sink: UOp) -> UOp:
   # only a kernel with serial loops has stores to move: elsewhere an END of a simd loop its body doesn't read stays
-  if not any(u.op is Ops.RANGE and u.arg[1] == "serial" for u in sink.toposort): return sink
+  if not any(u.op is Ops.RANGE and u.arg[1] is AxisKind.SERIAL for u in sink.toposort): return sink
   return graph_rewrite(sink, serial_simd, ctx={}, name="simd_in_serial_loops")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from attograd.dtype import dtypes
 from attograd.helpers import ContextVar, prod
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic
 from attograd.codegen.lower import reduce_identity, fresh_range_id, NARROW_FLOATS
@@ -53,11 +53,11 @@ MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop b
 # 128-wide row of a column sum with a GELU's gradient fused in was 30k, and took gcc minutes
 MAX_WRITTEN_OUT = 3072
 
-def ranges_of(ast: UOp, kind: str) -> list[UOp]:
-  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
+def ranges_of(ast: UOp, kind: AxisKind) -> list[UOp]:
+  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] is kind), key=lambda r: r.arg)
 
-def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, "global")
-def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, "global") + ranges_of(ast, "reduce")
+def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, AxisKind.GLOBAL)
+def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, AxisKind.GLOBAL) + ranges_of(ast, AxisKind.REDUCE)
 def const_size(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
 
 def split_size(r: UOp, opt: Opt) -> int:
@@ -66,7 +66,7 @@ def split_size(r: UOp, opt: Opt) -> int:
   if opt.amount < 2 or size % opt.amount: raise KernelOptError(f"{opt}: axis size {size} doesn't split in {opt.amount}")
   return size
 
-WRITTEN_OUT = ("upcast", "unroll")  # the split-off kinds lowering writes out as copies (lane and simd stay loops)
+WRITTEN_OUT = (AxisKind.UPCAST, AxisKind.UNROLL)  # the split-off kinds lowering writes out as copies (lane and simd stay loops)
 
 def written_out_size(ast: UOp) -> int:
   """The kernel's nodes once lowering has written out its upcast and unrolled ranges: a node is copied once per
@@ -84,7 +84,7 @@ def written_out_size(ast: UOp) -> int:
 
 def copies(ast: UOp) -> int:
   # a simd loop's iterations each hold their own accumulators too: they count against the same register budget
-  return prod(const_size(r) for r in ranges_of(ast, "upcast") + ranges_of(ast, "unroll") + ranges_of(ast, "simd"))
+  return prod(const_size(r) for r in ranges_of(ast, AxisKind.UPCAST) + ranges_of(ast, AxisKind.UNROLL) + ranges_of(ast, AxisKind.SIMD))
 
 def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
   for opt in opts: ast = apply_opt(ast, opt, has_local)
@@ -94,13 +94,13 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel."""
   if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
     raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
-  if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] == "pack" for u in ast.toposort):
+  if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK for u in ast.toposort):
     # the copy is laid out for the loops as they were: only splitting the work across cores keeps it valid
     raise KernelOptError(f"{opt}: only THREAD may follow PACK")
   ax = axes(ast)
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
-  is_global = r.arg[1] == "global"
+  is_global = r.arg[1] is AxisKind.GLOBAL
   if opt.op in NEEDS and NEEDS[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if NEEDS[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
@@ -122,16 +122,16 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
   if opt.op is OptOps.THREAD: return apply_thread(ast, opt, r)
   if opt.op is OptOps.SIMD:
     if has_local: raise KernelOptError(f"{opt}: SIMD is for a C compiler's loop vectorizer; this target has work-groups")
-    if ranges_of(ast, "simd"): raise KernelOptError(f"{opt}: the kernel already has a SIMD loop")
-    return split(ast, r, opt.amount, "simd")
+    if ranges_of(ast, AxisKind.SIMD): raise KernelOptError(f"{opt}: the kernel already has a SIMD loop")
+    return split(ast, r, opt.amount, AxisKind.SIMD)
   if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
     if copies(ast) * opt.amount > MAX_COPIES: raise KernelOptError(f"{opt}: more than {MAX_COPIES} copies of the loop body")
-    out = split(ast, r, opt.amount, "unroll" if opt.op is OptOps.UNROLL else "upcast" if is_global else "lane")
+    out = split(ast, r, opt.amount, AxisKind.UNROLL if opt.op is OptOps.UNROLL else AxisKind.UPCAST if is_global else AxisKind.LANE)
     if (n := written_out_size(out)) > MAX_WRITTEN_OUT: raise KernelOptError(f"{opt}: {n} nodes written out, over {MAX_WRITTEN_OUT}")
     return out
   raise KernelOptError(f"{opt}: {opt.op.name} has no lowering for this target yet")
 
-def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
+def split(ast: UOp, r: UOp, amount: int, kind: AxisKind) -> UOp:
   """r = outer*amount + inner: the outer loop keeps r's name, the inner one is of `kind` and (but for
   simd) never becomes a loop (lowering writes out its iterations). A reduce over r reduces over both. The inner
   range remembers the axis it came from (arg[2]): lowering orders the copies by it."""
@@ -144,7 +144,7 @@ def split(ast: UOp, r: UOp, amount: int, kind: str) -> UOp:
     src = tuple(new.get(s, s) for s in u.src)
     if u.op is Ops.REDUCE and r in u.src[1:]: src = (src[0], *(x for s in u.src[1:] for x in ((outer, inner) if s is r else (s,))))
     # a simd range stays a loop: it closes inside the outer one
-    if u.op is Ops.END and u.src[1] is r: src = (src[0].end(inner) if kind == "simd" else src[0], outer)
+    if u.op is Ops.END and u.src[1] is r: src = (src[0].end(inner) if kind is AxisKind.SIMD else src[0], outer)
     new[u] = u.replace(src=src)
   return graph_rewrite(new[ast], symbolic, name="apply_opts/split")
 
@@ -181,7 +181,7 @@ def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
 
 def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   """Loops open in the order of their ids and close in the order of their ENDs: both are exchanged."""
-  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "global" or opt.amount == opt.axis:
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] is not AxisKind.GLOBAL or opt.amount == opt.axis:
     raise KernelOptError(f"{opt}: SWAP needs another global axis as amount")
   if stash_stores(ast): raise KernelOptError(f"{opt}: a STASH's reduce must stay outside the loop that reads it back")
   a, b = ax[opt.axis], ax[opt.amount]
@@ -221,9 +221,9 @@ def stash_plan(ast: UOp, opt: Opt, ax: list[UOp]) -> tuple[UOp, UOp, UOp, UOp]:
   r and o have one size; the value depends on r and, with o for r, the output computes it outside every reduce. Then
   the reduce's loop over r visits each element of the output's row once, and the loop over o reads them back before
   the next row's reduce. Of several such values the biggest is stashed (softmax's exp, not the x - max under it)."""
-  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] != "reduce": raise KernelOptError(f"{opt}: STASH needs a reduce axis as amount")
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] is not AxisKind.REDUCE: raise KernelOptError(f"{opt}: STASH needs a reduce axis as amount")
   o, r = ax[opt.axis], ax[opt.amount]
-  if any(u.op is Ops.RANGE and u.arg[1] not in ("global", "reduce") or u.op is Ops.CORE_ID for u in ast.toposort):
+  if any(u.op is Ops.RANGE and u.arg[1] not in (AxisKind.GLOBAL, AxisKind.REDUCE) or u.op is Ops.CORE_ID for u in ast.toposort):
     raise KernelOptError(f"{opt}: STASH comes before the opts that split axes")
   if const_size(o) is None or const_size(o) != const_size(r): raise KernelOptError(f"{opt}: axes {opt.axis} and {opt.amount} differ in size")
   ends = [u for u in ast.toposort if u.op is Ops.END and u.src[0].op is Ops.STORE]
@@ -268,20 +268,20 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
   outside = set(globs[:globs.index(r)])  # loops open in the order of their ids
   def inner_ranges(ld: UOp) -> list[UOp] | None:
     rs = [u for u in ld.src[0].src[1].toposort if u.op is Ops.RANGE and u is not r and u not in outside]
-    return None if any(x.arg[1] == "global" or const_size(x) is None for x in rs) else rs
+    return None if any(x.arg[1] is AxisKind.GLOBAL or const_size(x) is None for x in rs) else rs
   reads = [ld for red in ast.toposort if red.op is Ops.REDUCE for ld in red.src[0].toposort
            if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and ld.src[0].gate is None and r in ld.src[0].src[1].toposort]
   if len(loads := set(reads)) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
     raise KernelOptError(f"{opt}: PACK needs one read inside a reduce along axis {opt.axis} that no other global axis moves")
   # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
-  rs = sorted(rs, key=lambda x: (x.arg[1] != "reduce", x.arg))
+  rs = sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
   if (size := prod(const_size(x) for x in rs)) > PACK_MAX: raise KernelOptError(f"{opt}: a {size}-element scratch is over {PACK_MAX}")
   nreg = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_REG)
   scratch = UOp(Ops.DEFINE_REG, read.dtype.ptr(size, "reg"), (), nreg)
   def offset(ranges: list[UOp]) -> UOp:
     return functools.reduce(lambda acc, x: acc * const_size(x[1]) + x[0], zip(ranges[1:], rs[1:]), ranges[0])
   first = fresh_range_id(ast)
-  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, "pack")) for n, x in enumerate(rs)]
+  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, AxisKind.PACK)) for n, x in enumerate(rs)]
   copy = scratch.index(offset(loops)).store(read.substitute(dict(zip(rs, loops)))).end(*loops)
   return graph_rewrite(ast.substitute({read: scratch.after(copy).index(offset(rs)).load()}), symbolic, name="apply_opts/pack")
 
@@ -292,7 +292,7 @@ def apply_local(ast: UOp, opt: Opt, r: UOp) -> UOp:
   if any(u.op is Ops.DEFINE_LOCAL for u in ast.toposort): raise KernelOptError(f"{opt}: LOCAL opts come before GROUP")
   size = split_size(r, opt)
   outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // opt.amount),), r.arg)
-  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), "local"))
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (fresh_range_id(ast), AxisKind.LOCAL))
   ends = {u: UOp(Ops.END, u.dtype, (UOp(Ops.END, u.dtype, (u.src[0], inner)), outer)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
   return graph_rewrite(ast.substitute(ends).substitute({r: outer * opt.amount + inner}), symbolic, name="apply_opts/local")
 
@@ -304,21 +304,21 @@ def apply_group(ast: UOp, opt: Opt, r: UOp) -> UOp:
   # local memory is written once per thread: a reduce inside another loop would overwrite it while
   # other threads still read it
   nested = {x for u in red.src[0].toposort if u.op is Ops.REDUCE for x in u.src[1:]}
-  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] == "reduce"]):
+  if (loops := [x for x in red.live_ranges - set(red.src[1:]) - nested if x.arg[1] is AxisKind.REDUCE]):
     raise KernelOptError(f"{opt}: the reduce is inside loop r{loops[0].arg[0]}: GROUP needs it outside every loop")
   new = fresh_range_id(ast)
   rr = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, size // n),), r.arg)
-  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, "local"))
+  lid = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new, AxisKind.LOCAL))
   dt = dtypes.float32 if red.dtype in NARROW_FLOATS else red.dtype  # partials of narrow floats stay float32
   value = red.src[0].substitute({r: rr * n + lid}).cast(dt)
   partial = UOp(Ops.REDUCE, dt, (value, *(rr if x is r else x for x in red.src[1:])), red.arg)
   # threads of other local axes (LOCAL opts) reduce their own rows: each gets its own n slots
-  others = sorted((x for x in partial.live_ranges if x.arg[1] == "local" and x is not lid), key=lambda x: x.arg)
+  others = sorted((x for x in partial.live_ranges if x.arg[1] is AxisKind.LOCAL and x is not lid), key=lambda x: x.arg)
   row, slots = UOp.const(r.dtype, 0), n
   for x in others: row, slots = row * x.src[0].arg + x, slots * x.src[0].arg
   nlocal = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_LOCAL)
   buf = UOp(Ops.DEFINE_LOCAL, dt.ptr(slots, "local"), (), nlocal)
   barrier = UOp(Ops.BARRIER, dtypes.void, (buf.index(row * n + lid).store(partial).end(lid),))
-  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, "reduce"))
+  lid2 = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, n),), (new + 1, AxisKind.REDUCE))
   final = UOp(Ops.REDUCE, dt, (buf.after(barrier).index(row * n + lid2).load(), lid2), red.arg).cast(red.dtype)
   return graph_rewrite(ast.substitute({red: final}), symbolic, name="apply_opts/group")

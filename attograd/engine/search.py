@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures, json, os, pathlib, time
 from typing import Any, Callable
 from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, content_hash
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import AxisKind, UOp, Ops
 from attograd.uop.serialize import graph_key
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, axes, const_size
 from attograd.codegen.heuristic import heuristic_opts, cores
@@ -22,15 +22,15 @@ def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
   ax = axes(ast)
   for i, r in enumerate(ax):
     size = const_size(r)
-    if r.arg[1] == "global":
+    if r.arg[1] is AxisKind.GLOBAL:
       out += [Opt(OptOps.UPCAST, i, n) for n in (2, 3, 4, 8, 16, 32)]
       if size is not None and size % 8: out += [Opt(OptOps.PADTO, i, n) for n in (8, 32)]
       if threads > 1: out += [Opt(OptOps.THREAD, i, n) for n in (threads, 4 * threads)]  # 4 per core: see codegen/heuristic.py split_across_cores
-      out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] == "global"]
+      out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] is AxisKind.GLOBAL]
       if local: out += [Opt(OptOps.LOCAL, i, n) for n in (2, 4, 8, 16, 32)]
       else:  # a per-call scratch, a C loop, a reduce run once per row: CPU only
         out += [Opt(OptOps.PACK, i, 0), *(Opt(OptOps.SIMD, i, n) for n in (8, 16))]
-        out += [Opt(OptOps.STASH, i, j) for j in range(len(ax)) if ax[j].arg[1] == "reduce"]
+        out += [Opt(OptOps.STASH, i, j) for j in range(len(ax)) if ax[j].arg[1] is AxisKind.REDUCE]
     else:
       out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]
       out += [Opt(OptOps.UNROLL, i, n) for n in (2, 4)]

@@ -3,8 +3,8 @@ the type names, the function signature and the few ops that are spelled differen
 from __future__ import annotations
 import math, struct
 from attograd.dtype import DType, PtrDType, dtypes
-from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer, literal_operand, scalar_args
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
+from attograd.renderer import Body, Renderer, literal_operand, scalar_args
 
 def _float_literal(x: float, suffix: str) -> str:
   if math.isnan(x): return "NAN"
@@ -30,6 +30,12 @@ def arg_names(variables: list[UOp]) -> dict[UOp, str]:
   return {v: name(i, v) for i, v in enumerate(variables)}
 
 WRAPPING = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL}
+# how C spells each op (codegen/semantics.py has already written out what C doesn't define: x/0, NaN in max, shifts
+# by the width or more)
+INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+         Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+TEMPLATES = {Ops.RECIP: "(1/{0})", Ops.MAX: "(({0}>{1})?{0}:{1})", Ops.WHERE: "({0}?{1}:{2})", Ops.MULACC: "(({0}*{1})+{2})"}
 
 # libm's exp2f is a call per element (without fast-math the compiler won't use a vector version),
 # so float32 exp2 is this branch-free function the loop vectorizer can inline: 2**x = 2**n * 2**f
@@ -83,6 +89,7 @@ static inline unsigned short f64_to_f16(double d) {
 class CStyleRenderer(Renderer):
   device = "CPU"
   has_threads = True
+  native = frozenset({"bool_math", "bool_compare", "float_to_int"})  # bool math in int, converted back; f2int
   types: dict[DType, str] = {
     dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
     dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
@@ -123,34 +130,13 @@ class CStyleRenderer(Renderer):
   def math_fn(self, name: str, dtype: DType) -> str: return name + ("f" if dtype != dtypes.float64 else "")
 
   def alu(self, op: Ops, dtype: DType, a: list[str], src: tuple[UOp, ...]) -> str:
+    if op in INFIX: return f"({a[0]}{INFIX[op]}{a[1]})"
+    if op in MATH:
+      if op is Ops.EXP2 and dtype == dtypes.float32 and EXP2_F32 in self.prelude: return f"exp2_f32({a[0]})"
+      return f"{self.math_fn(MATH[op], dtype)}({a[0]})"
     if op is Ops.NEG: return f"(!{a[0]})" if dtypes.is_bool(dtype) else f"(-{a[0]})"
-    if op is Ops.EXP2:
-      if dtype == dtypes.float32 and EXP2_F32 in self.prelude: return f"exp2_f32({a[0]})"
-      return f"{self.math_fn('exp2', dtype)}({a[0]})"
-    if op is Ops.LOG2: return f"{self.math_fn('log2', dtype)}({a[0]})"
-    if op is Ops.SIN: return f"{self.math_fn('sin', dtype)}({a[0]})"
-    if op is Ops.SQRT: return f"{self.math_fn('sqrt', dtype)}({a[0]})"
-    if op is Ops.TRUNC: return f"{self.math_fn('trunc', dtype)}({a[0]})"
-    if op is Ops.RECIP: return f"(1/{a[0]})"
-    if op is Ops.MAX:
-      if dtypes.is_float(dtype): return f"(({a[0]}!={a[0]}||{a[0]}>{a[1]})?{a[0]}:{a[1]})"  # NaN propagates, as in torch
-      return f"(({a[0]}>{a[1]})?{a[0]}:{a[1]})"
-    if op in (Ops.IDIV, Ops.MOD):
-      sym = "/" if op is Ops.IDIV else "%"
-      if src[1].op is Ops.CONST and src[1].arg not in (0, -1): return f"({a[0]}{sym}{a[1]})"
-      # integer division by zero traps in C; attograd defines x/0 = x%0 = 0. INT_MIN/-1 traps too:
-      # for signed types x/-1 is -x (wrapping) and x%-1 is 0
-      if dtypes.is_unsigned(dtype): return f"({a[1]}==0?0:({a[0]}{sym}{a[1]}))"
-      return f"({a[1]}==0?0:{a[1]}==-1?({sym == '/' and f'(-{a[0]})' or '0'}):({a[0]}{sym}{a[1]}))"
-    if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
-    if op is Ops.MULACC:
-      if dtypes.is_float(dtype): return f"{self.math_fn('fma', dtype)}({a[0]},{a[1]},{a[2]})"
-      return f"(({a[0]}*{a[1]})+{a[2]})"
-    if op is Ops.SHL or op is Ops.SHR:
-      return f"({a[0]}{'<<' if op is Ops.SHL else '>>'}{a[1]})"
-    sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
-           Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}[op]
-    return f"({a[0]}{sym}{a[1]})"
+    if op is Ops.MULACC and dtypes.is_float(dtype): return f"{self.math_fn('fma', dtype)}({a[0]},{a[1]},{a[2]})"
+    return TEMPLATES[op].format(*a)
 
   def cast(self, x: str, frm: DType, to: DType) -> str:
     if frm == dtypes.bfloat16: return self.cast(f"bf16_to_f32({x})", dtypes.float32, to)
@@ -193,16 +179,14 @@ class CStyleRenderer(Renderer):
     sees pointer + a masked (gated) read's offset as affine only when the loop's part isn't summed in int with the
     rest (that sum could wrap on the lanes the mask turns off), and otherwise reads it with a gather."""
     def terms(x: UOp) -> list[UOp]: return [t for s in x.src for t in terms(s)] if x.op is Ops.ADD else [x]
-    def moves(x: UOp) -> bool: return any(y.op is Ops.RANGE and y.arg[1] == "simd" for y in x.toposort)
+    def moves(x: UOp) -> bool: return any(y.op is Ops.RANGE and y.arg[1] is AxisKind.SIMD for y in x.toposort)
     parts = terms(idx)
     if not any(moves(t) for t in parts) or all(moves(t) for t in parts): return r[idx]
     still, moving = [r[t] for t in parts if not moves(t)], [r[t] for t in parts if moves(t)]
     return f"({'+'.join(still)})+({'+'.join(moving)})"
 
   def render(self, name: str, uops: list[UOp]) -> str:
-    uses: dict[UOp, int] = {}
-    for u in uops:
-      for s in u.src: uses[s] = uses.get(s, 0) + 1
+    body = Body(uops)
     # the loop depth each value is computed at, and the deepest one it is used at: a value is written inline only into a
     # use in its own loop. Inlined into an inner loop, a loop-invariant (a row's max, tested for inf, in logsumexp) became
     # control flow inside it, and gcc left the loop scalar (logsumexp of (4096, 1024): 9.1 -> 2.8 ms)
@@ -213,15 +197,10 @@ class CStyleRenderer(Renderer):
       for s in u.src: deepest[s] = max(deepest.get(s, 0), d)
       if u.op is Ops.RANGE: d += 1
     r: dict[UOp, str] = {}
-    lines: list[str] = []
-    depth = 1
-    counter = 0
-    def emit(line: str) -> None: lines.append("  " * depth + line)
+    emit = body.emit
     def var(u: UOp, prefix: str, expr: str) -> None:
-      nonlocal counter
-      r[u] = f"{prefix}{counter}"; counter += 1
+      r[u] = body.fresh(prefix)
       emit(f"{self.dt(u.dtype)} {r[u]} = {expr};")
-    spelled_thrice = {u.src[0] for u in uops if u.op is Ops.MAX and dtypes.is_float(u.dtype)}
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
     variables = scalar_args(uops)
     names = arg_names(variables)
@@ -234,9 +213,9 @@ class CStyleRenderer(Renderer):
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
         # a lane or simd loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
-        if u.arg[1] in ("lane", "simd"): lines.append("#pragma GCC unroll 1")
-        emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); depth += 1
-      elif op is Ops.END: depth -= 1; emit("}")
+        if u.arg[1] in (AxisKind.LANE, AxisKind.SIMD): body.lines.append("#pragma GCC unroll 1")
+        emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); body.depth += 1
+      elif op is Ops.END: body.depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
         r[u] = f"acc{u.arg}"; emit(f"{self.dt(u.dtype.base)} {r[u]}[{u.dtype.size}];")
       elif op is Ops.AFTER: r[u] = r[u.src[0]]
@@ -248,12 +227,12 @@ class CStyleRenderer(Renderer):
       elif op is Ops.LOAD:
         idx = u.src[0]
         expr = self.load(r[idx], u.dtype)
-        if len(idx.src) > 2: expr = f"({r[idx.src[2]]}?{expr}:{self.const(0, u.dtype)})"
+        if idx.gate is not None: expr = f"({r[idx.gate]}?{expr}:{self.const(0, u.dtype)})"
         var(u, "val", expr)
       elif op is Ops.STORE:
         idx = u.src[0]
         line = self.store(r[idx], r[u.src[1]], u.src[1].dtype)
-        emit(f"if ({r[idx.src[2]]}) {line}" if len(idx.src) > 2 else line)
+        emit(line if idx.gate is None else f"if ({r[idx.gate]}) {line}")
       elif op in GroupOp.ALU or op is Ops.CAST or op is Ops.BITCAST:
         if op is Ops.CAST: expr = self.cast(r[u.src[0]], u.src[0].dtype, u.dtype)
         elif op is Ops.BITCAST: expr = self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype)
@@ -264,11 +243,10 @@ class CStyleRenderer(Renderer):
         else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
         # C computes 8- and 16-bit integer math in int: wrap the result back into its type
         if dtypes.is_int(u.dtype) and u.dtype.itemsize < 4 and op is not Ops.WHERE: expr = f"(({self.dt(u.dtype)}){expr})"
-        # single-use pure values are written inline; the rest get a name (and so does what a float MAX spells thrice)
-        if uses.get(u, 0) <= 1 and deepest.get(u, 0) <= level[u] and len(expr) < 80 and u not in spelled_thrice: r[u] = expr
+        # single-use pure values are written inline; the rest get a name
+        if body.uses.get(u, 0) <= 1 and deepest.get(u, 0) <= level[u] and len(expr) < 80: r[u] = expr
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
-    body = "\n".join(lines)
-    src = f"{self.prelude_for(uops)}{self.signature(name, params, names, uops)} {{\n{body}\n}}\n"
+    src = f"{self.prelude_for(uops)}{self.signature(name, params, names, uops)} {{\n{body.text()}\n}}\n"
     if self.has_threads and any(v.op is Ops.CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
     return src

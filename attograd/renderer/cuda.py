@@ -15,11 +15,7 @@ class CUDARenderer(CStyleRenderer):
   local_max = (1024, 1024, 64)
   workgroup_max = 1024
   workgroup_pref = 128
-  types: dict[DType, str] = {
-    dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
-    dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
-    dtypes.uint64: "unsigned long long", dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16",
-    dtypes.float32: "float", dtypes.float64: "double"}
+  types: dict[DType, str] = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
   prelude = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" \
     "template <class T, class F> __device__ __forceinline__ T bit_cast_(F x) { T t; memcpy(&t, &x, sizeof(T)); return t; }\n" + \
     float_to_int("__device__ static inline unsigned long long f2int", "double", "unsigned long long", "long long")

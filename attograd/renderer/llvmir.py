@@ -18,6 +18,12 @@ SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16
           dtypes.int32: "i32", dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64",
           dtypes.float16: "half", dtypes.bfloat16: "i16", dtypes.float32: "float", dtypes.float64: "double"}
 FLOAT_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+# each op's instruction (codegen/semantics.py has already written out x/0, NaN in max, wide shifts and bool math);
+# a pair is (unsigned, signed)
+FLOAT_INST = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv", Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}
+INT_INST: dict[Ops, str | tuple[str, str]] = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or",
+  Ops.XOR: "xor", Ops.SHL: "shl", Ops.SHR: ("lshr", "ashr"), Ops.IDIV: ("udiv", "sdiv"), Ops.MOD: ("urem", "srem")}
+INT_CMP = {Ops.CMPLT: ("ult", "slt"), Ops.MAX: ("ugt", "sgt"), Ops.CMPNE: ("ne", "ne"), Ops.CMPEQ: ("eq", "eq")}
 
 def ltype(dt: DType) -> str:
   if isinstance(dt, PtrDType): return "ptr"
@@ -44,6 +50,7 @@ def const(value, dt: DType) -> str:
 class LLVMRenderer(Renderer):
   device = "LLVM"
   has_threads = True
+  native = frozenset({"bool_compare"})  # icmp on i1
 
   def render(self, name: str, uops: list[UOp]) -> str:
     r: dict[UOp, str] = {}
@@ -93,14 +100,8 @@ class LLVMRenderer(Renderer):
         if to == dtypes.float16 and bits(frm) == 64:  # as the reference does: the integer becomes a double first
           return cast(cast(x, frm, dtypes.float64), dtypes.float64, to)
         return ins(f"{'sitofp' if is_signed(frm) else 'uitofp'} {ft} {x} to {tt}")
-      if is_float(frm):
-        # fptosi is poison out of range: convert through a saturating 64-bit conversion (NaN -> 0) and
-        # wrap into the target type, as the reference's int() and modular truncation do
-        w = call(f"llvm.fptosi.sat.i64.{intr(frm)}", "i64", [(ft, x)])
-        if to == dtypes.uint64 and frm != dtypes.float16:  # [2**63, 2**64) only fits unsigned (and no half is that big)
-          u = call(f"llvm.fptoui.sat.i64.{intr(frm)}", "i64", [(ft, x)])
-          w = ins(f"select i1 {ins(f'fcmp oge {ft} {x}, {const(2.0**63, frm)}')}, i64 {u}, i64 {w}")
-        return w if bits(to) == 64 else ins(f"trunc i64 {w} to {tt}")
+      if is_float(frm):  # only to int64 arrives (codegen/semantics.py): saturating, NaN to 0 (fptosi is poison beyond)
+        return call(f"llvm.fptosi.sat.i64.{intr(frm)}", "i64", [(ft, x)])
       if bits(to) == bits(frm): return x
       if bits(to) < bits(frm): return ins(f"trunc {ft} {x} to {tt}")
       return ins(f"{'sext' if is_signed(frm) else 'zext'} {ft} {x} to {tt}")
@@ -132,33 +133,14 @@ class LLVMRenderer(Renderer):
       if op is Ops.MULACC:
         if fl: return call(f"llvm.fmuladd.{intr(dt)}", t, [(t, a[0]), (t, a[1]), (t, a[2])])
         return ins(f"add {t} {ins(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
-      if op is Ops.MAX:
-        if fl:  # NaN propagates, as in torch; otherwise the C renderer's (a > b ? a : b)
-          pick = ins(f"or i1 {ins(f'fcmp uno {t} {a[0]}, {a[0]}')}, {ins(f'fcmp ogt {t} {a[0]}, {a[1]}')}")
-        else: pick = ins(f"icmp {'sgt' if is_signed(dt) else 'ugt'} {t} {a[0]}, {a[1]}")
-        return ins(f"select i1 {pick}, {t} {a[0]}, {t} {a[1]}")
+      if op is Ops.MAX:  # integers (a float MAX arrives written out: codegen/semantics.py)
+        return ins(f"select i1 {ins(f'icmp {INT_CMP[op][is_signed(dt)]} {t} {a[0]}, {a[1]}')}, {t} {a[0]}, {t} {a[1]}")
       if op in GroupOp.Comparison:
-        if fl: return ins(f"fcmp {({Ops.CMPLT: 'olt', Ops.CMPNE: 'une', Ops.CMPEQ: 'oeq'})[op]} {t} {a[0]}, {a[1]}")
-        lt = "slt" if is_signed(s[0].dtype) else "ult"
-        return ins(f"icmp {({Ops.CMPLT: lt, Ops.CMPNE: 'ne', Ops.CMPEQ: 'eq'})[op]} {t} {a[0]}, {a[1]}")
-      if op in (Ops.SHL, Ops.SHR):  # the amount is taken modulo the width, as the reference does
-        amt = cast(a[1], s[1].dtype, dt) if s[1].dtype != dt else a[1]
-        amt = ins(f"and {t} {amt}, {bits(dt) - 1}")
-        return ins(f"{'shl' if op is Ops.SHL else 'ashr' if is_signed(dt) else 'lshr'} {t} {a[0]}, {amt}")
-      if op in (Ops.IDIV, Ops.MOD):
-        inst = ("sdiv" if op is Ops.IDIV else "srem") if is_signed(dt) else ("udiv" if op is Ops.IDIV else "urem")
-        if s[1].op is Ops.CONST and s[1].arg != 0 and not (is_signed(dt) and s[1].arg == -1):
-          return ins(f"{inst} {t} {a[0]}, {a[1]}")
-        # x/0 = x%0 = 0; for signed types x/-1 = -x (wrapping) and x%-1 = 0: both would trap in hardware
-        zero = ins(f"icmp eq {t} {a[1]}, 0")
-        bad = ins(f"or i1 {zero}, {ins(f'icmp eq {t} {a[1]}, -1')}") if is_signed(dt) else zero
-        q = ins(f"{inst} {t} {a[0]}, {ins(f'select i1 {bad}, {t} 1, {t} {a[1]}')}")
-        if is_signed(dt): q = ins(f"select i1 {bad}, {t} {ins(f'sub {t} 0, {a[0]}') if op is Ops.IDIV else '0'}, {t} {q}")
-        return ins(f"select i1 {zero}, {t} 0, {t} {q}")
-      if dtypes.is_bool(dt) and op in (Ops.ADD, Ops.SUB, Ops.MUL):  # bool math saturates: or, xor, and
-        return ins(f"{({Ops.ADD: 'or', Ops.SUB: 'xor', Ops.MUL: 'and'})[op]} i1 {a[0]}, {a[1]}")
-      if fl: return ins(f"{({Ops.ADD: 'fadd', Ops.SUB: 'fsub', Ops.MUL: 'fmul', Ops.FDIV: 'fdiv'})[op]} {t} {a[0]}, {a[1]}")
-      inst = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
+        if fl: return ins(f"fcmp {FLOAT_INST[op]} {t} {a[0]}, {a[1]}")
+        return ins(f"icmp {INT_CMP[op][is_signed(s[0].dtype)]} {t} {a[0]}, {a[1]}")
+      if fl: return ins(f"{FLOAT_INST[op]} {t} {a[0]}, {a[1]}")
+      if op in (Ops.SHL, Ops.SHR) and s[1].dtype != dt: a[1] = cast(a[1], s[1].dtype, dt)  # LLVM shifts by its own type
+      inst = INT_INST[op] if isinstance(INT_INST[op], str) else INT_INST[op][is_signed(dt)]
       # integer math wraps; where bounds prove it can't, say so and let LLVM reason about it
       nowrap = (" nsw" if is_signed(dt) else " nuw") if op in (Ops.ADD, Ops.SUB, Ops.MUL) and u.exact and not dtypes.is_bool(dt) else ""
       return ins(f"{inst}{nowrap} {t} {a[0]}, {a[1]}")
@@ -196,14 +178,14 @@ class LLVMRenderer(Renderer):
         def load(idx=idx, mt=mt, u=u):
           v = ins(f"load {mt}, ptr {r[idx]}")
           return (ins(f"icmp ne i8 {v}, 0") if dtypes.is_bool(u.dtype) else v), ltype(u.dtype), const(0, u.dtype)
-        r[u] = gated(r[idx.src[2]], load) if len(idx.src) > 2 else load()[0]
+        r[u] = load()[0] if idx.gate is None else gated(r[idx.gate], load)
       elif op is Ops.STORE:
         idx, val = u.src
         def store(idx=idx, val=val):
           v = ins(f"zext i1 {r[val]} to i8") if dtypes.is_bool(val.dtype) else r[val]
           lines.append(f"  store {mem_type(val.dtype)} {v}, ptr {r[idx]}")
           return None, "", ""
-        if len(idx.src) > 2: gated(r[idx.src[2]], store)
+        if idx.gate is not None: gated(r[idx.gate], store)
         else: store()
       elif op is Ops.RANGE:
         k, t = u.arg[0], ltype(u.dtype)

@@ -22,11 +22,10 @@ MEM = {dtypes.bool: "u8", dtypes.int8: "s8", dtypes.uint8: "u8", dtypes.int16: "
        dtypes.int32: "s32", dtypes.uint32: "u32", dtypes.int64: "s64", dtypes.uint64: "u64",
        dtypes.float16: "b16", dtypes.bfloat16: "b16", dtypes.float32: "f32", dtypes.float64: "f64"}
 NARROW = (dtypes.int8, dtypes.uint8)
+INT_INST = {Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}  # bitwise: on .pred, .b16, .b32 or .b64
 
 def bits(dt: DType) -> int: return 8 * dt.itemsize
 def is_float(dt: DType) -> bool: return dt in (dtypes.float32, dtypes.float64)
-def is_signed(dt: DType) -> bool: return dtypes.is_int(dt) and not dtypes.is_unsigned(dt)
-def untyped(dt: DType) -> str: return "pred" if dt == dtypes.bool else f"b{max(bits(dt), 16)}"
 
 def imm(value, dt: DType) -> str:
   """An immediate operand of the register type of dt."""
@@ -103,16 +102,8 @@ class PTXRenderer(Renderer):
         emit(f"cvt{'.rn' if bits(to) < bits(frm) else ''}.{REG[to]}.{REG[frm]} {out}, {x};"); return out
       if is_float(to):
         emit(f"cvt.rn.{REG[to]}.{REG[frm]} {out}, {x};"); return out
-      if is_float(frm):
-        # cvt saturates and makes NaN 0: through int64, then wrapped into the target, as the reference does
-        w = reg("s64")
-        emit(f"cvt.rzi.s64.{REG[frm]} {w}, {x};")
-        if to == dtypes.uint64:  # [2**63, 2**64) only fits unsigned
-          u, big = reg("u64"), reg("pred")
-          emit(f"cvt.rzi.u64.{REG[frm]} {u}, {x};")
-          emit(f"setp.ge.{REG[frm]} {big}, {x}, {imm(2.0**63, frm)};")
-          emit(f"selp.b64 {out}, {u}, {w}, {big};"); return out
-        return cast(w, dtypes.int64, to)
+      if is_float(frm):  # only to int64 arrives (codegen/semantics.py): cvt saturates and makes NaN 0
+        emit(f"cvt.rzi.s64.{REG[frm]} {out}, {x};"); return out
       # integer to integer: cvt truncates or extends by the source's signedness
       if REG[frm] == REG[to] and frm not in NARROW and to not in NARROW: return x
       emit(f"cvt.{REG[to]}.{REG[frm]} {out}, {x};")
@@ -132,65 +123,35 @@ class PTXRenderer(Renderer):
           emit(f"or.pred {out}, {t1}, {t2};")
         else: emit(f"selp.{t} {out}, {a[1]}, {a[2]}, {a[0]};")
         return out
-      if dt == dtypes.bool and op not in GroupOp.Comparison:
+      if dt == dtypes.bool and op not in GroupOp.Comparison:  # logic (bool math arrives as logic: codegen/semantics.py)
         if op is Ops.NEG: emit(f"not.pred {out}, {a[0]};")
-        else: emit(f"{({Ops.ADD: 'or', Ops.OR: 'or', Ops.MAX: 'or', Ops.MUL: 'and', Ops.AND: 'and', Ops.SUB: 'xor', Ops.XOR: 'xor'})[op]}.pred {out}, {a[0]}, {a[1]};")
+        else: emit(f"{INT_INST[op]}.pred {out}, {a[0]}, {a[1]};")
         return out
       if op in GroupOp.Comparison:
-        if sd == dtypes.bool:  # predicates compare with logic
-          if op is Ops.CMPNE: emit(f"xor.pred {out}, {a[0]}, {a[1]};")
-          elif op is Ops.CMPEQ: emit(f"xor.pred {out}, {a[0]}, {a[1]};"); emit(f"not.pred {out}, {out};")
-          else: emit(f"not.pred {out}, {a[0]};"); emit(f"and.pred {out}, {out}, {a[1]};")
-          return out
         cmp = {Ops.CMPLT: "lt", Ops.CMPNE: "neu" if fl else "ne", Ops.CMPEQ: "eq"}[op]
         emit(f"setp.{cmp}.{t} {out}, {a[0]}, {a[1]};"); return out
-      if op is Ops.MAX:
-        if fl:  # NaN propagates, else (a > b ? a : b) like the other backends
-          n, g = reg("pred"), reg("pred")
-          emit(f"setp.nan.{t} {n}, {a[0]}, {a[0]};"); emit(f"setp.gt.{t} {g}, {a[0]}, {a[1]};"); emit(f"or.pred {n}, {n}, {g};")
-          emit(f"selp.{t} {out}, {a[0]}, {a[1]}, {n};")
-        else: emit(f"max.{t} {out}, {a[0]}, {a[1]};")
-        return out
+      if op is Ops.MAX: emit(f"max.{t} {out}, {a[0]}, {a[1]};"); return out  # integers: a float MAX arrives written out
       if op is Ops.MULACC:
         if fl: emit(f"fma.rn.{t} {out}, {a[0]}, {a[1]}, {a[2]};")
         else: emit(f"mad.lo.{t} {out}, {a[0]}, {a[1]}, {a[2]};")
         return narrow(out, dt)
       if op is Ops.NEG:
-        emit(f"neg.{t} {out}, {a[0]};"); return narrow(out, dt)
+        # neg has only signed types: an unsigned value negates as the signed one of its size (the same bits)
+        emit(f"neg.{'s' + t[1:] if t[0] == 'u' else t} {out}, {a[0]};"); return narrow(out, dt)
       if op is Ops.RECIP: emit(f"rcp.rn.{t} {out}, {a[0]};"); return out
       if op is Ops.SQRT: emit(f"sqrt.rn.{t} {out}, {a[0]};"); return out
       if op is Ops.TRUNC: emit(f"cvt.rzi.{t}.{t} {out}, {a[0]};"); return out
       if op in (Ops.EXP2, Ops.LOG2):  # float32 only: the rest was rewritten into series (ptx_math)
         emit(f"{'ex2' if op is Ops.EXP2 else 'lg2'}.approx.{t} {out}, {a[0]};"); return out
-      if op in (Ops.SHL, Ops.SHR):  # the amount modulo the width, as the reference (PTX clamps instead)
-        amt = reg("u32")
-        emit(f"cvt.u32.{REG[s[1].dtype]} {amt}, {a[1]};" if REG[s[1].dtype] != "u32" else f"mov.u32 {amt}, {a[1]};")
-        emit(f"and.b32 {amt}, {amt}, {bits(dt) - 1};")
-        kind = "shl.b" + t[1:] if op is Ops.SHL else f"shr.{t}"
-        emit(f"{kind} {out}, {a[0]}, {amt};"); return narrow(out, dt)
-      if op in (Ops.IDIV, Ops.MOD):
-        # x/0 = x%0 = 0, and for signed types x/-1 = -x and x%-1 = 0: the hardware's results there are undefined
-        inst = "div" if op is Ops.IDIV else "rem"
-        zero, bad, safe = reg("pred"), reg("pred"), new(dt)
-        emit(f"setp.eq.{t} {zero}, {a[1]}, 0;")
-        if is_signed(dt):
-          emit(f"setp.eq.{t} {bad}, {a[1]}, -1;"); emit(f"or.pred {bad}, {bad}, {zero};")
-        else: emit(f"mov.pred {bad}, {zero};")
-        emit(f"selp.{t} {safe}, 1, {a[1]}, {bad};")
-        emit(f"{inst}.{t} {out}, {a[0]}, {safe};")
-        if is_signed(dt):
-          other = new(dt)
-          if op is Ops.IDIV: emit(f"neg.{t} {other}, {a[0]};")
-          else: emit(f"mov.{t} {other}, 0;")
-          emit(f"selp.{t} {out}, {other}, {out}, {bad};")
-        emit(f"selp.{t} {out}, 0, {out}, {zero};")
-        return narrow(out, dt)
+      if op in (Ops.SHL, Ops.SHR):  # the amount is a u32 (and already below the width)
+        if REG[s[1].dtype] != "u32": emit(f"cvt.u32.{REG[s[1].dtype]} {(amt := reg('u32'))}, {a[1]};"); a[1] = amt
+        emit(f"{'shl.b' + t[1:] if op is Ops.SHL else f'shr.{t}'} {out}, {a[0]}, {a[1]};"); return narrow(out, dt)
       if fl:
         # .rn keeps ptxas from fusing a*b+c: the same rounding as the other backends
         emit(f"{({Ops.ADD: 'add.rn', Ops.SUB: 'sub.rn', Ops.MUL: 'mul.rn', Ops.FDIV: 'div.rn'})[op]}.{t} {out}, {a[0]}, {a[1]};")
         return out
-      inst = {Ops.ADD: f"add.{t}", Ops.SUB: f"sub.{t}", Ops.MUL: f"mul.lo.{t}", Ops.AND: f"and.b{t[1:]}",
-              Ops.OR: f"or.b{t[1:]}", Ops.XOR: f"xor.b{t[1:]}"}[op]
+      inst = {Ops.ADD: f"add.{t}", Ops.SUB: f"sub.{t}", Ops.MUL: f"mul.lo.{t}", Ops.IDIV: f"div.{t}", Ops.MOD: f"rem.{t}"}.get(op) \
+        or f"{INT_INST[op]}.b{t[1:]}"
       emit(f"{inst} {out}, {a[0]}, {a[1]};")
       return narrow(out, dt)
 
@@ -244,7 +205,7 @@ class PTXRenderer(Renderer):
         idx = u.src[0]
         dt = u.dtype
         dst = new(dt) if dt != dtypes.bool else reg("u16")
-        gate = f"@{r[idx.src[2]]} " if len(idx.src) > 2 else ""
+        gate = "" if idx.gate is None else f"@{r[idx.gate]} "
         if gate: emit(f"mov.{REG[dt] if dt != dtypes.bool else 'u16'} {dst}, {imm(0, dt)};")
         emit(f"{gate}ld.{space[idx]}.{MEM[dt]} {dst}, [{r[idx]}];")
         if dt == dtypes.bool:
@@ -255,7 +216,7 @@ class PTXRenderer(Renderer):
         v = r[val]
         if val.dtype == dtypes.bool:
           v = reg("u16"); emit(f"selp.u16 {v}, 1, 0, {r[val]};")
-        gate = f"@{r[idx.src[2]]} " if len(idx.src) > 2 else ""
+        gate = "" if idx.gate is None else f"@{r[idx.gate]} "
         emit(f"{gate}st.{space[idx]}.{MEM[val.dtype]} [{r[idx]}], {v};")
       elif op is Ops.RANGE:
         k, t = u.arg[0], REG[u.dtype]

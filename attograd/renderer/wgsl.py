@@ -15,15 +15,14 @@ WGSL differs from C in ways that shape this file:
   defines them for 16/32-bit floats only (lavapipe returns 0).
 - Constant expressions are evaluated by the shader compiler, which rejects NaN, inf and integer
   overflow in them: those constants are written as bitcasts of their bits.
-- Integer x/0 gives x in WGSL (attograd: 0); x%0 and INT_MIN%-1 give 0, as attograd wants; shift
-  amounts are u32 and taken modulo the bit width explicitly.
+- Shift amounts are u32 (codegen/semantics.py has already reduced them below the width, and guarded x/0).
 Kernel-argument scalars (DEFINE_VAR) live in one uniform buffer bound after the data buffers."""
 from __future__ import annotations
 import math, struct
 from attograd.dtype import DType, PtrDType, dtypes, truncate
 from attograd.helpers import float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp
-from attograd.renderer import Renderer, literal_operand, scalar_args
+from attograd.renderer import Body, Renderer, literal_operand, scalar_args
 
 # the type a value of each dtype has in a shader
 COMPUTE: dict[DType, str] = {
@@ -35,6 +34,11 @@ PACKED = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, d
 # which adapter feature a dtype needs
 FEATURE = {dtypes.int64: "shader-int64", dtypes.uint64: "shader-int64", dtypes.float64: "shader-f64", dtypes.float16: "shader-f16"}
 INT_SUFFIX = {"i32": "i", "u32": "u", "i64": "li", "u64": "lu"}
+# how WGSL spells each op (codegen/semantics.py has already written out x/0, NaN in max, wide shifts and bool math)
+INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+         Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+TEMPLATES = {Ops.TRUNC: "trunc({0})", Ops.RECIP: "(1.0 / {0})", Ops.WHERE: "select({2}, {1}, {0})",
+             Ops.MULACC: "(({0} * {1}) + {2})", Ops.MAX: "select({1}, {0}, {0} > {1})"}
 
 def to_bits(x: str, dt: DType) -> str:
   """The low 8/16 bits of a packed dtype's value, as u32."""
@@ -89,6 +93,8 @@ class WGSLRenderer(Renderer):
   local_max: tuple[int, ...] = (256, 256, 64)
   workgroup_max = 256
   workgroup_pref = 64
+  # float -> int converts to each type directly (saturating there: without shader-int64 there is no int64 to go through)
+  native = frozenset({"float_to_int"})
 
   def __init__(self, features: frozenset[str] | set[str] = frozenset(), loop_limit: int | None = None):
     # loop_limit: back-edges one invocation may take per outermost loop nest (llvmpipe/lavapipe
@@ -128,43 +134,21 @@ class WGSLRenderer(Renderer):
     if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT):
       # lavapipe's exp2 clamps its argument with NaN-dropping min/max: pass NaN through explicitly
       return f"select({op.name.lower()}({a[0]}), {a[0]}, isnan_{COMPUTE[sdt]}({a[0]}))"
-    if op is Ops.TRUNC: return f"trunc({a[0]})"
-    if op is Ops.RECIP: return f"(1.0 / {a[0]})"
-    if op is Ops.WHERE: return f"select({a[2]}, {a[1]}, {a[0]})"
-    if op is Ops.MULACC: return f"(({a[0]} * {a[1]}) + {a[2]})"
-    if sdt == dtypes.bool:  # WGSL has no arithmetic or ordering on bool
-      if op is Ops.NEG: return f"(!{a[0]})"
-      if op in (Ops.MAX, Ops.ADD, Ops.OR): return f"({a[0]} | {a[1]})"
-      if op in (Ops.MUL, Ops.AND): return f"({a[0]} & {a[1]})"
-      if op in (Ops.XOR, Ops.CMPNE): return f"({a[0]} != {a[1]})"
-      if op is Ops.CMPLT: return f"((!{a[0]}) & {a[1]})"
-      if op is Ops.CMPEQ: return f"({a[0]} == {a[1]})"
-    if op is Ops.NEG: return f"(0u - {a[0]})" if t in ("u32", "u64") else f"(-{a[0]})"
-    if dtypes.is_float(sdt) and op in (Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
+    if op is Ops.NEG: return f"(!{a[0]})" if sdt == dtypes.bool else f"(0u - {a[0]})" if t in ("u32", "u64") else f"(-{a[0]})"
+    if dtypes.is_float(sdt) and op in GroupOp.Comparison:
       # Vulkan lets the driver assume no NaN (lavapipe folds x != x to false): NaN is tested on the bits
-      st = COMPUTE[sdt]
-      n0, n1 = f"isnan_{st}({a[0]})", f"isnan_{st}({a[1]})"
-      if op is Ops.MAX: return f"select({a[1]}, {a[0]}, {n0} || (!{n1} && {a[0]} > {a[1]}))"  # NaN propagates
-      if op is Ops.CMPNE: return f"({n0} || {n1} || {a[0]} != {a[1]})"
-      return f"(!{n0} && !{n1} && {a[0]} {'<' if op is Ops.CMPLT else '=='} {a[1]})"
+      n0, n1 = f"isnan_{COMPUTE[sdt]}({a[0]})", f"isnan_{COMPUTE[sdt]}({a[1]})"
+      if op is Ops.CMPNE: return n0 if src[0] is src[1] else f"({n0} || {n1} || {a[0]} != {a[1]})"
+      return f"(!{n0} && !{n1} && {a[0]} {INFIX[op]} {a[1]})"
     if sdt == dtypes.int64 and op in (Ops.MAX, Ops.CMPLT):
       # lavapipe (Mesa 22.3) miscompiles signed 64-bit < against constants: compare by the sign of the difference
       return f"select({a[1]}, {a[0]}, lt_i64({a[1]}, {a[0]}))" if op is Ops.MAX else f"lt_i64({a[0]}, {a[1]})"
-    if op is Ops.MAX: return f"select({a[1]}, {a[0]}, {a[0]} > {a[1]})"
-    if op is Ops.IDIV:
-      if src[1].op is Ops.CONST: return self.const(0, dtype) if src[1].arg == 0 else f"({a[0]} / {a[1]})"
-      return f"select({a[0]} / {a[1]}, {self.const(0, dtype)}, {a[1]} == {self.const(0, dtype)})"
-    if op is Ops.MOD:
-      if src[1].op is Ops.CONST and src[1].arg == 0: return self.const(0, dtype)
-      return f"({a[0]} % {a[1]})"
-    if op in (Ops.SHL, Ops.SHR):
-      # amounts modulo the dtype's own width, as the IR defines them
-      bits = 8 * dtype.itemsize
-      amount = f"{src[1].arg % bits}u" if src[1].op is Ops.CONST else f"(u32({a[1]}) & {bits - 1}u)"
-      return f"({a[0]} {'<<' if op is Ops.SHL else '>>'} {amount})"
-    sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
-           Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}[op]
-    return f"({a[0]} {sym} {a[1]})"
+    if op in (Ops.SHL, Ops.SHR):  # amounts are u32 (and already below the width)
+      return f"({a[0]} {INFIX[op]} {f'{src[1].arg}u' if src[1].op is Ops.CONST else f'u32({a[1]})'})"
+    # bool math and bool comparisons arrive as logic (codegen/semantics.py): on bool, ^ is spelled !=
+    if op is Ops.XOR and sdt == dtypes.bool: return f"({a[0]} != {a[1]})"
+    if op in INFIX: return f"({a[0]} {INFIX[op]} {a[1]})"
+    return TEMPLATES[op].format(*a)
 
   def cast(self, x: str, frm: DType, to: DType) -> str:
     frm, to = frm.scalar(), to.scalar()
@@ -189,9 +173,7 @@ class WGSLRenderer(Renderer):
     for u in uops:
       for d in (u.dtype, u.dtype.base) if isinstance(u.dtype, PtrDType) else (u.dtype,):
         if d != dtypes.void: self.check_dtype(d)
-    uses: dict[UOp, int] = {}
-    for u in uops:
-      for s in u.src: uses[s] = uses.get(s, 0) + 1
+    body = Body(uops)
     params = sorted((u for u in uops if u.op is Ops.PARAM), key=lambda u: u.arg)
     variables = scalar_args(uops)
     def root(u: UOp) -> UOp:
@@ -199,16 +181,12 @@ class WGSLRenderer(Renderer):
       return u
     stored = {root(u.src[0].src[0]) for u in uops if u.op is Ops.STORE}
     r: dict[UOp, str] = {}
-    lines: list[str] = []
-    depth = 1
     self.check_loops(uops)
     local_size = [1, 1, 1]
     shared: list[str] = []
-    counter = 0
-    def emit(line: str) -> None: lines.append("  " * depth + line)
+    emit = body.emit
     def var(u: UOp, prefix: str, expr: str) -> None:
-      nonlocal counter
-      r[u] = f"{prefix}{counter}"; counter += 1
+      r[u] = body.fresh(prefix)
       emit(f"let {r[u]} = {expr};")
     for u in uops:
       op = u.op
@@ -230,8 +208,8 @@ class WGSLRenderer(Renderer):
         r[u] = f"r{u.arg[0]}"
         cond = self.alu(Ops.CMPLT, dtypes.bool, [r[u], r[u.src[0]]], (u, u.src[0]))
         emit(f"for (var {r[u]}: {self.dt(u.dtype)} = {self.const(0, u.dtype)}; {cond}; {r[u]} += {self.const(1, u.dtype)}) {{")
-        depth += 1
-      elif op is Ops.END: depth -= 1; emit("}")
+        body.depth += 1
+      elif op is Ops.END: body.depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:
         r[u] = f"acc{u.arg}"; emit(f"var {r[u]}: array<{self.dt(u.dtype.base)}, {u.dtype.size}>;")
       elif op is Ops.AFTER: r[u] = r[u.src[0]]
@@ -239,30 +217,30 @@ class WGSLRenderer(Renderer):
       elif op is Ops.LOAD:
         idx = u.src[0]
         expr = self.access(root(idx.src[0]), r[idx.src[0]], r[idx], root(idx.src[0]) in stored)
-        if len(idx.src) > 2:
+        if idx.gate is not None:
           # a load behind a false gate must not happen: it could read past the buffer
-          r[u] = f"val{counter}"; counter += 1
+          r[u] = body.fresh("val")
           emit(f"var {r[u]}: {self.dt(u.dtype)} = {self.const(0, u.dtype)};")
-          emit(f"if ({r[idx.src[2]]}) {{ {r[u]} = {expr}; }}")
+          emit(f"if ({r[idx.gate]}) {{ {r[u]} = {expr}; }}")
         else: var(u, "val", expr)
       elif op is Ops.STORE:
         idx = u.src[0]
         line = self.store(root(idx.src[0]), r[idx.src[0]], r[idx], r[u.src[1]])
-        emit(f"if ({r[idx.src[2]]}) {{ {line} }}" if len(idx.src) > 2 else line)
+        emit(line if idx.gate is None else f"if ({r[idx.gate]}) {{ {line} }}")
       elif op in GroupOp.ALU or op is Ops.CAST or op is Ops.BITCAST:
         if op is Ops.CAST: expr = self.cast(r[u.src[0]], u.src[0].dtype, u.dtype)
         elif op is Ops.BITCAST: expr = self.bitcast(r[u.src[0]], u.src[0].dtype, u.dtype)
         else:
           expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
           if op is not Ops.WHERE: expr = wrap(expr, u.dtype)
-        if uses.get(u, 0) <= 1 and len(expr) < 80: r[u] = expr
+        if body.uses.get(u, 0) <= 1 and len(expr) < 80: r[u] = expr
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"WGSL renderer can't render {op}")
     decls = [self.buffer_decl(p, p in stored) for p in params]
     if variables:
       fields = ", ".join(f"v{i}: {self.dt(v.dtype)}" for i, v in enumerate(variables))
       decls.append(f"struct Vars {{ {fields} }}\n@group(0) @binding({len(params)}) var<uniform> vars: Vars;")
-    src = "\n".join(lines)
+    src = body.text()
     prelude = "enable f16;\n" if "f16" in self.features_used(uops) else ""
     args = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>"
     return f"{prelude}{helpers_for(src)}{chr(10).join(decls + shared)}\n" \

@@ -8,7 +8,7 @@ from attograd.helpers import bf16_bits_to_float, float_to_bf16_bits
 from attograd.uop.ops import UOp, Ops, GroupOp, exec_alu
 from attograd.uop.serialize import graph_data, graph_from_data
 from attograd.runtime.device import Allocator, Compiler, Compiled
-from attograd.renderer import Renderer, scalar_args
+from attograd.renderer import IR_SEMANTICS, Renderer, scalar_args
 
 class PythonAllocator(Allocator):
   def alloc(self, nbytes: int) -> bytearray: return bytearray(nbytes)
@@ -18,6 +18,7 @@ class PythonAllocator(Allocator):
 class PythonRenderer(Renderer):
   """The 'source' is the linear UOp list itself, as data (JSON, uop/serialize.py): it can sit in the program cache."""
   device = "PYTHON"
+  native = IR_SEMANTICS  # it defines them (uop/ops.py exec_alu)
   def render(self, name: str, uops: list[UOp]) -> str: return json.dumps(graph_data(uops), separators=(",", ":"))
 
 def _f16_from_bits(b: int) -> float: return struct.unpack("<e", struct.pack("<H", b))[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from attograd.dtype import dtypes, DType
 from attograd.helpers import strides_for_shape
-from attograd.uop.ops import UOp, Ops, GroupOp, sint, substitute_sym
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, sint, substitute_sym
 from attograd.uop.patterns import UPat, PatternMatcher
 
 @dataclass
@@ -15,7 +15,7 @@ class IndexingContext:
   idx_dtype: DType
   n_ranges: int                                   # ranges 0..n-1 are the output's; reduces take the next ids
   params: dict[UOp, UOp] = field(default_factory=dict)  # BUFFER -> PARAM, numbered in order of first use
-  def new_range(self, size: int, kind: str) -> UOp:
+  def new_range(self, size: int, kind: AxisKind) -> UOp:
     r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, size),), (self.n_ranges, kind))
     self.n_ranges += 1
     return r
@@ -76,7 +76,7 @@ def push_pad(p: UOp, gate: UOp, idxs: tuple[UOp, ...]) -> UOp:
 def push_reduce(red: UOp, gate: UOp, idxs: tuple[UOp, ...], ctx: IndexingContext) -> UOp:
   op, axes = red.arg
   src = red.src[0]
-  new_ranges = {a: ctx.new_range(src.shape[a], "reduce") for a in axes if src.shape[a] != 1}
+  new_ranges = {a: ctx.new_range(src.shape[a], AxisKind.REDUCE) for a in axes if src.shape[a] != 1}
   inner = tindex(src, gate, tuple(new_ranges.get(a, idxs[a].const_like(0)) if a in axes else idxs[a] for a in range(len(idxs))))
   return UOp(Ops.REDUCE, red.dtype, (inner, *new_ranges.values()), op)
 

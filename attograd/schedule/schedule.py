@@ -5,7 +5,7 @@ import itertools, json
 from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
-from attograd.uop.ops import UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
@@ -247,7 +247,7 @@ def merge_nested_reduce(outer: UOp) -> UOp | None:
 def same_reduce(ctx: dict[UOp, UOp], red: UOp) -> UOp | None:
   """A reduce computing what an earlier one does over loops of their own is that one: each use of a tensor gets
   loops of its own in indexing (logsumexp's row max, read inside the sum and again outside, was computed twice)."""
-  canon = {r: UOp(Ops.RANGE, r.dtype, r.src, (-1 - i, "reduce")) for i, r in enumerate(red.src[1:])}
+  canon = {r: UOp(Ops.RANGE, r.dtype, r.src, (-1 - i, AxisKind.REDUCE)) for i, r in enumerate(red.src[1:])}
   first = ctx.setdefault(red.replace(src=(red.src[0].substitute(canon), *canon.values())), red)
   return None if first is red else first
 reduce_dedup = PatternMatcher([(UPat(Ops.REDUCE, name="red"), same_reduce)])
@@ -312,11 +312,11 @@ def scatter_kernel(sink: UOp) -> UOp | None:
   if (sel := _selected(red.src[0])) is None or sel[0].op is not Ops.CMPEQ: return None
   out, addr = st.src[0].src
   for a, e in (sel[0].src, sel[0].src[::-1]):
-    if (r := _range_of(a)) not in ends or r.arg[1] != "global" or r in e.toposort: continue
+    if (r := _range_of(a)) not in ends or r.arg[1] is not AxisKind.GLOBAL or r in e.toposort: continue
     first = fresh_range_id(sink)
-    rows = UOp(Ops.RANGE, r.dtype, r.src, (first, "serial"))
+    rows = UOp(Ops.RANGE, r.dtype, r.src, (first, AxisKind.SERIAL))
     fill = out.index(addr.substitute({r: rows})).store(UOp.const(red.dtype, 0)).end(rows)
-    tokens = {t: UOp(Ops.RANGE, t.dtype, t.src, (first + 1 + i, "serial")) for i, t in enumerate(red.src[1:])}
+    tokens = {t: UOp(Ops.RANGE, t.dtype, t.src, (first + 1 + i, AxisKind.SERIAL)) for i, t in enumerate(red.src[1:])}
     row = _row(e.substitute(tokens), r)[1]
     at = addr.substitute({r: row})
     # an index out of range stores nothing. The gate says so as "clamping the index changes nothing": bounds on the
@@ -384,8 +384,8 @@ def merge_loops(sink: UOp) -> UOp:
   16 batches of 64 rows packed each panel 16 times) and the loops of one sum (its weight gradient sums over B*T tokens
   in one loop, which a tile's panel loop can go around). Tried pair by pair: loops that some index still divides or
   takes a remainder of (a gate, a transposed read) stay apart."""
-  for kind in ("global", "reduce"):
-    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda r: r.arg)
+  for kind in (AxisKind.GLOBAL, AxisKind.REDUCE):
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and u.arg[1] is kind), key=lambda r: r.arg)
     k = 0
     while k + 1 < len(loops):
       if (merged := _merge_pair(sink, loops[k], loops[k + 1])) is None: k += 1; continue
@@ -427,7 +427,7 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg.size), (), 0)
   value, shape = sizes_in_index_dtype(value, shape, idx_dtype)
   ctx = IndexingContext(idx_dtype, len(shape), {out_buf: out})  # PARAM 0 is the output, inputs count from 1
-  ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, "global")) for i, s in enumerate(shape))
+  ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, AxisKind.GLOBAL)) for i, s in enumerate(shape))
   store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = run_passes(sink, INDEXING_PASSES if cleanup else INDEXING_PASSES[:1], ctx)

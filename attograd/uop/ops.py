@@ -40,6 +40,17 @@ class Ops(Enum):
   def __repr__(self) -> str: return f"Ops.{self.name}"
   __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow Python on the hot path
 
+@functools.total_ordering
+class AxisKind(Enum):
+  """What a RANGE (arg: (id, kind, ...)) is a loop over. The scheduler makes GLOBAL (an output axis), REDUCE and SERIAL
+  (a scatter-add's loops, which no Opt or thread id takes); Opts split off UPCAST/UNROLL (written out as copies by
+  lowering), LANE (a reduce's SIMD accumulators), SIMD (a loop gcc vectorizes), LOCAL (a work-group's threads) and PACK
+  (loops THREAD packs into one). Printed as its word; ordered by it, so ranges sort as they did when kinds were words."""
+  GLOBAL = "global"; REDUCE = "reduce"; SERIAL = "serial"; UPCAST = "upcast"; UNROLL = "unroll"; LANE = "lane"
+  SIMD = "simd"; LOCAL = "local"; PACK = "pack"
+  def __str__(self) -> str: return self.value
+  def __lt__(self, other: AxisKind) -> bool: return self.value < other.value
+
 class GroupOp:
   Unary = {Ops.NEG, Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
   Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses, enum, hashlib, json
 from typing import Any, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, DTYPES_BY_NAME
-from attograd.uop.ops import UOp, Ops, BufferArg
+from attograd.uop.ops import AxisKind, UOp, Ops, BufferArg
 
 # the enums and dataclasses an arg may hold, by name; layers above add theirs (register_arg_type)
-ARG_TYPES: dict[str, type] = {"Ops": Ops, "BufferArg": BufferArg}
+ARG_TYPES: dict[str, type] = {"Ops": Ops, "BufferArg": BufferArg, "AxisKind": AxisKind}
 def register_arg_type(cls: type) -> type:
   """Let args hold values of this enum or frozen dataclass (usable as a class decorator)."""
   ARG_TYPES[cls.__name__] = cls

@@ -3,7 +3,7 @@ with PatternMatcher.first_result; it rewrites nothing).
 Tests run it over every kernel they build; a node no rule accepts is a bug upstream."""
 from __future__ import annotations
 from attograd.dtype import dtypes, PtrDType
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
 
 def _same_dtype(a: UOp) -> bool:
@@ -18,7 +18,7 @@ kernel_spec = PatternMatcher([
   (UPat(Ops.DEFINE_VAR, name="v"), lambda v: dtypes.is_int(v.dtype) and len(v.arg) == 3),
   (UPat(Ops.DEFINE_REG, name="r"), lambda r: isinstance(r.dtype, PtrDType) and r.dtype.addrspace == "reg"),
   (UPat(Ops.CONST, name="c"), lambda c: not c.src),
-  (UPat(Ops.RANGE, name="r"), lambda r: dtypes.is_int(r.dtype) and r.src[0].dtype == r.dtype),
+  (UPat(Ops.RANGE, name="r"), lambda r: dtypes.is_int(r.dtype) and r.src[0].dtype == r.dtype and type(r.arg[1]) is AxisKind),
   (UPat(Ops.SPECIAL, name="s"), lambda s: s.dtype == dtypes.int32 == s.src[0].dtype and s.arg[:4] in ("gidx", "lidx")),
   (UPat(Ops.CORE_ID, name="c"), lambda c: dtypes.is_int(c.dtype) and not c.src and isinstance(c.arg, int) and c.arg >= 1),
   (UPat(Ops.DEFINE_LOCAL, name="l"), lambda l: isinstance(l.dtype, PtrDType) and l.dtype.addrspace == "local"),
