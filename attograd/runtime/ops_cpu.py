@@ -104,7 +104,9 @@ class CPUProgram:
 
 # _Float16 converted from and to float and double: clang before 15 rejects the type on x86-64 ("_Float16 is not supported on
 # this target"), and a compiler could take it and convert wrongly (clang 14's __fp16 from double: 1.0009765625 -> 6e-08,
-# a calling convention libgcc doesn't share). The inputs round differently when converted twice (double -> float -> half)
+# a calling convention libgcc doesn't share). The inputs round differently when converted twice (double -> float -> half).
+# And a loop of round trips float -> half -> float that the vectorizer may take for a copy (gcc 12.2 with -march=native on
+# a CPU with AVX512-FP16 drops the pair in a loop of 12 or 11: x.half().float() gave x back)
 F16_PROBE = """void probe(unsigned short *out, const double *d, const float *f, int n) {
   for (int i = 0; i < n; i++) {
     union { _Float16 h; unsigned short u; } a = { .h = (_Float16)d[i] }, b = { .h = (_Float16)f[i] };
@@ -112,6 +114,7 @@ F16_PROBE = """void probe(unsigned short *out, const double *d, const float *f, 
     if ((float)a.h != (float)(_Float16)d[i] || (double)b.h != (double)(float)b.h) out[2 * i] ^= 1;
   }
 }
+void probe_loop(float *restrict out, const float *restrict f) { for (int i = 0; i < 12; i++) out[i] = (float)(_Float16)f[i]; }
 """
 F16_PROBE_VALUES = (1 + 2**-11 + 2**-40, 65519.99, 65520.0, -2**-25 - 2**-40, 1 / 3, -0.0, float("inf"), 2.0**-20)
 
@@ -132,7 +135,10 @@ def has_float16(cc: str, flags: tuple[str, ...]) -> bool:
     lib.probe(out, (ctypes.c_double * n)(*F16_PROBE_VALUES), (ctypes.c_float * n)(*F16_PROBE_VALUES), n)
     want = [w for v in F16_PROBE_VALUES for w in (struct.unpack("<H", struct.pack("<e", v if abs(v) < 65520 else math.copysign(math.inf, v)))[0],
             struct.unpack("<H", struct.pack("<e", float(ctypes.c_float(v).value) if abs(v) < 65520 else math.copysign(math.inf, v)))[0])]
-    ok = list(out) == want
+    loop_in = (ctypes.c_float * 12)(*(1 / 3 + i for i in range(12)))
+    loop_out = (ctypes.c_float * 12)()
+    lib.probe_loop(loop_out, loop_in)
+    ok = list(out) == want and list(loop_out) == [float(struct.unpack("<e", struct.pack("<e", v))[0]) for v in loop_in]
   except (RuntimeError, OSError, AttributeError): ok = False  # doesn't compile, doesn't load
   if entry is not None: cache_write(entry, b"yes" if ok else b"no")
   return ok
