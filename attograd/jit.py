@@ -86,7 +86,8 @@ def _watch_list(fxn: Callable, args: tuple, kwargs: dict) -> list[tuple[Any, Any
   """The Python floats a function's kernels may have baked in, to compare on every replay: (owner, key, value, name) for
   Tensor.training, floats among the globals and closure variables it names and its arguments, and the float attributes
   of those objects (with floats in their list/dict attributes: an optimizer's param_groups). A float read only by a
-  function it calls, or deeper in an object, isn't seen."""
+  function it calls, or deeper in an object, isn't seen. An object whose `tensor_backed` names some of its floats keeps
+  those in Tensors the kernels read (an optimizer's param group: lr): they may change, and aren't watched."""
   roots: list[tuple[str, Any, Any, Any]] = []  # (name, owner, key, value)
   if (code := getattr(fxn, "__code__", None)) is not None:
     g = fxn.__globals__
@@ -102,10 +103,13 @@ def _watch_list(fxn: Callable, args: tuple, kwargs: dict) -> list[tuple[Any, Any
       if owner is not None: watch.append((owner, key, obj, name))
       continue
     if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)) or not hasattr(obj, "__dict__"): continue
+    backed = getattr(obj, "tensor_backed", ())
     for k, v in vars(obj).items():
-      if is_float(v): watch.append((obj, k, v, f"{name}.{k}"))
+      if is_float(v) and k not in backed: watch.append((obj, k, v, f"{name}.{k}"))
       for i, d in enumerate(v if isinstance(v, (list, tuple)) else [v] if isinstance(v, dict) else []):
-        if isinstance(d, dict): watch += [(d, dk, dv, f"{name}.{k}[{i}][{dk!r}]") for dk, dv in d.items() if is_float(dv)]
+        if isinstance(d, dict):
+          live = getattr(d, "tensor_backed", ())
+          watch += [(d, dk, dv, f"{name}.{k}[{i}][{dk!r}]") for dk, dv in d.items() if is_float(dv) and dk not in live]
   return watch
 
 class _Replay:
@@ -178,9 +182,9 @@ class TinyJit(Generic[ReturnType]):
       return ret
     assert self.replay is not None
     for owner, key, value, name in self.watch:
-      if [owner[key] if type(owner) is dict else getattr(owner, key)] != [value]:
+      if [owner[key] if isinstance(owner, dict) else getattr(owner, key)] != [value]:
         raise JitError(f"{name} was {value} when {self.fxn.__name__} was captured and is now "
-                       f"{owner[key] if type(owner) is dict else getattr(owner, key)}: a replay would use the old value, baked "
+                       f"{owner[key] if isinstance(owner, dict) else getattr(owner, key)}: a replay would use the old value, baked "
                        "into its kernels. Hold a value that changes in a Tensor (and assign to it), or call .reset() to capture again")
     bound = {b.src[0]: b.src[1].arg for b in _find(list(args) + list(kwargs.values()), _is_bound_variable)}
     if self.symbolic:  # Variables can come in the shapes of the inputs too, and outputs' shapes show this call's values

@@ -2,7 +2,7 @@
 (DESIGN invariant 1: same AST, same source)."""
 from __future__ import annotations
 from typing import NamedTuple
-from attograd.uop.ops import UOp
+from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes
 from attograd.uop.symbolic import symbolic, inbounds_load_spare
 from attograd.codegen.lower import expander, lowerer, lower_reduces, simd_in_serial_loops, split_loops
@@ -49,8 +49,13 @@ PASSES: list[Pass] = [
 ]
 
 def lowered(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> UOp:
-  """The kernel AST after every pass of PASSES, ready to linearize."""
-  return run_passes(ast, PASSES, Target(renderer, opts or []))
+  """The kernel AST after every pass of PASSES, ready to linearize. Every buffer of the AST stays a parameter: the
+  caller passes them all, and a GPU API refuses a call with more arguments than the kernel has (a pass may fold the last
+  read of one away: ir_semantics folds x // 0 to 0)."""
+  sink = run_passes(ast, PASSES, Target(renderer, opts or []))
+  kept = {u for u in sink.toposort if u.op is Ops.PARAM}
+  lost = tuple(u for u in ast.toposort if u.op is Ops.PARAM and u not in kept)
+  return sink.replace(src=sink.src + lost) if lost else sink
 
 def to_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[str, str, list[UOp]]:
   """(function name, source, linear uops) for a kernel AST with optimizations applied."""

@@ -27,6 +27,10 @@ class ParamGroup(dict):
   def _make(self, k: str, v: Any) -> None:
     self.tensors[k] = tuple(_scalar(x, self.device) for x in v) if isinstance(v, tuple) else _scalar(v, self.device)
     self._mark(k)
+  @property
+  def tensor_backed(self) -> set[str]:
+    """The entries kernels read from Tensors: TinyJit lets them change between replays (jit.py _watch_list)."""
+    return set(self.tensors)
   def _uops(self, k: str) -> tuple:
     t = self.tensors[k]
     return tuple(x.uop for x in t) if isinstance(t, tuple) else (t.uop,)
