@@ -9,8 +9,8 @@ from attograd.runtime.device import Buffer
 from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes
 from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to
-from attograd import tensor as tensor_module
-from attograd.tensor import Tensor, raise_index_errors
+import attograd.tensor as tensor_module
+from attograd.tensor import Tensor
 from attograd.schedule.schedule import is_contiguous_buffer
 
 JIT = ContextVar("JIT", 1)
@@ -182,16 +182,16 @@ class TinyJit(Generic[ReturnType]):
       return ret
     assert self.replay is not None
     for owner, key, value, name in self.watch:
-      if [owner[key] if isinstance(owner, dict) else getattr(owner, key)] != [value]:
-        raise JitError(f"{name} was {value} when {self.fxn.__name__} was captured and is now "
-                       f"{owner[key] if isinstance(owner, dict) else getattr(owner, key)}: a replay would use the old value, baked "
-                       "into its kernels. Hold a value that changes in a Tensor (and assign to it), or call .reset() to capture again")
+      if [now := owner[key] if isinstance(owner, dict) else getattr(owner, key)] != [value]:  # (a list: a NaN equals itself)
+        raise JitError(f"{name} was {value} when {self.fxn.__name__} was captured and is now {now}: a replay would use the old "
+                       "value, baked into its kernels. Hold a value that changes in a Tensor (and assign to it), or call .reset() "
+                       "to capture again")
     bound = {b.src[0]: b.src[1].arg for b in _find(list(args) + list(kwargs.values()), _is_bound_variable)}
     if self.symbolic:  # Variables can come in the shapes of the inputs too, and outputs' shapes show this call's values
       bound.update((b.src[0], b.src[1].arg) for t in tensors for b in _shape_binds(t))
     var_vals = {**self.var_vals, **bound}
     self.replay([buffer_of(t.uop.base) for t in tensors], var_vals)
-    if self.checks: raise_index_errors(self.checks)
+    if self.checks: tensor_module.raise_index_errors(self.checks)
     if self.symbolic:
       for t, view in self.sym_outputs: t.uop = bind_shapes(view, var_vals)
     return self.ret

@@ -229,8 +229,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
     for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
-      if capturing() is not None: captured_checks.extend((buffer_of(c.uop.base), what, size) for c, what, size in checks)
-      else: raise_index_errors([(buffer_of(c.uop.base), what, size) for c, what, size in checks])
+      reports = [(buffer_of(c.uop.base), what, size) for c, what, size in checks]
+      if capturing() is not None: captured_checks.extend(reports)  # the JIT reads them after every replay
+      else: raise_index_errors(reports)
   def schedule(self, *lst: Tensor):
     return create_schedule([t.uop for t in (self, *lst)])[0]
   def contiguous(self) -> Tensor:
@@ -315,10 +316,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def _new(self, u: UOp) -> Tensor: return Tensor(u)
-  def _view(self, u: UOp) -> Tensor:
-    t, vo = Tensor(u), self._view_of  # _mark_view inlined: reshape is on the hot path
-    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
-    return t
+  def _view(self, u: UOp) -> Tensor: return self._mark_view(Tensor(u))
   def _mark_view(self, t: Tensor) -> Tensor:
     """t is a view of self (as a PyTorch view shares memory): a write to t becomes an assign to the region of self's
     base it shows. The base is held weakly: once nothing else holds it, no one can see a write to it, and t is on its own."""

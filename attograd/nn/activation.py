@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 from attograd.tensor import Tensor
 from attograd.nn.module import Module
-from attograd.nn import functional as F
+import attograd.nn.functional as F
 
 class _Fn(Module):
   """A module applying F.<fn> with the keyword arguments given at construction (inplace is accepted and ignored:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
 from attograd.nn.module import as_tensor
+import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
 
 def _scalar(v: float, device: str) -> Tensor: return Tensor.full((), float(v), dtype=dtypes.float32, device=device).contiguous().realize()
 def _is_number(v: Any) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -319,5 +320,3 @@ class OptimizerGroup(Optimizer):
   def state_dict(self) -> dict[str, Any]: return {"optimizers": [o.state_dict() for o in self.optimizers]}
   def load_state_dict(self, state_dict: dict[str, Any]) -> None:
     for o, sd in zip(self.optimizers, state_dict["optimizers"]): o.load_state_dict(sd)
-
-from attograd.nn import lr_scheduler  # noqa: E402  (torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler)
