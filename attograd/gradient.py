@@ -4,7 +4,7 @@ fuse like any other graph."""
 from __future__ import annotations
 import math
 from attograd.dtype import dtypes
-from attograd.helpers import argsort
+from attograd.helpers import Switch, argsort
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
 
@@ -92,33 +92,14 @@ class GradMode:
   inside the block if a later backward() must not see through it."""
   enabled: bool = True
 
-class _GradModeSetter:
-  """A context manager and a decorator that sets the grad mode while it is active and restores the previous one."""
-  mode = True
-  def __enter__(self) -> None: self.prev, GradMode.enabled = GradMode.enabled, self.mode
-  def __exit__(self, *exc) -> None: GradMode.enabled = self.prev
-  def __call__(self, fn):
-    import functools
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-      with type(self)(): return fn(*args, **kwargs)
-    return run
-
-class no_grad(_GradModeSetter):
+class no_grad(Switch):
   """`with attograd.no_grad():` or `@attograd.no_grad()`: autograd doesn't record (see GradMode)."""
-  mode = False
-class enable_grad(_GradModeSetter):
+  def __init__(self) -> None: super().__init__(GradMode, "enabled", False)
+class enable_grad(Switch):
   """Autograd records again inside a no_grad block."""
-  mode = True
-class inference_mode(_GradModeSetter):
+  def __init__(self) -> None: super().__init__(GradMode, "enabled", True)
+class inference_mode(Switch):
   """torch.inference_mode: here the same as no_grad. inference_mode(False) records as usual."""
-  def __init__(self, mode: bool = True): self.mode = not mode
-  def __call__(self, fn):
-    if not callable(fn): raise TypeError("inference_mode() decorates a function")
-    import functools
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-      with inference_mode(not self.mode): return fn(*args, **kwargs)
-    return run
+  def __init__(self, mode: bool = True) -> None: super().__init__(GradMode, "enabled", not mode)
 def is_grad_enabled() -> bool: return GradMode.enabled
 def set_grad_enabled(mode: bool) -> None: GradMode.enabled = bool(mode)

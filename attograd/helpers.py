@@ -56,6 +56,22 @@ class ContextVar:
   def __int__(self) -> int: return self.value
   def __repr__(self) -> str: return f"{self.key}={self.value}"
 
+class Switch:
+  """Sets `owner.attr` to `value` inside a `with` block, or during each call of a function it decorates, and restores what
+  it was after: Tensor.train(), no_grad(). Re-entrant: one switch may be entered again inside itself (a recursive call)."""
+  def __init__(self, owner: Any, attr: str, value: Any): self.owner, self.attr, self.value, self.prev = owner, attr, value, []
+  def __enter__(self) -> Switch:
+    self.prev.append(getattr(self.owner, self.attr))
+    setattr(self.owner, self.attr, self.value)
+    return self
+  def __exit__(self, *exc: Any) -> None: setattr(self.owner, self.attr, self.prev.pop())
+  def __call__(self, fn: Callable) -> Callable:
+    if not callable(fn): raise TypeError(f"{type(self).__name__}() decorates a function, got {type(fn).__name__}")
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+      with self: return fn(*args, **kwargs)
+    return run
+
 DEBUG, NOOPT, CACHELEVEL = ContextVar("DEBUG", 0), ContextVar("NOOPT", 0), ContextVar("CACHELEVEL", 2)
 BEAM = ContextVar("BEAM", 0)  # kernel Opts from a search of this width instead of the heuristics
 

@@ -5,7 +5,7 @@ import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
-from attograd.helpers import argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import Switch, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
@@ -139,9 +139,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
   training: bool = False
   @staticmethod
-  def train(mode: bool = True) -> _TrainMode: return _TrainMode(mode)
+  def train(mode: bool = True) -> Switch: return Switch(Tensor, "training", mode)
   @staticmethod
-  def test() -> _TrainMode: return _TrainMode(False)
+  def test() -> Switch: return Switch(Tensor, "training", False)
   _seed: int = 0
   _rng_state: dict[str, Tensor] = {}  # per device: [key, counter] as uint32s in device memory
 
@@ -1196,21 +1196,6 @@ class ValuesIndices(tuple):
   def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
   values = property(lambda self: self[0])
   indices = property(lambda self: self[1])
-
-class _TrainMode:
-  """`with Tensor.train():` or `@Tensor.train()` turns on dropout and batchnorm statistics for the block or the decorated
-  function, then restores the previous mode (Tensor.test() turns them off). A stack of previous modes: re-entrant."""
-  def __init__(self, mode: bool): self.mode, self.prev = mode, []
-  def __enter__(self) -> _TrainMode:
-    self.prev.append(Tensor.training)
-    Tensor.training = self.mode
-    return self
-  def __exit__(self, *exc) -> None: Tensor.training = self.prev.pop()
-  def __call__(self, fn: Callable) -> Callable:
-    def wrapped(*args: Any, **kw: Any) -> Any:
-      with self: return fn(*args, **kw)
-    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = getattr(fn, "__name__", "fn"), fn.__doc__, fn  # type: ignore[attr-defined]
-    return wrapped
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):
