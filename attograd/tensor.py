@@ -73,6 +73,7 @@ def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.C
 def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
   if not isinstance(data, (list, tuple)): return [data], ()
   if len(data) == 0: return [], (0,)
+  if not any(isinstance(d, (list, tuple)) for d in data): return list(data), (len(data),)  # a row of scalars
   parts = [_flatten_nested(d) for d in data]
   shapes = [s for _, s in parts]
   if not all_same(shapes): raise ArgumentError(f"nested list is not rectangular: rows have shapes {sorted(set(shapes))}")
@@ -80,7 +81,10 @@ def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
 
 def _pack(values: list[Any], dtype: DType) -> bytes:
   if dtype == dtypes.bfloat16: return struct.pack(f"<{len(values)}H", *(float_to_bf16_bits(float(v)) for v in values))
-  return struct.pack(f"<{len(values)}{dtype.fmt}", *(truncate(dtype, v) for v in values))
+  # values the format takes as they are pack to what truncate gives them (struct rounds floats the same way); an int out
+  # of range, a float for an int type or a float past the type's largest raise, and go one by one through truncate
+  try: return struct.pack(f"<{len(values)}{dtype.fmt}", *values)
+  except (struct.error, OverflowError): return struct.pack(f"<{len(values)}{dtype.fmt}", *(truncate(dtype, v) for v in values))
 
 def _unpack(raw: memoryview, dtype: DType) -> list[Any]:
   if dtype == dtypes.bfloat16: return [bf16_bits_to_float(b) for b in raw.cast("H")]
@@ -1222,6 +1226,8 @@ def _from_numpy_dtype(npdt) -> DType:
     if npdt.name == name: return dt
   raise TypeError(f"numpy dtype {npdt} has no attograd equivalent")
 
+_PY_SCALARS = {bool, int, float}
+
 def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
   """The graph node for Tensor(data): a constant, or a buffer filled from Python/numpy data."""
   if isinstance(data, UOp):
@@ -1243,9 +1249,12 @@ def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
     return u if dtype is None or dtype == dtypes.uint8 else UOp(Ops.CAST, dtype, (u,))
   if isinstance(data, (list, tuple)):
     flat, shape = _flatten_nested(data)
-    for v in flat:
-      if not isinstance(v, (bool, int, float)): raise TypeError(f"can't make a Tensor from a list holding {type(v).__name__}")
-    dtype = dtype or (dtypes.from_py(flat) if flat else dtypes.default_float)
+    # the types present, once: a batch of tokens as a list of lists was a 1.3 ms Tensor element by element
+    if not (kinds := set(map(type, flat))) <= _PY_SCALARS:
+      for v in flat:
+        if not isinstance(v, (bool, int, float)): raise TypeError(f"can't make a Tensor from a list holding {type(v).__name__}")
+    dtype = dtype or (dtypes.from_py(flat) if not kinds <= _PY_SCALARS else dtypes.default_float if float in kinds or not flat
+                      else dtypes.default_int if int in kinds else dtypes.bool)
     return _buffer_from_bytes(_pack(flat, dtype), dtype, shape, device)
   if data is None: return _buffer_from_bytes(b"", dtype or dtypes.default_float, (0,), device)
   raise TypeError(f"can't make a Tensor from {type(data).__name__}")

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from attograd import Tensor, dtypes
+from attograd.errors import ArgumentError
 from helpers import DEVICES, FROM_TORCH, check, compare, expect_refusal, make_pair, to_torch_dtype
 
 pytestmark = pytest.mark.parametrize("device", DEVICES)
@@ -110,6 +111,19 @@ def test_tensor_from_python_and_numpy(device):
   compare(T([1, 2], device, f16), torch.tensor([1, 2], dtype=torch.float16))
   compare(T(np.arange(6, dtype=np.int16).reshape(2, 3), device), torch.arange(6, dtype=torch.int16).reshape(2, 3))
   compare(T(np.arange(6.0).reshape(3, 2).T, device), torch.arange(6.0, dtype=torch.float64).reshape(3, 2).T)
+
+def test_tensor_from_lists_packs_like_each_value_alone(device):
+  # a list packs in one call when every value fits its format as it is, else value by value as the dtype stores it:
+  # both ways give the same bytes (ints wrap, floats round to the type or go to inf, floats into ints truncate)
+  cases = [([1, True, 3], None), ([1, 2.5], None), ([True, False], None), ([2**63 + 5, -1], i64), ([300, -1], dtypes.uint8),
+           ([1.7, -2.9], i32), ([1e300, -1e300, 0.1], f32), ([70000.0, 1 / 3], f16), ([0, 2, -0.0], dtypes.bool)]
+  for data, dt in cases:
+    got = T(data, device, dt)
+    assert got.tolist() == [T(v, device, got.dtype).item() for v in data], (data, dt)
+  assert Tensor([[1, 2], [3, 4]]).dtype == i64 and Tensor([[1.0, 2], [3, 4]]).dtype == f32 and Tensor([[True], [False]]).dtype == dtypes.bool
+  for bad in ([[1, 2], [3]], [[1, 2], 3], [1, [2]]):
+    with pytest.raises(ArgumentError, match="not rectangular"): T(bad, device)
+  with pytest.raises(TypeError, match="holding str"): T([1, "a"], device)
 
 # ***** elementwise unary *****
 
