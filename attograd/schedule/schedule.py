@@ -295,6 +295,22 @@ def collapse_one_hot(red: UOp) -> UOp | None:
       return UOp(Ops.REDUCE, red.dtype, (picked, *rest), red.arg) if rest else picked
   return None
 
+def sum_of_negation(red: UOp, x: UOp) -> UOp | None:
+  """sum_r(-x) = -sum_r(x), exactly: the sum below may then be one the other rules simplify."""
+  return UOp(Ops.NEG, red.dtype, (red.replace(src=(x.src[0], *red.src[1:])),)) if red.arg is Ops.ADD else None
+
+def sum_of_invariant(red: UOp, x: UOp) -> UOp | None:
+  """sum_r(a + b) = a * n + sum_r(b) for an a that no loop of the sum changes (n: the loops' trip count): cross entropy's
+  gradient summed a row's constant over the vocabulary beside a one-hot, in a 128-wide written-out kernel that took gcc
+  half a second; the one-hot then collapses to a pick."""
+  if red.arg is not Ops.ADD or red.dtype == dtypes.bool: return None
+  loops = set(red.src[1:])
+  for a, b in (x.src, x.src[::-1]):
+    if loops.isdisjoint(a.toposort):
+      n = prod(r.src[0] for r in red.src[1:]).cast(red.dtype)
+      return UOp(Ops.ADD, red.dtype, (UOp(Ops.MUL, red.dtype, (a, n)), red.replace(src=(b, *red.src[1:]))))
+  return None
+
 def scatter_kernel(sink: UOp) -> UOp | None:
   """A kernel storing a sum over t of (r == e(t) ? v(r, t) : 0), r an output loop that e doesn't depend on (the
   transpose of a gather: an embedding's gradient), becomes a scatter-add costing O(tokens), not O(rows x tokens):
@@ -333,6 +349,8 @@ scatter = PatternMatcher([(UPat(Ops.SINK, name="sink"), scatter_kernel)])
 # after pushdown: size-1 ranges are the constant 0, and a loop over nothing ends nothing
 kernel_cleanup = PatternMatcher([
   (UPat(Ops.REDUCE, name="red"), collapse_one_hot),
+  (UPat(Ops.REDUCE, src=(UPat(Ops.NEG, name="x"),), allow_any_len=True, name="red"), sum_of_negation),
+  (UPat(Ops.REDUCE, src=(UPat(Ops.ADD, name="x"),), allow_any_len=True, name="red"), sum_of_invariant),
   (UPat(Ops.REDUCE, name="outer"), merge_nested_reduce),
   (UPat(Ops.RANGE, src=(UPat.const(None, 1),), name="r"), lambda r: r.const_like(0)),
   (UPat(Ops.END, src=(UPat.var("x"), UPat(Ops.CONST))), lambda x: x),
