@@ -7,6 +7,7 @@ from typing import Any, Callable
 from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
+from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
@@ -149,8 +150,10 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
   dev = Device[device]
   st = time.thread_time()  # CPU time: what lowering costs, however busy the machine is
   gpu = dev.renderer.has_local
-  name, src, uops = to_program(ast, dev.renderer, opts)
+  with trace.group("kernel", "", ast=ast, device=device, opts=list(opts)) as rec:  # VIZ: the kernel's passes
+    name, src, uops = to_program(ast, dev.renderer, opts)
   lower_s = time.thread_time() - st
+  rec.set(name=name, src=src, uops=uops, lower_s=lower_s)
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
@@ -166,6 +169,7 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
     lib, compile_s = build() if binary is None else binary.result()
     ck = CompiledKernel(name, src, dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
     ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
+    rec.set(compile_s=compile_s)
     if DEBUG >= 2: print(f"compiled {name}: lowering {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiling {compile_s * 1e3:.1f} ms (CPU)")
     return ck
   return finish
@@ -213,13 +217,16 @@ class ExecPlan:
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st = time.perf_counter()
-    if DEBUG < self.print_at:  # nothing to say per item: the counters are the plan's totals
+    if DEBUG < self.print_at and trace.current is None:  # nothing to say per item: the counters are the plan's totals
       for ei in self.items: ei.runner(ei.raw, var_vals)
     else:
       for i, ei in enumerate(self.items):
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         ei.runner(ei.raw, var_vals)
-        t = time.perf_counter() - t
+        t = time.perf_counter() - t0
+        if trace.current is not None:  # VIZ's timeline
+          trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used)
+        if DEBUG < self.print_at: continue
         print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
               f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS")
     GlobalCounters.time_sum += time.perf_counter() - st
@@ -328,7 +335,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     if not is_view_of_buffer(u): todo.append(i)
     elif var_vals: out[i] = bind_shapes(u, var_vals)
   if not todo: return out
-  schedule, becomes = create_schedule([out[i] for i in todo])
+  with trace.group("schedule", "schedule"): schedule, becomes = create_schedule([out[i] for i in todo])
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
