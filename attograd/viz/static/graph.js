@@ -25,7 +25,10 @@ class NodeStore {
 
 // The graph after the first k steps of a pass: each step's `before` node is rewritten to its `after`, children first, to
 // a fixed point (what uop/trace.py replay() does with UOps). All steps give the pass's output.
-function replay(store, root, steps, k) {
+function replay(store, root, steps, k) { return replayMap(store, root, steps, k).get(root); }
+// the same, as the map of every node reached to what it became (a rule's result is itself rewritten further: its
+// sources to what earlier steps made them)
+function replayMap(store, root, steps, k) {
   const table = new Map();
   for (let i = 0; i < k; i++) table.set(steps[i][0], steps[i][1]);
   const done = new Map();
@@ -51,7 +54,7 @@ function replay(store, root, steps, k) {
       else { stack.push([u, 2, to]); stack.push([to, 0, 0]); }
     } else done.set(u, done.get(other));
   }
-  return done.get(root);
+  return done;
 }
 
 // ***** layout: layers by longest path from the leaves, order in a layer by barycenters *****
@@ -148,6 +151,11 @@ function esc(s) { return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").
 // draw root's graph into container (an element); mark: {id: "hl"|"new"}; returns the layout
 function drawGraph(container, store, root, mark, collapse, onClick) {
   const L = layout(store, root, collapse);
+  mark = {...mark};
+  for (const [id, cls] of Object.entries(mark)) {  // a folded constant: mark its users, which show it in their label
+    if (L.boxes.has(+id)) continue;
+    for (const u of L.boxes.keys()) if (store.rows.get(u)[3].includes(+id)) mark[u] = cls;
+  }
   const parts = [];
   for (const [u, b] of L.boxes) {
     L.srcs(u).forEach((s, i) => {

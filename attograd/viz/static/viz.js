@@ -25,7 +25,7 @@ function renderSide() {
     if (f && !names.includes(f) && !passes.some(([p]) => p.name.includes(f))) return;
     const li = document.createElement("li");
     li.className = "group-item" + (state.group === i && state.pass < 0 ? " selected" : "");
-    li.dataset.kind = g.kind; li.dataset.i = i;
+    li.dataset.kind = g.kind; li.dataset.i = i; li.dataset.name = g.name;
     li.innerHTML = `<div class="label" title="${esc(groupLabel(g, i))}">${esc(groupLabel(g, i))}</div>`;
     li.firstChild.onclick = () => openGroup(i);
     if (state.group === i) {
@@ -151,8 +151,10 @@ function showStep(k) {
   const [before, after, r] = d.steps[k - 1], rule = r >= 0 ? d.rules[r] : null;
   $("#rule").innerHTML = rule ? `<span id="rule-loc" title="${esc(rule.loc)}">${esc(rule.short)}</span>  ${esc(rule.pattern)}\n${esc(rule.code)}` :
     `<span id="rule-loc">(no rule: this node was rewritten earlier in the pass)</span>`;
-  const root = replay(state.store, d.input, d.steps, state.after ? k : k - 1);
-  showRoot(root, state.after ? {[after]: "new"} : {[before]: "hl"}, `step ${k} ${state.after ? "after" : "before"}`);
+  const done = replayMap(state.store, d.input, d.steps, state.after ? k : k - 1);
+  // after: the rule's result as it stands in the graph (its sources rewritten as earlier steps made them)
+  const mark = state.after ? {[done.get(after) ?? after]: "new"} : {[before]: "hl"};
+  showRoot(done.get(d.input), mark, `step ${k} ${state.after ? "after" : "before"}`);
 }
 
 document.addEventListener("keydown", e => {
@@ -191,7 +193,11 @@ function drawTimeline() {
     `${e.name}: ${ms(e.dur)} at ${ms(e.start)}, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`));
   // memory in use after each launch
   const memTop = TOP + lanes.length * LH + 6, maxMem = Math.max(1, ...S.events.map(e => e.mem));
-  const pts = S.events.map(e => `${x(e.start + e.dur)},${memTop + memH - 8 - e.mem / maxMem * (memH - 16)}`);
+  const my = m => memTop + memH - 8 - m / maxMem * (memH - 16), pts = [];
+  S.events.forEach((e, i) => {  // a level that steps at each launch's end
+    if (i) pts.push(`${x(e.start + e.dur)},${my(S.events[i - 1].mem)}`);
+    pts.push(`${x(e.start + e.dur)},${my(e.mem)}`);
+  });
   parts.push(`<text x="4" y="${memTop + 20}">memory</text><text x="4" y="${memTop + 34}" fill="#667">${bytes(maxMem)} max</text>`);
   if (pts.length) parts.push(`<polyline points="${pts.join(" ")}" fill="none" stroke="#b0309e" stroke-width="1.5"/>`);
   svg.setAttribute("height", memTop + memH);
