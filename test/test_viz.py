@@ -80,3 +80,59 @@ def test_off_records_nothing():
   assert np.isfinite(out).all() and trace.current is None
   with trace.recording(): pass
   assert patterns.tracker is None  # switched back off
+
+def test_opts_chooser_and_jit_replays():
+  from attograd import TinyJit
+  w = Tensor.rand(12, 6).realize()
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return (x @ w).relu().realize()
+  with trace.recording() as tr:
+    for _ in range(4): f(Tensor.rand(5, 12).realize())
+  kernels = [g for g in tr.groups if g.kind == "kernel"]
+  assert kernels and all(g.info["chosen_by"] for g in kernels)
+  assert any(g.info["chosen_by"].startswith(("heuristics", "noopt", "beam")) for g in kernels)
+  assert any(e.jit for e in tr.events) and any(not e.jit for e in tr.events)
+
+# ***** the server, without a browser *****
+import json, os, re, signal, subprocess, sys, urllib.error, urllib.request
+import pytest
+from attograd.viz.serialize import FORMAT, load, to_json
+from attograd.viz.serve import TraceAPI
+
+def test_json_api_and_bad_traces(tmp_path):
+  with trace.recording() as tr: _program(48)
+  data = json.loads(json.dumps(to_json(tr)))  # what a saved file holds
+  assert data["format"] == FORMAT
+  api = TraceAPI(data)
+  s = api.summary()
+  assert len(s["groups"]) == len(tr.groups) and all("steps" not in p for p in s["passes"])
+  i = next(i for i, p in enumerate(data["passes"]) if p["steps"])
+  p = json.loads(json.dumps(api.answer(f"/api/pass/{i}")))  # as the page gets it
+  assert {str(x) for st in p["steps"] for x in st[:2]} <= set(p["nodes"]) and all(str(st[2]) in p["rules"] for st in p["steps"] if st[2] >= 0)
+  assert api.answer("/api/pass/99999") is None and api.answer("/api/nothing") is None
+  bad = tmp_path / "bad.json"
+  bad.write_text('{"a": 1}')
+  with pytest.raises(ValueError, match="not a VIZ trace"): load(str(bad))
+  bad.write_text("garbage")
+  with pytest.raises(ValueError, match="not a readable VIZ trace"): load(str(bad))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def test_viz_1_saves_and_serves_at_exit(tmp_path):
+  """VIZ=1: at exit the trace is saved and served (the URL printed) until Ctrl-C; only the page's own files are served."""
+  env = {**os.environ, "PYTHONPATH": ROOT, "VIZ": "1", "VIZ_PORT": "0", "VIZ_TRACE": str(tmp_path / "t.json")}
+  prog = "from attograd import Tensor; print((Tensor.rand(8, 3) + 1).sum().item())"
+  proc = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    for line in proc.stdout:
+      if (m := re.search(r"http://127\.0\.0\.1:\d+", line)): break
+    url = m.group(0)
+    summary = json.loads(urllib.request.urlopen(url + "/api/summary", timeout=30).read())
+    assert summary["events"] and any(g["kind"] == "kernel" for g in summary["groups"])
+    assert b"attograd VIZ" in urllib.request.urlopen(url + "/", timeout=30).read()
+    for path in ("/static/../serve.py", "/static/nothing.js", "/etc/passwd"):
+      with pytest.raises(urllib.error.HTTPError): urllib.request.urlopen(url + path, timeout=30)
+  finally:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+  assert load(str(tmp_path / "t.json"))["events"]

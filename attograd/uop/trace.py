@@ -57,6 +57,7 @@ class Event:
   dur: float
   group: int        # the kernel's Group, -1 when it was lowered before recording started
   mem: int          # device memory in use after it (GlobalCounters.mem_used)
+  jit: bool = False # a TinyJit replay's
 
 class Trace:
   def __init__(self) -> None:
@@ -117,8 +118,8 @@ class Trace:
       g.dur = self.now() - g.start
       if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = self.groups.index(g)
 
-  def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int) -> None:
-    self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem))
+  def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False) -> None:
+    self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit))
 
 # ***** the recording copy of graph_rewrite's loop (patterns.py): the same walk, plus the steps *****
 # Kept beside the engine and checked against it (test_viz runs both over every pass of real kernels): a change to one

@@ -75,7 +75,8 @@ def to_json(tr: Trace) -> dict[str, Any]:
   for g in tr.groups:
     d: dict[str, Any] = {"kind": g.kind, "name": g.info.get("name") or g.name, "start": g.start, "dur": g.dur}
     if g.kind == "kernel":
-      d.update(device=g.info.get("device", ""), opts=[repr(o) for o in g.info.get("opts", [])], src=g.info.get("src", ""),
+      d.update(device=g.info.get("device", ""), opts=[repr(o) for o in g.info.get("opts", [])], chosen_by=g.info.get("chosen_by", ""),
+               src=g.info.get("src", ""),
                ast=nodes.add(g.info.get("ast")), lower_s=g.info.get("lower_s", 0.0), compile_s=g.info.get("compile_s", 0.0),
                uops=[f"{i:4d} {u.op.name:14s} {str(u.dtype).removeprefix('dtypes.'):24s} {'' if u.arg is None else repr(u.arg)[:ARG_CHARS]}"
                      for i, u in enumerate(g.info.get("uops", []))])
@@ -85,7 +86,7 @@ def to_json(tr: Trace) -> dict[str, Any]:
     loc = pm.locations[i]
     rules.append({"loc": loc, "short": _short(loc),
                   "pattern": upat_str(pm.rules[i][0]), "code": _rule_code(loc)})
-  events = [{"device": e.device, "name": e.name, "start": e.start, "dur": e.dur, "group": e.group, "mem": e.mem} for e in tr.events]
+  events = [{"device": e.device, "name": e.name, "start": e.start, "dur": e.dur, "group": e.group, "mem": e.mem, "jit": e.jit} for e in tr.events]
   return {"format": FORMAT, "nodes": nodes.rows, "rules": rules, "groups": groups, "passes": passes, "events": events,
           "skipped": tr.skipped}
 

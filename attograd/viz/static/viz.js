@@ -71,6 +71,7 @@ async function openGroup(i) {
     src: () => `<pre class="code" id="source">${highlight(k.src)}</pre>`,
     uops: () => `<pre class="code" id="uops">${esc(k.uops.join("\n"))}</pre>`,
     opts: () => `<table class="kv" id="opts"><tr><td>Opts</td><td>${esc(k.opts.join(", ") || "(none)")}</td></tr>` +
+                `<tr><td>chosen by</td><td>${esc(k.chosen_by)}</td></tr>` +
                 `<tr><td>lowering</td><td>${ms(k.lower_s)}</td></tr><tr><td>compile</td><td>${ms(k.compile_s)}</td></tr>` +
                 `<tr><td>launches</td><td>${S.events.filter(e => e.group === i).length}</td></tr></table>`,
     ast: () => `<div class="graph" id="graph"></div>`,
@@ -178,7 +179,9 @@ function drawTimeline() {
   const x = t => LEFT + (t - tl.t0) / (tl.t1 - tl.t0) * (W - LEFT - 10);
   const parts = [];
   // time axis
-  const span = tl.t1 - tl.t0, step = Math.pow(10, Math.floor(Math.log10(span / 6)));
+  // ticks 1, 2 or 5 times a power of ten apart, at most about 8 across
+  const span = tl.t1 - tl.t0, p10 = Math.pow(10, Math.floor(Math.log10(span / 8)));
+  const step = [1, 2, 5, 10].map(m => m * p10).find(s => span / s <= 8);
   for (let t = Math.ceil(tl.t0 / step) * step; t <= tl.t1; t += step)
     parts.push(`<line x1="${x(t)}" x2="${x(t)}" y1="${TOP - 6}" y2="${TOP + lanes.length * LH + memH}" stroke="#eee"/><text x="${x(t) + 2}" y="${TOP - 10}" fill="#667">${ms(t)}</text>`);
   lanes.forEach((l, i) => parts.push(`<text x="4" y="${TOP + i * LH + 18}">${esc(l)}</text>`));
@@ -189,8 +192,8 @@ function drawTimeline() {
   };
   for (const [g, i] of host)
     bar(g.start, g.dur, 0, "host", g.kind === "schedule" ? "#f2b25c" : "#8fb3ff", `${groupLabel(g, i)}: ${g.kind === "kernel" ? "lowering" : "scheduling"} ${ms(g.dur)}`, `data-group="${i}"`);
-  S.events.forEach((e, n) => bar(e.start, e.dur, 1 + devices.indexOf(e.device), "launch", e.group >= 0 ? "#3aa76d" : "#999",
-    `${e.name}: ${ms(e.dur)} at ${ms(e.start)}, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`));
+  S.events.forEach((e, n) => bar(e.start, e.dur, 1 + devices.indexOf(e.device), "launch", e.group < 0 ? "#999" : e.jit ? "#1c8fa8" : "#3aa76d",
+    `${e.name}${e.jit ? " (TinyJit replay)" : ""}: ${ms(e.dur)} at ${ms(e.start)}, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`));
   // memory in use after each launch
   const memTop = TOP + lanes.length * LH + 6, maxMem = Math.max(1, ...S.events.map(e => e.mem));
   const my = m => memTop + memH - 8 - m / maxMem * (memH - 16), pts = [];
