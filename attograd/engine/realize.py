@@ -71,8 +71,9 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
     _kernel_cache[key] = ck
     return ck
   if (ahead := _ahead.pop(key, None)) is None:
+    chosen_by = "caller" if opts is not None else opts_choice(None, dev.renderer)  # VIZ shows who chose the Opts
     if opts is None: opts = choose_opts(ast, device, progress)
-    ahead = lower_kernel(ast, device, opts, None)
+    ahead = lower_kernel(ast, device, opts, None, chosen_by)
   ck = _kernel_cache[key] = ahead()
   if pkey is not None: write_program(pkey, ck.name, ck.src, ck.opts, ck.ops, ck.variables, ck.launch)
   return ck
@@ -100,7 +101,7 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
         if dev.renderer is None: continue  # get_kernel says why
         pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
         if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
-        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
+        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, dev.renderer))
         if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
   finally:
     for q in queues: q.lowered()
@@ -133,7 +134,7 @@ def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
 
 def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
-  return lower_kernel(ast, device, opts, None)()
+  return lower_kernel(ast, device, opts, None, "caller (compile_kernel: BEAM's candidates, tests)")()
 
 _queues: dict[str, CompileQueue] = {}
 
@@ -144,13 +145,13 @@ def compile_queue(device: str) -> CompileQueue | None:
     queue = _queues[device] = CompileQueue(Device[device].compiler, _compiler_pool, _workers)
   return queue
 
-def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
+def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None, chosen_by: str = "caller") -> Callable[[], CompiledKernel]:
   """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
   thread if one is given; the function returned waits for the binary and makes the kernel."""
   dev = Device[device]
   st = time.thread_time()  # CPU time: what lowering costs, however busy the machine is
   gpu = dev.renderer.has_local
-  with trace.group("kernel", "", ast=ast, device=device, opts=list(opts)) as rec:  # VIZ: the kernel's passes
+  with trace.group("kernel", "", ast=ast, device=device, opts=list(opts), chosen_by=chosen_by) as rec:  # VIZ: the kernel's passes
     name, src, uops = to_program(ast, dev.renderer, opts)
   lower_s = time.thread_time() - st
   rec.set(name=name, src=src, uops=uops, lower_s=lower_s)
@@ -225,7 +226,8 @@ class ExecPlan:
         ei.runner(ei.raw, var_vals)
         t = time.perf_counter() - t0
         if trace.current is not None:  # VIZ's timeline
-          trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used)
+          trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
+                               self.print_at > 1)
         if DEBUG < self.print_at: continue
         print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
               f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS")
