@@ -337,7 +337,8 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     if not is_view_of_buffer(u): todo.append(i)
     elif var_vals: out[i] = bind_shapes(u, var_vals)
   if not todo: return out
-  with trace.group("schedule", "schedule"): schedule, becomes = create_schedule([out[i] for i in todo])
+  with trace.group("schedule", "schedule") as rec: schedule, becomes = create_schedule([out[i] for i in todo])
+  rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
