@@ -24,7 +24,9 @@ def test_records_kernels_passes_and_launches():
   for k in kernels:
     mine = [p.name for p in tr.passes if p.group == tr.groups.index(k) and p.parent == -1]
     assert mine == [n for n, _ in PASSES], mine  # every named pass of lowering, in order, even those that did nothing
-  assert any(g.kind == "schedule" for g in tr.groups)
+  # each schedule lists its items; every kernel it ran was lowered in this recording
+  scheds = [g for g in tr.groups if g.kind == "schedule"]
+  assert scheds and all(tr.kernel_of.get((si.ast, si.bufs[0].arg.device)) is not None for g in scheds for si in g.info["items"])
   # one event per launch, each linked to the kernel it ran
   assert tr.events and all(tr.groups[e.group].info["name"] == e.name for e in tr.events)
   # a kernel's steps name real rules: the line at file:line is the rule's code

@@ -82,6 +82,16 @@ def test_click_through(served):
       bars.last.click()
       page.wait_for_selector("#source")
       assert page.inner_text("#kernel-name") == data["events"][-1]["name"]
+      # a schedule: its kernels in run order, each opening its kernel
+      si = next(i for i, g in enumerate(data["groups"]) if g["kind"] == "schedule" and g["items"])
+      page.click(f".group-item[data-i='{si}'] > .label")
+      page.wait_for_selector("#schedule")
+      assert page.locator("#schedule tr").count() == len(data["groups"][si]["items"]) + 1
+      first = page.locator("#schedule a.sched-kernel").first
+      name = first.inner_text()
+      first.click()
+      page.wait_for_selector("#source")
+      assert page.inner_text("#kernel-name") == name
       assert not errors, errors
     finally:
       browser.close()

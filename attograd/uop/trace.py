@@ -9,7 +9,7 @@ attograd/viz turns it into JSON (the viz package is imported by name at exit, no
 Replaying a pass's steps in order, each as a lookup (replay()), gives the pass's output: that is how the visualizer
 draws the graph after any step, and what test_viz checks."""
 from __future__ import annotations
-import atexit, contextlib, importlib, inspect, time
+import atexit, contextlib, importlib, inspect, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from attograd.helpers import CACHELEVEL, ContextVar
@@ -68,32 +68,42 @@ class Trace:
     self.rules: list[tuple[PatternMatcher, int]] = []   # (matcher, rule index): the rule's pattern and location
     self.skipped: dict[str, int] = {}  # rewrites that changed nothing, by pass name (not stored: the front end runs many)
     self._rule_ids: dict[tuple[int, int], int] = {}
-    self._group_stack: list[int] = []
-    self._pass_stack: list[int] = []
+    # what is open, per thread: BEAM lowers its candidates on a thread pool, each its own kernel with its own passes
+    self._local = threading.local()
+    self._lock = threading.Lock()
     self.kernel_of: dict[tuple[UOp, str], int] = {}  # (ast, device) -> its last kernel Group, for the launches
 
   def now(self) -> float: return time.perf_counter() - self.t0
   def rule_id(self, pm: PatternMatcher, i: int) -> int:
     if (rid := self._rule_ids.get((id(pm), i))) is None:
-      rid = self._rule_ids[(id(pm), i)] = len(self.rules)
-      self.rules.append((pm, i))
+      with self._lock:
+        if (rid := self._rule_ids.get((id(pm), i))) is None:
+          rid = self._rule_ids[(id(pm), i)] = len(self.rules)
+          self.rules.append((pm, i))
     return rid
+  def _stacks(self) -> tuple[list[int], list[int]]:
+    """This thread's open groups and passes."""
+    if (st := getattr(self._local, "stacks", None)) is None: st = self._local.stacks = ([], [])
+    return st
 
   # ***** what patterns.tracker calls *****
   def _open_pass(self, name: str, sink: UOp, rewrite: bool) -> PassRecord:
-    rec = PassRecord(name, self._group_stack[-1] if self._group_stack else 0, self._pass_stack[-1] if self._pass_stack else -1,
-                     sink, rewrite=rewrite, start=self.now())
-    self._pass_stack.append(len(self.passes))
-    self.passes.append(rec)
+    groups, passes = self._stacks()
+    rec = PassRecord(name, groups[-1] if groups else 0, passes[-1] if passes else -1, sink, rewrite=rewrite, start=self.now())
+    with self._lock:
+      passes.append(len(self.passes))
+      self.passes.append(rec)
     return rec
   def _close_pass(self, rec: PassRecord, out: UOp | None) -> None:
-    self._pass_stack.pop()
+    self._stacks()[1].pop()
     rec.output, rec.dur = out, self.now() - rec.start
     # outside scheduling and lowering, a rewrite that did nothing and ran nothing is counted, not kept: UOp.simplify
     # on every symbolic size would bury the passes worth seeing (a kernel shows all its passes, even those that did nothing)
-    if rec.group == 0 and rec.rewrite and not rec.steps and out is rec.input and self.passes[-1] is rec:
-      self.passes.pop()
-      self.skipped[rec.name] = self.skipped.get(rec.name, 0) + 1
+    if rec.group == 0 and rec.rewrite and not rec.steps and out is rec.input:
+      with self._lock:
+        if self.passes[-1] is rec:
+          self.passes.pop()
+          self.skipped[rec.name] = self.skipped.get(rec.name, 0) + 1
 
   def graph_rewrite(self, sink: UOp, pm: PatternMatcher, ctx: Any, name: str, max_steps: int) -> UOp:
     rec, out = self._open_pass(name, sink, True), None
@@ -109,14 +119,15 @@ class Trace:
 
   @contextlib.contextmanager
   def group(self, kind: str, name: str, **info: Any) -> Iterator[Group]:
-    g = Group(kind, name, self.now(), info=info)
-    self._group_stack.append(len(self.groups))
-    self.groups.append(g)
+    g, stack = Group(kind, name, self.now(), info=info), self._stacks()[0]
+    with self._lock:
+      stack.append(idx := len(self.groups))
+      self.groups.append(g)
     try: yield g
     finally:
-      self._group_stack.pop()
+      stack.pop()
       g.dur = self.now() - g.start
-      if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = self.groups.index(g)
+      if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = idx
 
   def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False) -> None:
     self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit))

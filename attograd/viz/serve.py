@@ -32,7 +32,7 @@ class TraceAPI:
   def summary(self) -> dict[str, Any]:
     d = self.data
     passes = [{k: v for k, v in p.items() if k != "steps"} | {"nsteps": len(p["steps"])} for p in d["passes"]]
-    groups = [{k: v for k, v in g.items() if k not in ("src", "uops")} for g in d["groups"]]
+    groups = [{k: v for k, v in g.items() if k not in ("src", "uops", "items")} for g in d["groups"]]
     return {"groups": groups, "passes": passes, "events": d["events"], "skipped": d["skipped"], "nrules": len(d["rules"])}
   def pass_(self, i: int) -> dict[str, Any]:
     p = self.data["passes"][i]

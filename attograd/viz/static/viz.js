@@ -26,6 +26,7 @@ function renderSide() {
     const li = document.createElement("li");
     li.className = "group-item" + (state.group === i && state.pass < 0 ? " selected" : "");
     li.dataset.kind = g.kind; li.dataset.i = i; li.dataset.name = g.name;
+    if ((g.chosen_by || "").startsWith("caller (compile_kernel")) li.classList.add("candidate");
     li.innerHTML = `<div class="label" title="${esc(groupLabel(g, i))}">${esc(groupLabel(g, i))}</div>`;
     li.firstChild.onclick = () => openGroup(i);
     if (state.group === i) {
@@ -57,12 +58,13 @@ function showView(which) {
 async function openGroup(i) {
   state.group = i; state.pass = -1; renderSide(); showView("view");
   const g = S.groups[i];
-  if (g.kind !== "kernel") {  // a schedule: its first pass
+  if (g.kind === "other") {  // rewrites outside scheduling and lowering: the first one
     const first = S.passes.findIndex(p => p.group === i);
     if (first >= 0) return openPass(first);
     $("#view").innerHTML = `<p class="hint">no passes recorded</p>`; return;
   }
   const k = await get("/api/group/" + i);
+  if (g.kind === "schedule") return showSchedule(k);
   const store = new NodeStore(k.nodes);
   $("#view").innerHTML = `<div class="title"><h2 id="kernel-name">${esc(k.name)}</h2><span class="meta">${esc(k.device)} · lowering ${ms(k.lower_s)} · compile ${ms(k.compile_s)} · ${k.uops.length} uops</span></div>
     <div class="tools tabs2"><button data-t="src" class="on">Source</button><button data-t="ast">AST</button><button data-t="uops">Linear uops</button><button data-t="opts">Opts</button></div>
@@ -83,6 +85,19 @@ async function openGroup(i) {
   };
   document.querySelectorAll(".tabs2 button").forEach(b => b.onclick = () => show(b.dataset.t));
   show("src");
+}
+
+// a realize's schedule: its kernels and copies in run order, each with the buffers it binds (output first)
+function showSchedule(k) {
+  const rows = (k.items || []).map((it, n) => {
+    const kg = it.kernel >= 0 ? S.groups[it.kernel] : null;
+    const name = kg ? `<a href="#" class="sched-kernel" data-g="${it.kernel}">${esc(kg.name)}</a>` : esc(it.op === "COPY" ? "copy" : "(lowered before recording)");
+    const bufs = it.bufs.map(([uid, dt, size, dev], j) => `${j ? "" : "→ "}buf${uid} ${esc(dt)}[${size}]${dev !== "CPU" ? " " + esc(dev) : ""}`).join(", ");
+    return `<tr><td>${n + 1}</td><td>${name}</td><td>${bufs}</td></tr>`;
+  });
+  $("#view").innerHTML = `<div class="title"><h2 id="schedule-name">schedule #${k.index}</h2><span class="meta">${(k.items || []).length} items · scheduling ${ms(k.dur)} · its passes are listed on the left</span></div>
+    <div class="pane" style="overflow:auto"><table class="kv" id="schedule"><tr><td>#</td><td>kernel</td><td>buffers (output first)</td></tr>${rows.join("")}</table></div>`;
+  document.querySelectorAll(".sched-kernel").forEach(a => a.onclick = e => { e.preventDefault(); openGroup(+a.dataset.g); });
 }
 
 const KW = /\b(void|return|for|if|else|while|const|restrict|static|inline|struct|typedef|unsigned|signed|__kernel|__global|__local|kernel|global|local|fn|let|var)\b/;
