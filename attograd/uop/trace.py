@@ -58,6 +58,8 @@ class Event:
   group: int        # the kernel's Group, -1 when it was lowered before recording started
   mem: int          # device memory in use after it (GlobalCounters.mem_used)
   jit: bool = False # a TinyJit replay's
+  ops: int = 0      # arithmetic ops it ran
+  nbytes: int = 0   # bytes of the buffers it bound
 
 class Trace:
   def __init__(self) -> None:
@@ -129,8 +131,9 @@ class Trace:
       g.dur = self.now() - g.start
       if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = idx
 
-  def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False) -> None:
-    self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit))
+  def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False,
+             ops: int = 0, nbytes: int = 0) -> None:
+    self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit, ops, nbytes))
 
 # ***** the recording copy of graph_rewrite's loop (patterns.py): the same walk, plus the steps *****
 # Kept beside the engine and checked against it (test_viz runs both over every pass of real kernels): a change to one

@@ -90,7 +90,7 @@ def to_json(tr: Trace) -> dict[str, Any]:
     loc = pm.locations[i]
     rules.append({"loc": loc, "short": _short(loc),
                   "pattern": upat_str(pm.rules[i][0]), "code": _rule_code(loc)})
-  events = [{"device": e.device, "name": e.name, "start": e.start, "dur": e.dur, "group": e.group, "mem": e.mem, "jit": e.jit} for e in tr.events]
+  events = [{"device": e.device, "name": e.name, "start": e.start, "dur": e.dur, "group": e.group, "mem": e.mem, "jit": e.jit, "ops": e.ops, "nbytes": e.nbytes} for e in tr.events]
   return {"format": FORMAT, "nodes": nodes.rows, "rules": rules, "groups": groups, "passes": passes, "events": events,
           "skipped": tr.skipped}
 

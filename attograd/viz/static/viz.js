@@ -208,7 +208,8 @@ function drawTimeline() {
   for (const [g, i] of host)
     bar(g.start, g.dur, 0, "host", g.kind === "schedule" ? "#f2b25c" : "#8fb3ff", `${groupLabel(g, i)}: ${g.kind === "kernel" ? "lowering" : "scheduling"} ${ms(g.dur)}`, `data-group="${i}"`);
   S.events.forEach((e, n) => bar(e.start, e.dur, 1 + devices.indexOf(e.device), "launch", e.group < 0 ? "#999" : e.jit ? "#1c8fa8" : "#3aa76d",
-    `${e.name}${e.jit ? " (TinyJit replay)" : ""}: ${ms(e.dur)} at ${ms(e.start)}, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`));
+    `${e.name}${e.jit ? " (TinyJit replay)" : ""}: ${ms(e.dur)} at ${ms(e.start)}, ${(e.ops / Math.max(e.dur, 1e-9) * 1e-9).toFixed(2)} GFLOPS, ${(e.nbytes / Math.max(e.dur, 1e-9) * 1e-9).toFixed(2)} GB/s`
+    + `, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`));
   // memory in use after each launch
   const memTop = TOP + lanes.length * LH + 6, maxMem = Math.max(1, ...S.events.map(e => e.mem));
   const my = m => memTop + memH - 8 - m / maxMem * (memH - 16), pts = [];
