@@ -225,12 +225,14 @@ class ExecPlan:
         t0 = time.perf_counter()
         ei.runner(ei.raw, var_vals)
         t = time.perf_counter() - t0
+        nbytes = sum(b.nbytes for b in ei.bufs)  # the buffers it binds, as GlobalCounters.global_mem counts them
         if trace.current is not None:  # VIZ's timeline
           trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
-                               self.print_at > 1)
+                               self.print_at > 1, ei.runner.ops, nbytes)
         if DEBUG < self.print_at: continue
         print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
-              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS")
+              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
+              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" if DEBUG >= 2 else ""))
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops
