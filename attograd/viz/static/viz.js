@@ -151,7 +151,8 @@ async function openPass(j) {
 
 function showRoot(root, mark, what) {
   const L = drawGraph($("#graph"), state.store, root, mark, state.collapse);
-  $("#graph-info").textContent = `${what}: ${L.count} nodes drawn` + (L.cut ? " (cut: graph too large)" : "");
+  $("#graph-info").innerHTML = esc(`${what}: ${L.count} nodes drawn`) + (L.cut ? ` (the first ${MAX_DRAWN} from the root: <button id="draw-all">draw all</button>)` : "");
+  if (L.cut) $("#draw-all").onclick = () => { MAX_DRAWN = Infinity; showStep(state.step); };
 }
 
 function showStep(k) {
