@@ -256,7 +256,13 @@ def _at_exit() -> None:
   if (tr := stop()) is not None and (tr.passes or tr.events):
     importlib.import_module("attograd.viz.serve").at_exit(tr)  # by name: the core never imports the visualizer
 
-if VIZ:
+def _worker() -> bool:
+  """In a process multiprocessing started (a DataLoader worker): it inherits VIZ=1 but must not record, nor serve at
+  its exit (it would hold the port and never end)."""
+  import multiprocessing
+  return multiprocessing.parent_process() is not None
+
+if VIZ and not _worker():
   CACHELEVEL.value = min(CACHELEVEL.value, 1)
   start()
   atexit.register(_at_exit)
