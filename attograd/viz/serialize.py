@@ -4,7 +4,8 @@ launches. JSON only: a saved trace is data, never code (no pickle)."""
 from __future__ import annotations
 import json, linecache, os
 from typing import Any
-from attograd.uop.ops import UOp, Ops
+from attograd.dtype import FLOATS, INTS, UINTS
+from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat
 from attograd.uop.trace import Trace
 
@@ -13,13 +14,20 @@ FORMAT = "attograd-viz 1"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARG_CHARS = 120  # a node's arg is shown as text, cut to this
 
+# a set of ops that is one of GroupOp's reads as its name (ALU, Elementwise, ...), dtypes sets by theirs (ints, floats)
+_OP_GROUPS = {frozenset(v): k for k, v in vars(GroupOp).items() if not k.startswith("_") and isinstance(v, (set, frozenset))}
+_DTYPE_GROUPS = {frozenset(INTS): "ints", frozenset(UINTS): "uints", frozenset(FLOATS): "floats"}
+
+def _ops_str(ops: frozenset) -> str:
+  return _OP_GROUPS.get(ops) or "|".join(sorted(o.name for o in ops))
+
 def upat_str(p: UPat, depth: int = 0) -> str:
   """A pattern as it reads: ADD(x, CONST=0) for UPat(Ops.ADD, src=(UPat.var('x'), UPat.const(None, 0)))."""
   if depth > 6: return "…"
-  ops = "" if p.op is None or len(p.op) == len(Ops) else "|".join(sorted(o.name for o in p.op))
+  ops = "" if p.op is None or len(p.op) == len(Ops) else _ops_str(p.op)
   head = ops or ("" if p.name else "*")
   if p.name: head = f"{head}:{p.name}" if head else p.name
-  if p.dtype is not None: head += "<" + "|".join(sorted(str(d).removeprefix("dtypes.") for d in p.dtype)) + ">"
+  if p.dtype is not None: head += "<" + (_DTYPE_GROUPS.get(p.dtype) or "|".join(sorted(str(d).removeprefix("dtypes.") for d in p.dtype))) + ">"
   if p.arg is not None: head += f"={p.arg!r}"
   if p.src is None: return head
   kind, pats = p.src
