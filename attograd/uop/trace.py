@@ -9,7 +9,7 @@ attograd/viz turns it into JSON (the viz package is imported by name at exit, no
 Replaying a pass's steps in order, each as a lookup (replay()), gives the pass's output: that is how the visualizer
 draws the graph after any step, and what test_viz checks."""
 from __future__ import annotations
-import atexit, contextlib, importlib, inspect, threading, time
+import atexit, contextlib, importlib, inspect, sys, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from attograd.helpers import CACHELEVEL, ContextVar
@@ -253,8 +253,11 @@ def group(kind: str, name: str, **info: Any) -> contextlib.AbstractContextManage
   return _nothing() if current is None else current.group(kind, name, **info)
 
 def _at_exit() -> None:
-  if (tr := stop()) is not None and (tr.passes or tr.events):
-    importlib.import_module("attograd.viz.serve").at_exit(tr)  # by name: the core never imports the visualizer
+  if (tr := stop()) is None: return
+  if not (tr.passes or tr.events):
+    print("VIZ: nothing was recorded (no graph was rewritten or run)", file=sys.stderr)
+    return
+  importlib.import_module("attograd.viz.serve").at_exit(tr)  # by name: the core never imports the visualizer
 
 def _worker() -> bool:
   """In a process multiprocessing started (a DataLoader worker): it inherits VIZ=1 but must not record, nor serve at
