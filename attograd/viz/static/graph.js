@@ -120,12 +120,13 @@ function layout(store, root, collapse) {
   const layers = Array.from({length: nl}, () => []);
   for (const u of topo) layers[layer.get(u)].push(u);
   const pos = new Map();
-  const reindex = () => layers.forEach(L => L.forEach((u, i) => pos.set(u, i)));
-  reindex();
+  const reindex = L => L.forEach((u, i) => pos.set(u, i));  // one layer: re-numbering them all per layer is quadratic
+  layers.forEach(reindex);
   const bary = (u, nb) => { const xs = nb(u).map(v => pos.get(v)); return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : pos.get(u); };
+  const order = (l, nb) => { const b = new Map(layers[l].map(u => [u, bary(u, nb)])); layers[l].sort((x, y) => b.get(x) - b.get(y)); reindex(layers[l]); };
   for (let sweep = 0; sweep < 4; sweep++) {
-    for (let l = 1; l < nl; l++) { const b = new Map(layers[l].map(u => [u, bary(u, srcs)])); layers[l].sort((x, y) => b.get(x) - b.get(y)); reindex(); }
-    for (let l = nl - 2; l >= 0; l--) { const b = new Map(layers[l].map(u => [u, bary(u, v => users.get(v))])); layers[l].sort((x, y) => b.get(x) - b.get(y)); reindex(); }
+    for (let l = 1; l < nl; l++) order(l, srcs);
+    for (let l = nl - 2; l >= 0; l--) order(l, v => users.get(v));
   }
   const H = 34, VGAP = 46, HGAP = 14, boxes = new Map();
   let width = 0;
