@@ -62,6 +62,8 @@ class Event:
   nbytes: int = 0   # bytes of the buffers it bound
 
 class Trace:
+  """What one recording holds: groups (index 0 is 'other'), passes in the order they started, launches, and the rules
+  that fired (each once). Written by patterns.tracker and the run loop; read by attograd/viz."""
   def __init__(self) -> None:
     self.t0 = time.perf_counter()
     self.groups: list[Group] = [Group("other", "other", 0.0)]
@@ -209,9 +211,8 @@ def replay(sink: UOp, steps: list[Step]) -> UOp:
   """sink with these steps applied as rewrites (each `before` becomes its `after`, to a fixed point, children first):
   the whole list gives the pass's output, a prefix the graph as it was after that step."""
   table = {s.before: s.after for s in steps}
-  saved, patterns.tracker = patterns.tracker, None  # the replay is not a pass of the program
-  try: return patterns.graph_rewrite(sink, _replayer, table, name="replay")
-  finally: patterns.tracker = saved
+  # the loop above, its steps kept by a throwaway Trace: the replay is no pass of the program, even while one records
+  return tracked_graph_rewrite(sink, _replayer, table, "replay", 1_000_000, [], Trace())
 
 # ***** switching it on *****
 current: Trace | None = None
