@@ -7,6 +7,7 @@ from typing import Any, Callable
 from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
+from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
@@ -70,8 +71,9 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
     _kernel_cache[key] = ck
     return ck
   if (ahead := _ahead.pop(key, None)) is None:
+    chosen_by = "caller" if opts is not None else opts_choice(None, dev.renderer)  # VIZ shows who chose the Opts
     if opts is None: opts = choose_opts(ast, device, progress)
-    ahead = lower_kernel(ast, device, opts, None)
+    ahead = lower_kernel(ast, device, opts, None, chosen_by)
   ck = _kernel_cache[key] = ahead()
   if pkey is not None: write_program(pkey, ck.name, ck.src, ck.opts, ck.ops, ck.variables, ck.launch)
   return ck
@@ -99,7 +101,7 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
         if dev.renderer is None: continue  # get_kernel says why
         pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
         if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
-        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool)
+        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, dev.renderer))
         if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
   finally:
     for q in queues: q.lowered()
@@ -132,7 +134,7 @@ def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
 
 def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
-  return lower_kernel(ast, device, opts, None)()
+  return lower_kernel(ast, device, opts, None, "caller (compile_kernel: BEAM's candidates, tests)")()
 
 _queues: dict[str, CompileQueue] = {}
 
@@ -143,14 +145,16 @@ def compile_queue(device: str) -> CompileQueue | None:
     queue = _queues[device] = CompileQueue(Device[device].compiler, _compiler_pool, _workers)
   return queue
 
-def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None) -> Callable[[], CompiledKernel]:
+def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None, chosen_by: str = "caller") -> Callable[[], CompiledKernel]:
   """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
   thread if one is given; the function returned waits for the binary and makes the kernel."""
   dev = Device[device]
   st = time.thread_time()  # CPU time: what lowering costs, however busy the machine is
   gpu = dev.renderer.has_local
-  name, src, uops = to_program(ast, dev.renderer, opts)
+  with trace.group("kernel", "", ast=ast, device=device, opts=list(opts), chosen_by=chosen_by) as rec:  # VIZ: the kernel's passes
+    name, src, uops = to_program(ast, dev.renderer, opts)
   lower_s = time.thread_time() - st
+  rec.set(name=name, src=src, uops=uops, lower_s=lower_s)
   if DEBUG >= 3: print(ast, "\nopts:", opts)
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
@@ -166,6 +170,7 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
     lib, compile_s = build() if binary is None else binary.result()
     ck = CompiledKernel(name, src, dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
     ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
+    rec.set(compile_s=compile_s)
     if DEBUG >= 2: print(f"compiled {name}: lowering {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiling {compile_s * 1e3:.1f} ms (CPU)")
     return ck
   return finish
@@ -213,15 +218,21 @@ class ExecPlan:
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st = time.perf_counter()
-    if DEBUG < self.print_at:  # nothing to say per item: the counters are the plan's totals
+    if DEBUG < self.print_at and trace.current is None:  # nothing to say per item: the counters are the plan's totals
       for ei in self.items: ei.runner(ei.raw, var_vals)
     else:
       for i, ei in enumerate(self.items):
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         ei.runner(ei.raw, var_vals)
-        t = time.perf_counter() - t
+        t = time.perf_counter() - t0
+        nbytes = sum(b.nbytes for b in ei.bufs)  # the buffers it binds, as GlobalCounters.global_mem counts them
+        if trace.current is not None:  # VIZ's timeline
+          trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
+                               self.print_at > 1, ei.runner.ops, nbytes)
+        if DEBUG < self.print_at: continue
         print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
-              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS")
+              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
+              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" if DEBUG >= 2 else ""))
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops
@@ -328,7 +339,8 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     if not is_view_of_buffer(u): todo.append(i)
     elif var_vals: out[i] = bind_shapes(u, var_vals)
   if not todo: return out
-  schedule, becomes = create_schedule([out[i] for i in todo])
+  with trace.group("schedule", "schedule") as rec: schedule, becomes = create_schedule([out[i] for i in todo])
+  rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)

@@ -71,11 +71,19 @@ def _match_seq(pats: Sequence[UPat], srcs: Sequence[UOp], store: dict[str, UOp])
 
 RuleFn = Callable[..., UOp | None]
 
+def rule_location(fn: Any) -> str:
+  """Where a rule's function is written, as file:line (the visualizer shows it beside each rewrite it made)."""
+  while (inner := getattr(fn, "func", None)) is not None: fn = inner  # functools.partial
+  code = getattr(fn, "__code__", None)
+  return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(fn)
+
 class PatternMatcher:
   """An ordered list of (UPat, function) rules, dispatched on the node's op first so that the
   cost of a rewrite doesn't grow with the number of rules for other ops."""
   def __init__(self, rules: Sequence[tuple[UPat, RuleFn]]):
     self.rules = list(rules)
+    # each rule's file:line, found once here: a recorded rewrite (uop/trace.py, VIZ) names the rule that fired
+    self.locations = [rule_location(fn) for _, fn in self.rules]
     self.by_op: dict[Ops, list[tuple[UPat, RuleFn, bool]]] = {}
     for pat, fn in self.rules:
       takes_ctx = "ctx" in inspect.signature(fn).parameters
@@ -103,10 +111,15 @@ class PatternMatcher:
 
 class RewriteLoopError(RuntimeError): pass
 
+# VIZ (uop/trace.py) sets this to its recorder; None (the default) leaves graph_rewrite and run_passes as they are, at
+# the cost of one test per call (not per node)
+tracker: Any = None
+
 def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, max_steps: int = 1_000_000) -> UOp:
   """Rewrite to a fixed point, children first, each node once (memoized). A rule's result is
   itself rewritten, so rules may produce nodes other rules then simplify. `name` is the pass's, as docs/pipeline.md
   and the visualizer show it: every rewrite is a named pass."""
+  if tracker is not None: return tracker.graph_rewrite(sink, pm, ctx, name, max_steps)
   done: dict[UOp, UOp] = {}
   # stack items: (node, state, rewritten-to) — 0: visit children, 1: rebuild and apply rules, 2: take result of rewrite
   stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
@@ -155,6 +168,7 @@ Pass = tuple[str, PatternMatcher | Callable[[UOp, Any], UOp]]
 def run_passes(sink: UOp, passes: Sequence[Pass], ctx: Any = None) -> UOp:
   """sink through each pass in order. DEBUG>=5 prints each pass's name and the graph's size after it."""
   for name, step in passes:
-    sink = graph_rewrite(sink, step, name=name) if isinstance(step, PatternMatcher) else step(sink, ctx)
+    if isinstance(step, PatternMatcher): sink = graph_rewrite(sink, step, name=name)
+    else: sink = step(sink, ctx) if tracker is None else tracker.call_pass(name, step, sink, ctx)
     if DEBUG >= 5: print(f"pass {name:20s} {len(sink.toposort):6d} nodes")
   return sink

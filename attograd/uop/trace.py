@@ -1,0 +1,272 @@
+"""The rewrite recorder behind VIZ: every graph_rewrite as a named pass with each rewrite step (the rule that fired, by
+its file:line, and the node before and after), grouped by what ran it (scheduling, a kernel's lowering), and the run
+loop's launches as a timeline.
+
+Off (the default) nothing here runs: patterns.tracker stays None. On (VIZ=1, or `with recording() as t:`), the tracker
+is swapped in and graph_rewrite runs the recording copy of its loop below. The trace holds the UOps themselves;
+attograd/viz turns it into JSON (the viz package is imported by name at exit, nothing in the core imports it).
+
+Replaying a pass's steps in order, each as a lookup (replay()), gives the pass's output: that is how the visualizer
+draws the graph after any step, and what test_viz checks."""
+from __future__ import annotations
+import atexit, contextlib, importlib, inspect, sys, threading, time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+from attograd.helpers import CACHELEVEL, ContextVar
+from attograd.uop.ops import UOp, Ops
+from attograd.uop import patterns
+from attograd.uop.patterns import PatternMatcher, UPat, RewriteLoopError
+
+VIZ = ContextVar("VIZ", 0)
+
+@dataclass
+class Step:
+  before: UOp   # the node the rule matched (its sources already rewritten)
+  after: UOp    # what the rule returned
+  rule: int     # index in Trace.rules; -1: no rule, `before` had been rewritten already to `after` in this pass
+
+@dataclass
+class PassRecord:
+  name: str
+  group: int    # index in Trace.groups
+  parent: int   # index in Trace.passes of the pass that ran this one, -1 for none
+  input: UOp
+  output: UOp | None = None
+  steps: list[Step] = field(default_factory=list)
+  start: float = 0.0
+  dur: float = 0.0
+  rewrite: bool = True  # False: a function pass of run_passes (its rewrites are its children)
+
+@dataclass
+class Group:
+  """What a set of passes belongs to: 'schedule' (a realize's scheduling), 'kernel' (lowering one kernel) or 'other'
+  (rewrites run outside both, e.g. by the front end)."""
+  kind: str
+  name: str
+  start: float
+  dur: float = 0.0
+  info: dict[str, Any] = field(default_factory=dict)  # a kernel's ast, device, opts, src, uops, lower/compile times
+  def set(self, **kw: Any) -> None: self.info.update(kw)
+
+@dataclass
+class Event:
+  """One launch of the run loop: a kernel or a copy."""
+  device: str
+  name: str
+  start: float
+  dur: float
+  group: int        # the kernel's Group, -1 when it was lowered before recording started
+  mem: int          # device memory in use after it (GlobalCounters.mem_used)
+  jit: bool = False # a TinyJit replay's
+  ops: int = 0      # arithmetic ops it ran
+  nbytes: int = 0   # bytes of the buffers it bound
+
+class Trace:
+  """What one recording holds: groups (index 0 is 'other'), passes in the order they started, launches, and the rules
+  that fired (each once). Written by patterns.tracker and the run loop; read by attograd/viz."""
+  def __init__(self) -> None:
+    self.t0 = time.perf_counter()
+    self.groups: list[Group] = [Group("other", "other", 0.0)]
+    self.passes: list[PassRecord] = []
+    self.events: list[Event] = []
+    self.rules: list[tuple[PatternMatcher, int]] = []   # (matcher, rule index): the rule's pattern and location
+    self.skipped: dict[str, int] = {}  # rewrites that changed nothing, by pass name (not stored: the front end runs many)
+    self._rule_ids: dict[tuple[int, int], int] = {}
+    # what is open, per thread: BEAM lowers its candidates on a thread pool, each its own kernel with its own passes
+    self._local = threading.local()
+    self._lock = threading.Lock()
+    self.kernel_of: dict[tuple[UOp, str], int] = {}  # (ast, device) -> its last kernel Group, for the launches
+
+  def now(self) -> float: return time.perf_counter() - self.t0
+  def rule_id(self, pm: PatternMatcher, i: int) -> int:
+    if (rid := self._rule_ids.get((id(pm), i))) is None:
+      with self._lock:
+        if (rid := self._rule_ids.get((id(pm), i))) is None:
+          rid = self._rule_ids[(id(pm), i)] = len(self.rules)
+          self.rules.append((pm, i))
+    return rid
+  def _stacks(self) -> tuple[list[int], list[int]]:
+    """This thread's open groups and passes."""
+    if (st := getattr(self._local, "stacks", None)) is None: st = self._local.stacks = ([], [])
+    return st
+
+  # ***** what patterns.tracker calls *****
+  def _open_pass(self, name: str, sink: UOp, rewrite: bool) -> PassRecord:
+    groups, passes = self._stacks()
+    rec = PassRecord(name, groups[-1] if groups else 0, passes[-1] if passes else -1, sink, rewrite=rewrite, start=self.now())
+    with self._lock:
+      passes.append(len(self.passes))
+      self.passes.append(rec)
+    return rec
+  def _close_pass(self, rec: PassRecord, out: UOp | None) -> None:
+    self._stacks()[1].pop()
+    rec.output, rec.dur = out, self.now() - rec.start
+    # outside scheduling and lowering, a rewrite that did nothing and ran nothing is counted, not kept: UOp.simplify
+    # on every symbolic size would bury the passes worth seeing (a kernel shows all its passes, even those that did nothing)
+    if rec.group == 0 and rec.rewrite and not rec.steps and out is rec.input:
+      with self._lock:
+        if self.passes[-1] is rec:
+          self.passes.pop()
+          self.skipped[rec.name] = self.skipped.get(rec.name, 0) + 1
+
+  def graph_rewrite(self, sink: UOp, pm: PatternMatcher, ctx: Any, name: str, max_steps: int) -> UOp:
+    rec, out = self._open_pass(name, sink, True), None
+    try: out = tracked_graph_rewrite(sink, pm, ctx, name, max_steps, rec.steps, self)
+    finally: self._close_pass(rec, out)
+    return out
+
+  def call_pass(self, name: str, fn: Callable[[UOp, Any], UOp], sink: UOp, ctx: Any) -> UOp:
+    rec, out = self._open_pass(name, sink, False), None
+    try: out = fn(sink, ctx)
+    finally: self._close_pass(rec, out)
+    return out
+
+  @contextlib.contextmanager
+  def group(self, kind: str, name: str, **info: Any) -> Iterator[Group]:
+    g, stack = Group(kind, name, self.now(), info=info), self._stacks()[0]
+    with self._lock:
+      stack.append(idx := len(self.groups))
+      self.groups.append(g)
+    try: yield g
+    finally:
+      stack.pop()
+      g.dur = self.now() - g.start
+      if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = idx
+
+  def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False,
+             ops: int = 0, nbytes: int = 0) -> None:
+    self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit, ops, nbytes))
+
+# ***** the recording copy of graph_rewrite's loop (patterns.py): the same walk, plus the steps *****
+# Kept beside the engine and checked against it (test_viz runs both over every pass of real kernels): a change to one
+# walk must be made to the other.
+
+def _by_op(pm: PatternMatcher) -> dict[Ops, list[tuple[UPat, Callable, bool, int]]]:
+  """pm's rules by op as PatternMatcher.by_op has them, with each rule's index (built once per matcher while recording)."""
+  if (table := pm.__dict__.get("_viz_by_op")) is None:
+    table = {}
+    for i, (pat, fn) in enumerate(pm.rules):
+      takes_ctx = "ctx" in inspect.signature(fn).parameters
+      for op in (pat.op if pat.op is not None else Ops): table.setdefault(op, []).append((pat, fn, takes_ctx, i))
+    pm.__dict__["_viz_by_op"] = table
+  return table
+
+def _rewrite_which(pm: PatternMatcher, table: dict, u: UOp, ctx: Any) -> tuple[UOp | None, int]:
+  """PatternMatcher.rewrite, also saying which rule fired."""
+  if (rules := table.get(u.op)) is None: return None, -1
+  src_ops = {s.op for s in u.src}
+  for pat, fn, takes_ctx, i in rules:
+    if pat.required_src_ops and not pat.required_src_ops <= src_ops: continue
+    for store in pat.match(u, {}):
+      ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
+      if ret is not None and ret is not u: return ret, i
+  return None, -1
+
+def tracked_graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any, name: str, max_steps: int, steps: list[Step], tr: Trace) -> UOp:
+  done: dict[UOp, UOp] = {}
+  stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
+  n, table = 0, _by_op(pm)
+  memo, opmask = ctx is None, pm.opmask
+  while stack:
+    node, state, other = stack.pop()
+    if state == 0:
+      if node in done: continue
+      if not node.opmask & opmask or (memo and pm in node.__dict__.get("_fixed", ())):
+        done[node] = node
+        continue
+      stack.append((node, 1, None))
+      for s in reversed(node.src):
+        if s not in done: stack.append((s, 0, None))
+    elif state == 1:
+      if node in done: continue
+      new_src = tuple([done[s] for s in node.src])
+      rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
+      n += 1
+      if n > max_steps: raise RewriteLoopError(f"pass {name!r} did not reach a fixed point in {max_steps} steps")
+      ret, rule = _rewrite_which(pm, table, rebuilt, ctx)
+      if ret is None:
+        done[node] = rebuilt
+        if rebuilt is not node: done.setdefault(rebuilt, rebuilt)
+        continue
+      steps.append(Step(rebuilt, ret, tr.rule_id(pm, rule)))
+      if ret in done:
+        done[node] = done[ret]
+        if done[ret] is not ret: steps.append(Step(ret, done[ret], -1))
+      else:
+        stack.append((node, 2, ret))
+        stack.append((ret, 0, None))
+    else:
+      done[node] = done[other]  # type: ignore[index]
+  if memo:
+    for u in done.values():
+      if (fixed := u.__dict__.get("_fixed")) is None: u.__dict__["_fixed"] = {pm}
+      else: fixed.add(pm)
+  return done[sink]
+
+# ***** replay: the graph after any step *****
+def _lookup(ctx: dict[UOp, UOp], x: UOp) -> UOp | None: return ctx.get(x)
+_replayer = PatternMatcher([(UPat(name="x"), _lookup)])
+
+def replay(sink: UOp, steps: list[Step]) -> UOp:
+  """sink with these steps applied as rewrites (each `before` becomes its `after`, to a fixed point, children first):
+  the whole list gives the pass's output, a prefix the graph as it was after that step."""
+  table = {s.before: s.after for s in steps}
+  # the loop above, its steps kept by a throwaway Trace: the replay is no pass of the program, even while one records
+  return tracked_graph_rewrite(sink, _replayer, table, "replay", 1_000_000, [], Trace())
+
+# ***** switching it on *****
+current: Trace | None = None
+
+def start() -> Trace:
+  """Record from now on (VIZ=1 does this at import). The program and schedule caches (CACHELEVEL 2) are turned off
+  while recording: a kernel loaded from them is never lowered, so its passes would not be seen."""
+  global current
+  if current is None:
+    current = Trace()
+    patterns.tracker = current
+  return current
+
+def stop() -> Trace | None:
+  global current
+  tr, current, patterns.tracker = current, None, None
+  return tr
+
+@contextlib.contextmanager
+def recording() -> Iterator[Trace]:
+  """with recording() as tr: ... records what runs inside (for tests and notebooks; VIZ=1 records a whole program)."""
+  if current is not None: yield current; return
+  old_cache = CACHELEVEL.value
+  CACHELEVEL.value = min(old_cache, 1)
+  try: yield start()
+  finally:
+    stop()
+    CACHELEVEL.value = old_cache
+
+class _NoGroup:
+  def set(self, **kw: Any) -> None: pass
+_no_group = _NoGroup()
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[_NoGroup]: yield _no_group
+
+def group(kind: str, name: str, **info: Any) -> contextlib.AbstractContextManager:
+  """The run loop's and scheduler's grouping of passes: a context that does nothing when not recording."""
+  return _nothing() if current is None else current.group(kind, name, **info)
+
+def _at_exit() -> None:
+  if (tr := stop()) is None: return
+  if not (tr.passes or tr.events):
+    print("VIZ: nothing was recorded (no graph was rewritten or run)", file=sys.stderr)
+    return
+  importlib.import_module("attograd.viz.serve").at_exit(tr)  # by name: the core never imports the visualizer
+
+def _worker() -> bool:
+  """In a process multiprocessing started (a DataLoader worker): it inherits VIZ=1 but must not record, nor serve at
+  its exit (it would hold the port and never end)."""
+  import multiprocessing
+  return multiprocessing.parent_process() is not None
+
+if VIZ and not _worker():
+  CACHELEVEL.value = min(CACHELEVEL.value, 1)
+  start()
+  atexit.register(_at_exit)

@@ -1,0 +1,140 @@
+"""VIZ's recorder (uop/trace.py): every graph_rewrite a named pass with the rules that fired and where they are written,
+steps that replay to the pass's output, kernels with their passes and source, one timeline event per launch; and
+nothing recorded (nor any recording code run) when it is off."""
+import linecache, pathlib
+import numpy as np
+from attograd import Tensor
+from attograd.codegen import PASSES, to_program
+from attograd.runtime.device import Device
+from attograd.uop import patterns, trace
+from attograd.uop.ops import UOp, Ops
+from attograd.uop.patterns import PatternMatcher, UPat, graph_rewrite
+from attograd.uop.symbolic import symbolic
+from attograd.dtype import dtypes
+
+def _program(n: int):
+  # each test its own shapes: kernels lowered earlier in the process are not lowered (nor recorded) again
+  a, b = Tensor.rand(n, 8), Tensor.rand(8, 4)
+  return (a @ b).relu().sum(1).softmax(0).numpy()
+
+def test_records_kernels_passes_and_launches():
+  with trace.recording() as tr: _program(16)
+  kernels = [g for g in tr.groups if g.kind == "kernel"]
+  assert kernels and all(g.info["name"] and "void" in g.info["src"] or g.info["src"] for g in kernels)
+  for k in kernels:
+    mine = [p.name for p in tr.passes if p.group == tr.groups.index(k) and p.parent == -1]
+    assert mine == [n for n, _ in PASSES], mine  # every named pass of lowering, in order, even those that did nothing
+  # each schedule lists its items; every kernel it ran was lowered in this recording
+  scheds = [g for g in tr.groups if g.kind == "schedule"]
+  assert scheds and all(tr.kernel_of.get((si.ast, si.bufs[0].arg.device)) is not None for g in scheds for si in g.info["items"])
+  # one event per launch, each linked to the kernel it ran
+  assert tr.events and all(tr.groups[e.group].info["name"] == e.name for e in tr.events)
+  # a kernel's steps name real rules: the line at file:line is the rule's code
+  fired = {(r, p.name) for p in tr.passes for s in p.steps if (r := s.rule) >= 0}
+  assert fired
+  for r, _ in fired:
+    pm, i = tr.rules[r]
+    file, line = pm.locations[i].rsplit(":", 1)
+    assert pathlib.Path(file).exists() and linecache.getline(file, int(line)).strip()
+
+def test_rule_location_and_steps():
+  here = __file__
+  pm = PatternMatcher([
+    (UPat(Ops.ADD, src=(UPat.var("x"), UPat.const(None, 0))), lambda x: x),  # x + 0 -> x
+    (UPat(Ops.MUL, src=(UPat.var("x"), UPat.const(None, 1))), lambda x: x),  # x * 1 -> x
+  ])
+  x = UOp.variable("x", 0, 10)
+  g = UOp(Ops.MUL, dtypes.int32, (UOp(Ops.ADD, dtypes.int32, (x, UOp.const(dtypes.int32, 0))), UOp.const(dtypes.int32, 1)))
+  with trace.recording() as tr: out = graph_rewrite(g, pm, name="my_pass")
+  assert out is x
+  (p,) = [p for p in tr.passes if p.name == "my_pass"]
+  assert p.input is g and p.output is x and len(p.steps) == 2
+  locs = [tr.rules[s.rule][0].locations[tr.rules[s.rule][1]] for s in p.steps]
+  assert [linecache.getline(here, int(l.rsplit(":", 1)[1])).strip().split("#")[1].strip() for l in locs] == ["x + 0 -> x", "x * 1 -> x"]
+  assert all(l.startswith(here + ":") for l in locs)
+  # the graph after the first step: the ADD is gone, the MUL is not
+  mid = trace.replay(p.input, p.steps[:1])
+  assert mid.op is Ops.MUL and mid.src[0] is x
+
+def test_steps_replay_to_each_pass_output():
+  with trace.recording() as tr: _program(24)
+  checked = 0
+  for p in tr.passes:
+    if not p.rewrite: continue
+    assert trace.replay(p.input, p.steps) is p.output, p.name
+    checked += bool(p.steps)
+  assert checked > 5
+
+def test_recording_changes_no_result():
+  """The recording copy of the rewrite loop gives what the engine gives: the same sources for the same kernels."""
+  ast = (Tensor.empty(16, 32) @ Tensor.empty(32, 8)).exp().sum(1).schedule()[-1].ast
+  r = Device["CPU"].renderer
+  plain = to_program(ast, r)[1]
+  with trace.recording(): traced = to_program(ast, r)[1]
+  assert traced == plain
+  expr = (UOp.variable("a", 0, 7) * 4 + UOp.variable("b", 0, 3)) // 4 % 8
+  with trace.recording() as tr: got = graph_rewrite(expr, symbolic, name="s")
+  assert got is graph_rewrite(expr, symbolic, name="s") and tr.passes
+
+def test_off_records_nothing():
+  assert trace.current is None and patterns.tracker is None
+  out = _program(40)
+  assert np.isfinite(out).all() and trace.current is None
+  with trace.recording(): pass
+  assert patterns.tracker is None  # switched back off
+
+def test_opts_chooser_and_jit_replays():
+  from attograd import TinyJit
+  w = Tensor.rand(12, 6).realize()
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return (x @ w).relu().realize()
+  with trace.recording() as tr:
+    for _ in range(4): f(Tensor.rand(5, 12).realize())
+  kernels = [g for g in tr.groups if g.kind == "kernel"]
+  assert kernels and all(g.info["chosen_by"] for g in kernels)
+  assert any(g.info["chosen_by"].startswith(("heuristics", "noopt", "beam")) for g in kernels)
+  assert any(e.jit for e in tr.events) and any(not e.jit for e in tr.events)
+
+# ***** the server, without a browser *****
+import json, os, re, signal, subprocess, sys, urllib.error, urllib.request
+import pytest
+from attograd.viz.serialize import FORMAT, load, to_json
+from attograd.viz.serve import TraceAPI
+
+def test_json_api_and_bad_traces(tmp_path):
+  with trace.recording() as tr: _program(48)
+  data = json.loads(json.dumps(to_json(tr)))  # what a saved file holds
+  assert data["format"] == FORMAT
+  api = TraceAPI(data)
+  s = api.summary()
+  assert len(s["groups"]) == len(tr.groups) and all("steps" not in p for p in s["passes"])
+  i = next(i for i, p in enumerate(data["passes"]) if p["steps"])
+  p = json.loads(json.dumps(api.answer(f"/api/pass/{i}")))  # as the page gets it
+  assert {str(x) for st in p["steps"] for x in st[:2]} <= set(p["nodes"]) and all(str(st[2]) in p["rules"] for st in p["steps"] if st[2] >= 0)
+  assert api.answer("/api/pass/99999") is None and api.answer("/api/nothing") is None
+  bad = tmp_path / "bad.json"
+  bad.write_text('{"a": 1}')
+  with pytest.raises(ValueError, match="not a VIZ trace"): load(str(bad))
+  bad.write_text("garbage")
+  with pytest.raises(ValueError, match="not a readable VIZ trace"): load(str(bad))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def test_viz_1_saves_and_serves_at_exit(tmp_path):
+  """VIZ=1: at exit the trace is saved and served (the URL printed) until Ctrl-C; only the page's own files are served."""
+  env = {**os.environ, "PYTHONPATH": ROOT, "VIZ": "1", "VIZ_PORT": "0", "VIZ_TRACE": str(tmp_path / "t.json")}
+  prog = "from attograd import Tensor; print((Tensor.rand(8, 3) + 1).sum().item())"
+  proc = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    for line in proc.stdout:
+      if (m := re.search(r"http://127\.0\.0\.1:\d+", line)): break
+    url = m.group(0)
+    summary = json.loads(urllib.request.urlopen(url + "/api/summary", timeout=30).read())
+    assert summary["events"] and any(g["kind"] == "kernel" for g in summary["groups"])
+    assert b"attograd VIZ" in urllib.request.urlopen(url + "/", timeout=30).read()
+    for path in ("/static/../serve.py", "/static/nothing.js", "/etc/passwd"):
+      with pytest.raises(urllib.error.HTTPError): urllib.request.urlopen(url + path, timeout=30)
+  finally:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+  assert load(str(tmp_path / "t.json"))["events"]

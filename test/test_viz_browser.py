@@ -1,0 +1,97 @@
+"""VIZ end to end in a real headless Chromium (Debian's `chromium`, driven by Playwright's Python package with that
+browser's path: no browser download). A small program runs with VIZ=1 and saves its trace, `python -m attograd.viz`
+serves it, and the test clicks through it: the kernel list is what DEBUG=1 printed, a kernel shows its source, a pass
+shows its steps with a rule's file:line and replays to its output, the timeline has one bar per launch."""
+import json, os, re, subprocess, sys
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = os.getenv("CHROMIUM", "/usr/bin/chromium")
+if not os.path.exists(CHROMIUM): pytest.skip(f"no Chromium at {CHROMIUM} (scripts/install_deps.sh installs Debian's)", allow_module_level=True)
+# no sandbox: CI runs as root in a container; nothing reaches the network (the page's assets all come from the server)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROGRAM = """
+from attograd import Tensor
+x = Tensor.rand(32, 16)
+w = Tensor.rand(16, 8)
+print((x @ w).relu().softmax(1).sum().item())
+"""
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("viz")
+  trace = tmp / "trace.json"
+  env = {**os.environ, "PYTHONPATH": ROOT, "VIZ": "1", "VIZ_SERVE": "0", "VIZ_TRACE": str(trace), "DEBUG": "1"}
+  run = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr
+  printed = re.findall(r"^\*\*\* \S+\s+\d+ (?:\x1b\[\d+m)?(\S+)", run.stdout, re.M)  # DEBUG=1: one line per launch
+  assert printed and trace.exists() and "python -m attograd.viz" in run.stderr
+  server = subprocess.Popen([sys.executable, "-m", "attograd.viz", str(trace), "--port", "0"], env={**os.environ, "PYTHONPATH": ROOT},
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    line = server.stdout.readline()
+    url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
+    yield url, printed, json.loads(trace.read_text()), tmp
+  finally:
+    server.terminate()
+    server.wait(timeout=10)
+
+def test_click_through(served):
+  url, printed, data, tmp = served
+  with sync_api.sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    try:
+      page = browser.new_page(viewport={"width": 1400, "height": 850})
+      errors = []
+      page.on("pageerror", lambda e: errors.append(str(e)))
+      page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+      page.goto(url)
+      page.wait_for_selector("body[data-ready='1']")
+      # the kernel list: the kernels DEBUG=1 printed, by the same names
+      listed = [page.locator(".group-item[data-kind=kernel]").nth(i).get_attribute("data-name") for i in range(page.locator(".group-item[data-kind=kernel]").count())]
+      assert set(printed) <= set(listed), (printed, listed)
+      # a kernel: its source, then its AST drawn
+      page.locator(f".group-item[data-kind=kernel][data-name='{printed[-1]}'] > .label").first.click()
+      page.wait_for_selector("#source")
+      assert page.inner_text("#kernel-name") == printed[-1] and "void" in page.inner_text("#source")
+      page.click(".tabs2 button[data-t=ast]")
+      page.wait_for_selector("#graph svg g.node[data-op=SINK]")
+      page.screenshot(path=str(tmp / "kernel.png"))
+      # a pass that rewrote something: its steps, a rule's file:line, and the steps replay to the pass's output
+      pi, p = next((i, p) for i, p in enumerate(data["passes"]) if p["steps"] and data["groups"][p["group"]]["kind"] == "kernel")
+      page.click(f".group-item[data-i='{p['group']}'] > .label")
+      page.click(f".pass-item[data-i='{pi}'] > .label")
+      assert page.inner_text("#pass-name") == p["name"]
+      page.wait_for_selector("#replay-check")
+      assert "✓" in page.inner_text("#replay-check")
+      page.click(".step-item[data-k='1']")
+      loc = page.inner_text("#rule-loc")
+      assert re.fullmatch(r"attograd/[\w/]+\.py:\d+", loc), loc
+      assert page.locator("#graph svg g.node.new").count() >= 1  # the rule's result is marked in the graph
+      page.click("#btn-before")
+      assert page.locator("#graph svg g.node.hl").count() == 1    # ... and the node it matched, before
+      page.screenshot(path=str(tmp / "pass.png"))
+      # the timeline: one bar per launch; a bar opens its kernel
+      page.click("#tab-timeline")
+      page.click("#tl-launches")
+      bars = page.locator("#tl-svg rect.launch")
+      assert bars.count() == len(data["events"]) == len(printed)
+      page.screenshot(path=str(tmp / "timeline.png"))
+      bars.last.click()
+      page.wait_for_selector("#source")
+      assert page.inner_text("#kernel-name") == data["events"][-1]["name"]
+      # a schedule: its kernels in run order, each opening its kernel
+      si = next(i for i, g in enumerate(data["groups"]) if g["kind"] == "schedule" and g["items"])
+      page.click(f".group-item[data-i='{si}'] > .label")
+      page.wait_for_selector("#schedule")
+      assert page.locator("#schedule tr").count() == len(data["groups"][si]["items"]) + 1
+      first = page.locator("#schedule a.sched-kernel").first
+      name = first.inner_text()
+      first.click()
+      page.wait_for_selector("#source")
+      assert page.inner_text("#kernel-name") == name
+      assert not errors, errors
+    finally:
+      browser.close()
