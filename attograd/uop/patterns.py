@@ -91,14 +91,18 @@ class PatternMatcher:
         self.by_op.setdefault(op, []).append((pat, fn, takes_ctx))
     self.opmask = sum(1 << op.value for op in self.by_op)  # UOp.opmask: a graph without these ops is a fixed point
   def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
-  def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+  def rewrite(self, u: UOp, ctx: Any = None, steps: list | None = None) -> UOp | None:
+    """What the first rule that changes u returns, else None. With `steps` (a recording, VIZ), (u, result, pattern) is
+    appended for the rewrite made."""
     if (rules := self.by_op.get(u.op)) is None: return None  # most nodes of a big graph: no rule to try
     src_ops = {s.op for s in u.src}
     for pat, fn, takes_ctx in rules:
       if pat.required_src_ops and not pat.required_src_ops <= src_ops: continue
       for store in pat.match(u, {}):
         ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
-        if ret is not None and ret is not u: return ret
+        if ret is not None and ret is not u:
+          if steps is not None: steps.append((u, ret, pat))
+          return ret
     return None
 
   def first_result(self, u: UOp, ctx: Any = None) -> Any:
@@ -115,15 +119,17 @@ class RewriteLoopError(RuntimeError): pass
 # the cost of one test per call (not per node)
 tracker: Any = None
 
-def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, max_steps: int = 1_000_000) -> UOp:
+def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, max_steps: int = 1_000_000,
+                  steps: list | None = None) -> UOp:
   """Rewrite to a fixed point, children first, each node once (memoized). A rule's result is
   itself rewritten, so rules may produce nodes other rules then simplify. `name` is the pass's, as docs/pipeline.md
-  and the visualizer show it: every rewrite is a named pass."""
-  if tracker is not None: return tracker.graph_rewrite(sink, pm, ctx, name, max_steps)
+  and the visualizer show it: every rewrite is a named pass. With `steps` (the recorder's, uop/trace.py), each rewrite
+  is appended as (before, after, pattern), and (before, after, None) where a result had been rewritten already."""
+  if tracker is not None and steps is None: return tracker.graph_rewrite(sink, pm, ctx, name, max_steps)
   done: dict[UOp, UOp] = {}
   # stack items: (node, state, rewritten-to) — 0: visit children, 1: rebuild and apply rules, 2: take result of rewrite
   stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
-  steps = 0
+  count = 0
   # Rules are pure functions of the graph below a node (and ctx): what a rewrite without ctx returned is a fixed point of
   # the matcher, marked on the node, and a later rewrite by the same matcher stops there without walking under it.
   # Lowering rewrites a kernel's graph with `symbolic` again after small changes, and most of it is such a node.
@@ -142,13 +148,15 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, 
       if node in done: continue
       new_src = tuple([done[s] for s in node.src])
       rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
-      steps += 1
-      if steps > max_steps: raise RewriteLoopError(f"pass {name!r} did not reach a fixed point in {max_steps} steps")
-      ret = pm.rewrite(rebuilt, ctx)
+      count += 1
+      if count > max_steps: raise RewriteLoopError(f"pass {name!r} did not reach a fixed point in {max_steps} steps")
+      ret = pm.rewrite(rebuilt, ctx, steps)
       if ret is None:
         done[node] = rebuilt
         if rebuilt is not node: done.setdefault(rebuilt, rebuilt)
-      elif ret in done: done[node] = done[ret]
+      elif ret in done:
+        done[node] = done[ret]
+        if steps is not None and done[ret] is not ret: steps.append((ret, done[ret], None))
       else:
         stack.append((node, 2, ret))
         stack.append((ret, 0, None))

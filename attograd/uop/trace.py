@@ -3,19 +3,19 @@ its file:line, and the node before and after), grouped by what ran it (schedulin
 loop's launches as a timeline.
 
 Off (the default) nothing here runs: patterns.tracker stays None. On (VIZ=1, or `with recording() as t:`), the tracker
-is swapped in and graph_rewrite runs the recording copy of its loop below. The trace holds the UOps themselves;
+is swapped in and graph_rewrite's one loop keeps each step it makes. The trace holds the UOps themselves;
 attograd/viz turns it into JSON (the viz package is imported by name at exit, nothing in the core imports it).
 
 Replaying a pass's steps in order, each as a lookup (replay()), gives the pass's output: that is how the visualizer
 draws the graph after any step, and what test_viz checks."""
 from __future__ import annotations
-import atexit, contextlib, importlib, inspect, sys, threading, time
+import atexit, contextlib, importlib, sys, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from attograd.helpers import CACHELEVEL, ContextVar
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp
 from attograd.uop import patterns
-from attograd.uop.patterns import PatternMatcher, UPat, RewriteLoopError
+from attograd.uop.patterns import PatternMatcher, UPat
 
 VIZ = ContextVar("VIZ", 0)
 
@@ -111,8 +111,11 @@ class Trace:
 
   def graph_rewrite(self, sink: UOp, pm: PatternMatcher, ctx: Any, name: str, max_steps: int) -> UOp:
     rec, out = self._open_pass(name, sink, True), None
-    try: out = tracked_graph_rewrite(sink, pm, ctx, name, max_steps, rec.steps, self)
-    finally: self._close_pass(rec, out)
+    raw: list[tuple[UOp, UOp, UPat | None]] = []
+    try: out = patterns.graph_rewrite(sink, pm, ctx, name=name, max_steps=max_steps, steps=raw)
+    finally:
+      rec.steps = [Step(before, after, -1 if pat is None else self.rule_id(pm, _rule_index(pm)[pat])) for before, after, pat in raw]
+      self._close_pass(rec, out)
     return out
 
   def call_pass(self, name: str, fn: Callable[[UOp, Any], UOp], sink: UOp, ctx: Any) -> UOp:
@@ -137,71 +140,10 @@ class Trace:
              ops: int = 0, nbytes: int = 0) -> None:
     self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit, ops, nbytes))
 
-# ***** the recording copy of graph_rewrite's loop (patterns.py): the same walk, plus the steps *****
-# Kept beside the engine and checked against it (test_viz runs both over every pass of real kernels): a change to one
-# walk must be made to the other.
-
-def _by_op(pm: PatternMatcher) -> dict[Ops, list[tuple[UPat, Callable, bool, int]]]:
-  """pm's rules by op as PatternMatcher.by_op has them, with each rule's index (built once per matcher while recording)."""
-  if (table := pm.__dict__.get("_viz_by_op")) is None:
-    table = {}
-    for i, (pat, fn) in enumerate(pm.rules):
-      takes_ctx = "ctx" in inspect.signature(fn).parameters
-      for op in (pat.op if pat.op is not None else Ops): table.setdefault(op, []).append((pat, fn, takes_ctx, i))
-    pm.__dict__["_viz_by_op"] = table
-  return table
-
-def _rewrite_which(pm: PatternMatcher, table: dict, u: UOp, ctx: Any) -> tuple[UOp | None, int]:
-  """PatternMatcher.rewrite, also saying which rule fired."""
-  if (rules := table.get(u.op)) is None: return None, -1
-  src_ops = {s.op for s in u.src}
-  for pat, fn, takes_ctx, i in rules:
-    if pat.required_src_ops and not pat.required_src_ops <= src_ops: continue
-    for store in pat.match(u, {}):
-      ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
-      if ret is not None and ret is not u: return ret, i
-  return None, -1
-
-def tracked_graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any, name: str, max_steps: int, steps: list[Step], tr: Trace) -> UOp:
-  done: dict[UOp, UOp] = {}
-  stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
-  n, table = 0, _by_op(pm)
-  memo, opmask = ctx is None, pm.opmask
-  while stack:
-    node, state, other = stack.pop()
-    if state == 0:
-      if node in done: continue
-      if not node.opmask & opmask or (memo and pm in node.__dict__.get("_fixed", ())):
-        done[node] = node
-        continue
-      stack.append((node, 1, None))
-      for s in reversed(node.src):
-        if s not in done: stack.append((s, 0, None))
-    elif state == 1:
-      if node in done: continue
-      new_src = tuple([done[s] for s in node.src])
-      rebuilt = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
-      n += 1
-      if n > max_steps: raise RewriteLoopError(f"pass {name!r} did not reach a fixed point in {max_steps} steps")
-      ret, rule = _rewrite_which(pm, table, rebuilt, ctx)
-      if ret is None:
-        done[node] = rebuilt
-        if rebuilt is not node: done.setdefault(rebuilt, rebuilt)
-        continue
-      steps.append(Step(rebuilt, ret, tr.rule_id(pm, rule)))
-      if ret in done:
-        done[node] = done[ret]
-        if done[ret] is not ret: steps.append(Step(ret, done[ret], -1))
-      else:
-        stack.append((node, 2, ret))
-        stack.append((ret, 0, None))
-    else:
-      done[node] = done[other]  # type: ignore[index]
-  if memo:
-    for u in done.values():
-      if (fixed := u.__dict__.get("_fixed")) is None: u.__dict__["_fixed"] = {pm}
-      else: fixed.add(pm)
-  return done[sink]
+def _rule_index(pm: PatternMatcher) -> dict[UPat, int]:
+  """Each of pm's patterns' index in pm.rules, found once per matcher while recording."""
+  if (index := pm.__dict__.get("_viz_rule_index")) is None: index = pm.__dict__["_viz_rule_index"] = {pat: i for i, (pat, _) in enumerate(pm.rules)}
+  return index
 
 # ***** replay: the graph after any step *****
 def _lookup(ctx: dict[UOp, UOp], x: UOp) -> UOp | None: return ctx.get(x)
@@ -211,8 +153,8 @@ def replay(sink: UOp, steps: list[Step]) -> UOp:
   """sink with these steps applied as rewrites (each `before` becomes its `after`, to a fixed point, children first):
   the whole list gives the pass's output, a prefix the graph as it was after that step."""
   table = {s.before: s.after for s in steps}
-  # the loop above, its steps kept by a throwaway Trace: the replay is no pass of the program, even while one records
-  return tracked_graph_rewrite(sink, _replayer, table, "replay", 1_000_000, [], Trace())
+  # with steps of its own (thrown away), so the recorder doesn't take it: the replay is no pass of the program
+  return patterns.graph_rewrite(sink, _replayer, table, name="replay", steps=[])
 
 # ***** switching it on *****
 current: Trace | None = None
