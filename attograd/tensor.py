@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import Switch, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
-from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value
+from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
 from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
@@ -69,6 +69,16 @@ _UNSET: Any = object()  # an argument not given (None means the default device)
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
 def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
+
+# a Python scalar broadcast to a shape, by (type, value's key, dtype, device, shape): the node is the same every time (UOps
+# are unique), and building its four nodes again was half the Python cost of `x * 0.5`. Bounded: cleared when full
+_broadcast_consts: dict[tuple, UOp] = {}
+def _broadcast_const(value: ConstType, dtype: DType, device: str, shape: tuple[sint, ...]) -> UOp:
+  key = (type(value), arg_key(value), dtype, device, shape)
+  if (u := _broadcast_consts.get(key)) is None:
+    if len(_broadcast_consts) >= 4096: _broadcast_consts.clear()
+    u = _broadcast_consts[key] = Tensor(_const(value, dtype, device))._broadcast_to(shape).uop
+  return u
 
 def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
   if not isinstance(data, (list, tuple)): return [data], ()
@@ -448,6 +458,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** movement *****
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if all(type(s) is int and s >= 0 for s in shape) and type(numel := self.numel()) is int:  # concrete sizes: one check
+      if prod(shape) != numel: raise ArgumentError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
+      return self if shape == self.shape else self._view(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
     if shape.count(-1) > 1: raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
     numel = self.numel()
     if -1 in shape:
@@ -610,7 +623,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         _weak_promote(self.dtype, x.dtype) if x.ndim == 0 else _weak_promote(x.dtype, self.dtype)
     elif isinstance(x, (bool, int, float)):  # Python scalars are weak; a constant, broadcast to self (the common case)
       dt = out_dtype or _weak_promote(self.dtype, dtypes.from_py(x))
-      a, c = self.cast(dt), Tensor(_const(x, dt, self.device))._broadcast_to(self.shape)
+      a, c = self.cast(dt), Tensor(_broadcast_const(x, dt, self.device, self.shape))
       return (c, a) if reverse else (a, c)
     elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
       dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
