@@ -94,3 +94,60 @@ def test_reference_is_sentence_transformers(ref):
   m = sentence_transformers.SentenceTransformer(str(encoder_path()), device="cpu").double()
   with torch.no_grad(): e = m.encode(ref["sentences"], convert_to_tensor=True).numpy()
   assert _cos(e, np.array(ref["embeddings"])).min() >= 1 - 1e-12
+
+# ***** GPT: the example's trainers against torch, and --resume *****
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+TINY = ["--batch", "4", "--ctx", "16", "--layers", "2", "--heads", "2", "--d", "32", "--warmup", "2", "--eval-batches", "2", "--sample", "0"]
+
+@pytest.fixture(scope="module")
+def gpt_example():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("gpt_example", EXAMPLES / "gpt.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+@pytest.fixture(scope="module")
+def plays_dir(tmp_path_factory) -> pathlib.Path:
+  # ten small "plays" (split_plays keeps every 10th for validation), a fixed vocabulary
+  import random
+  rng, words = random.Random(0), "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
+  d = tmp_path_factory.mktemp("plays")
+  for i in range(10): (d / f"play{i}_gut.txt").write_text(" ".join(rng.choice(words) for _ in range(600)) + ".\n")
+  return d
+
+def test_gpt_steps_match_torch(gpt_example, plays_dir):
+  torch = pytest.importorskip("torch")
+  from attograd.models.gpt import GPTConfig
+  from attograd import Tensor, dtypes
+  args = gpt_example.get_args([*TINY, "--steps", "8", "--data", str(plays_dir)])
+  data = gpt_example.CharData(gpt_example.shakespeare_plays(args.data), args.ctx, args.batch, args.seed)
+  cfg = GPTConfig(vocab_size=len(data.chars), block_size=args.ctx, n_layer=args.layers, n_head=args.heads, n_embd=args.d)
+  ours = gpt_example.AttogradTrainer(args, cfg)
+  theirs = gpt_example.TorchTrainer(args, cfg, ours.state())
+  # one forward/backward: the loss and every gradient
+  x, y = data.train_batch(0)
+  loss = ours.model(Tensor(x, dtype=dtypes.int32), Tensor(y, dtype=dtypes.int32)).backward()
+  tloss = theirs.model(torch.tensor(x), torch.tensor(y))
+  tloss.backward()
+  assert abs(loss.item() - tloss.item()) < 1e-5
+  tgrads = dict(theirs.model.named_parameters())
+  for name, p in ours.model.named_parameters():
+    np.testing.assert_allclose(p.grad.numpy(), tgrads[name].grad.numpy(), atol=2e-5, rtol=1e-3, err_msg=name)
+  ours.opt.zero_grad(); theirs.opt.zero_grad()
+  # the training steps (AdamW, warmup + cosine, clipping, TinyJit): the same losses and weights
+  losses = [(ours.train_step(*b), theirs.train_step(*b)) for b in map(data.train_batch, range(args.steps))]
+  np.testing.assert_allclose([a for a, _ in losses], [b for _, b in losses], atol=2e-4)
+  assert losses[-1][0] < losses[0][0] - 0.1, losses  # it learns
+  tstate = theirs.model.state_dict()
+  for name, p in ours.model.state_dict().items(): np.testing.assert_allclose(p.numpy(), tstate[name].numpy(), atol=2e-4, err_msg=name)
+
+def test_gpt_resume_is_bit_exact(gpt_example, plays_dir, tmp_path):
+  common = [*TINY, "--steps", "6", "--ckpt-every", "3", "--data", str(plays_dir)]
+  whole = gpt_example.main([*common, "--out", str(tmp_path / "a")])
+  first = gpt_example.main([*common, "--out", str(tmp_path / "b"), "--stop-at", "3"])
+  rest = gpt_example.main([*common, "--out", str(tmp_path / "b"), "--resume"])
+  assert first["losses"] + rest["losses"] == whole["losses"]  # bit for bit
+  assert rest["val_loss"] == whole["val_loss"]
+  with open(tmp_path / "b" / "losses-attograd.jsonl") as f: assert [json.loads(l)["loss"] for l in f] == whole["losses"]
