@@ -313,3 +313,12 @@ def test_layers_built_alike_own_their_state():
   assert (abs(b.bias.grad.numpy() - w.numpy().sum(0)) < 1e-5).all()
   c, d = nn.BatchNorm2d(3), nn.BatchNorm2d(3)
   assert c.running_mean.uop is not d.running_mean.uop and c.num_batches_tracked.uop is not d.num_batches_tracked.uop
+
+def test_parameters_assigned_alike_stay_apart():
+  # an assign to an unrealized tensor takes the value's graph node: two biases zeroed alike must stay two tensors
+  from attograd import Tensor, nn
+  a, b = nn.Linear(3, 4), nn.Linear(4, 4)
+  for m in (a, b): m.bias.assign(Tensor.zeros(4))
+  x, w = Tensor.randn(2, 3), Tensor.randn(2, 4)
+  (b(a(x)) * w).sum().backward()
+  assert (abs(b.bias.grad.numpy() - w.numpy().sum(0)) < 1e-5).all()

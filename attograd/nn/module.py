@@ -19,8 +19,9 @@ class Parameter(Tensor):
     if requires_grad and not dtypes.is_float(data.dtype):
       raise TypeError(f"only floating point parameters can require gradients, not {data.dtype}: pass requires_grad=False")
     if data.uop.base.op is not Ops.BUFFER:
-      # an unrealized value gets memory of its own: equal graphs are one node (hash-consing), so two layers built with
-      # Tensor.ones(n).contiguous() would otherwise be one tensor, sharing their gradient and their updates
+      # an unrealized value gets memory of its own, so that the parameter keeps its identity: equal graphs are one node
+      # (hash-consing), and an assign to an unrealized tensor takes the value's node, so two layers built with
+      # Tensor.ones(n).contiguous(), or given nn.init.zeros_, would otherwise be one tensor sharing gradients and updates
       data = Tensor.empty(*data.shape, dtype=data.dtype, device=data.device).assign(data)
     super().__init__(data.uop)
     self.requires_grad = requires_grad
