@@ -79,6 +79,17 @@ def test_hf_loading_errors(tmp_path):
   out = hf.rename({"a.b.weight": t, "drop.me": t, "keep": t}, [(r"a\.(\w)\.(weight)", r"x.\1.\2"), (r"drop\..*", None)])
   assert list(out) == ["x.b.weight", "keep"]
 
+def test_hf_sharded_safetensors(tmp_path):
+  from attograd import Tensor
+  from attograd.models import hf
+  from attograd.nn.state import safe_save
+  safe_save({"a.weight": Tensor([[1.0, 2.0]])}, tmp_path / "model-00001-of-00002.safetensors")
+  safe_save({"b.bias": Tensor([3.0])}, tmp_path / "model-00002-of-00002.safetensors")
+  (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+    "a.weight": "model-00001-of-00002.safetensors", "b.bias": "model-00002-of-00002.safetensors"}}))
+  w = hf.load_weights(tmp_path)
+  assert sorted(w) == ["a.weight", "b.bias"] and w["a.weight"].tolist() == [[1.0, 2.0]] and w["b.bias"].tolist() == [3.0]
+
 def test_bert_name_map_complete(encoder):
   # every checkpoint tensor the model needs maps onto a parameter (load_state_dict is strict) and none is left over
   from attograd.models import hf
@@ -140,6 +151,8 @@ def test_gpt_steps_match_torch(gpt_example, plays_dir):
   losses = [(ours.train_step(*b), theirs.train_step(*b)) for b in map(data.train_batch, range(args.steps))]
   np.testing.assert_allclose([a for a, _ in losses], [b for _, b in losses], atol=2e-4)
   assert losses[-1][0] < losses[0][0] - 0.1, losses  # it learns
+  sample = ours.sample([0, 1], 8)
+  assert len(sample) == 10 and sample == ours.sample([0, 1], 8) and all(0 <= i < cfg.vocab_size for i in sample)
   tstate = theirs.model.state_dict()
   for name, p in ours.model.state_dict().items(): np.testing.assert_allclose(p.numpy(), tstate[name].numpy(), atol=2e-4, err_msg=name)
 

@@ -11,6 +11,7 @@ examples/gpt.py trains it character by character on Shakespeare."""
 from __future__ import annotations
 import dataclasses, math, random
 from attograd.tensor import Tensor
+from attograd.jit import TinyJit
 from attograd.dtype import dtypes
 from attograd import nn
 
@@ -79,10 +80,11 @@ class GPT(nn.Module):
     if not prompt: raise ValueError("generate needs a prompt of at least one token")
     if temperature <= 0: raise ValueError(f"temperature must be positive, got {temperature}")
     rng, out, T = random.Random(seed), list(prompt), self.cfg.block_size
+    forward = TinyJit(lambda x: self(x).realize())  # one window shape: after two calls, replays of the same kernels
     with Tensor.test():
       for _ in range(n):
         ctx = out[-T:]
-        logits = self(Tensor([ctx + [0] * (T - len(ctx))], dtype=dtypes.int32))[0, len(ctx) - 1]
+        logits = forward(Tensor([ctx + [0] * (T - len(ctx))], dtype=dtypes.int32))[0, len(ctx) - 1]
         if top_k is not None: logits = (logits < logits.topk(top_k)[0][-1]).where(-math.inf, logits)
         probs = (logits / temperature).softmax().tolist()
         out.append(rng.choices(range(len(probs)), weights=probs)[0])
