@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
     if not ckpt.exists(): raise SystemExit(f"--resume: no checkpoint at {ckpt}")
     start = trainer.load(ckpt)["step"]
     print(f"resumed from {ckpt} at step {start}")
+    if log_path.exists():  # the log keeps the steps up to the checkpoint: later ones are about to be redone
+      with open(log_path) as f: kept = [l for l in f if json.loads(l)["step"] <= start]
+      log_path.write_text("".join(kept))
   print(f"{args.backend}: {len(data.train):,} training characters, "
         f"{len(data.val):,} validation, vocabulary {len(data.chars)}; model {cfg}")
   try:
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
       if trange: steps.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / (time.perf_counter() - t0):,.0f}")  # type: ignore[union-attr]
       if isinstance(trainer, AttogradTrainer) and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
         trainer.save(ckpt, step + 1, {"config": vars(args) | {"resume": False}})
+        log.flush()
   seconds = time.perf_counter() - t0
   val = trainer.val_loss(data.val_batches(args.eval_batches))
   result = {"backend": args.backend, "steps": end, "losses": losses, "train_loss": losses[-1] if losses else None, "val_loss": val,
