@@ -55,6 +55,18 @@ def test_encode_errors(encoder):
   with pytest.raises(TypeError, match="list of strings"): encoder.encode("one sentence")
   with pytest.raises(ValueError, match="batch_size"): encoder.encode(["a"], batch_size=0)
 
+def test_search_example(encoder, tmp_path):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("search_example", EXAMPLES / "search.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  f = tmp_path / "doc.md"
+  f.write_text("# Title\n\nThe cat sat on the warm mat all afternoon.\n\n```\ncode block\n```\n\n"
+               "Stock prices fell sharply on Monday.\n\nA recipe for bread needs flour, water and yeast.\n")
+  ranked = mod.main(["where did the cat sleep", "--file", str(f), "--top", "3"])
+  assert [p for _, p in ranked][0].startswith("The cat") and len(ranked) == 3
+  assert ranked[0][0] > ranked[1][0] >= ranked[2][0]
+
 def test_pytorch_model_bin(encoder, ref, tmp_path):
   # the same weights through pytorch_model.bin (the restricted unpickler, never torch) give the same embedding
   torch = pytest.importorskip("torch")
