@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses, importlib.util, json, os, pathlib
 from typing import Any, Callable
 from attograd.tensor import Tensor
+from attograd.jit import TinyJit
 from attograd.dtype import dtypes
 from attograd import nn
 from attograd.models import hf
@@ -128,6 +129,7 @@ class SentenceEncoder:
     tokenizer.no_padding()  # padding is ours: to the batch's longest, rounded up to a power of two
     tokenizer.enable_truncation(max_length)
     self.pad_id = tokenizer.token_to_id("[PAD]") or 0
+    self._jits: dict[tuple, TinyJit] = {}
 
   @classmethod
   def from_pretrained(cls, path: str | os.PathLike | None = None) -> SentenceEncoder:
@@ -157,6 +159,12 @@ class SentenceEncoder:
     T = min(_bucket(max(len(s) for s in ids), self.MIN_LEN), self.max_length)
     tok = Tensor([s + [self.pad_id] * (T - len(s)) for s in ids], dtype=dtypes.int32)
     mask = Tensor([[1.0] * len(s) + [0.0] * (T - len(s)) for s in ids])
+    # one TinyJit per batch shape: a shape seen again replays its kernels with no graph work. A replay refills the
+    # same output buffer, so the result is copied out before the next batch can overwrite it
+    if (jit := self._jits.get(tok.shape)) is None: jit = self._jits[tok.shape] = TinyJit(lambda t, m: self._embed(t, m).realize())
+    return jit(tok, mask).clone().realize()
+
+  def _embed(self, tok: Tensor, mask: Tensor) -> Tensor:
     h = self.model(tok, mask)
     emb = (h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).maximum(1e-9)
     # sentence-transformers' Normalize is torch's F.normalize: x / max(|x|, 1e-12)
