@@ -300,3 +300,25 @@ def test_pool1d():
   """An int kernel_size on a 1-D pool means one spatial axis, as in torch."""
   _fcheck(lambda x: x.max_pool1d(3, stride=2, padding=1), lambda x: F.max_pool1d(x, 3, stride=2, padding=1), _rand(2, 3, 9))
   _fcheck(lambda x: x.avg_pool1d(2), lambda x: F.avg_pool1d(x, 2), _rand(2, 3, 9))
+
+def test_layers_built_alike_own_their_state():
+  # Tensor.ones(n).contiguous() built twice is one graph node: two LayerNorms (or BatchNorms) must still get
+  # parameters and running stats of their own, with gradients of their own
+  from attograd import Tensor, nn
+  a, b = nn.LayerNorm(4), nn.LayerNorm(4)
+  assert a.weight.uop is not b.weight.uop and a.bias.uop is not b.bias.uop
+  x, w = Tensor.randn(3, 4), Tensor.randn(3, 4)
+  (b(a(x) * 2) * w).sum().backward()
+  assert not (a.bias.grad.numpy() == b.bias.grad.numpy()).all()
+  assert (abs(b.bias.grad.numpy() - w.numpy().sum(0)) < 1e-5).all()
+  c, d = nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+  assert c.running_mean.uop is not d.running_mean.uop and c.num_batches_tracked.uop is not d.num_batches_tracked.uop
+
+def test_parameters_assigned_alike_stay_apart():
+  # an assign to an unrealized tensor takes the value's graph node: two biases zeroed alike must stay two tensors
+  from attograd import Tensor, nn
+  a, b = nn.Linear(3, 4), nn.Linear(4, 4)
+  for m in (a, b): m.bias.assign(Tensor.zeros(4))
+  x, w = Tensor.randn(2, 3), Tensor.randn(2, 4)
+  (b(a(x)) * w).sum().backward()
+  assert (abs(b.bias.grad.numpy() - w.numpy().sum(0)) < 1e-5).all()

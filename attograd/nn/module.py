@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, NamedTuple
 from attograd.tensor import Tensor
+from attograd.uop.ops import Ops
 from attograd.dtype import DType, dtypes
 
 class Parameter(Tensor):
@@ -17,6 +18,11 @@ class Parameter(Tensor):
     data = Tensor.empty(0) if data is None else data if isinstance(data, Tensor) else Tensor(data)
     if requires_grad and not dtypes.is_float(data.dtype):
       raise TypeError(f"only floating point parameters can require gradients, not {data.dtype}: pass requires_grad=False")
+    if data.uop.base.op is not Ops.BUFFER:
+      # an unrealized value gets memory of its own, so that the parameter keeps its identity: equal graphs are one node
+      # (hash-consing), and an assign to an unrealized tensor takes the value's node, so two layers built with
+      # Tensor.ones(n).contiguous(), or given nn.init.zeros_, would otherwise be one tensor sharing gradients and updates
+      data = Tensor.empty(*data.shape, dtype=data.dtype, device=data.device).assign(data)
     super().__init__(data.uop)
     self.requires_grad = requires_grad
   def __repr__(self) -> str: return f"Parameter(shape={self.shape}, dtype={self.dtype}, device={self.device})"
