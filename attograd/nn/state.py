@@ -13,7 +13,7 @@ from attograd.tensor import Tensor
 from attograd.schedule.schedule import new_buffer
 from attograd.engine.realize import buffer_of
 from attograd.nn.module import Module, IncompatibleKeys, copy_state
-from attograd.nn.quant import GGML_TYPES, dequantize
+from attograd.nn.quant import GGML_TYPES, dequantize, split_fields
 
 __all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata", "torch_load",
            "gguf_load", "gguf_read"]
@@ -467,8 +467,12 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
     path = os.path.abspath(os.fspath(path_or_tensor))
     meta, infos = gguf_read(path)
     def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return _disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
-  raws = {name: window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device) for name, info in infos.items()}
-  if resident: Tensor.realize_all(list(raws.values()))
+  raws: dict[str, Any] = {name: window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device) for name, info in infos.items()}
+  if resident:
+    # quantized tensors are kept as their fields apart (nn.quant.split_fields: the same bytes), plain ones as they are
+    Tensor.realize_all([r for name, r in raws.items() if infos[name].ggml_type in _GGUF_PLAIN])
+    for name, info in infos.items():
+      if info.ggml_type not in _GGUF_PLAIN: raws[name] = split_fields(raws[name], info.ggml_type)
   out = {}
   for name, info in infos.items():
     raw = raws[name]
@@ -477,4 +481,4 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
 
 def _bytes_as(raw: Tensor, dt: DType) -> Tensor:
   """uint8 bytes -> values of dtype dt (little-endian), with Tensor ops."""
-  return GGML_TYPES[{v: k for k, v in _GGUF_PLAIN.items()}[dt]].decode(raw.reshape(-1, dt.itemsize)).reshape(-1).cast(dt)
+  return dequantize(raw, {v: k for k, v in _GGUF_PLAIN.items()}[dt], (raw.numel() // dt.itemsize,)).cast(dt)

@@ -1,0 +1,1 @@
+"""Models over the public Tensor API (nothing in the core imports them)."""
