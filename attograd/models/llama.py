@@ -73,7 +73,7 @@ class Llama:
     freqs = Tensor.arange(self.max_context).float().unsqueeze(1) * (cfg.rope_base ** (-Tensor.arange(half).float() * 2 / cfg.head_dim)).unsqueeze(0)
     self.cos, self.sin = freqs.cos().contiguous(), freqs.sin().contiguous()
     Tensor.realize_all([self.cos, self.sin])
-    self.pos_var = Variable("pos", 0, self.max_context - 1)
+    self._pos_vars: dict[int, UOp] = {}
     self.tok_var = Variable("tok", 0, cfg.vocab - 1)
     self._decode = TinyJit(self._decode_step)
 
@@ -140,6 +140,11 @@ class Llama:
   def _decode_step(self, tok: UOp, pos: UOp) -> Tensor:
     return self._forward(self._embed_row(tok), pos).reshape(-1).realize()
 
+  def _pos(self, T: int, start: int) -> UOp:
+    """start as a bound Variable whose range keeps start + T inside the cache (so slices of it are always in bounds)."""
+    if T not in self._pos_vars: self._pos_vars[T] = Variable("pos", 0, self.max_context - T)
+    return self._pos_vars[T].bind(start)
+
   # ***** public *****
   def __call__(self, tokens: list[int], start_pos: int, all_logits: bool = False, jit: bool = True) -> Tensor:
     """Logits (vocab,) for the token after `tokens` (or (len(tokens), vocab) with all_logits), which sit at positions
@@ -148,9 +153,9 @@ class Llama:
     if T == 0: raise ValueError("no tokens")
     if start_pos + T > self.max_context: raise ValueError(f"positions up to {start_pos + T} exceed the context of {self.max_context}")
     if bad := [t for t in tokens if not 0 <= t < self.cfg.vocab]: raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.vocab}")
-    if T == 1 and jit and not all_logits: return self._decode(self.tok_var.bind(tokens[0]), self.pos_var.bind(start_pos))
+    if T == 1 and jit and not all_logits: return self._decode(self.tok_var.bind(tokens[0]), self._pos(1, start_pos))
     # prefill: the embedding rows one by one (one compiled kernel for every token id), then one pass over all tokens
     rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
     x = rows[0] if T == 1 else Tensor.cat(*rows, dim=0)
-    start = self.pos_var.bind(start_pos) if start_pos else 0
+    start = self._pos(T, start_pos)  # a Variable even at 0: every chunk of a prompt runs the same kernels
     return self._forward(x, start, last_only=not all_logits).realize() if all_logits else self._forward(x, start).reshape(-1).realize()
