@@ -137,7 +137,9 @@ class Llama:
     if last_only: x = x[T - 1:T]
     return (rms_norm(x, self.w["output_norm.weight"], self.cfg.norm_eps) @ self.output.T)
 
-  def _decode_step(self, tok: UOp, pos: UOp) -> Tensor:
+  def _decode_step(self, tok: UOp, pos: UOp, *cache: Tensor) -> Tensor:
+    # the cache tensors come in as arguments (they are self.cache): a replay then reads and writes the memory they
+    # hold at the call, wherever a prefill outside the JIT moved them (an assign realizes into new memory)
     return self._forward(self._embed_row(tok), pos).reshape(-1).realize()
 
   def _pos(self, T: int, start: int) -> UOp:
@@ -153,7 +155,7 @@ class Llama:
     if T == 0: raise ValueError("no tokens")
     if start_pos + T > self.max_context: raise ValueError(f"positions up to {start_pos + T} exceed the context of {self.max_context}")
     if bad := [t for t in tokens if not 0 <= t < self.cfg.vocab]: raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.vocab}")
-    if T == 1 and jit and not all_logits: return self._decode(self.tok_var.bind(tokens[0]), self._pos(1, start_pos))
+    if T == 1 and jit and not all_logits: return self._decode(self.tok_var.bind(tokens[0]), self._pos(1, start_pos), *[t for kv in self.cache for t in kv])
     # prefill: the embedding rows one by one (one compiled kernel for every token id), then one pass over all tokens
     rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
     x = rows[0] if T == 1 else Tensor.cat(*rows, dim=0)
