@@ -73,12 +73,15 @@ class Engine:
     return out.numpy()
 
   def stream(self, prompt: str | list[int], s: Sampling) -> Iterator[str | Done]:
-    """Pieces of text as they are generated, then a Done."""
+    """Pieces of text as they are generated, then a Done. Bad arguments raise here, before anything is generated."""
     s.check()
     ids = self.tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
     if not ids: raise ValueError("empty prompt")
     if len(ids) + s.max_new_tokens > self.model.max_context:
       raise ValueError(f"the prompt ({len(ids)} tokens) and max_new_tokens ({s.max_new_tokens}) exceed the context of {self.model.max_context}")
+    return self._generate(ids, s)
+
+  def _generate(self, ids: list[int], s: Sampling) -> Iterator[str | Done]:
     rng = np.random.default_rng(s.seed)
     with self.lock:
       utf8, text, sent, n, reason = codecs.getincrementaldecoder("utf-8")("replace"), "", 0, 0, "length"
