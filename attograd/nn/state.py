@@ -466,13 +466,21 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
   else:
     path = os.path.abspath(os.fspath(path_or_tensor))
     meta, infos = gguf_read(path)
-    def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return _disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
+    if resident and device == "CPU":
+      # read straight into memory: through DISK's map, the file's pages would stay resident beside the copy
+      f = open(path, "rb")
+      def window(info: GGUFTensorInfo, dt: DType) -> Tensor:
+        f.seek(info.offset)
+        return _cpu_tensor(f.read(info.nbytes), dt, (info.nbytes // dt.itemsize,))
+    else:
+      def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return _disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
   raws: dict[str, Any] = {name: window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device) for name, info in infos.items()}
   if resident:
     # quantized tensors are kept as their fields apart (nn.quant.split_fields: the same bytes), plain ones as they are
     Tensor.realize_all([r for name, r in raws.items() if infos[name].ggml_type in _GGUF_PLAIN])
     for name, info in infos.items():
       if info.ggml_type not in _GGUF_PLAIN: raws[name] = split_fields(raws[name], info.ggml_type)
+    if not isinstance(path_or_tensor, Tensor) and device == "CPU": f.close()
   out = {}
   for name, info in infos.items():
     raw = raws[name]
