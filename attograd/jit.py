@@ -197,6 +197,9 @@ class TinyJit(Generic[ReturnType]):
     return self.ret
 
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
+    # the inputs' memory as the call starts: an input assigned inside moves to new memory during the call, and
+    # _write_in_place puts its values back in this memory, which is what a replay must swap the next call's input into
+    inputs = [buffer_of(t.uop.base) for t in tensors]
     capture = Capture()
     _captures.append(capture)
     tensor_module.captured_checks.clear()
@@ -205,7 +208,6 @@ class TinyJit(Generic[ReturnType]):
       outputs = _tensors_in(ret)
       Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
     finally: _captures.pop()
-    inputs = [buffer_of(t.uop.base) for t in tensors]
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
     kept = kept_inputs | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}

@@ -239,3 +239,18 @@ def test_nested_jit_is_captured_by_the_outer():
   @TinyJit
   def outer(a): return (inner(a) + 1).realize()
   for i in range(4): assert outer(Tensor.full((4,), float(i)).contiguous()).tolist() == [2.0 * i + 1] * 4
+
+def test_replay_follows_an_input_assigned_inside_and_outside():
+  # an input written inside (a KV cache) and also written by eager code between replays: each replay must read the
+  # memory the tensor holds at the call, not the memory the capture saw
+  from attograd import Variable
+  c = Tensor.zeros(8).contiguous().realize()
+  p = Variable("p", 0, 7)
+  @TinyJit
+  def step(pos, c):
+    c[pos:pos + 1].assign(Tensor.ones(1).contiguous())
+    return c[:pos + 1].sum().realize()
+  for i in range(4):
+    c[0:3].assign(Tensor.full((3,), float(i + 2)).contiguous()).realize()
+    assert step(p.bind(3), c).item() == 3 * (i + 2) + 1
+  assert c.tolist() == [5.0, 5.0, 5.0, 1.0, 0.0, 0.0, 0.0, 0.0]

@@ -4,7 +4,7 @@ PyTorch checkpoints (.pt/.pth, zip and legacy formats) read through a restricted
 Loaded tensors live on the DISK device: a window into the file, read only when copied to a compute
 device (load_state_dict does that), so loading touches just the bytes of the tensors used."""
 from __future__ import annotations
-import collections, dataclasses, io, itertools, json, os, pickle, struct, types, uuid, zipfile
+import collections, dataclasses, io, itertools, json, mmap, os, pickle, struct, types, uuid, zipfile
 from typing import Any, Callable, NamedTuple
 from attograd.dtype import DType, dtypes
 from attograd.helpers import prod, argsort, strides_for_shape
@@ -13,8 +13,10 @@ from attograd.tensor import Tensor
 from attograd.schedule.schedule import new_buffer
 from attograd.engine.realize import buffer_of
 from attograd.nn.module import Module, IncompatibleKeys, copy_state
+from attograd.nn.quant import GGML_TYPES, dequantize, split_fields
 
-__all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata", "torch_load"]
+__all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata", "torch_load",
+           "gguf_load", "gguf_read"]
 
 SAFETENSORS_DTYPES: dict[str, DType] = {
   "F64": dtypes.float64, "F32": dtypes.float32, "F16": dtypes.float16, "BF16": dtypes.bfloat16, "I64": dtypes.int64,
@@ -350,3 +352,141 @@ def torch_load(path: str | os.PathLike) -> Any:
   except (ForbiddenGlobal, ValueError, OSError): raise
   # a damaged pickle fails in many ways (IndexError, KeyError, TypeError from a call with wrong arguments, ...)
   except Exception as e: raise ValueError(f"{path}: truncated or corrupt PyTorch checkpoint ({type(e).__name__}: {e})") from e
+
+# ***** GGUF (llama.cpp's format): a header of typed key/values and tensor descriptions, then aligned tensor data *****
+
+class GGUFError(ValueError): pass
+
+class GGUFTensorInfo(NamedTuple):
+  name: str
+  ggml_type: int               # a key of nn.quant.GGML_TYPES
+  shape: tuple[int, ...]       # numpy order: the file's dims (fastest first) reversed
+  offset: int                  # absolute byte offset in the file
+  nbytes: int
+
+# metadata value type id -> struct format (8: string, 9: array are read apart)
+_GGUF_SCALARS: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+class _Reader:
+  """Reads little-endian GGUF fields from a buffer, naming the field and file in every error."""
+  def __init__(self, buf: memoryview, path: str): self.buf, self.pos, self.path = buf, 0, path
+  def fail(self, field: str, why: str) -> GGUFError: return GGUFError(f"{self.path}: bad GGUF file at byte {self.pos}, {field}: {why}")
+  def take(self, fmt: str, field: str, count: int = 1) -> Any:
+    size = struct.calcsize("<" + fmt) * count
+    if self.pos + size > len(self.buf):
+      raise self.fail(field, f"needs {size} bytes, the file ends after {len(self.buf) - self.pos} (truncated?)")
+    out = struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos)
+    self.pos += size
+    return out[0] if count == 1 else list(out)
+  def string(self, field: str) -> str:
+    n = self.take("Q", f"{field} (string length)")
+    if self.pos + n > len(self.buf): raise self.fail(field, f"a string of {n} bytes runs past the end of the file (truncated?)")
+    raw = bytes(self.buf[self.pos:self.pos + n]); self.pos += n
+    try: return raw.decode()
+    except UnicodeDecodeError: raise self.fail(field, "a string that is not UTF-8") from None
+  def value(self, vtype: int, field: str) -> Any:
+    if vtype in _GGUF_SCALARS: return self.take(_GGUF_SCALARS[vtype], field)
+    if vtype == 8: return self.string(field)
+    if vtype == 9:
+      etype, n = self.take("I", f"{field} (array type)"), self.take("Q", f"{field} (array length)")
+      if etype in _GGUF_SCALARS: return self.take(_GGUF_SCALARS[etype], field, n) if n != 1 else [self.take(_GGUF_SCALARS[etype], field)]
+      if etype in (8, 9): return [self.value(etype, f"{field}[{i}]") for i in range(n)]
+      raise self.fail(field, f"unknown array element type {etype}; expected one of {sorted([*_GGUF_SCALARS, 8, 9])}")
+    raise self.fail(field, f"unknown value type {vtype}; expected one of {sorted([*_GGUF_SCALARS, 8, 9])}")
+
+def _parse_gguf(buf: memoryview, path: str, size: int) -> tuple[dict[str, Any], dict[str, GGUFTensorInfo]]:
+  r = _Reader(buf, path)
+  magic = bytes(buf[:4])
+  if magic != b"GGUF": raise GGUFError(f"{path}: not a GGUF file: magic is {magic!r}, expected b'GGUF'")
+  r.pos = 4
+  version = r.take("I", "version")
+  if version not in (2, 3): raise r.fail("version", f"version {version} is not supported (expected 2 or 3)")
+  n_tensors, n_kv = r.take("Q", "tensor_count"), r.take("Q", "metadata_kv_count")
+  if n_tensors > size or n_kv > size: raise r.fail("header", f"{n_tensors} tensors and {n_kv} metadata entries cannot fit in {size} bytes")
+  meta: dict[str, Any] = {"GGUF.version": version}
+  for i in range(n_kv):
+    key = r.string(f"metadata key #{i}")
+    meta[key] = r.value(r.take("I", f"{key} (value type)"), key)
+  align = meta.get("general.alignment", 32)
+  if not isinstance(align, int) or align <= 0 or align & (align - 1): raise r.fail("general.alignment", f"{align!r} is not a power of two")
+  raw_infos = []
+  for i in range(n_tensors):
+    name = r.string(f"tensor #{i} name")
+    nd = r.take("I", f"{name} (n_dims)")
+    if nd > 8: raise r.fail(f"{name} (n_dims)", f"{nd} dimensions; expected at most 8")
+    dims = r.take("Q", f"{name} (dims)", nd) if nd != 1 else [r.take("Q", f"{name} (dims)")]
+    ttype, off = r.take("I", f"{name} (type)"), r.take("Q", f"{name} (offset)")
+    raw_infos.append((name, list(dims) if nd else [], ttype, off))
+  data_start = (r.pos + align - 1) // align * align
+  infos: dict[str, GGUFTensorInfo] = {}
+  for name, dims, ttype, off in raw_infos:
+    if ttype not in GGML_TYPES:
+      raise GGUFError(f"{path}: tensor {name!r} has ggml type {ttype}, which attograd does not read; supported: "
+                      + ", ".join(f"{k} ({t.name})" for k, t in GGML_TYPES.items()))
+    t, n = GGML_TYPES[ttype], prod(dims)
+    if n % t.block_elements: raise GGUFError(f"{path}: tensor {name!r} of dims {dims} is not a whole number of {t.name} blocks of {t.block_elements}")
+    nbytes = n // t.block_elements * t.block_bytes
+    if off % align or data_start + off + nbytes > size:
+      raise GGUFError(f"{path}: tensor {name!r} ({t.name}, dims {dims}) at data offset {off} needs bytes [{data_start + off}, {data_start + off + nbytes}) "
+                      f"aligned to {align}, the file has {size} bytes (truncated?)")
+    if name in infos: raise GGUFError(f"{path}: tensor {name!r} appears twice")
+    infos[name] = GGUFTensorInfo(name, ttype, tuple(reversed(dims)), data_start + off, nbytes)
+  return meta, infos
+
+def gguf_read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, GGUFTensorInfo]]:
+  """The metadata and tensor descriptions of a GGUF file, reading only the header. Everything a tensor
+  will read is checked here: a truncated or corrupt file raises GGUFError (a ValueError) naming the field."""
+  path = os.path.abspath(os.fspath(path))
+  size = os.path.getsize(path)
+  if size < 4: raise GGUFError(f"{path}: not a GGUF file: {size} bytes")
+  with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    buf = memoryview(mm)
+    try: return _parse_gguf(buf, path, size)
+    finally: buf.release()
+
+# types stored as plain values: read with their own dtype, not through the byte decoders
+_GGUF_PLAIN = {0: dtypes.float32, 1: dtypes.float16, 30: dtypes.bfloat16}
+
+def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False, device: str = "CPU") -> tuple[dict[str, Any], dict[str, Tensor]]:
+  """(metadata, tensors) of a GGUF file (v2 or v3). Tensors come in numpy dim order (the file lists dims fastest
+  first). F32/F16/BF16 tensors keep their dtype; quantized ones (Q4_0 ... Q6_K) are float32 Tensors that are
+  lazy dequantizations of the raw bytes, so a matmul that uses one fuses the decoding into its kernel.
+
+  The bytes stay in the file (DISK) until a tensor is used; `resident=True` copies the raw (still quantized)
+  bytes to `device` now, once, so later uses decode from memory instead of reading the file again.
+  A Tensor argument is the file's bytes (uint8)."""
+  if isinstance(path_or_tensor, Tensor):
+    src = path_or_tensor
+    if src.dtype != dtypes.uint8 or src.ndim != 1: raise GGUFError(f"gguf_load: a Tensor argument must be the file's bytes (1-d uint8), got {src.shape} {src.dtype}")
+    data = src.to("CPU").data()
+    meta, infos = _parse_gguf(data.cast("B"), "<tensor>", len(data))
+    def window(info: GGUFTensorInfo, dt: DType) -> Tensor:
+      raw = src[info.offset:info.offset + info.nbytes]
+      return raw if dt == dtypes.uint8 else _bytes_as(raw.to(device), dt)
+  else:
+    path = os.path.abspath(os.fspath(path_or_tensor))
+    meta, infos = gguf_read(path)
+    if resident and device == "CPU":
+      # read straight into memory: through DISK's map, the file's pages would stay resident beside the copy
+      f = open(path, "rb")
+      def window(info: GGUFTensorInfo, dt: DType) -> Tensor:
+        f.seek(info.offset)
+        return _cpu_tensor(f.read(info.nbytes), dt, (info.nbytes // dt.itemsize,))
+    else:
+      def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return _disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
+  raws: dict[str, Any] = {name: window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device) for name, info in infos.items()}
+  if resident:
+    # quantized tensors are kept as their fields apart (nn.quant.split_fields: the same bytes), plain ones as they are
+    Tensor.realize_all([r for name, r in raws.items() if infos[name].ggml_type in _GGUF_PLAIN])
+    for name, info in infos.items():
+      if info.ggml_type not in _GGUF_PLAIN: raws[name] = split_fields(raws[name], info.ggml_type)
+    if not isinstance(path_or_tensor, Tensor) and device == "CPU": f.close()
+  out = {}
+  for name, info in infos.items():
+    raw = raws[name]
+    out[name] = raw.reshape(info.shape) if info.ggml_type in _GGUF_PLAIN else dequantize(raw, info.ggml_type, info.shape)
+  return meta, out
+
+def _bytes_as(raw: Tensor, dt: DType) -> Tensor:
+  """uint8 bytes -> values of dtype dt (little-endian), with Tensor ops."""
+  return dequantize(raw, {v: k for k, v in _GGUF_PLAIN.items()}[dt], (raw.numel() // dt.itemsize,)).cast(dt)

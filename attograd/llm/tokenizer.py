@@ -1,0 +1,85 @@
+"""A tokenizer from a GGUF file's metadata (tokenizer.ggml.*), run by the `tokenizers` package, and the model's
+chat template (tokenizer.chat_template) rendered with jinja2.
+
+Byte-level BPE vocabularies (tokenizer.ggml.model "gpt2") are supported with the pre-tokenizer presets below,
+keyed by tokenizer.ggml.pre as llama.cpp names them. Control and user-defined tokens are special: matched whole
+in the text, as llama.cpp does with special=True."""
+from __future__ import annotations
+from typing import Any
+
+# llama.cpp's pre-tokenizer regexes, by tokenizer.ggml.pre
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# preset -> (split each digit apart first, the regex whose matches are the pieces)
+PRE_TOKENIZERS: dict[str, tuple[bool, str]] = {
+  "default": (False, _GPT2), "gpt2": (False, _GPT2), "smollm": (True, _GPT2),
+  "llama-bpe": (False, _LLAMA3), "llama3": (False, _LLAMA3), "qwen2": (False, _QWEN2),
+}
+CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special tokens
+
+class GGUFTokenizer:
+  def __init__(self, meta: dict[str, Any], path: str = "<gguf>"):
+    try: import tokenizers
+    except ImportError: raise ImportError("the GGUF tokenizer needs the `tokenizers` package: pip install 'attograd[llm]'") from None
+    from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+      raise NotImplementedError(f"{path}: tokenizer.ggml.model {kind!r}: only byte-level BPE ('gpt2') vocabularies are supported so far")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    self.vocab = {t: i for i, t in enumerate(tokens)}
+    self.tokens = tokens
+    tok = Tokenizer(models.BPE(self.vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3")))
+    digits, regex = PRE_TOKENIZERS[pre]
+    steps = ([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + [
+      pre_tokenizers.Split(Regex(regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tok.decoder = decoders.ByteLevel()
+    self.special_ids = {i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED)}
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(self.special_ids)])
+    self._tok = tok
+    self.bos_id, self.eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    # generation ends at EOS, EOT, and the end-of-turn tokens chat templates use
+    self.stop_ids = {i for i in (self.eos_id, eot) if i is not None} | {self.vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in self.vocab}
+    self.chat_template: str | None = meta.get("tokenizer.chat_template")
+
+  def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+    ids = self._tok.encode(text, add_special_tokens=False).ids
+    if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None: ids = [self.bos_id] + ids
+    return ids
+
+  def decode(self, ids: list[int], skip_special: bool = False) -> str:
+    return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+  def token_bytes(self, i: int) -> bytes:
+    """The bytes of one token (byte-level BPE maps each byte to a printable character)."""
+    return self._tok.decode([i], skip_special_tokens=False).encode("utf-8", "surrogatepass") if i in self.special_ids else bytes(_BYTE_OF[c] for c in self.tokens[i])
+
+  def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The prompt text for a conversation, from the model's own template (ChatML when the file has none)."""
+    import jinja2, jinja2.sandbox
+    def raise_exception(msg: str) -> None: raise jinja2.exceptions.TemplateError(msg)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    tpl = env.from_string(self.chat_template or _CHATML)
+    name = lambda i: self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""
+    return tpl.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=name(self.bos_id), eos_token=name(self.eos_id))
+
+_CHATML = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}"
+           "{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}")
+
+def _byte_table() -> dict[str, int]:
+  """GPT-2's byte <-> printable character map: printable Latin-1 bytes map to themselves, the rest to 256+."""
+  keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+  out, n = {}, 0
+  for b in range(256):
+    if b in keep: out[chr(b)] = b
+    else: out[chr(256 + n)] = b; n += 1
+  return out
+_BYTE_OF = _byte_table()

@@ -1,0 +1,163 @@
+"""A LLaMA-family decoder (llama, qwen2, qwen3) from a GGUF file, over the public Tensor API.
+
+RMSNorm, rotary positions, grouped-query attention with a KV cache, SwiGLU, tied or untied output.
+Weights stay as the GGUF's raw (quantized) bytes in memory; each matmul decodes them inside its kernel.
+The KV cache position is a bound Variable, so one TinyJit-captured decode step serves every position,
+and the token id is one too: the embedding row is a symbolic slice of the table, not a one-hot product."""
+from __future__ import annotations
+import math, os
+from dataclasses import dataclass
+from typing import Any
+from attograd import Tensor, TinyJit, Variable, dtypes
+from attograd.uop.ops import UOp
+from attograd.nn.state import gguf_load
+
+__all__ = ["LlamaConfig", "Llama"]
+
+# how an architecture differs from llama: the rotary layout (llama.cpp's rope type: "norm" rotates adjacent pairs,
+# as GGUF's permuted Q/K rows expect; "neox" rotates the two halves of each head)
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+  "llama": {"rope": "norm"},
+  "qwen2": {"rope": "neox"},
+  "qwen3": {"rope": "neox"},
+}
+
+@dataclass(frozen=True)
+class LlamaConfig:
+  arch: str
+  n_layers: int
+  dim: int
+  hidden: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  vocab: int
+  norm_eps: float
+  rope_base: float
+  rope: str
+  context: int
+
+  @staticmethod
+  def from_metadata(meta: dict[str, Any], path: str = "<gguf>") -> LlamaConfig:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+      raise ValueError(f"{path}: general.architecture is {arch!r}; attograd's llama model reads {', '.join(ARCHITECTURES)}")
+    def get(key: str, default: Any = None) -> Any:
+      v = meta.get(f"{arch}.{key}", default)
+      if v is None: raise ValueError(f"{path}: metadata {arch}.{key} is missing")
+      return v
+    dim, heads = get("embedding_length"), get("attention.head_count")
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])) or None
+    if vocab is None: raise ValueError(f"{path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
+    return LlamaConfig(arch, get("block_count"), dim, get("feed_forward_length"), heads, get("attention.head_count_kv", heads),
+                       get("attention.key_length", dim // heads), vocab, get("attention.layer_norm_rms_epsilon"),
+                       get("rope.freq_base", 10000.0), ARCHITECTURES[arch]["rope"], get("context_length"))
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+  return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
+
+class Llama:
+  """model = Llama.from_gguf(path); logits = model(tokens, start_pos) gives the next-token logits (vocab,) after
+  tokens (a list of ints) placed at positions start_pos...; the KV cache keeps what came before."""
+  def __init__(self, cfg: LlamaConfig, weights: dict[str, Tensor], max_context: int = 2048):
+    self.cfg, self.w = cfg, weights
+    self.max_context = min(max_context, cfg.context)
+    need = ["token_embd.weight", "output_norm.weight"] + [f"blk.{i}.{n}.weight" for i in range(cfg.n_layers)
+            for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+    if missing := [n for n in need if n not in weights]: raise ValueError(f"the model has no tensor {missing[0]!r} (and {len(missing) - 1} more missing)")
+    self.output = weights.get("output.weight", weights["token_embd.weight"])  # tied when the file has no output
+    kv_shape = (self.max_context, cfg.n_kv_heads, cfg.head_dim)
+    self.cache = [(Tensor.zeros(*kv_shape).contiguous(), Tensor.zeros(*kv_shape).contiguous()) for _ in range(cfg.n_layers)]
+    Tensor.realize_all([t for kv in self.cache for t in kv])
+    half = cfg.head_dim // 2
+    freqs = Tensor.arange(self.max_context).float().unsqueeze(1) * (cfg.rope_base ** (-Tensor.arange(half).float() * 2 / cfg.head_dim)).unsqueeze(0)
+    self.cos, self.sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+    Tensor.realize_all([self.cos, self.sin])
+    self._pos_vars: dict[int, UOp] = {}
+    self.tok_var = Variable("tok", 0, cfg.vocab - 1)
+    self._decode = TinyJit(self._decode_step)
+
+  @staticmethod
+  def from_gguf(path: str | os.PathLike, max_context: int = 2048) -> tuple[Llama, dict[str, Any]]:
+    """The model and the file's metadata (for the tokenizer and chat template)."""
+    meta, weights = gguf_load(path, resident=True)
+    return Llama(LlamaConfig.from_metadata(meta, os.fspath(path)), weights, max_context), meta
+
+  # ***** the network *****
+  def _rope(self, x: Tensor, start: int | UOp, T: int) -> Tensor:
+    """x (T, heads, head_dim) rotated by its positions start...start+T-1."""
+    cos = self.cos[start:start + T].reshape(T, 1, -1)
+    sin = self.sin[start:start + T].reshape(T, 1, -1)
+    H, D = x.shape[1], x.shape[2]
+    if self.cfg.rope == "norm": a, b = x.reshape(T, H, D // 2, 2)[..., 0], x.reshape(T, H, D // 2, 2)[..., 1]
+    else: a, b = x[..., :D // 2], x[..., D // 2:]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    return Tensor.stack(ra, rb, dim=-1).reshape(T, H, D) if self.cfg.rope == "norm" else Tensor.cat(ra, rb, dim=-1)
+
+  def _linear(self, x: Tensor, name: str) -> Tensor:
+    y = x @ self.w[f"{name}.weight"].T
+    return y + self.w[f"{name}.bias"] if f"{name}.bias" in self.w else y
+
+  def _attention(self, x: Tensor, i: int, start: int | UOp, T: int) -> Tensor:
+    c, p = self.cfg, f"blk.{i}"
+    q = self._linear(x, f"{p}.attn_q").reshape(T, c.n_heads, c.head_dim)
+    k = self._linear(x, f"{p}.attn_k").reshape(T, c.n_kv_heads, c.head_dim)
+    v = self._linear(x, f"{p}.attn_v").reshape(T, c.n_kv_heads, c.head_dim)
+    if f"{p}.attn_q_norm.weight" in self.w:  # qwen3 normalizes each head of q and k
+      q, k = rms_norm(q, self.w[f"{p}.attn_q_norm.weight"], c.norm_eps), rms_norm(k, self.w[f"{p}.attn_k_norm.weight"], c.norm_eps)
+    q, k = self._rope(q, start, T), self._rope(k, start, T)
+    ck, cv = self.cache[i]
+    # stored first: assigned lazily, the projection would be recomputed for every cache row the write passes over
+    ck[start:start + T].assign(k.contiguous())
+    cv[start:start + T].assign(v.contiguous())
+    L = start + T
+    g = c.n_heads // c.n_kv_heads
+    keys = ck[:L].permute(1, 0, 2).reshape(c.n_kv_heads, 1, L, c.head_dim).expand(c.n_kv_heads, g, L, c.head_dim).reshape(c.n_heads, L, c.head_dim)
+    vals = cv[:L].permute(1, 0, 2).reshape(c.n_kv_heads, 1, L, c.head_dim).expand(c.n_kv_heads, g, L, c.head_dim).reshape(c.n_heads, L, c.head_dim)
+    scores = (q.permute(1, 0, 2) @ keys.permute(0, 2, 1)) * (1 / math.sqrt(c.head_dim))  # (heads, T, L)
+    if T > 1:  # causal: query t sees keys up to start + t
+      visible = Tensor.arange(L).reshape(1, 1, L) <= (Tensor.arange(T).reshape(1, T, 1) + start)
+      scores = visible.where(scores, -math.inf)
+    out = (scores.softmax(-1) @ vals).permute(1, 0, 2).reshape(T, c.n_heads * c.head_dim)
+    return self._linear(out, f"{p}.attn_output")
+
+  def _block(self, x: Tensor, i: int, start: int | UOp, T: int) -> Tensor:
+    c, p = self.cfg, f"blk.{i}"
+    h = x + self._attention(rms_norm(x, self.w[f"{p}.attn_norm.weight"], c.norm_eps), i, start, T)
+    n = rms_norm(h, self.w[f"{p}.ffn_norm.weight"], c.norm_eps)
+    return h + self._linear(self._linear(n, f"{p}.ffn_gate").silu() * self._linear(n, f"{p}.ffn_up"), f"{p}.ffn_down")
+
+  def _embed_row(self, tok: int | UOp) -> Tensor:
+    """Row tok of the embedding table as (1, dim): a slice (tok may be a bound Variable), so only its bytes are read."""
+    return self.w["token_embd.weight"][tok:tok + 1]
+
+  def _forward(self, x: Tensor, start: int | UOp, last_only: bool = True) -> Tensor:
+    T = x.shape[0]
+    for i in range(self.cfg.n_layers): x = self._block(x, i, start, T)
+    if last_only: x = x[T - 1:T]
+    return (rms_norm(x, self.w["output_norm.weight"], self.cfg.norm_eps) @ self.output.T)
+
+  def _decode_step(self, tok: UOp, pos: UOp, *cache: Tensor) -> Tensor:
+    # the cache tensors come in as arguments (they are self.cache): a replay then reads and writes the memory they
+    # hold at the call, wherever a prefill outside the JIT moved them (an assign realizes into new memory)
+    return self._forward(self._embed_row(tok), pos).reshape(-1).realize()
+
+  def _pos(self, T: int, start: int) -> UOp:
+    """start as a bound Variable whose range keeps start + T inside the cache (so slices of it are always in bounds)."""
+    if T not in self._pos_vars: self._pos_vars[T] = Variable("pos", 0, self.max_context - T)
+    return self._pos_vars[T].bind(start)
+
+  # ***** public *****
+  def __call__(self, tokens: list[int], start_pos: int, all_logits: bool = False, jit: bool = True) -> Tensor:
+    """Logits (vocab,) for the token after `tokens` (or (len(tokens), vocab) with all_logits), which sit at positions
+    start_pos.. start_pos+len-1; the cache must hold the tokens before start_pos. One token runs the captured decode step."""
+    T = len(tokens)
+    if T == 0: raise ValueError("no tokens")
+    if start_pos + T > self.max_context: raise ValueError(f"positions up to {start_pos + T} exceed the context of {self.max_context}")
+    if bad := [t for t in tokens if not 0 <= t < self.cfg.vocab]: raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.vocab}")
+    if T == 1 and jit and not all_logits: return self._decode(self.tok_var.bind(tokens[0]), self._pos(1, start_pos), *[t for kv in self.cache for t in kv])
+    # prefill: the embedding rows one by one (one compiled kernel for every token id), then one pass over all tokens
+    rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
+    x = rows[0] if T == 1 else Tensor.cat(*rows, dim=0)
+    start = self._pos(T, start_pos)  # a Variable even at 0: every chunk of a prompt runs the same kernels
+    return self._forward(x, start, last_only=not all_logits).realize() if all_logits else self._forward(x, start).reshape(-1).realize()

@@ -1,0 +1,98 @@
+"""GGUF loading: every tensor type against the `gguf` package's own dequantization, on files written with its
+GGUFWriter (random bytes in every block, with finite float16 scales), metadata of every value type, the file's
+bytes as a Tensor, and clear errors for truncated or corrupt files."""
+import os
+import numpy as np
+import pytest
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q
+from attograd import Tensor
+from attograd.nn.state import gguf_load, gguf_read
+from attograd.nn.quant import GGML_TYPES
+
+# byte offsets of the float16 scales inside each block type (random bytes there could be inf/nan)
+F16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108],
+          "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+rng = np.random.default_rng(0)
+
+def random_blocks(name: str, rows: int, cols: int) -> np.ndarray:
+  """The bytes of a (rows, cols) tensor of type `name`: random, except that float16 fields are finite."""
+  t = GGML_TYPES[Q[name].value]
+  if name == "F32": return rng.standard_normal((rows, cols)).astype(np.float32)
+  if name == "F16": return rng.standard_normal((rows, cols)).astype(np.float16)
+  nb = rows * cols // t.block_elements
+  if name == "BF16": return (rng.standard_normal(rows * cols).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+  raw = rng.integers(0, 256, (nb, t.block_bytes), dtype=np.uint8)
+  for o in F16_AT[name]: raw[:, o:o + 2] = (rng.standard_normal((nb, 1)) * 0.1).astype(np.float16).view(np.uint8)
+  return raw.reshape(rows, -1)
+
+# (rows, cols) per type: several blocks per row, several rows, a single block
+SHAPES = [(3, 2), (1, 1), (4, 3)]
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("gguf") / "all.gguf")
+  w = gguf.GGUFWriter(path, "llama")
+  w.add_uint32("test.u32", 7); w.add_float32("test.f32", 0.5); w.add_string("test.s", "héllo 🦙")
+  w.add_bool("test.b", True); w.add_array("test.arr", [1, 2, 3]); w.add_array("test.strs", ["a", "", "ß"])
+  w.add_int64("test.i64", -5); w.add_float64("test.f64", 1.25)
+  expected = {}
+  for name in [t.name for t in GGML_TYPES.values()]:
+    bs = GGML_TYPES[Q[name].value].block_elements
+    for i, (r, c) in enumerate(SHAPES):
+      cols = c * bs if bs > 1 else 5 * c
+      data = random_blocks(name, r, cols)
+      tname = f"{name}.{i}"
+      if name in ("F32", "F16"): w.add_tensor(tname, data)
+      else: w.add_tensor(tname, data, raw_dtype=Q[name])
+      expected[tname] = gguf.quants.dequantize(data.view(np.uint8) if name not in ("F32", "F16") else data, Q[name]).reshape(r, cols)
+  w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+  return path, expected
+
+def test_every_type_matches_gguf(written):
+  path, expected = written
+  meta, tensors = gguf_load(path)
+  assert set(tensors) == set(expected)
+  Tensor.realize_all([t.float() for t in tensors.values()])
+  for name, ref in expected.items():
+    got = tensors[name].float().numpy()
+    assert got.shape == ref.shape, name
+    np.testing.assert_allclose(got, ref.astype(np.float32), rtol=1e-6, atol=1e-7, err_msg=name)
+
+def test_metadata(written):
+  meta, infos = gguf_read(written[0])
+  assert meta["general.architecture"] == "llama" and meta["test.u32"] == 7 and meta["test.f32"] == 0.5
+  assert meta["test.s"] == "héllo 🦙" and meta["test.b"] is True and meta["test.arr"] == [1, 2, 3]
+  assert meta["test.strs"] == ["a", "", "ß"] and meta["test.i64"] == -5 and meta["test.f64"] == 1.25
+  assert meta["GGUF.version"] == 3 and infos["Q4_K.0"].shape == (3, 512)
+
+def test_resident_and_tensor_source(written):
+  path, expected = written
+  _, res = gguf_load(path, resident=True)
+  _, from_bytes = gguf_load(Tensor(np.fromfile(path, dtype=np.uint8)))
+  for name in ("Q4_1.2", "Q6_K.0", "F16.0", "BF16.2"):
+    np.testing.assert_allclose(res[name].float().numpy(), expected[name], rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(from_bytes[name].float().numpy(), expected[name], rtol=1e-6, err_msg=name)
+
+def test_matmul_with_quantized_weight(written):
+  path, expected = written
+  _, t = gguf_load(path, resident=True)
+  x = rng.standard_normal((2, 96)).astype(np.float32)
+  np.testing.assert_allclose((Tensor(x) @ t["Q4_1.2"].T).numpy(), x @ expected["Q4_1.2"].T, rtol=1e-4, atol=1e-4)
+
+def test_bad_files(written, tmp_path):
+  path, _ = written
+  data = open(path, "rb").read()
+  def load(raw: bytes, name: str):
+    p = tmp_path / name; p.write_bytes(raw); return gguf_load(str(p))
+  with pytest.raises(ValueError, match="not a GGUF file.*magic"): load(b"GGML" + data[4:], "magic.gguf")
+  with pytest.raises(ValueError, match="version 9 is not supported"): load(data[:4] + (9).to_bytes(4, "little") + data[8:], "version.gguf")
+  with pytest.raises(ValueError, match=r"trunc\.gguf.*truncated"): load(data[:200], "trunc.gguf")
+  with pytest.raises(ValueError, match=r"cut\.gguf: tensor .* the file has .* bytes \(truncated\?\)"): load(data[:-100], "cut.gguf")
+  with pytest.raises(ValueError, match="not a GGUF file"): load(b"", "empty.gguf")
+  # an unknown tensor type: IQ2_XXS (16), which attograd does not read
+  p = str(tmp_path / "iq.gguf")
+  w = gguf.GGUFWriter(p, "llama")
+  w.add_tensor("w", np.zeros((1, 66), np.uint8), raw_dtype=Q.IQ2_XXS)
+  w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+  with pytest.raises(ValueError, match=r"iq\.gguf: tensor 'w' has ggml type 16"): gguf_load(p)
