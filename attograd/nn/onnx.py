@@ -1,0 +1,740 @@
+"""Run ONNX models on attograd: `OnnxRunner(model)(inputs) -> {name: Tensor}`.
+
+The model is parsed with the `onnx` package (`pip install 'attograd[onnx]'`). Each node becomes one call of a small
+function over the public Tensor API, looked up in OPS by op_type; attributes arrive as keyword arguments with the
+defaults the ONNX schema of the model's opset gives, so a function only spells out the attributes it honours. A node
+setting an attribute its function doesn't take, or an op without a function, is refused when the model is loaded.
+The whole run builds one lazy graph: nothing executes until the caller reads an output.
+
+Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, Constants, weights folded
+by Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model."""
+from __future__ import annotations
+import inspect, math, os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+from attograd.tensor import Tensor
+from attograd.dtype import DType, dtypes
+
+__all__ = ["OnnxRunner", "OPS", "ONNX_DTYPES"]
+
+def _onnx():
+  try: import onnx
+  except ImportError as e: raise ImportError("attograd.nn.onnx needs the onnx package: pip install 'attograd[onnx]'") from e
+  return onnx
+
+# TensorProto.DataType numbers (stable in the spec) -> attograd dtypes; numbers missing here have no attograd dtype
+ONNX_DTYPES: dict[int, DType] = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 4: dtypes.uint16, 5: dtypes.int16, 6: dtypes.int32,
+                                 7: dtypes.int64, 9: dtypes.bool, 10: dtypes.float16, 11: dtypes.float64, 12: dtypes.uint32,
+                                 13: dtypes.uint64, 16: dtypes.bfloat16}
+_ONNX_TYPE_NAMES = {8: "string", 14: "complex64", 15: "complex128", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2",
+                    20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1", 24: "float8e8m0", 25: "uint2", 26: "int2"}
+
+def onnx_dtype(t: int) -> DType:
+  if t in ONNX_DTYPES: return ONNX_DTYPES[t]
+  raise NotImplementedError(f"ONNX element type {_ONNX_TYPE_NAMES.get(t, t)} has no attograd dtype")
+
+def _from_numpy(a: Any, device: str | None = None) -> Tensor:
+  import numpy as np
+  a = np.asarray(a)
+  if a.dtype.kind in "OSU": raise NotImplementedError(f"string tensors are not supported (got numpy dtype {a.dtype})")
+  if a.dtype.name == "bfloat16": return Tensor(np.ascontiguousarray(a).view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+  if a.dtype.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2")):
+    raise NotImplementedError(f"numpy dtype {a.dtype} has no attograd dtype")
+  return Tensor(np.ascontiguousarray(a), device=device)
+
+# ***** helpers the ops share *****
+
+def _ints(t: Tensor | Sequence[int] | None) -> list[int] | None:
+  """A shape-like input as Python ints (reads the tensor: cheap when it is a folded constant)."""
+  if t is None or isinstance(t, (list, tuple)): return None if t is None else [int(v) for v in t]
+  v = t.tolist()
+  return [int(x) for x in (v if isinstance(v, list) else [v])]
+def _scalar(t: Tensor | None, default: Any = None) -> Any:
+  return default if t is None else t.reshape(-1)[0].item() if t.numel() else default
+def _axis(a: int, n: int) -> int:
+  if not -max(n, 1) <= a < max(n, 1): raise ValueError(f"axis {a} is out of range for a tensor of rank {n}")
+  return a % max(n, 1)
+def _prod(xs) -> int: return math.prod(int(x) for x in xs)
+def _bshape(*shapes: Sequence[int]) -> tuple[int, ...]:
+  n = max(len(s) for s in shapes)
+  out = []
+  for dims in zip(*[(1,) * (n - len(s)) + tuple(s) for s in shapes]):
+    big = {d for d in dims if d != 1}
+    if len(big) > 1: raise ValueError(f"shapes {shapes} don't broadcast")
+    out.append(big.pop() if big else 1)
+  return tuple(out)
+def _norm_index(idx: Tensor, n: int) -> Tensor: return (idx < 0).where(idx + n, idx)
+
+# ***** elementwise *****
+
+def _hardsigmoid(x: Tensor, alpha: float, beta: float) -> Tensor: return (x * alpha + beta).clip(0, 1)
+def _shrink(x: Tensor, bias: float = 0.0, lambd: float = 0.5) -> Tensor:
+  return (x < -lambd).where(x + bias, (x > lambd).where(x - bias, 0)).cast(x.dtype)
+def _clip(x: Tensor, min=None, max=None) -> Tensor:  # noqa: A002 (ONNX's names)
+  # a comparison keeps nan as numpy's clip does; min/max arrive as attributes (opset < 11) or inputs
+  lo, hi = (_scalar(v) if isinstance(v, Tensor) else v for v in (min, max))
+  if lo is not None: x = (x < lo).where(lo, x).cast(x.dtype)
+  if hi is not None: x = (x > hi).where(hi, x).cast(x.dtype)
+  return x
+def _div(a: Tensor, b: Tensor) -> Tensor: return a / b if dtypes.is_float(a.dtype) else a.div(b, rounding_mode="trunc")
+def _pow(x: Tensor, y: Tensor) -> Tensor:
+  if dtypes.is_int(x.dtype) and dtypes.is_int(y.dtype): return x.pow(y.cast(x.dtype))
+  f = x.dtype if dtypes.is_float(x.dtype) else dtypes.float64
+  return x.cast(f).pow(y.cast(f)).cast(x.dtype)
+def _mod(a: Tensor, b: Tensor, fmod: int = 0) -> Tensor:
+  if not fmod: return a.mod(b)
+  if dtypes.is_int(a.dtype): return a - a.div(b, rounding_mode="trunc") * b
+  return (a - (a / b).trunc() * b).cast(a.dtype)  # C's fmod: the sign of the dividend
+def _variadic(fn: Callable) -> Callable:
+  def op(*xs: Tensor) -> Tensor:
+    out = xs[0]
+    for x in xs[1:]: out = fn(out, x)
+    return out
+  return op
+def _mean(*xs: Tensor) -> Tensor: return (_variadic(Tensor.add)(*xs) / len(xs)).cast(xs[0].dtype)
+def _bitshift(x: Tensor, y: Tensor, direction: str) -> Tensor: return x.lshift(y) if direction == "LEFT" else x.rshift(y)
+def _isinf(x: Tensor, detect_negative: int = 1, detect_positive: int = 1) -> Tensor:
+  return x.isinf() & (((x > 0) & bool(detect_positive)) | ((x < 0) & bool(detect_negative)))
+def _gelu(x: Tensor, approximate: str = "none") -> Tensor: return x.gelu(approximate=approximate)
+def _elu(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > 0).where(x, (x.exp() - 1) * alpha).cast(x.dtype)
+def _selu(x: Tensor, alpha: float, gamma: float) -> Tensor: return ((x > 0).where(x, (x.exp() - 1) * alpha) * gamma).cast(x.dtype)
+def _celu(x: Tensor, alpha: float = 1.0) -> Tensor: return x.maximum(0) + ((x / alpha).exp() - 1).minimum(0) * alpha
+def _leaky(x: Tensor, alpha: float = 0.01) -> Tensor: return (x < 0).where(x * alpha, x).cast(x.dtype)
+def _thresholded(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > alpha).where(x, 0).cast(x.dtype)
+def _prelu(x: Tensor, slope: Tensor) -> Tensor: return (x < 0).where(x * slope, x).cast(x.dtype)
+def _softplus(x: Tensor) -> Tensor: return (x.maximum(0) + (-x.abs()).exp().log1p()).cast(x.dtype)
+def _hardswish(x: Tensor) -> Tensor: return x * _hardsigmoid(x, 1 / 6, 0.5)
+def _where(c: Tensor, x: Tensor, y: Tensor) -> Tensor: return c.where(x, y)
+def _swish(x: Tensor, alpha: float = 1.0) -> Tensor: return x * (x * alpha).sigmoid()
+
+UNARY: dict[str, Callable[[Tensor], Tensor]] = {
+  "Abs": Tensor.abs, "Neg": Tensor.neg, "Exp": Tensor.exp, "Log": Tensor.log, "Sqrt": Tensor.sqrt, "Reciprocal": Tensor.reciprocal,
+  "Floor": Tensor.floor, "Ceil": Tensor.ceil, "Round": Tensor.round, "Sign": Tensor.sign, "Sin": Tensor.sin, "Cos": Tensor.cos,
+  "Tan": Tensor.tan, "Asin": Tensor.asin, "Acos": Tensor.acos, "Atan": Tensor.atan, "Sinh": Tensor.sinh, "Cosh": Tensor.cosh,
+  "Asinh": Tensor.asinh, "Acosh": Tensor.acosh, "Atanh": Tensor.atanh, "Erf": Tensor.erf, "Relu": Tensor.relu,
+  "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh, "Softsign": Tensor.softsign, "Not": Tensor.logical_not, "IsNaN": Tensor.isnan,
+  "Mish": Tensor.mish, "BitwiseNot": Tensor.bitwise_not, "Softplus": _softplus, "HardSwish": _hardswish,
+}
+BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+  "Add": Tensor.add, "Sub": Tensor.sub, "Mul": Tensor.mul, "Div": _div, "Pow": _pow, "Equal": Tensor.eq, "Less": Tensor.lt,
+  "LessOrEqual": Tensor.le, "Greater": Tensor.gt, "GreaterOrEqual": Tensor.ge, "And": Tensor.logical_and, "Or": Tensor.logical_or,
+  "Xor": Tensor.bitwise_xor, "BitwiseAnd": Tensor.bitwise_and, "BitwiseOr": Tensor.bitwise_or, "BitwiseXor": Tensor.bitwise_xor,
+}
+
+# ***** reductions *****
+
+def _reduction(fn: Callable[[Tensor, tuple[int, ...], bool], Tensor]) -> Callable:
+  def op(x: Tensor, axes=None, *, keepdims: int = 1, noop_with_empty_axes: int = 0) -> Tensor:
+    # axes is an attribute before opset 13/18 and an input after: it arrives here either way
+    ax = _ints(axes)
+    if not ax:
+      if noop_with_empty_axes: return x
+      ax = list(range(x.ndim))
+    return fn(x, tuple(sorted({_axis(a, x.ndim) for a in ax})), bool(keepdims))
+  return op
+def _rsum(x: Tensor, ax, k) -> Tensor: return x.sum(ax, keepdim=k).cast(x.dtype)
+def _rmean(x: Tensor, ax, k) -> Tensor:
+  n = _prod(x.shape[a] for a in ax)
+  return (x.sum(ax, keepdim=k, dtype=x.dtype if dtypes.is_float(x.dtype) else None) / max(n, 1)).cast(x.dtype) if n else \
+    x.sum(ax, keepdim=k).cast(x.dtype) * math.nan
+def _rmax(x: Tensor, ax, k) -> Tensor:
+  if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype))
+  return x.max(ax, keepdim=k)
+def _rmin(x: Tensor, ax, k) -> Tensor:
+  if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, math.inf if dtypes.is_float(x.dtype) else dtypes.max(x.dtype))
+  return x.min(ax, keepdim=k)
+def _empty_reduce(x: Tensor, ax, k, value) -> Tensor:
+  shape = tuple(1 if i in ax else s for i, s in enumerate(x.shape) if k or i not in ax)
+  return Tensor.full(shape, value, dtype=x.dtype, device=x.device)
+def _rlogsumexp(x: Tensor, ax, k) -> Tensor:
+  if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, -math.inf)
+  m = x.max(ax, keepdim=True)
+  m = m.isinf().where(0, m)
+  out = (x - m).exp().sum(ax, keepdim=True).log() + m
+  return (out if k else out.reshape(tuple(s for i, s in enumerate(out.shape) if i not in ax))).cast(x.dtype)
+
+REDUCE: dict[str, Callable] = {
+  "ReduceSum": _rsum, "ReduceMean": _rmean, "ReduceMax": _rmax, "ReduceMin": _rmin,
+  "ReduceProd": lambda x, ax, k: x.prod(ax, keepdim=k).cast(x.dtype),
+  "ReduceL1": lambda x, ax, k: x.abs().sum(ax, keepdim=k).cast(x.dtype),
+  "ReduceL2": lambda x, ax, k: x.square().sum(ax, keepdim=k).sqrt().cast(x.dtype),
+  "ReduceLogSum": lambda x, ax, k: x.sum(ax, keepdim=k).log().cast(x.dtype),
+  "ReduceLogSumExp": _rlogsumexp,
+  "ReduceSumSquare": lambda x, ax, k: x.square().sum(ax, keepdim=k).cast(x.dtype),
+}
+
+def _argext(largest: bool) -> Callable:
+  def op(x: Tensor, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Tensor:
+    a = _axis(axis, x.ndim)
+    y = x.flip(a) if select_last_index else x
+    i = y.argmax(a, keepdim=bool(keepdims)) if largest else y.argmin(a, keepdim=bool(keepdims))
+    return ((x.shape[a] - 1) - i if select_last_index else i).cast(dtypes.int64)
+  return op
+
+# ***** shapes and indexing *****
+
+def _reshape(x: Tensor, shape: Tensor, *, allowzero: int = 0) -> Tensor:
+  s = _ints(shape)
+  if not allowzero: s = [x.shape[i] if d == 0 else d for i, d in enumerate(s)]
+  return x.reshape(*s) if s else x.reshape(())
+def _shape(x: Tensor, *, start: int = 0, end: int | None = None) -> Tensor:
+  return Tensor(list(x.shape[start:end]) or [], dtype=dtypes.int64, device=x.device) if x.shape[start:end] else \
+    Tensor.zeros(0, dtype=dtypes.int64, device=x.device)
+def _size(x: Tensor) -> Tensor: return Tensor(_prod(x.shape), dtype=dtypes.int64, device=x.device)
+def _transpose(x: Tensor, *, perm: list[int] | None = None) -> Tensor:
+  return x.permute(*(perm if perm is not None else range(x.ndim - 1, -1, -1)))
+def _flatten(x: Tensor, *, axis: int = 1) -> Tensor:
+  a = axis % (x.ndim + 1) if axis < 0 else axis
+  return x.reshape(_prod(x.shape[:a]), _prod(x.shape[a:]))
+def _squeeze(x: Tensor, axes=None) -> Tensor:
+  ax = _ints(axes)
+  ax = {_axis(a, x.ndim) for a in ax} if ax else {i for i, s in enumerate(x.shape) if s == 1}
+  if any(x.shape[a] != 1 for a in ax): raise ValueError(f"Squeeze of axes {sorted(ax)} of shape {x.shape}: not all are 1")
+  return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in ax))
+def _unsqueeze(x: Tensor, axes=None) -> Tensor:
+  ax = _ints(axes)
+  n = x.ndim + len(ax)
+  ax = {_axis(a, n) for a in ax}
+  it = iter(x.shape)
+  return x.reshape(tuple(1 if i in ax else next(it) for i in range(n)))
+def _concat(*xs: Tensor, axis: int) -> Tensor: return xs[0].cat(*xs[1:], dim=_axis(axis, xs[0].ndim)) if len(xs) > 1 else xs[0]
+def _split(x: Tensor, split=None, *, axis: int = 0, num_outputs: int | None = None, n_outputs: int) -> tuple[Tensor, ...]:
+  a = _axis(axis, x.ndim)
+  sizes = _ints(split)
+  if not sizes:
+    n = num_outputs or n_outputs
+    chunk = -(-x.shape[a] // n)  # the last part is smaller when the axis doesn't divide
+    sizes = [min(chunk, x.shape[a] - i * chunk) for i in range(n)]
+  if sum(sizes) != x.shape[a]: raise ValueError(f"Split sizes {sizes} don't add up to axis {a} of shape {x.shape}")
+  outs, start = [], 0
+  for s in sizes:
+    outs.append(x.shrink(tuple((start, start + s) if i == a else None for i in range(x.ndim))))
+    start += s
+  return tuple(outs)
+def _slice(x: Tensor, starts=None, ends=None, axes=None, steps=None) -> Tensor:
+  st, en = _ints(starts), _ints(ends)
+  ax = _ints(axes) if axes is not None else list(range(len(st)))
+  sp = _ints(steps) if steps is not None else [1] * len(st)
+  for s, e, a, step in zip(st, en, ax, sp):
+    a = _axis(a, x.ndim)
+    if step == 0: raise ValueError("Slice step 0")
+    n = x.shape[a]
+    b, stop, step = slice(s, e, step).indices(n)  # ONNX clamps as Python does
+    cnt = len(range(b, stop, step))
+    if step < 0: x, b, step = x.flip(a), n - 1 - b, -step
+    x = x.shrink(tuple((b, b + (cnt - 1) * step + 1) if i == a and cnt else (0, 0) if i == a else None for i in range(x.ndim)))
+    if step > 1 and cnt: x = x[(slice(None),) * a + (slice(None, None, step),)]
+  return x
+def _expand(x: Tensor, shape: Tensor) -> Tensor: return x.expand(_bshape(x.shape, _ints(shape)))
+def _tile(x: Tensor, repeats: Tensor) -> Tensor: return x.repeat(*_ints(repeats)) if x.ndim else x
+def _gather(x: Tensor, indices: Tensor, *, axis: int = 0) -> Tensor:
+  a = _axis(axis, x.ndim)
+  idx = _norm_index(indices, x.shape[a]).cast(dtypes.int64)
+  return x.index_select(a, idx.reshape(-1)).reshape(*x.shape[:a], *indices.shape, *x.shape[a + 1:])
+def _gather_elements(x: Tensor, indices: Tensor, *, axis: int = 0) -> Tensor:
+  a = _axis(axis, x.ndim)
+  return x.gather(a, _norm_index(indices, x.shape[a]).cast(dtypes.int64))
+def _gather_nd(x: Tensor, indices: Tensor, *, batch_dims: int = 0) -> Tensor:
+  b, k = batch_dims, indices.shape[-1]
+  bshape, kshape, rest = x.shape[:b], x.shape[b:b + k], x.shape[b + k:]
+  idx = indices.cast(dtypes.int64)
+  lin = Tensor.zeros(*indices.shape[:-1], dtype=dtypes.int64, device=x.device)
+  for j, n in enumerate(kshape): lin = lin * n + _norm_index(idx[..., j], n)
+  if b:  # each batch element reads its own block of the flattened data
+    boff = Tensor.arange(_prod(bshape), dtype=dtypes.int64, device=x.device).reshape(*bshape, *(1,) * (idx.ndim - 1 - b))
+    lin = lin + boff * _prod(kshape)
+  flat = x.reshape(_prod(bshape) * _prod(kshape), *rest)
+  return flat.index_select(0, lin.reshape(-1)).reshape(*indices.shape[:-1], *rest)
+def _scatter_elements(x: Tensor, indices: Tensor, updates: Tensor, *, axis: int = 0, reduction: str = "none") -> Tensor:
+  a = _axis(axis, x.ndim)
+  idx = _norm_index(indices, x.shape[a]).cast(dtypes.int64)
+  if reduction == "none": return x.scatter(a, idx, updates)
+  return x.scatter_reduce(a, idx, updates, {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction])
+def _pad(x: Tensor, pads=None, constant_value=None, axes=None, *, mode: str = "constant", value: float = 0.0) -> Tensor:
+  p = _ints(pads)
+  ax = [_axis(a, x.ndim) for a in _ints(axes)] if axes is not None else list(range(x.ndim))
+  n = len(ax)
+  pairs: list[tuple[int, int]] = [(0, 0)] * x.ndim
+  for i, a in enumerate(ax): pairs[a] = (p[i], p[i + n])
+  v = _scalar(constant_value, value)
+  if mode == "constant": return x.pad(pairs, value=v)
+  modes = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+  if mode not in modes: raise NotImplementedError(f"Pad mode {mode!r}")
+  return x.pad(pairs, mode=modes[mode])
+def _constant_of_shape(shape: Tensor, *, value: Any = None) -> Tensor:
+  v = _numpy_attr(value) if value is not None else None
+  dt, fill = (dtypes.float32, 0.0) if v is None else (v.dtype, v.reshape(-1)[0].item())
+  return Tensor.full(tuple(_ints(shape)), fill, dtype=dt)
+def _constant(*, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None, sparse_value=None,
+              value_string=None, value_strings=None) -> Tensor:
+  if value is not None: return _numpy_attr(value)
+  if value_float is not None: return Tensor(value_float, dtype=dtypes.float32)
+  if value_floats is not None: return Tensor(list(value_floats), dtype=dtypes.float32)
+  if value_int is not None: return Tensor(value_int, dtype=dtypes.int64)
+  if value_ints is not None: return Tensor(list(value_ints), dtype=dtypes.int64)
+  if sparse_value is not None: raise NotImplementedError("Constant with a sparse_value")
+  raise NotImplementedError("string tensors are not supported (Constant value_string)")
+def _numpy_attr(t: Any) -> Tensor: return _from_numpy(_onnx().numpy_helper.to_array(t))
+def _cast(x: Tensor, *, to: int, saturate: int = 1) -> Tensor: return x.cast(onnx_dtype(to))
+def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1) -> Tensor: return x.cast(like.dtype)
+def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
+  s, l, d = start.item(), limit.item(), delta.item()
+  n = max(math.ceil((l - s) / d), 0)
+  return (Tensor.arange(n, dtype=start.dtype, device=start.device) * d + s).cast(start.dtype) if n else \
+    Tensor.zeros(0, dtype=start.dtype, device=start.device)
+def _trilu(x: Tensor, k=None, *, upper: int = 1) -> Tensor:
+  kk = int(_scalar(k, 0))
+  if 0 in x.shape: return x
+  return x.triu(kk) if upper else x.tril(kk)
+def _onehot(indices: Tensor, depth: Tensor, values: Tensor, *, axis: int = -1) -> Tensor:
+  d = int(_scalar(depth))
+  a = _axis(axis, indices.ndim + 1)
+  idx = _norm_index(indices, d).unsqueeze(a)
+  rng = Tensor.arange(d, dtype=idx.dtype, device=idx.device).reshape(*(d if i == a else 1 for i in range(idx.ndim)))
+  return (idx == rng).where(values[1], values[0])
+def _eyelike(x: Tensor, *, dtype: int | None = None, k: int = 0) -> Tensor:
+  n, m = x.shape
+  dt = onnx_dtype(dtype) if dtype is not None else x.dtype
+  r, c = Tensor.arange(n, device=x.device).reshape(n, 1), Tensor.arange(m, device=x.device).reshape(1, m)
+  return (c - r == k).cast(dt)
+def _depth_to_space(x: Tensor, *, blocksize: int, mode: str = "DCR") -> Tensor:
+  n, c, h, w = x.shape
+  b = blocksize
+  if mode == "DCR": y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+  else: y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+  return y.reshape(n, c // (b * b), h * b, w * b)
+def _space_to_depth(x: Tensor, *, blocksize: int) -> Tensor:
+  n, c, h, w = x.shape
+  b = blocksize
+  return x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+def _cumsum(x: Tensor, axis: Tensor, *, exclusive: int = 0, reverse: int = 0) -> Tensor:
+  a = _axis(int(_scalar(axis)), x.ndim)
+  y = x.flip(a) if reverse else x
+  if exclusive: y = y.pad(tuple((1, -1) if i == a else (0, 0) for i in range(x.ndim)))
+  y = y.cumsum(a).cast(x.dtype)
+  return y.flip(a) if reverse else y
+def _topk(x: Tensor, k: Tensor, *, axis: int = -1, largest: int = 1, sorted: int = 1) -> tuple[Tensor, Tensor]:  # noqa: A002
+  v, i = x.topk(int(_scalar(k)), dim=_axis(axis, x.ndim), largest=bool(largest), sorted=True)
+  return v, i.cast(dtypes.int64)
+def _nonzero(x: Tensor) -> Tensor: return x.nonzero().transpose(0, 1).cast(dtypes.int64) if x.ndim else \
+  Tensor.zeros(0, int(bool(x.item())), dtype=dtypes.int64)
+def _dropout(x: Tensor, ratio=None, training_mode=None, *, seed: int | None = None, n_outputs: int = 1):
+  if training_mode is not None and _scalar(training_mode): raise NotImplementedError("Dropout with training_mode=True")
+  return (x, Tensor.full(x.shape, True, dtype=dtypes.bool, device=x.device))[:n_outputs]
+def _identity(x: Tensor) -> Tensor: return x
+def _einsum(*xs: Tensor, equation: str) -> Tensor: return Tensor.einsum(equation.replace(" ", ""), *xs)
+
+# ***** linear algebra, convolution, pooling, normalization *****
+
+def _gemm(a: Tensor, b: Tensor, c: Tensor | None = None, *, alpha: float = 1.0, beta: float = 1.0, transA: int = 0, transB: int = 0):
+  y = (a.T if transA else a) @ (b.T if transB else b)
+  if alpha != 1.0: y = y * alpha
+  if c is not None: y = y + (c * beta if beta != 1.0 else c)
+  return y.cast(a.dtype)
+def _softmax_like(fn: Callable[[Tensor, int], Tensor]) -> Callable:
+  def op(x: Tensor, *, axis: int = -1, opset: int) -> Tensor:
+    a = _axis(axis, x.ndim)
+    if opset >= 13: return fn(x, a)
+    # before opset 13 the op works on the input flattened to 2-D at axis
+    return fn(x.reshape(_prod(x.shape[:a]), _prod(x.shape[a:])), 1).reshape(x.shape)
+  return op
+def _hardmax(x: Tensor, a: int) -> Tensor:
+  n = x.shape[a]
+  i = x.argmax(a, keepdim=True)
+  return (i == Tensor.arange(n, device=x.device).reshape(*(n if j == a else 1 for j in range(x.ndim)))).cast(x.dtype)
+
+def _same_pads(ins, kernel, strides, dilations, auto_pad: str) -> list[int]:
+  begin, end = [], []
+  for i, k, s, d in zip(ins, kernel, strides, dilations):
+    out = -(-i // s)
+    total = max(0, (out - 1) * s + (k - 1) * d + 1 - i)
+    small, big = total // 2, total - total // 2
+    begin.append(small if auto_pad == "SAME_UPPER" else big)
+    end.append(big if auto_pad == "SAME_UPPER" else small)
+  return begin + end
+def _geometry(x: Tensor, kernel, strides, dilations, pads, auto_pad: str):
+  n = len(kernel)
+  strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER"): pads = _same_pads(x.shape[2:], kernel, strides, dilations, auto_pad)
+  elif auto_pad == "VALID" or not pads: pads = [0] * (2 * n)
+  elif auto_pad != "NOTSET": raise NotImplementedError(f"auto_pad {auto_pad!r}")
+  return strides, dilations, list(pads)
+def _conv(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1,
+          kernel_shape=None, pads=None, strides=None) -> Tensor:
+  kernel = list(kernel_shape or w.shape[2:])
+  n = len(kernel)
+  strides, dilations, pads = _geometry(x, kernel, strides, dilations, pads, auto_pad)
+  return x.conv2d(w, b, groups=group, stride=strides, dilation=dilations, padding=[v for i in range(n) for v in (pads[i], pads[i + n])])
+def _conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1,
+                    kernel_shape=None, output_padding=None, output_shape=None, pads=None, strides=None) -> Tensor:
+  kernel = list(kernel_shape or w.shape[2:])
+  n = len(kernel)
+  strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+  opad = list(output_padding or [0] * n)
+  full = [(i - 1) * s + (k - 1) * d + 1 + op for i, s, k, d, op in zip(x.shape[2:], strides, kernel, dilations, opad)]
+  if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    want = list(output_shape)[-n:] if output_shape is not None else [i * s for i, s in zip(x.shape[2:], strides)]
+    tot = [f - o for f, o in zip(full, want)]
+    upper = auto_pad != "SAME_LOWER"
+    pads = [t // 2 if upper else t - t // 2 for t in tot] + [t - t // 2 if upper else t // 2 for t in tot]
+  elif auto_pad == "VALID" or not pads: pads = [0] * (2 * n)
+  # the full transposed conv, then cut the pads off (pads may differ per side, which conv_transpose2d doesn't take)
+  y = x.conv_transpose2d(w, None, groups=group, stride=strides, dilation=dilations, padding=0, output_padding=0)
+  y = y.pad(((0, 0), (0, 0)) + tuple((-pads[i], opad[i] - pads[i + n]) for i in range(n)))
+  return y if b is None else y + b.reshape(1, -1, *(1,) * n)
+
+def _pool_geometry(x: Tensor, kernel, strides, dilations, pads, auto_pad: str, ceil_mode: int):
+  """Explicit (before, after) padding per spatial axis, the extra right padding ceil_mode needs, and the output size."""
+  n = len(kernel)
+  strides, dilations, pads = _geometry(x, kernel, strides, dilations, pads, auto_pad)
+  before, after, extra, outs = pads[:n], pads[n:], [], []
+  for i, k, s, d, pb, pe in zip(x.shape[2:], kernel, strides, dilations, before, after):
+    span = i + pb + pe - ((k - 1) * d + 1)
+    o = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (o - 1) * s >= i + pb: o -= 1  # the last window starts inside the input or the left padding
+    outs.append(o)
+    extra.append(max(0, (o - 1) * s + (k - 1) * d + 1 - (i + pb + pe)))
+  return strides, dilations, before, after, extra, outs
+def _windows(x: Tensor, fn: str, kernel, strides, dilations, outs) -> Tensor:
+  n = len(kernel)
+  y = getattr(x, f"{fn}{n}d")(list(kernel), list(strides), list(dilations), 0)
+  return y.shrink(((0, y.shape[0]), (0, y.shape[1])) + tuple((0, o) for o in outs))
+def _maxpool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape, pads=None,
+             storage_order: int = 0, strides=None, n_outputs: int = 1) -> Tensor:
+  if n_outputs > 1: raise NotImplementedError("MaxPool's Indices output")
+  s, d, pb, pe, extra, outs = _pool_geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+  low = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+  xp = x.pad(((0, 0), (0, 0)) + tuple((b, e + ex) for b, e, ex in zip(pb, pe, extra)), value=low)
+  return _windows(xp, "max_pool", kernel_shape, s, d, outs)
+def _avgpool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_include_pad: int = 0, dilations=None,
+             kernel_shape, pads=None, strides=None) -> Tensor:
+  s, d, pb, pe, extra, outs = _pool_geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+  n = len(kernel_shape)
+  geo = ((0, 0), (0, 0))
+  total = _windows(x.pad(geo + tuple((b, e + ex) for b, e, ex in zip(pb, pe, extra))), "avg_pool", kernel_shape, s, d, outs)
+  # what each window averages over: the input, plus the explicit pads when count_include_pad (never ceil_mode's extra)
+  ones = Tensor.ones(1, 1, *x.shape[2:], device=x.device)
+  ones = ones.pad(geo + tuple((b, e) for b, e in zip(pb, pe)), value=1.0 if count_include_pad else 0.0).pad(geo + tuple((0, ex) for ex in extra))
+  count = _windows(ones, "avg_pool", kernel_shape, s, d, outs)
+  return (total / count).cast(x.dtype) if n else total
+def _lppool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape, p: int = 2, pads=None,
+            strides=None) -> Tensor:
+  s, d, pb, pe, extra, outs = _pool_geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+  xp = x.abs().pow(p).pad(((0, 0), (0, 0)) + tuple((b, e + ex) for b, e, ex in zip(pb, pe, extra)))
+  return (_windows(xp, "avg_pool", kernel_shape, s, d, outs) * _prod(kernel_shape)).pow(1 / p).cast(x.dtype)
+def _global(fn: str) -> Callable:
+  def op(x: Tensor) -> Tensor: return getattr(x, fn)(tuple(range(2, x.ndim)), keepdim=True)
+  return op
+def _global_lp(x: Tensor, *, p: int = 2) -> Tensor: return x.abs().pow(p).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1 / p)
+def _channel(t: Tensor, x: Tensor) -> Tensor: return t.reshape(1, -1, *(1,) * (x.ndim - 2))
+def _batchnorm(x: Tensor, scale: Tensor, b: Tensor, mean: Tensor, var: Tensor, *, epsilon: float = 1e-5, momentum: float = 0.9,
+               training_mode: int = 0, spatial: int = 1, is_test: int = 1) -> Tensor:
+  if training_mode: raise NotImplementedError("BatchNormalization with training_mode=1")
+  k = scale * (var + epsilon).rsqrt()
+  return (x * _channel(k, x) + _channel(b - mean * k, x)).cast(x.dtype)
+def _instancenorm(x: Tensor, scale: Tensor, b: Tensor, *, epsilon: float = 1e-5) -> Tensor:
+  ax = tuple(range(2, x.ndim))
+  y = x - x.mean(ax, keepdim=True)
+  return y * (y.square().mean(ax, keepdim=True) + epsilon).rsqrt() * _channel(scale, x) + _channel(b, x)
+def _layernorm(x: Tensor, scale: Tensor, b: Tensor | None = None, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1,
+               n_outputs: int = 1):
+  a = _axis(axis, x.ndim)
+  ax = tuple(range(a, x.ndim))
+  xf = x.cast(onnx_dtype(stash_type)) if stash_type != 0 else x
+  mean = xf.mean(ax, keepdim=True)
+  y = xf - mean
+  inv = (y.square().mean(ax, keepdim=True) + epsilon).rsqrt()
+  out = (y * inv).cast(x.dtype) * scale
+  if b is not None: out = out + b
+  return (out, mean, inv)[:n_outputs]
+def _groupnorm(x: Tensor, scale: Tensor, bias: Tensor, *, epsilon: float = 1e-5, num_groups: int, stash_type: int = 1) -> Tensor:
+  n, c = x.shape[:2]
+  g = x.reshape(n, num_groups, -1).cast(onnx_dtype(stash_type))
+  g = g - g.mean(-1, keepdim=True)
+  y = (g * (g.square().mean(-1, keepdim=True) + epsilon).rsqrt()).reshape(x.shape).cast(x.dtype)
+  if scale.numel() != c:  # opset 18 had one scale per group
+    scale, bias = scale.reshape(-1, 1).expand(num_groups, c // num_groups).reshape(c), bias.reshape(-1, 1).expand(num_groups, c // num_groups).reshape(c)
+  return y * _channel(scale, x) + _channel(bias, x)
+def _lrn(x: Tensor, *, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0, size: int) -> Tensor:
+  n, c = x.shape[:2]
+  sq = x.square().reshape(n, c, -1).permute(0, 2, 1).pad(((0, 0), (0, 0), ((size - 1) // 2, size // 2)))
+  s = sq.avg_pool1d(size, 1, 1, 0) * size
+  s = s.permute(0, 2, 1).reshape(x.shape)
+  return (x / (s * (alpha / size) + bias).pow(beta)).cast(x.dtype)
+def _mvn(x: Tensor, *, axes=(0, 2, 3)) -> Tensor:
+  ax = tuple(_axis(a, x.ndim) for a in axes)
+  y = x - x.mean(ax, keepdim=True)
+  return y / (y.square().mean(ax, keepdim=True).sqrt() + 1e-9)
+def _lpnorm(x: Tensor, *, axis: int = -1, p: int = 2) -> Tensor:
+  a = _axis(axis, x.ndim)
+  nrm = x.abs().sum(a, keepdim=True) if p == 1 else x.square().sum(a, keepdim=True).sqrt()
+  return x / nrm
+
+# ***** Resize: each resized axis is an index gather (nearest) or a matmul with a fixed weight matrix (linear, cubic) *****
+
+def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[float, float]):
+  import numpy as np
+  x = np.arange(n_out, dtype=np.float64)
+  if mode == "half_pixel": return (x + 0.5) / scale - 0.5
+  if mode == "half_pixel_symmetric":
+    adj = n_out / (scale * n_in)
+    return n_in / 2 * (1 - adj) + (x + 0.5) / scale - 0.5
+  if mode == "pytorch_half_pixel": return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+  if mode == "align_corners": return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(x)
+  if mode == "asymmetric": return x / scale
+  if mode == "tf_crop_and_resize":
+    s, e = roi
+    return s * (n_in - 1) + x * (e - s) * (n_in - 1) / (n_out - 1) if n_out > 1 else np.full_like(x, 0.5 * (s + e) * (n_in - 1))
+  raise NotImplementedError(f"Resize coordinate_transformation_mode {mode!r}")
+_NEAREST = {"round_prefer_floor": lambda x: __import__("numpy").ceil(x - 0.5), "round_prefer_ceil": lambda x: __import__("numpy").floor(x + 0.5),
+            "floor": lambda x: __import__("numpy").floor(x), "ceil": lambda x: __import__("numpy").ceil(x)}
+def _resize_axis(x: Tensor, a: int, n_out: int, scale: float, roi, mode: str, ctm: str, nearest_mode: str, cubic_a: float,
+                 exclude_outside: int, extrapolation: float) -> Tensor:
+  import numpy as np
+  n_in = x.shape[a]
+  if n_in == n_out and ctm != "tf_crop_and_resize" and scale == 1.0: return x
+  src = _source_coords(n_in, n_out, scale, ctm, roi)
+  outside = (src < 0) | (src > n_in - 1) if ctm == "tf_crop_and_resize" else np.zeros(n_out, bool)
+  if mode == "nearest":
+    if nearest_mode not in _NEAREST: raise NotImplementedError(f"Resize nearest_mode {nearest_mode!r}")
+    idx = np.clip(_NEAREST[nearest_mode](src), 0, n_in - 1).astype(np.int64)
+    if n_out % n_in == 0 and np.array_equal(idx, np.arange(n_out) // (n_out // n_in)):  # an integer upscale: expand, no gather
+      f = n_out // n_in
+      y = x.unsqueeze(a + 1).expand(*x.shape[:a + 1], f, *x.shape[a + 1:]).reshape(*x.shape[:a], n_out, *x.shape[a + 1:])
+    else: y = x.index_select(a, Tensor(idx, device=x.device))
+  else:
+    w = np.zeros((n_in, n_out), np.float64)
+    base = np.floor(src)
+    r = src - base
+    if mode == "linear": taps = [(0, 1 - r), (1, r)]
+    elif mode == "cubic":
+      A = cubic_a
+      c = lambda t: np.where(t <= 1, ((A + 2) * t - (A + 3)) * t * t + 1, ((A * t - 5 * A) * t + 8 * A) * t - 4 * A)
+      taps = [(-1, c(r + 1)), (0, c(r)), (1, c(1 - r)), (2, c(2 - r))]
+    else: raise NotImplementedError(f"Resize mode {mode!r}")
+    cols = np.arange(n_out)
+    keep = np.zeros(n_out)
+    for off, wt in taps:
+      i = base.astype(np.int64) + off
+      inside = (i >= 0) & (i <= n_in - 1)
+      wt = np.where(inside, wt, 0.0) if exclude_outside else wt
+      np.add.at(w, (np.clip(i, 0, n_in - 1), cols), wt)
+      keep = keep + wt
+    if exclude_outside: w = w / np.where(keep == 0, 1, keep)
+    dt = x.dtype if dtypes.is_float(x.dtype) else dtypes.float32
+    y = (x.cast(dt).transpose(a, -1) @ Tensor(w.astype(np.float32), device=x.device).cast(dt)).transpose(a, -1)
+    if not dtypes.is_float(x.dtype): y = y.round().cast(x.dtype)
+  if outside.any():
+    m = Tensor(outside, device=x.device).reshape(*(n_out if i == a else 1 for i in range(x.ndim)))
+    y = m.where(extrapolation, y).cast(y.dtype)
+  return y
+def _resize(x: Tensor, roi=None, scales=None, sizes=None, *, mode: str = "nearest", coordinate_transformation_mode: str = "half_pixel",
+            nearest_mode: str = "round_prefer_floor", cubic_coeff_a: float = -0.75, exclude_outside: int = 0,
+            extrapolation_value: float = 0.0, antialias: int = 0, axes=None, keep_aspect_ratio_policy: str = "stretch",
+            opset: int) -> Tensor:
+  if opset == 10: roi, scales, coordinate_transformation_mode, nearest_mode = None, roi, "asymmetric", "floor"  # Resize-10: (X, scales)
+  if antialias: raise NotImplementedError("Resize with antialias=1")
+  ax = [_axis(a, x.ndim) for a in axes] if axes else list(range(x.ndim))
+  sc = [float(v) for v in scales.tolist()] if scales is not None and scales.numel() else None
+  sz = _ints(sizes) if sizes is not None and sizes.numel() else None
+  r = [float(v) for v in roi.tolist()] if roi is not None and roi.numel() else None
+  rois = [(r[i], r[i + len(ax)]) for i in range(len(ax))] if r else [(0.0, 1.0)] * len(ax)
+  if sz is not None:
+    if keep_aspect_ratio_policy != "stretch":
+      pick = min if keep_aspect_ratio_policy == "not_larger" else max
+      s = pick(o / x.shape[a] for o, a in zip(sz, ax))
+      sc, sz = [s] * len(ax), [int(math.floor(s * x.shape[a] + 0.5)) for a in ax]
+    else: sc = [o / x.shape[a] for o, a in zip(sz, ax)]
+  elif sc is not None:
+    sz = [int(math.floor(x.shape[a] * s * ((e - b) if coordinate_transformation_mode == "tf_crop_and_resize" else 1)))
+          for a, s, (b, e) in zip(ax, sc, rois)]
+  else: raise ValueError("Resize needs scales or sizes")
+  for a, n, s, rr in zip(ax, sz, sc, rois):
+    x = _resize_axis(x, a, n, s, rr, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a, exclude_outside, extrapolation_value)
+  return x
+def _upsample(x: Tensor, scales=None, *, mode: str = "nearest", opset: int) -> Tensor:
+  sc = [float(v) for v in (scales.tolist() if isinstance(scales, Tensor) else scales)]
+  sz = [int(math.floor(n * s)) for n, s in zip(x.shape, sc)]
+  mode = {"bilinear": "linear"}.get(mode, mode)
+  for a, (n, s) in enumerate(zip(sz, sc)): x = _resize_axis(x, a, n, s, (0.0, 1.0), mode, "asymmetric", "floor", -0.75, 0, 0.0)
+  return x
+
+# ***** the table: op_type -> function(*inputs, **attributes) *****
+
+OPS: dict[str, Callable] = {
+  **UNARY, **BINARY, **{k: _reduction(v) for k, v in REDUCE.items()},
+  "Identity": _identity, "HardSigmoid": _hardsigmoid, "Shrink": _shrink, "Clip": _clip, "Mod": _mod, "BitShift": _bitshift,
+  "IsInf": _isinf, "Gelu": _gelu, "Elu": _elu, "Selu": _selu, "Celu": _celu, "LeakyRelu": _leaky, "ThresholdedRelu": _thresholded,
+  "PRelu": _prelu, "Where": _where, "Swish": _swish,
+  "Max": _variadic(Tensor.maximum), "Min": _variadic(Tensor.minimum), "Sum": _variadic(Tensor.add), "Mean": _mean,
+  "ArgMax": _argext(True), "ArgMin": _argext(False),
+  "Reshape": _reshape, "Shape": _shape, "Size": _size, "Transpose": _transpose, "Flatten": _flatten, "Squeeze": _squeeze,
+  "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice, "Expand": _expand, "Tile": _tile,
+  "Gather": _gather, "GatherElements": _gather_elements, "GatherND": _gather_nd, "ScatterElements": _scatter_elements,
+  "Scatter": _scatter_elements, "Pad": _pad, "ConstantOfShape": _constant_of_shape, "Constant": _constant, "Cast": _cast,
+  "CastLike": _castlike, "Range": _range, "Trilu": _trilu, "OneHot": _onehot, "EyeLike": _eyelike, "DepthToSpace": _depth_to_space,
+  "SpaceToDepth": _space_to_depth, "CumSum": _cumsum, "TopK": _topk, "NonZero": _nonzero, "Dropout": _dropout, "Einsum": _einsum,
+  "MatMul": Tensor.matmul, "Gemm": _gemm, "Softmax": _softmax_like(Tensor.softmax), "LogSoftmax": _softmax_like(Tensor.log_softmax),
+  "Hardmax": _softmax_like(_hardmax), "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _maxpool, "AveragePool": _avgpool,
+  "LpPool": _lppool, "GlobalAveragePool": _global("mean"), "GlobalMaxPool": _global("max"), "GlobalLpPool": _global_lp,
+  "BatchNormalization": _batchnorm, "InstanceNormalization": _instancenorm, "LayerNormalization": _layernorm,
+  "GroupNormalization": _groupnorm, "LRN": _lrn, "MeanVarianceNormalization": _mvn, "LpNormalization": _lpnorm,
+  "Resize": _resize, "Upsample": _upsample,
+}
+# ops whose result is not a function of their inputs' values: never folded into the per-shape constants
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+# ops whose result depends only on their inputs' shapes
+_SHAPE_ONLY = {"Shape", "Size"}
+
+# ***** loading *****
+
+@dataclass
+class _Node:
+  op: str
+  name: str
+  inputs: list[str]
+  outputs: list[str]
+  attrs: dict[str, Any]
+  fn: Callable
+  opset: int
+  def where(self) -> str: return f"node {self.name!r} ({self.op}, opset {self.opset})"
+
+def _attr_value(a: Any) -> Any:
+  v = _onnx().helper.get_attribute_value(a)
+  if isinstance(v, bytes): return v.decode()
+  if isinstance(v, list) and v and isinstance(v[0], bytes): return [s.decode() for s in v]
+  return v
+
+def _params(fn: Callable) -> tuple[set[str], bool, int | None]:
+  """The keyword names a function takes, whether it takes **kw, and how many inputs (None: any number)."""
+  try: sig = inspect.signature(fn)
+  except (TypeError, ValueError): return set(), False, None
+  ps = list(sig.parameters.values())
+  kw = {p.name for p in ps if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+  npos = None if any(p.kind == p.VAR_POSITIONAL for p in ps) else sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in ps)
+  return kw, any(p.kind == p.VAR_KEYWORD for p in ps), npos
+
+def _compile_node(n: Any, opsets: dict[str, int]) -> _Node:
+  onnx = _onnx()
+  domain = "" if n.domain in ("", "ai.onnx") else n.domain
+  name = n.name or (n.output[0] if n.output else "?")
+  version = opsets.get(domain)
+  if version is None: raise NotImplementedError(f"node {name!r} ({n.op_type}) uses domain {domain!r}, which the model doesn't import")
+  try: schema = onnx.defs.get_schema(n.op_type, version, domain)
+  except Exception: schema = None
+  opset = schema.since_version if schema is not None else version
+  where = f"node {name!r} ({n.op_type}, opset {version})"
+  if domain != "" or n.op_type not in OPS: raise NotImplementedError(f"unsupported op {n.op_type!r} in {where}")
+  fn = OPS[n.op_type]
+  takes, any_kw, npos = _params(fn)
+  attrs: dict[str, Any] = {}
+  if schema is not None:  # the spec's defaults, for the attributes this function honours
+    for an, a in schema.attributes.items():
+      if an in takes and a.default_value is not None and a.default_value.name: attrs[an] = _attr_value(a.default_value)
+  for a in n.attribute:
+    if a.name not in takes and not any_kw: raise NotImplementedError(f"attribute {a.name!r} of {where} is not supported")
+    if a.type in (a.GRAPH, a.GRAPHS): raise NotImplementedError(f"subgraph attribute {a.name!r} of {where} is not supported")
+    attrs[a.name] = _attr_value(a)
+  if "opset" in takes: attrs["opset"] = opset
+  if "n_outputs" in takes: attrs["n_outputs"] = len(n.output)
+  inputs = list(n.input)
+  while inputs and inputs[-1] == "": inputs.pop()
+  if npos is not None and len(inputs) > npos: raise NotImplementedError(f"{where} has {len(inputs)} inputs; only {npos} are supported")
+  return _Node(n.op_type, name, inputs, list(n.output), attrs, fn, opset)
+
+def _load_proto(model: Any) -> tuple[Any, str]:
+  onnx = _onnx()
+  if isinstance(model, onnx.ModelProto): return model, os.getcwd()
+  try:
+    if isinstance(model, (bytes, bytearray, memoryview)): return onnx.load_from_string(bytes(model)), os.getcwd()
+    path = os.fspath(model)
+    return onnx.load(path, load_external_data=False), os.path.dirname(os.path.abspath(path))
+  except (OSError, TypeError): raise
+  except Exception as e: raise ValueError(f"not a valid ONNX model ({type(e).__name__}: {e})") from e
+
+@dataclass
+class _Input:
+  name: str
+  dtype: DType | None
+  shape: tuple[int | str | None, ...] | None
+
+class OnnxRunner:
+  """runner = OnnxRunner("model.onnx"); outs = runner({"x": array}) -> {output name: Tensor} (lazy until read)."""
+  def __init__(self, model: Any, device: str | None = None):
+    self.model, self.base_dir = _load_proto(model)
+    self.device = device
+    g = self.model.graph
+    self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in self.model.opset_import}
+    self._inits = {t.name: t for t in g.initializer}
+    self._weights: dict[str, Tensor] = {}
+    self.inputs = {i.name: self._input_info(i) for i in g.input}  # an input with an initializer has a default
+    self.outputs = [o.name for o in g.output]
+    self.nodes = [_compile_node(n, self.opsets) for n in g.node]
+    # every name a node reads must exist before it: catches broken graphs at load time, not mid-run
+    known = set(self.inputs) | set(self._inits) | {i.name for i in g.input}
+    for node in self.nodes:
+      for i in node.inputs:
+        if i and i not in known: raise ValueError(f"{node.where()} reads {i!r}, which no earlier node, input or initializer makes")
+      known.update(o for o in node.outputs if o)
+    for o in self.outputs:
+      if o not in known: raise ValueError(f"graph output {o!r} is made by no node, input or initializer")
+    # values fixed by the input shapes alone, folded once per shape signature
+    static = set(self._inits) - set(self.inputs)
+    for node in self.nodes:
+      if node.op in _NOT_FOLDABLE: continue
+      if node.op in _SHAPE_ONLY or all(i in static for i in node.inputs if i): static.update(o for o in node.outputs if o)
+    self._static_names = static - set(self._inits)
+    self._folded: dict[tuple, dict[str, Tensor]] = {}
+
+  def _input_info(self, vi: Any) -> _Input:
+    tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+    if tt is None: return _Input(vi.name, None, None)
+    dt = ONNX_DTYPES.get(tt.elem_type) if tt.elem_type else None
+    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim) if tt.HasField("shape") else None
+    return _Input(vi.name, dt, shape)
+
+  def _weight(self, name: str) -> Tensor:
+    if name not in self._weights:  # initializers are converted on first use (external data read then)
+      arr = _onnx().numpy_helper.to_array(self._inits[name], base_dir=self.base_dir)
+      self._weights[name] = _from_numpy(arr, self.device).realize()
+    return self._weights[name]
+
+  def _feed(self, name: str, v: Any) -> Tensor:
+    t = v if isinstance(v, Tensor) else _from_numpy(v, self.device)
+    info = self.inputs[name]
+    if info.dtype is not None and t.dtype != info.dtype:
+      raise TypeError(f"input {name!r} has dtype {t.dtype}, the model declares {info.dtype}")
+    if info.shape is not None:
+      if len(info.shape) != t.ndim: raise ValueError(f"input {name!r} has shape {t.shape}, the model declares rank {len(info.shape)} {info.shape}")
+      for want, got in zip(info.shape, t.shape):
+        if isinstance(want, int) and want > 0 and want != got: raise ValueError(f"input {name!r} has shape {t.shape}, the model declares {info.shape}")
+    return t
+
+  def __call__(self, inputs: dict[str, Any] | None = None, **kw: Any) -> dict[str, Tensor]:
+    feeds = {**(inputs or {}), **kw}
+    for k in feeds:
+      if k not in self.inputs: raise KeyError(f"{k!r} is not an input of this model (inputs: {list(self.inputs)})")
+    env: dict[str, Tensor | None] = {"": None}
+    for name in self.inputs:
+      if name not in feeds:
+        if name in self._inits: continue
+        raise KeyError(f"missing input {name!r} (inputs: {list(self.inputs)})")
+      env[name] = self._feed(name, feeds[name])
+    sig = tuple((k, env[k].shape, env[k].dtype) for k in self.inputs if k in env)
+    folded = self._folded.get(sig)
+    if folded is not None: env.update(folded)
+    for node in self.nodes:
+      if folded is not None and node.outputs and all(o in folded or not o for o in node.outputs): continue
+      args = [env[i] if i in env else self._weight(i) for i in node.inputs]
+      try: out = node.fn(*args, **node.attrs)
+      except NotImplementedError as e: raise NotImplementedError(f"{node.where()}: {e}") from e
+      except (ValueError, TypeError, IndexError, KeyError) as e: raise type(e)(f"{node.where()}: {e}") from e
+      outs = out if isinstance(out, (tuple, list)) else (out,)
+      if len(outs) < len([o for o in node.outputs if o]): raise NotImplementedError(f"{node.where()}: only {len(outs)} outputs are computed")
+      for o, t in zip(node.outputs, outs):
+        if o: env[o] = t
+    if folded is None and self._static_names:
+      keep = {k: env[k] for k in self._static_names if isinstance(env.get(k), Tensor)}
+      Tensor.realize_all(list(keep.values()))
+      self._folded[sig] = keep
+    return {o: env[o] if o in env else self._weight(o) for o in self.outputs}
