@@ -37,10 +37,11 @@ def _from_numpy(a: Any, device: str | None = None) -> Tensor:
   import numpy as np
   a = np.asarray(a)
   if a.dtype.kind in "OSU": raise NotImplementedError(f"string tensors are not supported (got numpy dtype {a.dtype})")
-  if a.dtype.name == "bfloat16": return Tensor(np.ascontiguousarray(a).view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+  a = a if a.flags.c_contiguous else a.copy()  # (np.ascontiguousarray would make a 0-d array 1-d)
+  if a.dtype.name == "bfloat16": return Tensor(a.view(np.uint16), device=device).bitcast(dtypes.bfloat16)
   if a.dtype.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2")):
     raise NotImplementedError(f"numpy dtype {a.dtype} has no attograd dtype")
-  return Tensor(np.ascontiguousarray(a), device=device)
+  return Tensor(a, device=device)
 
 # ***** helpers the ops share *****
 
@@ -103,6 +104,11 @@ def _leaky(x: Tensor, alpha: float = 0.01) -> Tensor: return (x < 0).where(x * a
 def _thresholded(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > alpha).where(x, 0).cast(x.dtype)
 def _prelu(x: Tensor, slope: Tensor) -> Tensor: return (x < 0).where(x * slope, x).cast(x.dtype)
 def _softplus(x: Tensor) -> Tensor: return (x.maximum(0) + (-x.abs()).exp().log1p()).cast(x.dtype)
+def _tanh(x: Tensor) -> Tensor:
+  # expm1 keeps tanh of a small x accurate (Tensor.tanh is 2*sigmoid(2x)-1, which cancels there: Mish of x << 0)
+  e = (x.clip(-20, 20) * 2).expm1()
+  return (e / (e + 2)).cast(x.dtype)
+def _mish(x: Tensor) -> Tensor: return x * _tanh(x.softplus())
 def _hardswish(x: Tensor) -> Tensor: return x * _hardsigmoid(x, 1 / 6, 0.5)
 def _where(c: Tensor, x: Tensor, y: Tensor) -> Tensor: return c.where(x, y)
 def _swish(x: Tensor, alpha: float = 1.0) -> Tensor: return x * (x * alpha).sigmoid()
@@ -113,7 +119,7 @@ UNARY: dict[str, Callable[[Tensor], Tensor]] = {
   "Tan": Tensor.tan, "Asin": Tensor.asin, "Acos": Tensor.acos, "Atan": Tensor.atan, "Sinh": Tensor.sinh, "Cosh": Tensor.cosh,
   "Asinh": Tensor.asinh, "Acosh": Tensor.acosh, "Atanh": Tensor.atanh, "Erf": Tensor.erf, "Relu": Tensor.relu,
   "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh, "Softsign": Tensor.softsign, "Not": Tensor.logical_not, "IsNaN": Tensor.isnan,
-  "Mish": Tensor.mish, "BitwiseNot": Tensor.bitwise_not, "Softplus": _softplus, "HardSwish": _hardswish,
+  "Mish": _mish, "BitwiseNot": Tensor.bitwise_not, "Softplus": _softplus, "HardSwish": _hardswish,
 }
 BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
   "Add": Tensor.add, "Sub": Tensor.sub, "Mul": Tensor.mul, "Div": _div, "Pow": _pow, "Equal": Tensor.eq, "Less": Tensor.lt,
@@ -184,7 +190,7 @@ def _size(x: Tensor) -> Tensor: return Tensor(_prod(x.shape), dtype=dtypes.int64
 def _transpose(x: Tensor, *, perm: list[int] | None = None) -> Tensor:
   return x.permute(*(perm if perm is not None else range(x.ndim - 1, -1, -1)))
 def _flatten(x: Tensor, *, axis: int = 1) -> Tensor:
-  a = axis % (x.ndim + 1) if axis < 0 else axis
+  a = axis + x.ndim if axis < 0 else axis
   return x.reshape(_prod(x.shape[:a]), _prod(x.shape[a:]))
 def _squeeze(x: Tensor, axes=None) -> Tensor:
   ax = _ints(axes)
@@ -303,10 +309,12 @@ def _depth_to_space(x: Tensor, *, blocksize: int, mode: str = "DCR") -> Tensor:
   if mode == "DCR": y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
   else: y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
   return y.reshape(n, c // (b * b), h * b, w * b)
-def _space_to_depth(x: Tensor, *, blocksize: int) -> Tensor:
+def _space_to_depth(x: Tensor, *, blocksize: int, mode: str = "DCR") -> Tensor:
   n, c, h, w = x.shape
   b = blocksize
-  return x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+  y = x.reshape(n, c, h // b, b, w // b, b)
+  y = y.permute(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.permute(0, 1, 3, 5, 2, 4)
+  return y.reshape(n, c * b * b, h // b, w // b)
 def _cumsum(x: Tensor, axis: Tensor, *, exclusive: int = 0, reverse: int = 0) -> Tensor:
   a = _axis(int(_scalar(axis)), x.ndim)
   y = x.flip(a) if reverse else x
