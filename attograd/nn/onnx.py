@@ -9,7 +9,7 @@ The whole run builds one lazy graph: nothing executes until the caller reads an 
 Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, Constants, weights folded
 by Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model."""
 from __future__ import annotations
-import inspect, math, os
+import inspect, math, os, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from attograd.tensor import Tensor
@@ -45,13 +45,26 @@ def _from_numpy(a: Any, device: str | None = None) -> Tensor:
 
 # ***** helpers the ops share *****
 
+# host copies of the small folded constants (shapes, axes, pads): an op reads them without touching the device, which
+# also lets a TinyJit capture the run (reading device memory while capturing is refused)
+# (keyed by id with a weak reference back: Tensor's == is elementwise, so it can't be a WeakKeyDictionary key)
+_HOST: dict[int, tuple[weakref.ref, list]] = {}
+_HOST_MAX = 1024  # elements: bigger folded values (weights) stay on the device only
+
+def _flat(t: Tensor) -> list:
+  ref, v = _HOST.get(id(t), (None, None))
+  if ref is None or ref() is not t:
+    v = t.tolist()
+    v = v if isinstance(v, list) else [v]
+    while v and isinstance(v[0], list): v = [y for x in v for y in x]
+  return v
 def _ints(t: Tensor | Sequence[int] | None) -> list[int] | None:
-  """A shape-like input as Python ints (reads the tensor: cheap when it is a folded constant)."""
+  """A shape-like input as Python ints."""
   if t is None or isinstance(t, (list, tuple)): return None if t is None else [int(v) for v in t]
-  v = t.tolist()
-  return [int(x) for x in (v if isinstance(v, list) else [v])]
+  return [int(x) for x in _flat(t)]
+def _floats(t: Tensor) -> list[float]: return [float(x) for x in _flat(t)]
 def _scalar(t: Tensor | None, default: Any = None) -> Any:
-  return default if t is None else t.reshape(-1)[0].item() if t.numel() else default
+  return default if t is None else _flat(t)[0] if t.numel() else default
 def _axis(a: int, n: int) -> int:
   if not -max(n, 1) <= a < max(n, 1): raise ValueError(f"axis {a} is out of range for a tensor of rank {n}")
   return a % max(n, 1)
@@ -268,8 +281,8 @@ def _pad(x: Tensor, pads=None, constant_value=None, axes=None, *, mode: str = "c
   if mode not in modes: raise NotImplementedError(f"Pad mode {mode!r}")
   return x.pad(pairs, mode=modes[mode])
 def _constant_of_shape(shape: Tensor, *, value: Any = None) -> Tensor:
-  v = _numpy_attr(value) if value is not None else None
-  dt, fill = (dtypes.float32, 0.0) if v is None else (v.dtype, v.reshape(-1)[0].item())
+  v = _onnx().numpy_helper.to_array(value) if value is not None else None
+  dt, fill = (dtypes.float32, 0.0) if v is None else (_from_numpy(v[:0]).dtype, v.reshape(-1)[0].item())
   return Tensor.full(tuple(_ints(shape)), fill, dtype=dt)
 def _constant(*, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None, sparse_value=None,
               value_string=None, value_strings=None) -> Tensor:
@@ -284,7 +297,7 @@ def _numpy_attr(t: Any) -> Tensor: return _from_numpy(_onnx().numpy_helper.to_ar
 def _cast(x: Tensor, *, to: int, saturate: int = 1) -> Tensor: return x.cast(onnx_dtype(to))
 def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1) -> Tensor: return x.cast(like.dtype)
 def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
-  s, l, d = start.item(), limit.item(), delta.item()
+  s, l, d = _scalar(start), _scalar(limit), _scalar(delta)
   n = max(math.ceil((l - s) / d), 0)
   return (Tensor.arange(n, dtype=start.dtype, device=start.device) * d + s).cast(start.dtype) if n else \
     Tensor.zeros(0, dtype=start.dtype, device=start.device)
@@ -543,9 +556,9 @@ def _resize(x: Tensor, roi=None, scales=None, sizes=None, *, mode: str = "neares
   if opset == 10: roi, scales, coordinate_transformation_mode, nearest_mode = None, roi, "asymmetric", "floor"  # Resize-10: (X, scales)
   if antialias: raise NotImplementedError("Resize with antialias=1")
   ax = [_axis(a, x.ndim) for a in axes] if axes else list(range(x.ndim))
-  sc = [float(v) for v in scales.tolist()] if scales is not None and scales.numel() else None
+  sc = _floats(scales) if scales is not None and scales.numel() else None
   sz = _ints(sizes) if sizes is not None and sizes.numel() else None
-  r = [float(v) for v in roi.tolist()] if roi is not None and roi.numel() else None
+  r = _floats(roi) if roi is not None and roi.numel() else None
   rois = [(r[i], r[i + len(ax)]) for i in range(len(ax))] if r else [(0.0, 1.0)] * len(ax)
   if sz is not None:
     if keep_aspect_ratio_policy != "stretch":
@@ -561,7 +574,7 @@ def _resize(x: Tensor, roi=None, scales=None, sizes=None, *, mode: str = "neares
     x = _resize_axis(x, a, n, s, rr, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a, exclude_outside, extrapolation_value)
   return x
 def _upsample(x: Tensor, scales=None, *, mode: str = "nearest", opset: int) -> Tensor:
-  sc = [float(v) for v in (scales.tolist() if isinstance(scales, Tensor) else scales)]
+  sc = _floats(scales) if isinstance(scales, Tensor) else [float(v) for v in scales]
   sz = [int(math.floor(n * s)) for n, s in zip(x.shape, sc)]
   mode = {"bilinear": "linear"}.get(mode, mode)
   for a, (n, s) in enumerate(zip(sz, sc)): x = _resize_axis(x, a, n, s, (0.0, 1.0), mode, "asymmetric", "floor", -0.75, 0, 0.0)
@@ -668,9 +681,12 @@ class _Input:
 
 class OnnxRunner:
   """runner = OnnxRunner("model.onnx"); outs = runner({"x": array}) -> {output name: Tensor} (lazy until read)."""
-  def __init__(self, model: Any, device: str | None = None):
+  def __init__(self, model: Any, device: str | None = None, jit: bool = False):
+    """jit=True replays each input-shape signature's kernels with TinyJit from its third call on: no graph building
+    or scheduling per run, but the outputs are refilled in place (read them before the next call)."""
     self.model, self.base_dir = _load_proto(model)
-    self.device = device
+    self.device, self.jit = device, jit
+    self._jits: dict[tuple, Any] = {}
     g = self.model.graph
     self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in self.model.opset_import}
     self._inits = {t.name: t for t in g.initializer}
@@ -722,13 +738,25 @@ class OnnxRunner:
     feeds = {**(inputs or {}), **kw}
     for k in feeds:
       if k not in self.inputs: raise KeyError(f"{k!r} is not an input of this model (inputs: {list(self.inputs)})")
-    env: dict[str, Tensor | None] = {"": None}
+    env: dict[str, Tensor | None] = {}
     for name in self.inputs:
       if name not in feeds:
         if name in self._inits: continue
         raise KeyError(f"missing input {name!r} (inputs: {list(self.inputs)})")
       env[name] = self._feed(name, feeds[name])
-    sig = tuple((k, env[k].shape, env[k].dtype) for k in self.inputs if k in env)
+    sig = tuple((k, env[k].shape, env[k].dtype) for k in env)
+    if not self.jit or sig not in self._folded: return self._run(env, sig)  # the first run of a shape folds its constants
+    from attograd.jit import TinyJit
+    if sig not in self._jits:
+      def run(**feeds: Tensor) -> dict[str, Tensor]:
+        outs = self._run(dict(feeds), sig)
+        Tensor.realize_all(list(outs.values()))
+        return outs
+      self._jits[sig] = TinyJit(run)
+    return self._jits[sig](**{k: v.contiguous() if not isinstance(v, Tensor) else v for k, v in env.items()})
+
+  def _run(self, env: dict[str, Tensor | None], sig: tuple) -> dict[str, Tensor]:
+    env = {"": None, **env}
     folded = self._folded.get(sig)
     if folded is not None: env.update(folded)
     for node in self.nodes:
@@ -744,5 +772,7 @@ class OnnxRunner:
     if folded is None and self._static_names:
       keep = {k: env[k] for k in self._static_names if isinstance(env.get(k), Tensor)}
       Tensor.realize_all(list(keep.values()))
+      for t in keep.values():
+        if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _HOST[id(t)] = (weakref.ref(t, lambda _, k=id(t): _HOST.pop(k, None)), _flat(t))
       self._folded[sig] = keep
     return {o: env[o] if o in env else self._weight(o) for o in self.outputs}
