@@ -491,6 +491,139 @@ def _lpnorm(x: Tensor, *, axis: int = -1, p: int = 2) -> Tensor:
   nrm = x.abs().sum(a, keepdim=True) if p == 1 else x.square().sum(a, keepdim=True).sqrt()
   return x / nrm
 
+# ***** losses, more normalization, windows *****
+
+def _nll(x: Tensor, target: Tensor, weight: Tensor | None = None, *, ignore_index: int | None = None, reduction: str = "mean") -> Tensor:
+  t = target.cast(dtypes.int64)
+  keep = t != ignore_index if ignore_index is not None else Tensor.full(t.shape, True, dtype=dtypes.bool, device=t.device)
+  safe = keep.where(t, 0)
+  picked = -x.gather(1, safe.unsqueeze(1)).squeeze(1)
+  w = (weight[safe] if weight is not None else Tensor.ones(*t.shape, dtype=x.dtype, device=x.device)) * keep.cast(x.dtype)
+  loss = picked * w
+  if reduction == "none": return loss.cast(x.dtype)
+  if reduction == "sum": return loss.sum().cast(x.dtype)
+  if reduction == "mean": return (loss.sum() / w.sum()).cast(x.dtype)
+  raise NotImplementedError(f"reduction {reduction!r}")
+def _softmax_ce(scores: Tensor, labels: Tensor, weights: Tensor | None = None, *, ignore_index: int | None = None,
+                reduction: str = "mean", n_outputs: int = 1):
+  logp = scores.log_softmax(1)
+  return (_nll(logp, labels, weights, ignore_index=ignore_index, reduction=reduction), logp)[:n_outputs]
+def _rmsnorm(x: Tensor, scale: Tensor, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1) -> Tensor:
+  ax = tuple(range(_axis(axis, x.ndim), x.ndim))
+  xf = x.cast(onnx_dtype(stash_type))
+  return (xf * (xf.square().mean(ax, keepdim=True) + epsilon).rsqrt()).cast(x.dtype) * scale
+def _cumprod(x: Tensor, axis: Tensor, *, exclusive: int = 0, reverse: int = 0) -> Tensor:
+  a = _axis(int(_scalar(axis)), x.ndim)
+  y = x.flip(a) if reverse else x
+  if exclusive: y = y.pad(tuple((1, -1) if i == a else (0, 0) for i in range(x.ndim)), value=1)
+  y = y.cumprod(a).cast(x.dtype)
+  return y.flip(a) if reverse else y
+def _window(terms: tuple[float, ...]) -> Callable:
+  """A cosine-sum window: sum_k (-1)^k a_k cos(2 pi k n / N), N = size (periodic) or size - 1 (symmetric)."""
+  def op(size: Tensor, *, output_datatype: int = 1, periodic: int = 1) -> Tensor:
+    import numpy as np
+    n = int(_scalar(size))
+    m = n if periodic else n - 1
+    k = np.arange(n, dtype=np.float64)
+    w = sum((-1) ** i * a * np.cos(2 * np.pi * i * k / m) for i, a in enumerate(terms)) if m > 0 else np.ones(n)
+    return _from_numpy(np.asarray(w, np.float32), size.device).cast(onnx_dtype(output_datatype))
+  return op
+def _bitcast(x: Tensor, *, to: int) -> Tensor: return x.bitcast(onnx_dtype(to))
+def _center_crop_pad(x: Tensor, shape: Tensor, *, axes=None) -> Tensor:
+  ax = [_axis(a, x.ndim) for a in axes] if axes is not None else list(range(x.ndim))
+  want = dict(zip(ax, _ints(shape)))
+  # one shrink and one pad for all axes (two shrinks in a row hit a lowering bug: "C renderer can't render Ops.BIND")
+  crop = tuple(((s - want[i]) // 2, (s - want[i]) // 2 + want[i]) if i in want and s > want[i] else None for i, s in enumerate(x.shape))
+  x = x.shrink(crop)
+  return x.pad(tuple(((want[i] - s) // 2, want[i] - s - (want[i] - s) // 2) if i in want and s < want[i] else (0, 0) for i, s in enumerate(x.shape)))
+def _scatter_nd(x: Tensor, indices: Tensor, updates: Tensor, *, reduction: str = "none") -> Tensor:
+  k = indices.shape[-1]
+  kshape, rest = x.shape[:k], x.shape[k:]
+  lin = Tensor.zeros(*indices.shape[:-1], dtype=dtypes.int64, device=x.device)
+  for j, n in enumerate(kshape): lin = lin * n + _norm_index(indices[..., j].cast(dtypes.int64), n)
+  m, r = _prod(indices.shape[:-1]), _prod(rest)
+  flat, upd = x.reshape(_prod(kshape), r), updates.reshape(m, r)
+  idx = lin.reshape(m, 1).expand(m, r)
+  if reduction == "none": out = flat.scatter(0, idx, upd)
+  else: out = flat.scatter_reduce(0, idx, upd, {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction])
+  return out.reshape(x.shape)
+def _compress(x: Tensor, condition: Tensor, *, axis: int | None = None) -> Tensor:
+  import numpy as np
+  keep = np.nonzero(np.asarray(_flat(condition), bool))[0]  # the output's size depends on the values: read them
+  if axis is None: x, a = x.reshape(-1), 0
+  else: a = _axis(axis, x.ndim)
+  idx = Tensor(keep.astype(np.int64), device=x.device)
+  return x.index_select(a, idx) if len(keep) else x.shrink(tuple((0, 0) if i == a else None for i in range(x.ndim)))
+def _reverse_sequence(x: Tensor, sequence_lens: Tensor, *, batch_axis: int = 1, time_axis: int = 0) -> Tensor:
+  t_len, b_len = x.shape[time_axis], x.shape[batch_axis]
+  shp = [1] * x.ndim
+  shp[time_axis], shp[batch_axis] = t_len, b_len
+  tt = Tensor.arange(t_len, dtype=dtypes.int64, device=x.device).reshape(*(t_len if i == time_axis else 1 for i in range(x.ndim)))
+  ln = sequence_lens.cast(dtypes.int64).reshape(*(b_len if i == batch_axis else 1 for i in range(x.ndim)))
+  idx = (tt < ln).where(ln - 1 - tt, tt).expand(*x.shape)
+  return x.gather(time_axis, idx)
+
+# ***** quantization: integer results computed as ONNX says (round half to even, saturate to the type) *****
+
+def _qparam(p: Tensor, x: Tensor, axis: int, block_size: int) -> Tensor:
+  """A scale or zero point shaped to broadcast against x: a scalar, one per channel of axis, or one per block of it."""
+  if p.ndim == 0 or p.numel() == 1 and x.ndim != p.ndim: return p.reshape(())
+  a = _axis(axis, x.ndim)
+  if p.ndim == 1 and not block_size: return p.reshape(*(-1 if i == a else 1 for i in range(x.ndim)))
+  if block_size:  # each entry covers block_size consecutive elements along axis
+    p = p.unsqueeze(a + 1).expand(*p.shape[:a + 1], block_size, *p.shape[a + 1:]).reshape(*p.shape[:a], p.shape[a] * block_size, *p.shape[a + 1:])
+    return p.shrink(tuple((0, x.shape[a]) if i == a else None for i in range(x.ndim)))
+  return p
+def _quantize(x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
+              output_dtype: int = 0, saturate: int = 1, precision: int = 0) -> Tensor:
+  dt = y_zero_point.dtype if y_zero_point is not None else onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
+  if not dtypes.is_int(dt): raise NotImplementedError(f"QuantizeLinear to {dt}")
+  y = (x.cast(dtypes.float32) / _qparam(y_scale, x, axis, block_size).cast(dtypes.float32)).round()
+  if y_zero_point is not None: y = y + _qparam(y_zero_point, x, axis, block_size).cast(dtypes.float32)
+  return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)
+def _dequantize(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
+                output_dtype: int = 0) -> Tensor:
+  if not dtypes.is_int(x.dtype): raise NotImplementedError(f"DequantizeLinear from {x.dtype}")
+  xi = x.cast(dtypes.int64 if x.dtype in (dtypes.uint32, dtypes.int64, dtypes.uint64) else dtypes.int32)
+  if x_zero_point is not None: xi = xi - _qparam(x_zero_point, x, axis, block_size).cast(xi.dtype)
+  out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
+  return (xi.cast(dtypes.float32) * _qparam(x_scale, x, axis, block_size).cast(dtypes.float32)).cast(out)
+def _dynamic_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  lo, hi = x.min().minimum(0), x.max().maximum(0)
+  scale = (hi - lo) / 255
+  zp = (-lo / scale).round().clip(0, 255).cast(dtypes.uint8)
+  y = ((x / scale).round() + zp.cast(dtypes.float32)).clip(0, 255).cast(dtypes.uint8)
+  return y, scale.cast(dtypes.float32), zp
+def _zp_sub(t: Tensor, zp: Tensor | None, row_axis: int | None = None) -> Tensor:
+  ti = t.cast(dtypes.int32)
+  if zp is None: return ti
+  z = zp.cast(dtypes.int32)
+  if row_axis is not None and z.ndim == 1 and z.numel() > 1: z = z.reshape(*(-1 if i == row_axis else 1 for i in range(t.ndim)))
+  return ti - z
+def _matmul_integer(a: Tensor, b: Tensor, a_zero_point: Tensor | None = None, b_zero_point: Tensor | None = None) -> Tensor:
+  return _zp_sub(a, a_zero_point, a.ndim - 2) @ _zp_sub(b, b_zero_point)
+def _conv_integer(x: Tensor, w: Tensor, x_zero_point: Tensor | None = None, w_zero_point: Tensor | None = None, *,
+                  auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None) -> Tensor:
+  return _conv(_zp_sub(x, x_zero_point), _zp_sub(w, w_zero_point, 0), None, auto_pad=auto_pad, dilations=dilations, group=group,
+               kernel_shape=kernel_shape, pads=pads, strides=strides)
+def _requantize(acc: Tensor, scale: Tensor, y_scale: Tensor, y_zp: Tensor | None, dt) -> Tensor:
+  y = (acc.cast(dtypes.float32) * (scale / y_scale).cast(dtypes.float32)).round()
+  if y_zp is not None: y = y + y_zp.cast(dtypes.float32)
+  return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)
+def _qlinear_matmul(a: Tensor, a_scale: Tensor, a_zp: Tensor, b: Tensor, b_scale: Tensor, b_zp: Tensor, y_scale: Tensor,
+                    y_zp: Tensor) -> Tensor:
+  acc = _matmul_integer(a, b, a_zp, b_zp)
+  sa = a_scale.reshape(-1, 1) if a_scale.numel() > 1 else a_scale.reshape(())
+  return _requantize(acc, sa * b_scale, y_scale, y_zp, y_zp.dtype)
+def _qlinear_conv(x: Tensor, x_scale: Tensor, x_zp: Tensor, w: Tensor, w_scale: Tensor, w_zp: Tensor, y_scale: Tensor, y_zp: Tensor,
+                  b: Tensor | None = None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None, pads=None,
+                  strides=None) -> Tensor:
+  acc = _conv(_zp_sub(x, x_zp), _zp_sub(w, w_zp, 0), None, auto_pad=auto_pad, dilations=dilations, group=group,
+              kernel_shape=kernel_shape, pads=pads, strides=strides)
+  if b is not None: acc = acc + _channel(b.cast(dtypes.int32), acc)
+  ws = _channel(w_scale, acc) if w_scale.numel() > 1 else w_scale.reshape(())
+  return _requantize(acc, x_scale.reshape(()) * ws, y_scale, y_zp, y_zp.dtype)
+
 # ***** Resize: each resized axis is an index gather (nearest) or a matmul with a fixed weight matrix (linear, cubic) *****
 
 def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[float, float]):
@@ -601,6 +734,12 @@ OPS: dict[str, Callable] = {
   "BatchNormalization": _batchnorm, "InstanceNormalization": _instancenorm, "LayerNormalization": _layernorm,
   "GroupNormalization": _groupnorm, "LRN": _lrn, "MeanVarianceNormalization": _mvn, "LpNormalization": _lpnorm,
   "Resize": _resize, "Upsample": _upsample,
+  "NegativeLogLikelihoodLoss": _nll, "SoftmaxCrossEntropyLoss": _softmax_ce, "RMSNormalization": _rmsnorm, "CumProd": _cumprod,
+  "HannWindow": _window((0.5, 0.5)), "HammingWindow": _window((25 / 46, 21 / 46)), "BlackmanWindow": _window((0.42, 0.5, 0.08)),
+  "BitCast": _bitcast, "CenterCropPad": _center_crop_pad, "ScatterND": _scatter_nd, "Compress": _compress,
+  "ReverseSequence": _reverse_sequence, "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
+  "DynamicQuantizeLinear": _dynamic_quantize, "MatMulInteger": _matmul_integer, "ConvInteger": _conv_integer,
+  "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
