@@ -624,6 +624,60 @@ def _qlinear_conv(x: Tensor, x_scale: Tensor, x_zp: Tensor, w: Tensor, w_scale: 
   ws = _channel(w_scale, acc) if w_scale.numel() > 1 else w_scale.reshape(())
   return _requantize(acc, x_scale.reshape(()) * ws, y_scale, y_zp, y_zp.dtype)
 
+# ***** attention (opset 23+), following the spec's order of operations so results match its reference *****
+
+def _bias_from_mask(m: Tensor, dt) -> Tensor: return m.where(0.0, -math.inf).cast(dt) if m.dtype == dtypes.bool else m.cast(dt)
+def _window_bias(q: int, kv: int, offset: Tensor | int, left: int, right: int, causal: bool, dev) -> Tensor:
+  """0 where query i may see key j, -inf elsewhere: j <= i + offset (causal) and inside the sliding window."""
+  i = Tensor.arange(q, device=dev).reshape(q, 1)
+  j = Tensor.arange(kv, device=dev).reshape(1, kv)
+  if isinstance(offset, Tensor): i = i.reshape(1, 1, q, 1) + offset.cast(dtypes.int64).reshape(-1, 1, 1, 1)
+  else: i = i + offset
+  ok = (j <= i) if causal else (j >= j)
+  if left >= 0: ok = ok & (i - j <= left)
+  if right >= 0: ok = ok & (j - i <= right)
+  return ok.where(0.0, -math.inf)
+def _attention(Q: Tensor, K: Tensor, V: Tensor, attn_mask: Tensor | None = None, past_key: Tensor | None = None,
+               past_value: Tensor | None = None, nonpad_kv_seqlen: Tensor | None = None, *, is_causal: int = 0,
+               kv_num_heads: int | None = None, q_num_heads: int | None = None, qk_matmul_output_mode: int = 0, scale: float | None = None,
+               softcap: float = 0.0, softmax_precision: int | None = None, left_window_size: int = -1, right_window_size: int = -1,
+               n_outputs: int = 1):
+  dt, three_d = Q.dtype, Q.ndim == 3
+  if three_d:  # (B, S, heads*size) -> (B, heads, S, size)
+    Q, K, V = (t.reshape(t.shape[0], t.shape[1], h, -1).permute(0, 2, 1, 3) for t, h in ((Q, q_num_heads), (K, kv_num_heads), (V, kv_num_heads)))
+  sc = math.sqrt(scale if scale is not None else 1 / math.sqrt(Q.shape[3]))  # the reference scales q and k by sqrt(scale) each
+  if past_key is not None: K, V = past_key.cat(K, dim=2), past_value.cat(V, dim=2)
+  present_k, present_v = K, V
+  q, kv = Q.shape[2], K.shape[2]
+  bias = Tensor.zeros(q, kv, dtype=dt, device=Q.device)
+  if attn_mask is not None and attn_mask.shape[-1] < kv:
+    attn_mask = attn_mask.pad(((0, 0),) * (attn_mask.ndim - 1) + ((0, kv - attn_mask.shape[-1]),),
+                              value=False if attn_mask.dtype == dtypes.bool else -math.inf)
+  offset: Tensor | int = (nonpad_kv_seqlen - q) if past_key is None and nonpad_kv_seqlen is not None else (past_key.shape[2] if past_key is not None else 0)
+  if attn_mask is not None: bias = bias + _bias_from_mask(attn_mask, dt)
+  if is_causal or left_window_size >= 0 or right_window_size >= 0:
+    bias = bias + _window_bias(q, kv, offset, left_window_size, right_window_size, bool(is_causal), Q.device).cast(dt)
+  if nonpad_kv_seqlen is not None:
+    pad = Tensor.arange(kv, device=Q.device).reshape(1, kv) < nonpad_kv_seqlen.cast(dtypes.int64).reshape(-1, 1)
+    bias = bias + pad.reshape(-1, 1, 1, kv).where(0.0, -math.inf).cast(dt)
+  hq, hk = Q.shape[1], K.shape[1]
+  if hq != hk and hq % hk == 0:  # grouped-query attention: each k/v head serves hq // hk query heads
+    K, V = (t.unsqueeze(2).expand(t.shape[0], hk, hq // hk, *t.shape[2:]).reshape(t.shape[0], hq, *t.shape[2:]) for t in (K, V))
+  qk = (Q * sc) @ (K.transpose(-1, -2) * sc)
+  if softcap and softcap > 0: qk = (qk / softcap).tanh() * softcap
+  with_bias = qk + bias
+  qk_out = with_bias if qk_matmul_output_mode == 2 else qk
+  x = with_bias.cast(onnx_dtype(softmax_precision)) if softmax_precision is not None else with_bias
+  m = x.max(-1, keepdim=True)
+  e = (x - m.isinf().where(0, m)).exp()
+  ssum = e.sum(-1, keepdim=True)
+  p = e / (ssum == 0).where(1, ssum)
+  p = bias.max(-1, keepdim=True).isinf().where(0, p)  # a row that sees nothing gives 0, not nan
+  if qk_matmul_output_mode == 3: qk_out = p
+  y = p.cast(dt) @ V
+  if three_d: y = y.permute(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
+  return (y, present_k, present_v, qk_out.cast(dt))[:n_outputs]
+
 # ***** Resize: each resized axis is an index gather (nearest) or a matmul with a fixed weight matrix (linear, cubic) *****
 
 def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[float, float]):
@@ -739,7 +793,7 @@ OPS: dict[str, Callable] = {
   "BitCast": _bitcast, "CenterCropPad": _center_crop_pad, "ScatterND": _scatter_nd, "Compress": _compress,
   "ReverseSequence": _reverse_sequence, "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
   "DynamicQuantizeLinear": _dynamic_quantize, "MatMulInteger": _matmul_integer, "ConvInteger": _conv_integer,
-  "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv,
+  "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
