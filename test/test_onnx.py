@@ -74,9 +74,16 @@ DEFAULT: dict[str, list[str]] = {
   "dequantizelinear": ["test_dequantizelinear_axis"], "dynamicquantizelinear": ["test_dynamicquantizelinear_min_adjusted"],
   "matmulinteger": ["test_matmulinteger"], "convinteger": ["test_convinteger_with_padding"],
   "qlinearmatmul": ["test_qlinearmatmul_3D_int8_float32"], "qlinearconv": ["test_qlinearconv"],
+  "attention": ["test_attention_4d_gqa", "test_attention_3d_causal"], "if_": ["test_if_seq"],
+  "loop": ["test_loop13_seq", "test_loop16_seq_none"], "scan": ["test_scan9_sum"],
+  "sequence_map": ["test_sequence_map_add_2_sequences", "test_sequence_map_add_2_sequences_expanded"],
+  "sequenceinsert": ["test_sequence_insert_at_front"], "splittosequence": ["test_split_to_sequence_nokeepdims"],
+  "optionalgetelement": ["test_optional_get_element_optional_sequence"],
+  "optionalhaselement": ["test_optional_has_element_empty_no_input_name_tensor_input"],
 }
 
-NO_NODE_CASE = {"GlobalLpPool"}  # the standard has no node case for these: tested below against numpy
+# the standard has no node case for these: tested below against numpy
+NO_NODE_CASE = {"GlobalLpPool", "ConcatFromSequence", "SequenceErase", "Optional"}
 
 def _cases(modules) -> dict:
   import onnx.backend.test.case.node as node_cases
@@ -84,9 +91,11 @@ def _cases(modules) -> dict:
   return {c.name: c for c in node_cases._NodeTestCases}
 
 def _value(v):
+  if isinstance(v, list): return [_value(x) for x in v]
   return numpy_helper.to_array(v) if isinstance(v, TensorProto) else v
 
-def _numpy(t: Tensor):
+def _numpy(t):
+  if t is None or isinstance(t, list): return t if t is None else [_numpy(x) for x in t]
   if t.dtype == dtypes.bfloat16:
     import ml_dtypes
     return t.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
@@ -94,11 +103,20 @@ def _numpy(t: Tensor):
 
 def _check(case, outputs: dict) -> None:
   for o, want in zip(case.model.graph.output, case.data_sets[0][1]):
-    want, got = np.asarray(_value(want)), np.asarray(outputs[o.name])
-    assert got.dtype == want.dtype, f"{o.name}: dtype {got.dtype}, expected {want.dtype}"
-    assert got.shape == want.shape, f"{o.name}: shape {got.shape}, expected {want.shape}"
-    if want.dtype.kind in "biuO": np.testing.assert_array_equal(got, want)
-    else: np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=case.rtol, atol=case.atol, equal_nan=True)
+    _check_value(case, o.name, _value(want), outputs[o.name])
+
+def _check_value(case, name: str, want, got) -> None:
+  if want is None or isinstance(want, list):  # an empty optional, a sequence
+    assert (got is None) == (want is None), f"{name}: {got!r}, expected {want!r}"
+    if want is not None:
+      assert isinstance(got, list) and len(got) == len(want), f"{name}: a sequence of {len(got)}, expected {len(want)}"
+      for i, (w, g) in enumerate(zip(want, got)): _check_value(case, f"{name}[{i}]", w, g)
+    return
+  want, got = np.asarray(want), np.asarray(got)
+  assert got.dtype == want.dtype, f"{name}: dtype {got.dtype}, expected {want.dtype}"
+  assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
+  if want.dtype.kind in "biuO": np.testing.assert_array_equal(got, want)
+  else: np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=case.rtol, atol=case.atol, equal_nan=True)
 
 def run_attograd(case) -> None:
   names = [i.name for i in case.model.graph.input]
@@ -118,7 +136,10 @@ def default_cases() -> dict: return _cases(DEFAULT)
 def test_default_subset_covers_every_op(default_cases):
   missing = [n for ns in DEFAULT.values() for n in ns if n not in default_cases]
   assert not missing, f"cases not in this onnx version: {missing}"
-  ops = {c.model.graph.node[0].op_type for c in default_cases.values() if c.name in {n for ns in DEFAULT.values() for n in ns}}
+  def op_types(g) -> set[str]:  # every node's op, subgraphs (If/Loop/Scan bodies) included
+    return {n.op_type for n in g.node} | {t for n in g.node for a in n.attribute for sg in ([a.g] if a.type == a.GRAPH else a.graphs)
+                                          for t in op_types(sg)}
+  ops = {t for c in default_cases.values() if c.name in {n for ns in DEFAULT.values() for n in ns} for t in op_types(c.model.graph)}
   assert not set(OPS) - ops - NO_NODE_CASE, f"ops without a default case: {sorted(set(OPS) - ops - NO_NODE_CASE)}"
 
 @pytest.mark.parametrize("name", [n for ns in DEFAULT.values() for n in ns])
@@ -153,6 +174,20 @@ def test_global_lp_pool():
              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 1, 1])])
   want = (np.abs(x) ** 3).sum((2, 3), keepdims=True) ** (1 / 3)
   np.testing.assert_allclose(OnnxRunner(m)({"x": x})["y"].numpy(), want, rtol=1e-5)
+
+def test_sequence_ops():
+  f = TensorProto.FLOAT
+  nodes = [helper.make_node("SequenceConstruct", ["a", "b", "a"], ["s"]), helper.make_node("SequenceErase", ["s", "one"], ["s2"]),
+           helper.make_node("ConcatFromSequence", ["s2"], ["cat"], axis=0), helper.make_node("ConcatFromSequence", ["s2"], ["stk"], axis=-1, new_axis=1),
+           helper.make_node("Optional", ["a"], ["opt"]), helper.make_node("OptionalHasElement", ["opt"], ["has"])]
+  one = numpy_helper.from_array(np.array(1, np.int64), "one")
+  vi = lambda n, t, shp: helper.make_tensor_value_info(n, t, shp)
+  m = _model(nodes, [vi("a", f, [2, 3]), vi("b", f, [2, 3])], [vi("cat", f, [4, 3]), vi("stk", f, [2, 3, 2]), vi("has", TensorProto.BOOL, [])], [one])
+  a, b = np.arange(6, dtype=np.float32).reshape(2, 3), -np.ones((2, 3), np.float32)
+  out = OnnxRunner(m)({"a": a, "b": b})
+  np.testing.assert_array_equal(out["cat"].numpy(), np.concatenate([a, a]))
+  np.testing.assert_array_equal(out["stk"].numpy(), np.stack([a, a], -1))
+  assert out["has"].item() is True
 
 # ***** real models: PP-OCR from rapidocr-onnxruntime *****
 

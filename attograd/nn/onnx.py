@@ -796,7 +796,9 @@ OPS: dict[str, Callable] = {
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
-_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+# (and control flow: a body may read any value around it, not only the node's inputs)
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial", "If", "Loop",
+                 "Scan", "SequenceMap"}
 # ops whose result depends only on their inputs' shapes
 _SHAPE_ONLY = {"Shape", "Size"}
 
@@ -811,6 +813,7 @@ class _Node:
   attrs: dict[str, Any]
   fn: Callable
   opset: int
+  wants_scope: bool = False  # control flow: the function gets the values visible at the node (its subgraphs read them)
   def where(self) -> str: return f"node {self.name!r} ({self.op}, opset {self.opset})"
 
 def _attr_value(a: Any) -> Any:
@@ -828,7 +831,7 @@ def _params(fn: Callable) -> tuple[set[str], bool, int | None]:
   npos = None if any(p.kind == p.VAR_POSITIONAL for p in ps) else sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in ps)
   return kw, any(p.kind == p.VAR_KEYWORD for p in ps), npos
 
-def _compile_node(n: Any, opsets: dict[str, int]) -> _Node:
+def _compile_node(n: Any, opsets: dict[str, int], subgraph: Callable[[Any], Any] | None = None) -> _Node:
   onnx = _onnx()
   domain = "" if n.domain in ("", "ai.onnx") else n.domain
   name = n.name or (n.output[0] if n.output else "?")
@@ -847,14 +850,143 @@ def _compile_node(n: Any, opsets: dict[str, int]) -> _Node:
       if an in takes and a.default_value is not None and a.default_value.name: attrs[an] = _attr_value(a.default_value)
   for a in n.attribute:
     if a.name not in takes and not any_kw: raise NotImplementedError(f"attribute {a.name!r} of {where} is not supported")
-    if a.type in (a.GRAPH, a.GRAPHS): raise NotImplementedError(f"subgraph attribute {a.name!r} of {where} is not supported")
-    attrs[a.name] = _attr_value(a)
+    if a.type in (a.GRAPH, a.GRAPHS):
+      if subgraph is None: raise NotImplementedError(f"subgraph attribute {a.name!r} of {where} is not supported")
+      attrs[a.name] = subgraph(a.g) if a.type == a.GRAPH else [subgraph(x) for x in a.graphs]
+    else: attrs[a.name] = _attr_value(a)
   if "opset" in takes: attrs["opset"] = opset
   if "n_outputs" in takes: attrs["n_outputs"] = len(n.output)
   inputs = list(n.input)
   while inputs and inputs[-1] == "": inputs.pop()
   if npos is not None and len(inputs) > npos: raise NotImplementedError(f"{where} has {len(inputs)} inputs; only {npos} are supported")
-  return _Node(n.op_type, name, inputs, list(n.output), attrs, fn, opset)
+  return _Node(n.op_type, name, inputs, list(n.output), attrs, fn, opset, "scope" in takes)
+
+def _exec(node: _Node, args: list, scope: dict | None) -> tuple:
+  """One node: its function on its inputs, errors naming the node. A tuple is several outputs; a list is one sequence."""
+  try: out = node.fn(*args, **node.attrs, scope=scope) if node.wants_scope else node.fn(*args, **node.attrs)
+  except NotImplementedError as e: raise NotImplementedError(f"{node.where()}: {e}") from e
+  except (ValueError, TypeError, IndexError, KeyError) as e: raise type(e)(f"{node.where()}: {e}") from e
+  outs = out if isinstance(out, tuple) else (out,)
+  if len(outs) < len([o for o in node.outputs if o]): raise NotImplementedError(f"{node.where()}: only {len(outs)} outputs are computed")
+  return outs
+
+class _Graph:
+  """A graph's nodes compiled once: the model's own, or an If/Loop/Scan body that also reads the names around it."""
+  def __init__(self, g: Any, opsets: dict[str, int], base_dir: str, outer: set[str], device: str | None):
+    self.base_dir, self.device = base_dir, device
+    self.inits = {t.name: t for t in g.initializer}
+    self.weights: dict[str, Tensor] = {}
+    self.input_names = [i.name for i in g.input]
+    self.outputs = [o.name for o in g.output]
+    known = set(outer) | set(self.inits) | set(self.input_names)
+    self.nodes: list[_Node] = []
+    for n in g.node:
+      # every name a node reads must exist before it: catches broken graphs at load time, not mid-run
+      node = _compile_node(n, opsets, lambda sg, k=frozenset(known): _Graph(sg, opsets, base_dir, k, device))
+      for i in node.inputs:
+        if i and i not in known: raise ValueError(f"{node.where()} reads {i!r}, which no earlier node, input or initializer makes")
+      known.update(o for o in node.outputs if o)
+      self.nodes.append(node)
+    for o in self.outputs:
+      if o not in known: raise ValueError(f"graph output {o!r} is made by no node, input or initializer")
+
+  def weight(self, name: str) -> Tensor:
+    if name not in self.weights:  # initializers are converted on first use (external data read then)
+      arr = _onnx().numpy_helper.to_array(self.inits[name], base_dir=self.base_dir)
+      self.weights[name] = _from_numpy(arr, self.device).realize()
+    return self.weights[name]
+  def value(self, name: str, env: dict) -> Any: return env[name] if name in env else self.weight(name)
+
+  def run(self, scope: dict, inputs: Sequence[Any] = ()) -> list:
+    """A body's outputs, given the values around it and its own inputs (in order)."""
+    env = {"": None, **scope, **dict(zip(self.input_names, inputs))}
+    for node in self.nodes:
+      for o, t in zip(node.outputs, _exec(node, [self.value(i, env) for i in node.inputs], env)):
+        if o: env[o] = t
+    return [self.value(o, env) for o in self.outputs]
+
+# ***** control flow, sequences, optionals *****
+
+def _if(cond: Tensor, *, then_branch: _Graph, else_branch: _Graph, scope: dict) -> tuple:
+  return tuple((then_branch if _scalar(cond) else else_branch).run(scope))
+def _stack(parts: list[Tensor], axis: int = 0) -> Tensor:
+  return parts[0].unsqueeze(axis).cat(*(p.unsqueeze(axis) for p in parts[1:]), dim=axis) if len(parts) > 1 else parts[0].unsqueeze(axis)
+def _loop(M: Tensor | None = None, cond: Tensor | None = None, *v_initial: Any, body: _Graph, scope: dict) -> tuple:
+  trip = int(_scalar(M)) if M is not None else None
+  go = bool(_scalar(cond)) if cond is not None else True
+  vals, n = list(v_initial), len(v_initial)
+  scans: list[list[Tensor]] = []
+  i = 0
+  while go and (trip is None or i < trip):
+    outs = body.run(scope, [Tensor(i, dtype=dtypes.int64), Tensor(go, dtype=dtypes.bool), *vals])
+    go, vals = bool(_scalar(outs[0])), outs[1:1 + n]
+    for k, v in enumerate(outs[1 + n:]):
+      if len(scans) <= k: scans.append([])
+      scans[k].append(v)
+    i += 1
+  n_scan = len(body.outputs) - 1 - n
+  if n_scan and not scans: raise NotImplementedError("Loop that runs no iteration but has scan outputs (their shape is unknown)")
+  return tuple(vals) + tuple(_stack(p) for p in scans)
+def _scan(*xs: Tensor, body: _Graph, num_scan_inputs: int, scan_input_axes=None, scan_input_directions=None, scan_output_axes=None,
+          scan_output_directions=None, opset: int, scope: dict) -> tuple:
+  if opset < 9: raise NotImplementedError("Scan-8 (batched, with sequence_lens)")
+  n_state = len(xs) - num_scan_inputs
+  states, seqs = list(xs[:n_state]), xs[n_state:]
+  in_axes = [_axis(a, x.ndim) for a, x in zip(scan_input_axes or [0] * len(seqs), seqs)]
+  in_dirs = scan_input_directions or [0] * len(seqs)
+  steps = seqs[0].shape[in_axes[0]]
+  outs: list[list[Tensor]] = []
+  for t in range(steps):
+    sl = [x.shrink(tuple(((steps - 1 - t) if d else t, (steps - t) if d else t + 1) if i == a else None for i in range(x.ndim))).squeeze(a)
+          for x, a, d in zip(seqs, in_axes, in_dirs)]
+    res = body.run(scope, [*states, *sl])
+    states = res[:n_state]
+    for k, v in enumerate(res[n_state:]):
+      if len(outs) <= k: outs.append([])
+      outs[k].append(v)
+  out_axes, out_dirs = scan_output_axes or [0] * len(outs), scan_output_directions or [0] * len(outs)
+  stacked = []
+  for parts, a, d in zip(outs, out_axes, out_dirs):
+    parts = parts[::-1] if d else parts
+    stacked.append(_stack(parts, _axis(a, parts[0].ndim + 1)))
+  return tuple(states) + tuple(stacked)
+def _sequence_map(seq: list, *extra: Any, body: _Graph, scope: dict) -> tuple:
+  res = [body.run(scope, [x, *(e[i] if isinstance(e, list) else e for e in extra)]) for i, x in enumerate(seq)]
+  return tuple([r[k] for r in res] for k in range(len(body.outputs)))
+def _seq_pos(seq: list, pos: Tensor | None, end: int) -> int:
+  p = end if pos is None else int(_scalar(pos))
+  if not -len(seq) - (end == len(seq)) <= p <= len(seq): raise IndexError(f"sequence position {p} out of range for length {len(seq)}")
+  return p + len(seq) if p < 0 else p
+def _seq_insert(seq: list, t: Tensor, pos: Tensor | None = None) -> list:
+  out = list(seq)
+  out.insert(_seq_pos(seq, pos, len(seq)), t)
+  return out
+def _seq_erase(seq: list, pos: Tensor | None = None) -> list:
+  out = list(seq)
+  del out[_seq_pos(seq, pos, -1) if pos is not None else -1]
+  return out
+def _concat_from_seq(seq: list, *, axis: int, new_axis: int = 0) -> Tensor:
+  if new_axis: return _stack(seq, _axis(axis, seq[0].ndim + 1))
+  return seq[0].cat(*seq[1:], dim=_axis(axis, seq[0].ndim)) if len(seq) > 1 else seq[0]
+def _split_to_seq(x: Tensor, split: Tensor | None = None, *, axis: int = 0, keepdims: int = 1) -> list:
+  a = _axis(axis, x.ndim)
+  if split is None:
+    parts = list(_split(x, [1] * x.shape[a], axis=a, n_outputs=x.shape[a]))
+    return parts if keepdims else [p.squeeze(a) for p in parts]
+  sz = _ints(split)
+  if split.ndim == 0: sz = [min(sz[0], x.shape[a] - i) for i in range(0, x.shape[a], sz[0])]
+  return list(_split(x, sz, axis=a, n_outputs=len(sz)))
+
+SEQUENCE_OPS: dict[str, Callable] = {
+  "SequenceEmpty": lambda *, dtype=1: [], "SequenceConstruct": lambda *xs: list(xs),
+  "SequenceAt": lambda seq, pos: seq[_seq_pos(seq, pos, 0)], "SequenceInsert": _seq_insert, "SequenceErase": _seq_erase,
+  "SequenceLength": lambda seq: Tensor(len(seq), dtype=dtypes.int64), "ConcatFromSequence": _concat_from_seq,
+  "SplitToSequence": _split_to_seq, "Optional": lambda x=None, *, type=None: x,  # noqa: A006
+  "OptionalHasElement": lambda x=None: Tensor(x is not None, dtype=dtypes.bool),
+  "OptionalGetElement": lambda x: x if x is not None else (_ for _ in ()).throw(ValueError("OptionalGetElement of an empty optional")),
+  "If": _if, "Loop": _loop, "Scan": _scan, "SequenceMap": _sequence_map,
+}
+OPS.update(SEQUENCE_OPS)
 
 def _load_proto(model: Any) -> tuple[Any, str]:
   onnx = _onnx()
@@ -872,6 +1004,10 @@ class _Input:
   dtype: DType | None
   shape: tuple[int | str | None, ...] | None
 
+def _signature(v: Any) -> Any:
+  if isinstance(v, Tensor): return (v.shape, v.dtype)
+  return None if v is None else tuple(_signature(x) for x in v)
+
 class OnnxRunner:
   """runner = OnnxRunner("model.onnx"); outs = runner({"x": array}) -> {output name: Tensor} (lazy until read)."""
   def __init__(self, model: Any, device: str | None = None, jit: bool = False):
@@ -882,19 +1018,9 @@ class OnnxRunner:
     self._jits: dict[tuple, Any] = {}
     g = self.model.graph
     self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in self.model.opset_import}
-    self._inits = {t.name: t for t in g.initializer}
-    self._weights: dict[str, Tensor] = {}
+    self.graph = _Graph(g, self.opsets, self.base_dir, set(), device)
+    self._inits, self.nodes, self.outputs = self.graph.inits, self.graph.nodes, self.graph.outputs
     self.inputs = {i.name: self._input_info(i) for i in g.input}  # an input with an initializer has a default
-    self.outputs = [o.name for o in g.output]
-    self.nodes = [_compile_node(n, self.opsets) for n in g.node]
-    # every name a node reads must exist before it: catches broken graphs at load time, not mid-run
-    known = set(self.inputs) | set(self._inits) | {i.name for i in g.input}
-    for node in self.nodes:
-      for i in node.inputs:
-        if i and i not in known: raise ValueError(f"{node.where()} reads {i!r}, which no earlier node, input or initializer makes")
-      known.update(o for o in node.outputs if o)
-    for o in self.outputs:
-      if o not in known: raise ValueError(f"graph output {o!r} is made by no node, input or initializer")
     # values fixed by the input shapes alone, folded once per shape signature
     static = set(self._inits) - set(self.inputs)
     for node in self.nodes:
@@ -910,13 +1036,11 @@ class OnnxRunner:
     shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim) if tt.HasField("shape") else None
     return _Input(vi.name, dt, shape)
 
-  def _weight(self, name: str) -> Tensor:
-    if name not in self._weights:  # initializers are converted on first use (external data read then)
-      arr = _onnx().numpy_helper.to_array(self._inits[name], base_dir=self.base_dir)
-      self._weights[name] = _from_numpy(arr, self.device).realize()
-    return self._weights[name]
+  def _weight(self, name: str) -> Tensor: return self.graph.weight(name)
 
-  def _feed(self, name: str, v: Any) -> Tensor:
+  def _feed(self, name: str, v: Any) -> Any:
+    if v is None or isinstance(v, (list, tuple)):  # an empty optional, a sequence
+      return None if v is None else [x if isinstance(x, Tensor) else _from_numpy(x, self.device) for x in v]
     t = v if isinstance(v, Tensor) else _from_numpy(v, self.device)
     info = self.inputs[name]
     if info.dtype is not None and t.dtype != info.dtype:
@@ -937,7 +1061,7 @@ class OnnxRunner:
         if name in self._inits: continue
         raise KeyError(f"missing input {name!r} (inputs: {list(self.inputs)})")
       env[name] = self._feed(name, feeds[name])
-    sig = tuple((k, env[k].shape, env[k].dtype) for k in env)
+    sig = tuple((k, _signature(v)) for k, v in env.items())
     if not self.jit or sig not in self._folded: return self._run(env, sig)  # the first run of a shape folds its constants
     from attograd.jit import TinyJit
     if sig not in self._jits:
@@ -946,7 +1070,7 @@ class OnnxRunner:
         Tensor.realize_all(list(outs.values()))
         return outs
       self._jits[sig] = TinyJit(run)
-    return self._jits[sig](**{k: v.contiguous() if not isinstance(v, Tensor) else v for k, v in env.items()})
+    return self._jits[sig](**env)
 
   def _run(self, env: dict[str, Tensor | None], sig: tuple) -> dict[str, Tensor]:
     env = {"": None, **env}
@@ -954,13 +1078,7 @@ class OnnxRunner:
     if folded is not None: env.update(folded)
     for node in self.nodes:
       if folded is not None and node.outputs and all(o in folded or not o for o in node.outputs): continue
-      args = [env[i] if i in env else self._weight(i) for i in node.inputs]
-      try: out = node.fn(*args, **node.attrs)
-      except NotImplementedError as e: raise NotImplementedError(f"{node.where()}: {e}") from e
-      except (ValueError, TypeError, IndexError, KeyError) as e: raise type(e)(f"{node.where()}: {e}") from e
-      outs = out if isinstance(out, (tuple, list)) else (out,)
-      if len(outs) < len([o for o in node.outputs if o]): raise NotImplementedError(f"{node.where()}: only {len(outs)} outputs are computed")
-      for o, t in zip(node.outputs, outs):
+      for o, t in zip(node.outputs, _exec(node, [self.graph.value(i, env) for i in node.inputs], env)):
         if o: env[o] = t
     if folded is None and self._static_names:
       keep = {k: env[k] for k in self._static_names if isinstance(env.get(k), Tensor)}
