@@ -93,12 +93,18 @@ def _clip(x: Tensor, min=None, max=None) -> Tensor:  # noqa: A002 (ONNX's names)
 def _div(a: Tensor, b: Tensor) -> Tensor: return a / b if dtypes.is_float(a.dtype) else a.div(b, rounding_mode="trunc")
 def _pow(x: Tensor, y: Tensor) -> Tensor:
   if dtypes.is_int(x.dtype) and dtypes.is_int(y.dtype): return x.pow(y.cast(x.dtype))
-  f = x.dtype if dtypes.is_float(x.dtype) else dtypes.float64
-  return x.cast(f).pow(y.cast(f)).cast(x.dtype)
+  if dtypes.is_float(x.dtype): return x.pow(y.cast(x.dtype))
+  p = x.cast(dtypes.float64).pow(y.cast(dtypes.float64))  # exp2(y*log2(x)) is a hair off an exact integer power: round those
+  return ((p - p.round()).abs() < 1e-9 * (p.abs() + 1)).where(p.round(), p).cast(x.dtype)
 def _mod(a: Tensor, b: Tensor, fmod: int = 0) -> Tensor:
-  if not fmod: return a.mod(b)
-  if dtypes.is_int(a.dtype): return a - a.div(b, rounding_mode="trunc") * b
-  return (a - (a / b).trunc() * b).cast(a.dtype)  # C's fmod: the sign of the dividend
+  if dtypes.is_int(a.dtype): return a - a.div(b, rounding_mode="trunc") * b if fmod else a.mod(b)
+  # C's fmod (the sign of the dividend), with fmod(x, +-inf) = x for a finite x; fmod=0 then moves it to the divisor's sign
+  # as numpy's mod does, a zero taking the divisor's sign
+  r = (b.isinf() & ~a.isinf()).where(a, a - (a / b).trunc() * b)
+  if not fmod:
+    r = (r.ne(0) & ((r < 0) ^ (b < 0))).where(r + b, r)
+    r = r.eq(0).where(b.sign() * 0, r)
+  return r.cast(a.dtype)
 def _variadic(fn: Callable) -> Callable:
   def op(*xs: Tensor) -> Tensor:
     out = xs[0]
@@ -397,7 +403,8 @@ def _conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: 
     want = list(output_shape)[-n:] if output_shape is not None else [i * s for i, s in zip(x.shape[2:], strides)]
     tot = [f - o for f, o in zip(full, want)]
     upper = auto_pad != "SAME_LOWER"
-    pads = [t // 2 if upper else t - t // 2 for t in tot] + [t - t // 2 if upper else t // 2 for t in tot]
+    half = [int(t / 2) for t in tot]  # C division: a negative total (output_shape bigger than the full result) pads at the end
+    pads = [h if upper else t - h for t, h in zip(tot, half)] + [t - h if upper else h for t, h in zip(tot, half)]
   elif auto_pad == "VALID" or not pads: pads = [0] * (2 * n)
   # the full transposed conv, then cut the pads off (pads may differ per side, which conv_transpose2d doesn't take)
   y = x.conv_transpose2d(w, None, groups=group, stride=strides, dilation=dilations, padding=0, output_padding=0)
@@ -489,7 +496,7 @@ def _mvn(x: Tensor, *, axes=(0, 2, 3)) -> Tensor:
 def _lpnorm(x: Tensor, *, axis: int = -1, p: int = 2) -> Tensor:
   a = _axis(axis, x.ndim)
   nrm = x.abs().sum(a, keepdim=True) if p == 1 else x.square().sum(a, keepdim=True).sqrt()
-  return x / nrm
+  return (nrm == 0).where(0, x / nrm).cast(x.dtype)
 
 # ***** losses, more normalization, windows *****
 
