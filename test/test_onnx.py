@@ -80,6 +80,7 @@ DEFAULT: dict[str, list[str]] = {
   "sequenceinsert": ["test_sequence_insert_at_front"], "splittosequence": ["test_split_to_sequence_nokeepdims"],
   "optionalgetelement": ["test_optional_get_element_optional_sequence"],
   "optionalhaselement": ["test_optional_has_element_empty_no_input_name_tensor_input"],
+  "rnn": ["test_rnn_seq_length"], "gru": ["test_gru_bidirectional"], "lstm": ["test_lstm_with_peepholes", "test_lstm_batchwise"],
 }
 
 # the standard has no node case for these: tested below against numpy

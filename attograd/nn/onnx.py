@@ -685,6 +685,93 @@ def _attention(Q: Tensor, K: Tensor, V: Tensor, attn_mask: Tensor | None = None,
   if three_d: y = y.permute(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
   return (y, present_k, present_v, qk_out.cast(dt))[:n_outputs]
 
+# ***** recurrent layers: RNN, GRU, LSTM unrolled over the (static) sequence length *****
+
+_RNN_ACTS: dict[str, Callable] = {  # name -> (x, alpha, beta) -> y; alpha/beta come from activation_alpha/beta in order
+  "relu": lambda x, a, b: x.relu(), "tanh": lambda x, a, b: x.tanh(), "sigmoid": lambda x, a, b: x.sigmoid(),
+  "affine": lambda x, a, b: x * a + b, "leakyrelu": lambda x, a, b: _leaky(x, a), "thresholdedrelu": lambda x, a, b: _thresholded(x, a),
+  "scaledtanh": lambda x, a, b: (x * b).tanh() * a, "hardsigmoid": lambda x, a, b: _hardsigmoid(x, a, b), "elu": lambda x, a, b: _elu(x, a),
+  "softsign": lambda x, a, b: x.softsign(), "softplus": lambda x, a, b: _softplus(x)}
+_RNN_DEFAULT_AB = {"affine": (1.0, 0.0), "leakyrelu": (0.01, 0.0), "thresholdedrelu": (1.0, 0.0), "scaledtanh": (1.0, 1.0),
+                   "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
+def _rnn_acts(names: list[str], alphas, betas, per_dir: int, n_dir: int) -> list[list[Callable]]:
+  alphas, betas, out = list(alphas or []), list(betas or []), []
+  for d in range(n_dir):
+    fs = []
+    for nm in names[d * per_dir:(d + 1) * per_dir]:
+      key = nm.lower()
+      if key not in _RNN_ACTS: raise NotImplementedError(f"activation {nm!r}")
+      da, db = _RNN_DEFAULT_AB.get(key, (0.0, 0.0))
+      a = alphas.pop(0) if key in _RNN_DEFAULT_AB and alphas else da
+      b = betas.pop(0) if key in ("affine", "scaledtanh", "hardsigmoid") and betas else db
+      fs.append(lambda x, f=_RNN_ACTS[key], a=a, b=b: f(x, a, b))
+    out.append(fs)
+  return out
+def _recurrent(kind: str, n_gates: int, default_acts: list[str]) -> Callable:
+  def op(X: Tensor, W: Tensor, R: Tensor, B: Tensor | None = None, sequence_lens: Tensor | None = None, initial_h: Tensor | None = None,
+         initial_c: Tensor | None = None, P: Tensor | None = None, *, activation_alpha=None, activation_beta=None, activations=None,
+         clip: float | None = None, direction: str = "forward", hidden_size: int | None = None, layout: int = 0,
+         linear_before_reset: int = 0, input_forget: int = 0, n_outputs: int = 1):
+    if input_forget: raise NotImplementedError("LSTM input_forget=1")
+    if layout: X = X.transpose(0, 1)  # (batch, seq, in) -> (seq, batch, in)
+    n_dir = 2 if direction == "bidirectional" else 1
+    h = hidden_size or R.shape[-1]
+    seq, batch = X.shape[0], X.shape[1]
+    acts = _rnn_acts(activations or default_acts * n_dir, activation_alpha, activation_beta, len(default_acts), n_dir)
+    if initial_h is not None and layout: initial_h = initial_h.transpose(0, 1)
+    if initial_c is not None and layout: initial_c = initial_c.transpose(0, 1)
+    lens = sequence_lens.cast(dtypes.int64).reshape(batch, 1) if sequence_lens is not None else None
+    ys, hs, cs = [], [], []
+    for d in range(n_dir):
+      Wd, Rd = W[d], R[d]
+      bias = (B[d][:n_gates * h] + B[d][n_gates * h:]) if B is not None else None
+      Rb = B[d][n_gates * h:] if B is not None else None
+      H = initial_h[d] if initial_h is not None else Tensor.zeros(batch, h, dtype=X.dtype, device=X.device)
+      C = initial_c[d] if initial_c is not None else Tensor.zeros(batch, h, dtype=X.dtype, device=X.device)
+      xw = X @ Wd.T  # (seq, batch, gates*h): the input side of every step at once
+      steps = range(seq - 1, -1, -1) if (direction == "reverse" or d == 1) else range(seq)
+      out = [None] * seq
+      for t in steps:
+        g = xw[t] + H @ Rd.T
+        cl = (lambda v: v.clip(-clip, clip)) if clip else (lambda v: v)
+        if kind == "RNN":
+          Hn = acts[d][0](cl(g + bias if bias is not None else g))
+          Cn = C
+        elif kind == "GRU":
+          wb = B[d][:3 * h] if B is not None else None
+          xz, xr, xh = (xw[t][:, i * h:(i + 1) * h] for i in range(3))
+          hz, hr = (H @ Rd[i * h:(i + 1) * h].T for i in range(2))
+          bz = (wb[:h] + Rb[:h]) if B is not None else 0
+          br = (wb[h:2 * h] + Rb[h:2 * h]) if B is not None else 0
+          z, r = acts[d][0](cl(xz + hz + bz)), acts[d][0](cl(xr + hr + br))
+          rbh, wbh = (Rb[2 * h:], wb[2 * h:]) if B is not None else (0, 0)
+          hh = (r * (H @ Rd[2 * h:].T + rbh)) if linear_before_reset else ((r * H) @ Rd[2 * h:].T + rbh)
+          Hn = (1 - z) * acts[d][1](cl(xh + hh + wbh)) + z * H
+          Cn = C
+        else:  # LSTM, gates i, o, f, c
+          gb = g + bias if bias is not None else g
+          gi, go, gf, gc = (gb[:, i * h:(i + 1) * h] for i in range(4))
+          pi, po, pf = ((P[d][i * h:(i + 1) * h] for i in range(3)) if P is not None else (0, 0, 0))
+          i_ = acts[d][0](cl(gi + pi * C))
+          f_ = acts[d][0](cl(gf + pf * C))
+          Cn = f_ * C + i_ * acts[d][1](cl(gc))
+          o_ = acts[d][0](cl(go + po * Cn))
+          Hn = o_ * acts[d][2](Cn)
+        if lens is not None:  # past a sequence's end its state stays and its output is 0
+          live = lens > t
+          Hn, Cn = live.where(Hn, H), live.where(Cn, C)
+          out[t] = live.where(Hn, 0).cast(X.dtype)
+        else: out[t] = Hn
+        H, C = Hn.cast(X.dtype), Cn.cast(X.dtype)
+      ys.append(_stack(out, 0))  # (seq, batch, h)
+      hs.append(H)
+      cs.append(C)
+    Y = _stack(ys, 1)  # (seq, dir, batch, h)
+    Yh, Yc = _stack(hs, 0), _stack(cs, 0)
+    if layout: Y, Yh, Yc = Y.permute(2, 0, 1, 3), Yh.transpose(0, 1), Yc.transpose(0, 1)
+    return (Y, Yh, Yc)[:n_outputs]
+  return op
+
 # ***** Resize: each resized axis is an index gather (nearest) or a matmul with a fixed weight matrix (linear, cubic) *****
 
 def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[float, float]):
@@ -801,6 +888,8 @@ OPS: dict[str, Callable] = {
   "ReverseSequence": _reverse_sequence, "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
   "DynamicQuantizeLinear": _dynamic_quantize, "MatMulInteger": _matmul_integer, "ConvInteger": _conv_integer,
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
+  "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
+  "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
