@@ -456,8 +456,12 @@ def _global(fn: str) -> Callable:
 def _global_lp(x: Tensor, *, p: int = 2) -> Tensor: return x.abs().pow(p).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1 / p)
 def _channel(t: Tensor, x: Tensor) -> Tensor: return t.reshape(1, -1, *(1,) * (x.ndim - 2))
 def _batchnorm(x: Tensor, scale: Tensor, b: Tensor, mean: Tensor, var: Tensor, *, epsilon: float = 1e-5, momentum: float = 0.9,
-               training_mode: int = 0, spatial: int = 1, is_test: int = 1) -> Tensor:
-  if training_mode: raise NotImplementedError("BatchNormalization with training_mode=1")
+               training_mode: int = 0, spatial: int = 1, is_test: int = 1, n_outputs: int = 1):
+  if training_mode:  # normalize by the batch's statistics; also return the updated running ones
+    ax = tuple(i for i in range(x.ndim) if i != 1)
+    bm, bv = x.mean(ax), x.var(ax, correction=0)
+    y = ((x - _channel(bm, x)) * _channel(scale * (bv + epsilon).rsqrt(), x) + _channel(b, x)).cast(x.dtype)
+    return (y, (mean * momentum + bm * (1 - momentum)).cast(mean.dtype), (var * momentum + bv * (1 - momentum)).cast(var.dtype))[:n_outputs]
   k = scale * (var + epsilon).rsqrt()
   return (x * _channel(k, x) + _channel(b - mean * k, x)).cast(x.dtype)
 def _instancenorm(x: Tensor, scale: Tensor, b: Tensor, *, epsilon: float = 1e-5) -> Tensor:
@@ -772,6 +776,35 @@ def _recurrent(kind: str, n_gates: int, default_acts: list[str]) -> Callable:
     return (Y, Yh, Yc)[:n_outputs]
   return op
 
+# ***** transformer pieces: rotary embedding, SwiGLU, KV-cache writes *****
+
+def _rotary(x: Tensor, cos_cache: Tensor, sin_cache: Tensor, position_ids: Tensor | None = None, *, interleaved: int = 0,
+            num_heads: int | None = None, rotary_embedding_dim: int = 0) -> Tensor:
+  shape = x.shape
+  y = x.transpose(1, 2) if x.ndim == 4 else x.reshape(shape[0], shape[1], num_heads, shape[2] // num_heads)  # (B, S, H, D)
+  d = rotary_embedding_dim or y.shape[3]
+  rot, keep = y[..., :d], y[..., d:]
+  if position_ids is not None: cos_cache, sin_cache = cos_cache[position_ids.cast(dtypes.int64)], sin_cache[position_ids.cast(dtypes.int64)]
+  c, s_ = cos_cache.unsqueeze(-2), sin_cache.unsqueeze(-2)  # (B, S, 1, D/2)
+  if interleaved: x1, x2 = rot[..., 0::2], rot[..., 1::2]
+  else: x1, x2 = rot[..., :d // 2], rot[..., d // 2:]
+  re, im = c * x1 - s_ * x2, s_ * x1 + c * x2
+  r = re.unsqueeze(-1).cat(im.unsqueeze(-1), dim=-1).reshape(rot.shape) if interleaved else re.cat(im, dim=-1)
+  out = r.cat(keep, dim=-1) if keep.shape[-1] else r
+  return (out.transpose(1, 2) if x.ndim == 4 else out.reshape(shape)).cast(x.dtype)
+def _swiglu(a: Tensor, b: Tensor, *, alpha: float = 1.0) -> Tensor: return (a * (a * alpha).sigmoid() * b).cast(a.dtype)
+def _tensor_scatter(past: Tensor, update: Tensor, write_indices: Tensor | None = None, *, mode: str = "linear", axis: int = -2) -> Tensor:
+  a = _axis(axis, past.ndim)
+  L, S, B = past.shape[a], update.shape[a], past.shape[0]
+  w = write_indices.cast(dtypes.int64).reshape(B, *(1,) * (past.ndim - 1)) if write_indices is not None else 0
+  pos = Tensor.arange(L, dtype=dtypes.int64, device=past.device).reshape(*(L if i == a else 1 for i in range(past.ndim)))
+  j = pos - w
+  if mode == "circular": j = j % L
+  ok = (j >= 0) & (j < S)
+  idx = ok.where(j, 0).expand(*past.shape[:a], L, *past.shape[a + 1:])
+  src = update.pad(tuple((0, L - S) if i == a else (0, 0) for i in range(past.ndim)))
+  return ok.where(src.gather(a, idx), past)
+
 # ***** Resize: each resized axis is an index gather (nearest) or a matmul with a fixed weight matrix (linear, cubic) *****
 
 def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[float, float]):
@@ -890,6 +923,7 @@ OPS: dict[str, Callable] = {
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
+  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
