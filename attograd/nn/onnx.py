@@ -346,7 +346,8 @@ def _topk(x: Tensor, k: Tensor, *, axis: int = -1, largest: int = 1, sorted: int
 def _nonzero(x: Tensor) -> Tensor: return x.nonzero().transpose(0, 1).cast(dtypes.int64) if x.ndim else \
   Tensor.zeros(0, int(bool(x.item())), dtype=dtypes.int64)
 def _dropout(x: Tensor, ratio=None, training_mode=None, *, seed: int | None = None, n_outputs: int = 1):
-  if training_mode is not None and _scalar(training_mode): raise NotImplementedError("Dropout with training_mode=True")
+  if training_mode is not None and _scalar(training_mode) and _scalar(ratio, 0.5) != 0:
+    raise NotImplementedError("Dropout with training_mode=True (its random mask can't match another runtime's)")
   return (x, Tensor.full(x.shape, True, dtype=dtypes.bool, device=x.device))[:n_outputs]
 def _identity(x: Tensor) -> Tensor: return x
 def _einsum(*xs: Tensor, equation: str) -> Tensor: return Tensor.einsum(equation.replace(" ", ""), *xs)
@@ -810,6 +811,34 @@ def _tensor_scatter(past: Tensor, update: Tensor, write_indices: Tensor | None =
   src = update.pad(tuple((0, L - S) if i == a else (0, 0) for i in range(past.ndim)))
   return ok.where(src.gather(a, idx), past)
 
+def _unique(x: Tensor, *, axis: int | None = None, sorted: int = 1, n_outputs: int = 1) -> tuple:  # noqa: A002
+  """The output's size depends on the values, so they are read and grouped on the host (numpy), as NonZero's are."""
+  import numpy as np
+  a = np.asarray(x.numpy())
+  ax = None if axis is None else _axis(axis, a.ndim)
+  y, idx, inv, cnt = np.unique(a if ax is not None else a.reshape(-1), return_index=True, return_inverse=True, return_counts=True, axis=ax)
+  if not sorted:  # in order of first occurrence
+    order = np.argsort(idx, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    y, idx, cnt, inv = np.take(y, order, axis=ax if ax is not None else 0), idx[order], cnt[order], rank[inv.reshape(-1)]
+  outs = (_from_numpy(y, x.device), *(Tensor(v.reshape(-1).astype(np.int64), device=x.device) for v in (idx, inv, cnt)))
+  return outs[:n_outputs]
+def _det(x: Tensor) -> Tensor:
+  """Laplace expansion along the first row: exact in the Tensor ops, fine for the small matrices ONNX models hold."""
+  n = x.shape[-1]
+  if n > 6: raise NotImplementedError(f"Det of {n}x{n} matrices (up to 6x6)")
+  if n == 1: return x[..., 0, 0]
+  if n == 2: return x[..., 0, 0] * x[..., 1, 1] - x[..., 0, 1] * x[..., 1, 0]
+  out = None
+  for j in range(n):
+    minor = x[..., 1:, :].shrink(tuple(None for _ in range(x.ndim - 1)) + ((0, n),))
+    cols = [c for c in range(n) if c != j]
+    minor = minor[..., cols] if cols else minor
+    term = x[..., 0, j] * _det(minor) * (1 if j % 2 == 0 else -1)
+    out = term if out is None else out + term
+  return out
+
 # ***** Resize: each resized axis is an index gather (nearest) or a matmul with a fixed weight matrix (linear, cubic) *****
 
 def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[float, float]):
@@ -820,7 +849,8 @@ def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[fl
     adj = n_out / (scale * n_in)
     return n_in / 2 * (1 - adj) + (x + 0.5) / scale - 0.5
   if mode == "pytorch_half_pixel": return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
-  if mode == "align_corners": return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(x)
+  # the resized length here is n_in * scale unrounded, as the spec says (it differs from n_out when scales are given)
+  if mode == "align_corners": return x * (n_in - 1) / (n_in * scale - 1) if n_out > 1 else np.zeros_like(x)
   if mode == "asymmetric": return x / scale
   if mode == "tf_crop_and_resize":
     s, e = roi
@@ -928,11 +958,11 @@ OPS: dict[str, Callable] = {
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
-  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter,
+  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
-_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial", "If", "Loop",
+_NOT_FOLDABLE = {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial", "If", "Loop",
                  "Scan", "SequenceMap"}
 # ops whose result depends only on their inputs' shapes
 _SHAPE_ONLY = {"Shape", "Size"}
