@@ -234,6 +234,20 @@ def test_runs_bytes_path_and_proto(tmp_path):
     np.testing.assert_array_equal(OnnxRunner(m)({"x": x})["y"].numpy(), np.maximum(x, 0))
   np.testing.assert_array_equal(OnnxRunner(raw)(x=Tensor(x))["y"].numpy(), np.maximum(x, 0))
 
+def test_jit_replays_with_new_inputs():
+  w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+  nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Shape", ["c"], ["s"]),
+           helper.make_node("Reshape", ["c", "flat"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+  inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, -1], np.int64), "flat")]
+  m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 100])], inits)
+  import torch
+  runner = OnnxRunner(m, jit=True)
+  for i in range(4):  # compile and fold, capture, then replays
+    x = np.random.default_rng(i).standard_normal((1, 3, 5, 5)).astype(np.float32)
+    want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).reshape(1, -1).relu().numpy()
+    np.testing.assert_allclose(runner({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-5)
+
 def test_external_data_initializer(tmp_path):
   w = np.arange(6, dtype=np.float32).reshape(2, 3)
   m = onnx.load_from_string(_model([helper.make_node("Add", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],

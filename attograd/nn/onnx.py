@@ -58,6 +58,7 @@ def _flat(t: Tensor) -> list:
     v = v if isinstance(v, list) else [v]
     while v and isinstance(v[0], list): v = [y for x in v for y in x]
   return v
+def _remember(t: Tensor, values: list) -> None: _HOST[id(t)] = (weakref.ref(t, lambda _, k=id(t): _HOST.pop(k, None)), values)
 def _ints(t: Tensor | Sequence[int] | None) -> list[int] | None:
   """A shape-like input as Python ints."""
   if t is None or isinstance(t, (list, tuple)): return None if t is None else [int(v) for v in t]
@@ -1058,7 +1059,8 @@ class _Graph:
   def weight(self, name: str) -> Tensor:
     if name not in self.weights:  # initializers are converted on first use (external data read then)
       arr = _onnx().numpy_helper.to_array(self.inits[name], base_dir=self.base_dir)
-      self.weights[name] = _from_numpy(arr, self.device).realize()
+      self.weights[name] = t = _from_numpy(arr, self.device).realize()
+      if arr.size <= _HOST_MAX and arr.dtype.kind in "biuf" and arr.dtype.name != "bfloat16": _remember(t, arr.reshape(-1).tolist())
     return self.weights[name]
   def value(self, name: str, env: dict) -> Any: return env[name] if name in env else self.weight(name)
 
@@ -1249,7 +1251,7 @@ class OnnxRunner:
       keep = {k: env[k] for k in self._static_names if isinstance(env.get(k), Tensor)}
       Tensor.realize_all(list(keep.values()))
       for t in keep.values():
-        if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _HOST[id(t)] = (weakref.ref(t, lambda _, k=id(t): _HOST.pop(k, None)), _flat(t))
+        if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _remember(t, _flat(t))
       self._folded[sig] = keep
     return {o: env[o] if o in env else self._weight(o) for o in self.outputs}
 
