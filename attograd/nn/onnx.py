@@ -436,11 +436,25 @@ def _windows(x: Tensor, fn: str, kernel, strides, dilations, outs) -> Tensor:
   return y.shrink(((0, y.shape[0]), (0, y.shape[1])) + tuple((0, o) for o in outs))
 def _maxpool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape, pads=None,
              storage_order: int = 0, strides=None, n_outputs: int = 1) -> Tensor:
-  if n_outputs > 1: raise NotImplementedError("MaxPool's Indices output")
   s, d, pb, pe, extra, outs = _pool_geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
   low = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
-  xp = x.pad(((0, 0), (0, 0)) + tuple((b, e + ex) for b, e, ex in zip(pb, pe, extra)), value=low)
-  return _windows(xp, "max_pool", kernel_shape, s, d, outs)
+  geo = ((0, 0), (0, 0)) + tuple((b, e + ex) for b, e, ex in zip(pb, pe, extra))
+  xp = x.pad(geo, value=low)
+  if n_outputs == 1: return _windows(xp, "max_pool", kernel_shape, s, d, outs)
+  # with Indices: walk the window offsets keeping the first maximum and its flat index into x (row- or column-major)
+  sp = x.shape[2:]
+  order = tuple(range(len(sp))) if not storage_order else tuple(reversed(range(len(sp))))
+  flat = Tensor.arange(_prod(x.shape), dtype=dtypes.int64, device=x.device).reshape(*x.shape[:2], *(sp[a] for a in order))
+  flat = flat.permute(0, 1, *(2 + order.index(a) for a in range(len(sp)))).pad(geo, value=-1)
+  best_v = best_i = None
+  for offs in __import__("itertools").product(*(range(k) for k in kernel_shape)):
+    sl = (slice(None), slice(None)) + tuple(slice(o * dd, o * dd + (n - 1) * ss + 1, ss) for o, dd, ss, n in zip(offs, d, s, outs))
+    v, i = xp[sl], flat[sl]
+    if best_v is None: best_v, best_i = v, i
+    else:
+      take = v > best_v
+      best_v, best_i = take.where(v, best_v), take.where(i, best_i)
+  return best_v, best_i
 def _avgpool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_include_pad: int = 0, dilations=None,
              kernel_shape, pads=None, strides=None) -> Tensor:
   s, d, pb, pe, extra, outs = _pool_geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
