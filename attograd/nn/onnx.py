@@ -9,7 +9,7 @@ The whole run builds one lazy graph: nothing executes until the caller reads an 
 Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, Constants, weights folded
 by Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model."""
 from __future__ import annotations
-import inspect, math, os, weakref
+import inspect, itertools, math, os, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from attograd.tensor import Tensor
@@ -161,8 +161,8 @@ def _reduction(fn: Callable[[Tensor, tuple[int, ...], bool], Tensor]) -> Callabl
 def _rsum(x: Tensor, ax, k) -> Tensor: return x.sum(ax, keepdim=k).cast(x.dtype)
 def _rmean(x: Tensor, ax, k) -> Tensor:
   n = _prod(x.shape[a] for a in ax)
-  return (x.sum(ax, keepdim=k, dtype=x.dtype if dtypes.is_float(x.dtype) else None) / max(n, 1)).cast(x.dtype) if n else \
-    x.sum(ax, keepdim=k).cast(x.dtype) * math.nan
+  total = x.sum(ax, keepdim=k, dtype=x.dtype if dtypes.is_float(x.dtype) else None)
+  return (total / n).cast(x.dtype) if n else (total * math.nan).cast(x.dtype)  # the mean of nothing is nan, as numpy's
 def _rmax(x: Tensor, ax, k) -> Tensor:
   if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype))
   return x.max(ax, keepdim=k)
@@ -204,8 +204,8 @@ def _reshape(x: Tensor, shape: Tensor, *, allowzero: int = 0) -> Tensor:
   if not allowzero: s = [x.shape[i] if d == 0 else d for i, d in enumerate(s)]
   return x.reshape(*s) if s else x.reshape(())
 def _shape(x: Tensor, *, start: int = 0, end: int | None = None) -> Tensor:
-  return Tensor(list(x.shape[start:end]) or [], dtype=dtypes.int64, device=x.device) if x.shape[start:end] else \
-    Tensor.zeros(0, dtype=dtypes.int64, device=x.device)
+  dims = list(x.shape[start:end])
+  return Tensor(dims, dtype=dtypes.int64, device=x.device) if dims else Tensor.zeros(0, dtype=dtypes.int64, device=x.device)
 def _size(x: Tensor) -> Tensor: return Tensor(_prod(x.shape), dtype=dtypes.int64, device=x.device)
 def _transpose(x: Tensor, *, perm: list[int] | None = None) -> Tensor:
   return x.permute(*(perm if perm is not None else range(x.ndim - 1, -1, -1)))
@@ -447,7 +447,7 @@ def _maxpool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilatio
   flat = Tensor.arange(_prod(x.shape), dtype=dtypes.int64, device=x.device).reshape(*x.shape[:2], *(sp[a] for a in order))
   flat = flat.permute(0, 1, *(2 + order.index(a) for a in range(len(sp)))).pad(geo, value=-1)
   best_v = best_i = None
-  for offs in __import__("itertools").product(*(range(k) for k in kernel_shape)):
+  for offs in itertools.product(*(range(k) for k in kernel_shape)):
     sl = (slice(None), slice(None)) + tuple(slice(o * dd, o * dd + (n - 1) * ss + 1, ss) for o, dd, ss, n in zip(offs, d, s, outs))
     v, i = xp[sl], flat[sl]
     if best_v is None: best_v, best_i = v, i
@@ -871,8 +871,8 @@ def _source_coords(n_in: int, n_out: int, scale: float, mode: str, roi: tuple[fl
     s, e = roi
     return s * (n_in - 1) + x * (e - s) * (n_in - 1) / (n_out - 1) if n_out > 1 else np.full_like(x, 0.5 * (s + e) * (n_in - 1))
   raise NotImplementedError(f"Resize coordinate_transformation_mode {mode!r}")
-_NEAREST = {"round_prefer_floor": lambda x: __import__("numpy").ceil(x - 0.5), "round_prefer_ceil": lambda x: __import__("numpy").floor(x + 0.5),
-            "floor": lambda x: __import__("numpy").floor(x), "ceil": lambda x: __import__("numpy").ceil(x)}
+_NEAREST = {"round_prefer_floor": lambda np, x: np.ceil(x - 0.5), "round_prefer_ceil": lambda np, x: np.floor(x + 0.5),
+            "floor": lambda np, x: np.floor(x), "ceil": lambda np, x: np.ceil(x)}  # (numpy is passed in: imported lazily)
 def _resize_axis(x: Tensor, a: int, n_out: int, scale: float, roi, mode: str, ctm: str, nearest_mode: str, cubic_a: float,
                  exclude_outside: int, extrapolation: float) -> Tensor:
   import numpy as np
@@ -882,7 +882,7 @@ def _resize_axis(x: Tensor, a: int, n_out: int, scale: float, roi, mode: str, ct
   outside = (src < 0) | (src > n_in - 1) if ctm == "tf_crop_and_resize" else np.zeros(n_out, bool)
   if mode == "nearest":
     if nearest_mode not in _NEAREST: raise NotImplementedError(f"Resize nearest_mode {nearest_mode!r}")
-    idx = np.clip(_NEAREST[nearest_mode](src), 0, n_in - 1).astype(np.int64)
+    idx = np.clip(_NEAREST[nearest_mode](np, src), 0, n_in - 1).astype(np.int64)
     if n_out % n_in == 0 and np.array_equal(idx, np.arange(n_out) // (n_out // n_in)):  # an integer upscale: expand, no gather
       f = n_out // n_in
       y = x.unsqueeze(a + 1).expand(*x.shape[:a + 1], f, *x.shape[a + 1:]).reshape(*x.shape[:a], n_out, *x.shape[a + 1:])
