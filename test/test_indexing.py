@@ -247,3 +247,14 @@ def test_gradients(device):
   (xt.scatter(0, kt, st) * torch.arange(12, dtype=torch.float32).reshape(3, 4)).sum().backward()
   compare(x.grad, xt.grad, atol=1e-5)
   compare(s.grad, st.grad, atol=1e-5)
+
+@pytest.mark.parametrize("shape, dim", [((3, 5, 2, 7), 1), ((2, 3, 4, 5, 6), 2), ((4, 3, 3, 3), 0)])
+def test_gather_two_or_more_axes_after_dim(shape, dim, device):
+  # the axes after dim keep their order (they were once swapped: a broadcast error, or wrong values when sizes matched)
+  rng = np.random.default_rng(0)
+  x = rng.random(shape).astype(np.float32)
+  ishape = list(shape)
+  ishape[dim] = 2
+  i = rng.integers(0, shape[dim], ishape)
+  got = Tensor(x, device=device).gather(dim, Tensor(i, device=device)).numpy()
+  np.testing.assert_array_equal(got, torch.tensor(x).gather(dim, torch.tensor(i)).numpy())

@@ -261,7 +261,10 @@ class IndexingOps:
     ix = index.reshape(index.shape or (1,))
     n = x.shape[d]
     x = x.shrink(tuple((0, n) if a == d else (0, s) for a, s in enumerate(ix.shape)))  # (.., n at d, ..)
-    x = x.unsqueeze(d).transpose(d + 1, -1)  # (.., 1 at d, .., n last)
+    # (.., 1 at d, .., n last): n moves to the end, the axes after it keep their order (a transpose swapped n with the
+    # last axis, which reordered the axes between them when d had two or more axes after it)
+    x = x.unsqueeze(d)
+    x = x.permute(*(a for a in range(x.ndim) if a != d + 1), d + 1)
     mask = ix.unsqueeze(-1) == type(self).arange(n, device=self.device, dtype=ix.dtype)
     out = mask.where(x, x.zeros_like()).sum(-1).cast(self.dtype)
     return out.reshape(index.shape)

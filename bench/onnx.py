@@ -1,0 +1,48 @@
+"""PP-OCR models (from rapidocr-onnxruntime) on attograd's OnnxRunner next to onnxruntime, in the same process.
+
+python bench/onnx.py [--runs N] [--models det,rec,cls]
+Both get THREADS (default 2) threads; each is warmed up first (attograd: compile, fold constants, capture the JIT), then
+the runs alternate between the two so machine load hits both alike. Prints median and range per model, and the ratio
+attograd/onnxruntime (below 1 is faster than onnxruntime). Timings include reading the output back to numpy."""
+from __future__ import annotations
+import argparse, glob, os, statistics, sys, time
+import numpy as np
+# run as a script, this file's folder is first on sys.path and this file would shadow the onnx package
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+MODELS = {"det": ("ch_PP-OCRv4_det_infer.onnx", (1, 3, 640, 640)), "rec": ("ch_PP-OCRv4_rec_infer.onnx", (1, 3, 48, 320)),
+          "cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", (1, 3, 48, 192))}
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--runs", type=int, default=10)
+  ap.add_argument("--models", default="det,rec,cls")
+  args = ap.parse_args()
+  threads = int(os.environ.setdefault("THREADS", "2"))
+  import onnxruntime as ort, rapidocr_onnxruntime
+  from attograd.nn.onnx import OnnxRunner
+  mdir = os.path.join(os.path.dirname(rapidocr_onnxruntime.__file__), "models")
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+  print(f"{'model':6s} {'input':18s} {'attograd ms (median, range)':30s} {'onnxruntime ms (median, range)':32s} ratio  max|diff|")
+  for key in args.models.split(","):
+    fname, shape = MODELS[key]
+    path = glob.glob(os.path.join(mdir, fname))[0]
+    x = np.random.default_rng(0).random(shape, dtype=np.float32)
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    runner = OnnxRunner(path, jit=True)
+    def ours() -> np.ndarray: return next(iter(runner({"x": x}).values())).numpy()
+    def theirs() -> np.ndarray: return sess.run(None, {"x": x})[0]
+    for _ in range(3): got = ours()  # compile + fold, capture, first replay
+    want = theirs()
+    t_ours, t_theirs = [], []
+    for _ in range(args.runs):
+      for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
+        t = time.perf_counter()
+        fn()
+        acc.append((time.perf_counter() - t) * 1e3)
+    mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
+    print(f"{key:6s} {str(shape[2:]):18s} {mo:9.2f} ({min(t_ours):.2f}-{max(t_ours):.2f}){'':8s} {mt:9.2f} ({min(t_theirs):.2f}-{max(t_theirs):.2f}){'':10s}"
+          f" {mo / mt:5.2f}  {np.abs(got - want).max():.2e}")
+
+if __name__ == "__main__": main()

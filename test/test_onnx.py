@@ -1,0 +1,309 @@
+"""attograd.nn.onnx against the ONNX standard's own node tests and onnxruntime.
+
+By default: a subset of the onnx package's backend node cases covering every op the runner implements, plus the bad
+input checks. ATTOGRAD_ONNX_FULL=1: all 1,884 node cases through attograd and onnxruntime (pass counts printed, the
+failures listed in onnx_node_failures.txt), and the PP-OCR models of rapidocr-onnxruntime against onnxruntime."""
+from __future__ import annotations
+import collections, glob, importlib, os, time
+import pytest
+np = pytest.importorskip("numpy")
+onnx = pytest.importorskip("onnx")
+from onnx import helper, numpy_helper, TensorProto
+from attograd import Tensor, dtypes
+from attograd.nn.onnx import OnnxRunner, OPS
+
+FULL = os.environ.get("ATTOGRAD_ONNX_FULL", "") not in ("", "0")
+
+# (module of onnx.backend.test.case.node, cases run by default): at least one case for every op in OPS, each small
+DEFAULT: dict[str, list[str]] = {
+  "abs": ["test_abs"], "acos": ["test_acos"], "acosh": ["test_acosh"], "add": ["test_add_bcast", "test_add_uint8"],
+  "and_": ["test_and_bcast4v3d"], "argmax": ["test_argmax_negative_axis_keepdims_example_select_last_index"],
+  "argmin": ["test_argmin_no_keepdims_example"], "asin": ["test_asin"], "asinh": ["test_asinh"], "atan": ["test_atan"],
+  "atanh": ["test_atanh"], "averagepool": ["test_averagepool_2d_pads", "test_averagepool_2d_ceil"],
+  "batch_normalization": ["test_batchnorm_epsilon", "test_batchnorm_epsilon_training_mode"], "bitshift": ["test_bitshift_left_uint16"],
+  "bitwiseand": ["test_bitwise_and_i32_2d"], "bitwisenot": ["test_bitwise_not_3d"], "bitwiseor": ["test_bitwise_or_i16_4d"],
+  "bitwisexor": ["test_bitwise_xor_ui8_bcast_4v3d"], "cast": ["test_cast_FLOAT_to_FLOAT16", "test_cast_FLOAT_to_BFLOAT16"],
+  "castlike": ["test_castlike_FLOAT_to_DOUBLE"], "ceil": ["test_ceil"], "celu": ["test_celu"], "clip": ["test_clip_default_int8_min"],
+  "concat": ["test_concat_3d_axis_negative_2"], "constant": ["test_constant"], "constantofshape": ["test_constantofshape_int_zeros"],
+  "conv": ["test_conv_with_strides_and_asymmetric_padding", "test_conv_with_autopad_same"],
+  "convtranspose": ["test_convtranspose_pads", "test_convtranspose_1d"], "cos": ["test_cos"], "cosh": ["test_cosh"],
+  "cumsum": ["test_cumsum_2d_negative_axis", "test_cumsum_1d_reverse_exclusive"], "depthtospace": ["test_depthtospace_crd_mode_example"],
+  "div": ["test_div_bcast", "test_div_int8"], "dropout": ["test_dropout_default_mask"], "einsum": ["test_einsum_batch_matmul"],
+  "elu": ["test_elu"], "equal": ["test_equal_bcast"], "erf": ["test_erf"], "exp": ["test_exp"], "expand": ["test_expand_dim_changed"],
+  "eyelike": ["test_eyelike_with_dtype"], "flatten": ["test_flatten_negative_axis2"], "floor": ["test_floor"],
+  "gather": ["test_gather_negative_indices"], "gatherelements": ["test_gather_elements_negative_indices"],
+  "gathernd": ["test_gathernd_example_int32_batch_dim1"], "gelu": ["test_gelu_tanh_1"], "gemm": ["test_gemm_all_attributes"],
+  "globalaveragepool": ["test_globalaveragepool"], "globalmaxpool": ["test_globalmaxpool"], "greater": ["test_greater_bcast"],
+  "greater_or_equal": ["test_greater_equal"], "groupnormalization": ["test_group_normalization_example"], "hardmax": ["test_hardmax_axis_1"],
+  "hardsigmoid": ["test_hardsigmoid"], "hardswish": ["test_hardswish"], "identity": ["test_identity"],
+  "instance_normalization": ["test_instancenorm_example"], "isinf": ["test_isinf_negative"], "isnan": ["test_isnan"],
+  "layernormalization": ["test_layer_normalization_3d_axis1_epsilon"], "leakyrelu": ["test_leakyrelu"], "less": ["test_less_bcast"],
+  "less_or_equal": ["test_less_equal"], "log": ["test_log"], "logsoftmax": ["test_logsoftmax_axis_1"],
+  "lpnormalization": ["test_l1normalization_axis_last"], "lppool": ["test_lppool_2d_pads"], "lrn": ["test_lrn"],
+  "matmul": ["test_matmul_4d"], "max": ["test_max_int32"], "maxpool": ["test_maxpool_2d_ceil", "test_maxpool_2d_same_lower", "test_maxpool_2d_uint8",
+                                         "test_maxpool_with_argmax_2d_precomputed_strides"],
+  "mean": ["test_mean_two_inputs"], "meanvariancenormalization": ["test_mvn"], "min": ["test_min_float16"], "mish": ["test_mish"],
+  "mod": ["test_mod_mixed_sign_int32", "test_mod_mixed_sign_float32"], "mul": ["test_mul_bcast"], "neg": ["test_neg"],
+  "nonzero": ["test_nonzero_example"], "not_": ["test_not_3d"], "onehot": ["test_onehot_negative_indices"], "or_": ["test_or_bcast3v1d"],
+  "pad": ["test_constant_pad_negative_axes", "test_reflect_pad", "test_wrap_pad"], "pow": ["test_pow_types_float32_int64"],
+  "prelu": ["test_prelu_broadcast"], "rangeop": ["test_range_int32_type_negative_delta"], "reciprocal": ["test_reciprocal"],
+  "reduce_log_sum": ["test_reduce_log_sum_asc_axes"], "reduce_log_sum_exp": ["test_reduce_log_sum_exp_do_not_keepdims_example"],
+  "reducel1": ["test_reduce_l1_keep_dims_example"], "reducel2": ["test_reduce_l2_negative_axes_keep_dims_example"],
+  "reducemax": ["test_reduce_max_empty_set"], "reducemean": ["test_reduce_mean_negative_axes_keepdims_example"],
+  "reducemin": ["test_reduce_min_bool_inputs"], "reduceprod": ["test_reduce_prod_do_not_keepdims_example"],
+  "reducesum": ["test_reduce_sum_empty_axes_input_noop"], "reducesumsquare": ["test_reduce_sum_square_default_axes_keepdims_example"],
+  "relu": ["test_relu"], "reshape": ["test_reshape_negative_extended_dims", "test_reshape_allowzero_reordered"],
+  "resize": ["test_resize_upsample_scales_nearest", "test_resize_downsample_sizes_linear_pytorch_half_pixel",
+             "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside", "test_resize_tf_crop_and_resize"],
+  "round": ["test_round"], "scatterelements": ["test_scatter_elements_with_reduction_max"],
+  "scatter": ["test_scatter_with_axis"], "selu": ["test_selu"],
+  "shape": ["test_shape_start_negative_1"], "shrink": ["test_shrink_soft"], "sigmoid": ["test_sigmoid"], "sign": ["test_sign"],
+  "sin": ["test_sin"], "sinh": ["test_sinh"], "size": ["test_size"], "slice": ["test_slice_neg_steps", "test_slice_start_out_of_bounds"],
+  "softmax": ["test_softmax_axis_0"], "softplus": ["test_softplus"], "softsign": ["test_softsign"],
+  "spacetodepth": ["test_spacetodepth_example"], "split": ["test_split_variable_parts_2d_opset18", "test_split_1d_uneven_split_opset18"],
+  "sqrt": ["test_sqrt"], "squeeze": ["test_squeeze_negative_axes"], "sub": ["test_sub_uint8"], "sum": ["test_sum_two_inputs"],
+  "swish": ["test_swish"], "tan": ["test_tan"], "tanh": ["test_tanh"], "thresholdedrelu": ["test_thresholdedrelu"],
+  "tile": ["test_tile_precomputed"], "topk": ["test_top_k_smallest"], "transpose": ["test_transpose_all_permutations_3"],
+  "trilu": ["test_tril_neg", "test_triu_one_row"], "unsqueeze": ["test_unsqueeze_unsorted_axes"], "upsample": ["test_upsample_nearest"],
+  "where": ["test_where_long_example"], "xor": ["test_xor_bcast4v4d"],
+  "negativeloglikelihoodloss": ["test_nllloss_NCd1d2_with_weight_reduction_mean"],
+  "softmax_cross_entropy_loss": ["test_sce_mean_weight_ii_4d_log_prob"], "rmsnormalization": ["test_rms_normalization_4d_axis1"],
+  "cumprod": ["test_cumprod_1d_reverse_exclusive"], "hannwindow": ["test_hannwindow"], "hammingwindow": ["test_hammingwindow_symmetric"],
+  "blackmanwindow": ["test_blackmanwindow"], "bitcast": ["test_bitcast_2d_float32_to_int32"],
+  "center_crop_pad": ["test_center_crop_pad_crop_and_pad"], "scatternd": ["test_scatternd_multiply"], "compress": ["test_compress_1"],
+  "reversesequence": ["test_reversesequence_batch"], "quantizelinear": ["test_quantizelinear_axis"],
+  "dequantizelinear": ["test_dequantizelinear_axis"], "dynamicquantizelinear": ["test_dynamicquantizelinear_min_adjusted"],
+  "matmulinteger": ["test_matmulinteger"], "convinteger": ["test_convinteger_with_padding"],
+  "qlinearmatmul": ["test_qlinearmatmul_3D_int8_float32"], "qlinearconv": ["test_qlinearconv"],
+  "attention": ["test_attention_4d_gqa", "test_attention_3d_causal"], "if_": ["test_if_seq"],
+  "loop": ["test_loop13_seq", "test_loop16_seq_none"], "scan": ["test_scan9_sum"],
+  "sequence_map": ["test_sequence_map_add_2_sequences", "test_sequence_map_add_2_sequences_expanded"],
+  "sequenceinsert": ["test_sequence_insert_at_front"], "splittosequence": ["test_split_to_sequence_nokeepdims"],
+  "optionalgetelement": ["test_optional_get_element_optional_sequence"],
+  "optionalhaselement": ["test_optional_has_element_empty_no_input_name_tensor_input"],
+  "rotaryembedding": ["test_rotary_embedding_with_interleaved_rotary_dim"], "swiglu": ["test_swiglu_alpha"],
+  "tensorscatter": ["test_tensorscatter_circular"], "unique": ["test_unique_not_sorted_without_axis", "test_unique_sorted_with_axis_3d"],
+  "det": ["test_det_nd"], "rnn": ["test_rnn_seq_length"], "gru": ["test_gru_bidirectional"], "lstm": ["test_lstm_with_peepholes", "test_lstm_batchwise"],
+}
+
+# the standard has no node case for these: tested below against numpy
+NO_NODE_CASE = {"GlobalLpPool", "ConcatFromSequence", "SequenceErase", "Optional"}
+
+# the standard's modules whose cases take seconds to generate (pure-Python reference pools): only the exports named like
+# a default case run there (export_x makes test_x...), plus these, named unlike their cases
+_SLOW_MODULES = {"averagepool", "maxpool", "lppool", "attention"}
+_EXPORTS_OF_DEFAULT = {"export_attention_gqa"}
+
+def _cases(modules, wanted: set[str] | None = None) -> dict:
+  """The node cases of these modules of onnx.backend.test.case.node: importing a module runs every export_* of its
+  classes, each computing its expected outputs. With `wanted`, the slow modules run only the exports that make them."""
+  import onnx.backend.test.case.node as node_cases
+  from onnx.backend.test.case import base
+  orig = base._Exporter.__init__
+  def only_wanted(cls, name, bases, dct):
+    orig(cls, name, bases, {k: v for k, v in dct.items() if not k.startswith("export") or k in _EXPORTS_OF_DEFAULT or
+                            (k != "export" and any(w.startswith(f"test_{k[len('export_'):]}") for w in wanted))})
+  for m in modules:
+    base._Exporter.__init__ = only_wanted if wanted is not None and m in _SLOW_MODULES else orig
+    try: importlib.import_module(f"onnx.backend.test.case.node.{m}")
+    finally: base._Exporter.__init__ = orig
+  return {c.name: c for c in node_cases._NodeTestCases}
+
+def _value(v):
+  if isinstance(v, list): return [_value(x) for x in v]
+  return numpy_helper.to_array(v) if isinstance(v, TensorProto) else v
+
+def _numpy(t):
+  if t is None or isinstance(t, list): return t if t is None else [_numpy(x) for x in t]
+  if t.dtype == dtypes.bfloat16:
+    import ml_dtypes
+    return t.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
+  return t.numpy()
+
+def _check(case, outputs: dict) -> None:
+  for o, want in zip(case.model.graph.output, case.data_sets[0][1]):
+    _check_value(case, o.name, _value(want), outputs[o.name])
+
+def _check_value(case, name: str, want, got) -> None:
+  if want is None or isinstance(want, list):  # an empty optional, a sequence
+    assert (got is None) == (want is None), f"{name}: {got!r}, expected {want!r}"
+    if want is not None:
+      assert isinstance(got, list) and len(got) == len(want), f"{name}: a sequence of {len(got)}, expected {len(want)}"
+      for i, (w, g) in enumerate(zip(want, got)): _check_value(case, f"{name}[{i}]", w, g)
+    return
+  want, got = np.asarray(want), np.asarray(got)
+  assert got.dtype == want.dtype, f"{name}: dtype {got.dtype}, expected {want.dtype}"
+  assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
+  if want.dtype.kind in "biuO": np.testing.assert_array_equal(got, want)
+  else: np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=case.rtol, atol=case.atol, equal_nan=True)
+
+def run_attograd(case) -> None:
+  names = [i.name for i in case.model.graph.input]
+  got = OnnxRunner(case.model)({n: _value(v) for n, v in zip(names, case.data_sets[0][0])})
+  _check(case, {k: _numpy(v) for k, v in got.items()})
+
+def run_onnxruntime(case) -> None:
+  import onnxruntime as ort
+  sess = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
+  names = [i.name for i in case.model.graph.input]
+  outs = sess.run(None, {n: _value(v) for n, v in zip(names, case.data_sets[0][0])})
+  _check(case, {o.name: v for o, v in zip(case.model.graph.output, outs)})
+
+@pytest.fixture(scope="module")
+def default_cases() -> dict:
+  # (the full run generates every case of these modules itself: a module imported with filtered exports stays so)
+  return _cases(DEFAULT, None if FULL else {n for ns in DEFAULT.values() for n in ns})
+
+def test_default_subset_covers_every_op(default_cases):
+  missing = [n for ns in DEFAULT.values() for n in ns if n not in default_cases]
+  assert not missing, f"cases not in this onnx version: {missing}"
+  def op_types(g) -> set[str]:  # every node's op, subgraphs (If/Loop/Scan bodies) included
+    return {n.op_type for n in g.node} | {t for n in g.node for a in n.attribute for sg in ([a.g] if a.type == a.GRAPH else a.graphs)
+                                          for t in op_types(sg)}
+  ops = {t for c in default_cases.values() if c.name in {n for ns in DEFAULT.values() for n in ns} for t in op_types(c.model.graph)}
+  assert not set(OPS) - ops - NO_NODE_CASE, f"ops without a default case: {sorted(set(OPS) - ops - NO_NODE_CASE)}"
+
+@pytest.mark.parametrize("name", [n for ns in DEFAULT.values() for n in ns])
+def test_node(default_cases, name: str):
+  run_attograd(default_cases[name])
+
+@pytest.mark.skipif(not FULL, reason="ATTOGRAD_ONNX_FULL=1 runs all of the standard's node cases")
+def test_all_node_cases():
+  pytest.importorskip("onnxruntime")
+  from onnx.backend.test.case.node import collect_testcases
+  cases = collect_testcases(None)
+  results: dict[str, dict[str, str]] = {"attograd": {}, "onnxruntime": {}}
+  t0 = time.perf_counter()
+  for c in cases:
+    for who, fn in (("attograd", run_attograd), ("onnxruntime", run_onnxruntime)):
+      try: fn(c); results[who][c.name] = ""
+      except Exception as e: results[who][c.name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+  n = len(cases)
+  passed = {who: sum(not v for v in r.values()) for who, r in results.items()}
+  with open(os.path.join(os.path.dirname(__file__), "onnx_node_failures.txt"), "w") as f:
+    f.write(f"# ONNX {onnx.__version__} backend node cases: attograd {passed['attograd']}/{n}, onnxruntime {passed['onnxruntime']}/{n}\n")
+    for name, why in sorted(results["attograd"].items()):
+      if why: f.write(f"{name}\t{why}\n")
+  print(f"\nONNX node cases: attograd {passed['attograd']}/{n} ({100 * passed['attograd'] / n:.1f}%), "
+        f"onnxruntime {passed['onnxruntime']}/{n} ({100 * passed['onnxruntime'] / n:.1f}%) in {time.perf_counter() - t0:.0f} s")
+  by_op = collections.Counter(c.model.graph.node[0].op_type for c in cases if results["attograd"][c.name])
+  print("attograd failures by op:", dict(by_op.most_common()))
+
+def test_global_lp_pool():
+  x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+  m = _model([helper.make_node("GlobalLpPool", ["x"], ["y"], p=3)], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 1, 1])])
+  want = (np.abs(x) ** 3).sum((2, 3), keepdims=True) ** (1 / 3)
+  np.testing.assert_allclose(OnnxRunner(m)({"x": x})["y"].numpy(), want, rtol=1e-5)
+
+def test_sequence_ops():
+  f = TensorProto.FLOAT
+  nodes = [helper.make_node("SequenceConstruct", ["a", "b", "a"], ["s"]), helper.make_node("SequenceErase", ["s", "one"], ["s2"]),
+           helper.make_node("ConcatFromSequence", ["s2"], ["cat"], axis=0), helper.make_node("ConcatFromSequence", ["s2"], ["stk"], axis=-1, new_axis=1),
+           helper.make_node("Optional", ["a"], ["opt"]), helper.make_node("OptionalHasElement", ["opt"], ["has"])]
+  one = numpy_helper.from_array(np.array(1, np.int64), "one")
+  vi = lambda n, t, shp: helper.make_tensor_value_info(n, t, shp)
+  m = _model(nodes, [vi("a", f, [2, 3]), vi("b", f, [2, 3])], [vi("cat", f, [4, 3]), vi("stk", f, [2, 3, 2]), vi("has", TensorProto.BOOL, [])], [one])
+  a, b = np.arange(6, dtype=np.float32).reshape(2, 3), -np.ones((2, 3), np.float32)
+  out = OnnxRunner(m)({"a": a, "b": b})
+  np.testing.assert_array_equal(out["cat"].numpy(), np.concatenate([a, a]))
+  np.testing.assert_array_equal(out["stk"].numpy(), np.stack([a, a], -1))
+  assert out["has"].item() is True
+
+# ***** real models: PP-OCR from rapidocr-onnxruntime *****
+
+def _ppocr(name: str) -> str:
+  rapid = pytest.importorskip("rapidocr_onnxruntime")
+  found = glob.glob(os.path.join(os.path.dirname(rapid.__file__), "models", name))
+  if not found: pytest.skip(f"{name} is not in rapidocr_onnxruntime")
+  return found[0]
+
+@pytest.mark.skipif(not FULL, reason="ATTOGRAD_ONNX_FULL=1: compiling a whole model takes a minute on a cold kernel cache")
+@pytest.mark.parametrize("name, shape", [("ch_PP-OCRv4_det_infer.onnx", (1, 3, 96, 128)), ("ch_PP-OCRv4_rec_infer.onnx", (1, 3, 48, 160)),
+                                         ("ch_ppocr_mobile_v2.0_cls_infer.onnx", (1, 3, 48, 192))])
+def test_ppocr_matches_onnxruntime(name: str, shape):
+  ort = pytest.importorskip("onnxruntime")
+  path = _ppocr(name)
+  x = np.random.default_rng(0).random(shape, dtype=np.float32)
+  want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  runner = OnnxRunner(path)
+  got = list(runner({"x": x}).values())[0].numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+  again = list(runner({"x": x * 0.5}).values())[0].numpy()  # a second run reuses the shape-folded constants
+  want2 = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x * 0.5})[0]
+  np.testing.assert_allclose(again, want2, rtol=1e-3, atol=1e-4)
+
+# ***** bad input: a clear error naming the node or input *****
+
+def _model(nodes, inputs, outputs, inits=(), opset=17) -> bytes:
+  g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+  return helper.make_model(g, opset_imports=[helper.make_operatorsetid("", opset)]).SerializeToString()
+
+def _relu_model() -> bytes:
+  return _model([helper.make_node("Relu", ["x"], ["y"], name="r")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n"])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "n"])])
+
+def test_runs_bytes_path_and_proto(tmp_path):
+  raw = _relu_model()
+  p = tmp_path / "m.onnx"
+  p.write_bytes(raw)
+  x = np.array([[-1, 2, 3], [4, -5, 6]], np.float32)
+  for m in (raw, str(p), onnx.load_from_string(raw)):
+    np.testing.assert_array_equal(OnnxRunner(m)({"x": x})["y"].numpy(), np.maximum(x, 0))
+  np.testing.assert_array_equal(OnnxRunner(raw)(x=Tensor(x))["y"].numpy(), np.maximum(x, 0))
+
+def test_jit_replays_with_new_inputs():
+  w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+  nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Shape", ["c"], ["s"]),
+           helper.make_node("Reshape", ["c", "flat"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+  inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, -1], np.int64), "flat")]
+  m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 100])], inits)
+  import torch
+  runner = OnnxRunner(m, jit=True)
+  for i in range(4):  # compile and fold, capture, then replays
+    x = np.random.default_rng(i).standard_normal((1, 3, 5, 5)).astype(np.float32)
+    want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).reshape(1, -1).relu().numpy()
+    np.testing.assert_allclose(runner({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-5)
+
+def test_external_data_initializer(tmp_path):
+  w = np.arange(6, dtype=np.float32).reshape(2, 3)
+  m = onnx.load_from_string(_model([helper.make_node("Add", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [numpy_helper.from_array(w, "w")]))
+  onnx.save_model(m, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=0)
+  assert (tmp_path / "w.bin").exists()
+  np.testing.assert_array_equal(OnnxRunner(str(tmp_path / "m.onnx"))({"x": np.ones((2, 3), np.float32)})["y"].numpy(), w + 1)
+
+def test_bad_inputs():
+  r = OnnxRunner(_relu_model())
+  with pytest.raises(TypeError, match="'x'.*int32"): r({"x": np.zeros((2, 3), np.int32)})
+  with pytest.raises(ValueError, match="'x'.*rank"): r({"x": np.zeros((2, 3, 1), np.float32)})
+  with pytest.raises(ValueError, match="'x'"): r({"x": np.zeros((3, 3), np.float32)})
+  with pytest.raises(KeyError, match="missing input 'x'"): r({})
+  with pytest.raises(KeyError, match="'z' is not an input"): r({"x": np.zeros((2, 1), np.float32), "z": 1})
+
+def test_bad_models():
+  with pytest.raises(ValueError, match="not a valid ONNX model"): OnnxRunner(_relu_model()[:-7] + b"\xff\xff\xff")
+  missing = _model([helper.make_node("Relu", ["nope"], ["y"], name="r")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+  with pytest.raises(ValueError, match="node 'r'.*'nope'"): OnnxRunner(missing)
+  unsupported = _model([helper.make_node("GridSample", ["x", "x"], ["y"], name="d")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+  with pytest.raises(NotImplementedError, match="'GridSample'.*'d'.*opset 17"): OnnxRunner(unsupported)
+  bad_attr = _model([helper.make_node("Relu", ["x"], ["y"], name="r", color="red")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+  with pytest.raises(NotImplementedError, match="attribute 'color' of node 'r'"): OnnxRunner(bad_attr)
+  strings = _model([helper.make_node("Identity", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.STRING, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.STRING, [1])])
+  with pytest.raises(NotImplementedError, match="string"): OnnxRunner(strings)({"x": np.array(["a"], dtype=object)})
+
+def test_fuzzed_model_bytes():
+  """Mutated bytes of a real model: loading either works or raises a clear error, never crashes or hangs."""
+  raw = bytearray(open(_ppocr("ch_ppocr_mobile_v2.0_cls_infer.onnx"), "rb").read())
+  rng = np.random.default_rng(1)
+  for _ in range(30):
+    b = bytearray(raw)
+    for i in rng.integers(0, len(b), 8): b[i] = int(rng.integers(0, 256))
+    cut = bytes(b[:int(rng.integers(len(b) // 2, len(b)))]) if rng.random() < 0.3 else bytes(b)
+    try: OnnxRunner(cut)
+    except (ValueError, NotImplementedError, TypeError, KeyError): pass
