@@ -120,7 +120,7 @@ def test_kernel_loops_to_the_variable():
   v = Variable("len", 1, 64)
   y = (Tensor(np.ones((64, 4), np.float32)).realize()[:v.bind(10)] * 2).sum(0)
   from attograd.engine.realize import runnable
-  roots, var_vals = runnable(UOp(Ops.SINK, src=(y.uop,)))
+  roots, var_vals, _ = runnable(UOp(Ops.SINK, src=(y.uop,)))
   (si,) = create_schedule(list(roots.src))[0]
   ranges = [u for u in si.ast.toposort if u.op is Ops.RANGE]
   # the kernel's reduce loop runs to the DEFINE_VAR (an argument), not to the value 10
@@ -209,3 +209,8 @@ def test_slices_at_int_offsets_reuse_kernels():
   # a slice's bounds still hold: the offset's variable runs over the positions that keep it inside the data
   assert data[4990:5000].numpy().tolist() == list(range(4990, 5000))
   assert (data[4990:] + 1).numpy().tolist() == list(range(4991, 5001))
+  # a slice of a slice is a view: read as it is (no variable offsets bound into it), and as the input of a kernel
+  n = np.arange(600, dtype=np.float32).reshape(20, 10, 3)
+  x = Tensor(n).realize()
+  np.testing.assert_array_equal(x.shrink(((5, 15), None, None)).shrink((None, (1, 8), None)).numpy(), n[5:15, 1:8])
+  np.testing.assert_array_equal((x[5:15][2:4, 1:8] * 2).numpy(), n[5:15][2:4, 1:8] * 2)

@@ -290,12 +290,13 @@ def _uncompiled(items: list[ScheduleItem]) -> int:
 # before (only nodes strictly below it use memos), so no two tensors share memory by accident.
 def realized_view(node: UOp) -> UOp | None: return r() if (r := registry.realized.get(node)) is not None else None
 
-def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
+def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
   """The graph with realized nodes (below the roots) read from their buffers and bound Variables
-  unbound (kernels take the variable, the run gets the value), and those values. Variables are found
-  as values and in symbolic shapes; a slice of a buffer at nonzero int offsets gets variables for them. One variable
-  can't have two values at once."""
+  unbound (kernels take the variable, the run gets the value), those values, and the slices given variable offsets
+  (new node -> the slice as it was). Variables are found as values and in symbolic shapes; a slice of a buffer at
+  nonzero int offsets gets variables for them. One variable can't have two values at once."""
   swap: dict[UOp, UOp] = {}
+  sliced: dict[UOp, UOp] = {}
   vals: dict[UOp, int] = {}
   in_shapes: dict[UOp, UOp] = {}
   def value_of(b: UOp) -> None:
@@ -320,8 +321,9 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int]]:
         vals[var] = b
         arg.append((var, var + (e - b)))
       swap[n] = n.replace(arg=tuple(arg))
-  if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals
-  return (roots.substitute(swap) if swap else roots), vals
+      sliced[swap[n]] = n
+  if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals, sliced
+  return (roots.substitute(swap) if swap else roots), vals, sliced
 
 def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
   """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
@@ -333,11 +335,12 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   A computed graph whose keep_source is set stays reachable from its view (registry.sources), for backward()."""
   roots = UOp(Ops.SINK, dtypes.void, tuple(graphs))
   bound_graphs = roots.src
-  roots, var_vals = runnable(roots)
+  roots, var_vals, sliced = runnable(roots)
   out, todo = list(roots.src), []
   for i, u in enumerate(roots.src):
     if not is_view_of_buffer(u): todo.append(i)
-    elif var_vals: out[i] = bind_shapes(u, var_vals)
+    # a view runs no kernel: its slices keep their int offsets (a variable one, bound, is no view a later kernel renders)
+    elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
   with trace.group("schedule", "schedule") as rec: schedule, becomes = create_schedule([out[i] for i in todo])
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
