@@ -853,7 +853,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def square(self) -> Tensor: return self.pow(2)  # not self * self: a bool squares to int64, as in torch
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
-  def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float_unary()).sigmoid() - 1.0
+  def tanh(self) -> Tensor:
+    """expm1(2x) / (expm1(2x) + 2): 2*sigmoid(2x) - 1 cancels near 0 (tanh(1e-8) was 0). Past |x| = 20 it is +-1."""
+    e = (2.0 * self._float_unary().clip(-20.0, 20.0)).expm1()
+    return e / (e + 2.0)
   def clip(self, min_=None, max_=None, *, min=None, max=None) -> Tensor:
     if min is not None: min_ = min
     if max is not None: max_ = max

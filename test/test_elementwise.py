@@ -50,6 +50,14 @@ def test_erf_accuracy(device):
   gc = Tensor(x, device=device).erfc().numpy().astype(np.float64)
   assert (np.abs(gc - wc) / wc).max() < 1e-5  # relative, out in the tail
 
+def test_tanh_accuracy_near_zero_and_far(device):
+  # relative to float64: 2*sigmoid(2x)-1 lost every digit of tanh(1e-8) (it gave 0) and most of tanh(0.01)
+  x = np.concatenate([np.geomspace(1e-30, 1, 200), -np.geomspace(1e-12, 30, 200), [0.0, 9.0, 25.0, np.inf, -np.inf]]).astype(np.float32)
+  got = Tensor(x, device=device).tanh().numpy().astype(np.float64)
+  want = torch.tanh(torch.from_numpy(x).double()).numpy()
+  assert (np.abs(got - want) / np.maximum(np.abs(want), 1e-38)).max() < 4e-7
+  assert np.isnan(Tensor([np.nan], device=device).tanh().numpy()).all()
+
 EXP_RANGE = {np.float32: (-104.0, 89.0, 1.5e-7), np.float64: (-746.0, 710.0, 3e-16)}
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
