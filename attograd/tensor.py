@@ -614,6 +614,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return (c, a) if reverse else (a, c)
     elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
       dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
+    elif isinstance(x, ValuesIndices): raise TypeError(_VI_HINT.format(what="used as an operand"))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
@@ -887,19 +888,31 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if dim is not None: axis = dim
     acc = to_dtype(dtype) if dtype is not None else dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
-  def max(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
-    """tinygrad's max over axis (a tensor); with dim=, torch's (values, indices); with a tensor, torch.maximum."""
-    if dim is not None: return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
-    if isinstance(axis, Tensor): return self.maximum(axis)
-    return self._reduce(Ops.MAX, axis, keepdim)
-  def min(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
-    if dim is not None: return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
-    if isinstance(axis, Tensor): return self.minimum(axis)
-    if dtypes.is_float(self.dtype): return -((-self).max(axis, keepdim))
-    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
-    return ~((~self).max(axis, keepdim))  # ~ reverses the order of signed and unsigned ints alike
+  # max/min have two meanings: torch's positional or dim= form x.max(1) returns (values, indices); tinygrad's
+  # x.max(axis=1) returns the tensor. Project rule: where both define a result and differ PyTorch wins and tinygrad's
+  # spelling keeps working, so the keyword decides. A tuple of dims (torch refuses it) reduces, as in tinygrad.
+  def max(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor | ValuesIndices:
+    """x.max() / x.max(axis=1): the max (a tensor); x.max(1) / x.max(dim=1): torch's (values, indices); x.max(t): torch.maximum."""
+    if isinstance(dim, Tensor): return self.maximum(dim)
+    if axis is not None:
+      if dim is not None: raise TypeError("max() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
+      return self._reduce(Ops.MAX, axis, keepdim)
+    if _one_dim(dim): return ValuesIndices(self._reduce(Ops.MAX, d := dim.__index__(), keepdim), self.argmax(d, keepdim))
+    return self._reduce(Ops.MAX, dim, keepdim)
+  def min(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor | ValuesIndices:
+    """As max: x.min(axis=1) the tensor, x.min(1) / x.min(dim=1) torch's (values, indices), x.min(t) torch.minimum."""
+    if isinstance(dim, Tensor): return self.minimum(dim)
+    if axis is not None:
+      if dim is not None: raise TypeError("min() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
+      return self.amin(axis, keepdim)
+    if _one_dim(dim): return ValuesIndices(self.amin(d := dim.__index__(), keepdim), self.argmin(d, keepdim))
+    return self.amin(dim, keepdim)
   def amax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self._reduce(Ops.MAX, dim if axis is None else axis, keepdim)
-  def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self.min(dim if axis is None else axis, keepdim)
+  def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:
+    if axis is not None: dim = axis
+    if dtypes.is_float(self.dtype): return -((-self).amax(dim, keepdim))
+    if self.dtype == dtypes.bool: return self.logical_not().amax(dim, keepdim).logical_not()
+    return ~((~self).amax(dim, keepdim))  # ~ reverses the order of signed and unsigned ints alike
   def mean(self, axis=None, keepdim: bool = False, *, dim=None, dtype: DType | None = None) -> Tensor:
     if dim is not None: axis = dim
     if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
@@ -919,7 +932,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
   def any(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
-    return self.cast(dtypes.bool).max(axis if dim is None else dim, keepdim)
+    return self.cast(dtypes.bool).amax(axis if dim is None else dim, keepdim)
   def all(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor: return self.logical_not().any(axis, keepdim, dim=dim).logical_not()
   def argmax(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
@@ -930,10 +943,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
     n = self.shape[a]
     idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
-    is_max = self == self.max(a, keepdim=True)
+    is_max = self == self.amax(a, keepdim=True)
     if dtypes.is_float(self.dtype): is_max = is_max | self.isnan()  # as in torch a NaN is the max, but NaN == NaN is False
     hit = is_max.cast(dtypes.int64) * idx
-    return (n - hit.max(a, keepdim=keepdim)).cast(dtypes.int64)
+    return (n - hit.amax(a, keepdim=keepdim)).cast(dtypes.int64)
   def argmin(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     return (-self if dtypes.is_float(self.dtype) else self.logical_not() if self.dtype == dtypes.bool else ~self).argmax(axis, keepdim, dim=dim)
 
@@ -992,12 +1005,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = self._float_unary() if dtype is None else self.cast(dtype)  # ints first: x - max would wrap for unsigned ones
     # the shift by the row's max changes nothing mathematically, so no gradient flows into it (as in torch): through
     # the max it would be a sum of terms that cancel, at the cost of two more reductions in the backward pass
-    e = (x - x.max(axis, keepdim=True).detach()).exp()
+    e = (x - x.amax(axis, keepdim=True).detach()).exp()
     return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
   def log_softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self._float_unary() if dtype is None else self.cast(dtype)
-    m = x - x.max(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
+    m = x - x.amax(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
     return m - m.exp().sum(axis, keepdim=True).log()
 
   # ***** nn functional *****
@@ -1111,7 +1124,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def _max_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    return self._pool_padded(geometry, lowest, lowest).max(tuple(range(-n, 0)))
+    return self._pool_padded(geometry, lowest, lowest).amax(tuple(range(-n, 0)))
   def _avg_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     window = tuple(range(-n, 0))
@@ -1194,12 +1207,27 @@ INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "
 for _name in INPLACE_OPS:
   if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
 
+def _one_dim(dim: Any) -> bool:
+  """One dimension (an int, numpy's ints too) rather than None or a tuple of dims: torch's max/min with a dim."""
+  return dim is not None and not isinstance(dim, (tuple, list, bool)) and hasattr(dim, "__index__")
+
+_VI_HINT = ("max/min with a positional or dim= dimension returns torch's (values, indices) pair, which can't be {what}: "
+            "take .values (x.max(1).values, as in torch), or use x.max(axis=1) / x.amax(1) for the tensor (as in tinygrad)")
+
+def _vi_refuse(self: Any, *args: Any) -> Any: raise TypeError(_VI_HINT.format(what="used in arithmetic"))
+
 class ValuesIndices(tuple):
   """What torch's max/min/sort/topk with a dim return: a pair that also reads as .values and .indices."""
   __slots__ = ()
   def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
   values = property(lambda self: self[0])
   indices = property(lambda self: self[1])
+  # a tuple would silently concatenate (vi + vi) or repeat (vi * 2): in a numeric program that is always a slip
+  __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = __truediv__ = __rtruediv__ = __neg__ = __pow__ = _vi_refuse
+  __lt__ = __le__ = __gt__ = __ge__ = _vi_refuse
+  def __getattr__(self, name: str) -> Any:  # only reached for names a tuple lacks (x.max(1).exp(), .shape, .numpy()...)
+    if name.startswith("__"): raise AttributeError(name)
+    raise AttributeError(f"'ValuesIndices' has no attribute {name!r}: " + _VI_HINT.format(what="used as a tensor"))
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):

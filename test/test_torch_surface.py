@@ -129,12 +129,44 @@ def test_torch_keyword_names(name, kw):
 @pytest.mark.parametrize("name", ["max", "min"])
 def test_max_min_with_dim_give_values_and_indices(name):
   x, r = both(X)
-  out, ref = getattr(x, name)(dim=-1), getattr(r, name)(dim=-1)
-  same(out.values, ref.values); same(out.indices, ref.indices)
-  v, i = getattr(x, name)(dim=1, keepdim=True)
-  same(v, getattr(r, name)(dim=1, keepdim=True)[0]); same(i, getattr(r, name)(dim=1, keepdim=True)[1])
-  same(getattr(x, name)(1), r.amax(1) if name == "max" else r.amin(1))  # tinygrad's axis stays a tensor
+  for args, kw in [((), dict(dim=-1)), ((1,), {}), ((1, True), {}), ((2,), dict(keepdim=True)), ((), dict(dim=0, keepdim=False))]:
+    out, ref = getattr(x, name)(*args, **kw), getattr(r, name)(*args, **kw)
+    assert type(out).__name__ == "ValuesIndices" and len(out) == 2
+    same(out.values, ref.values); same(out.indices, ref.indices)
+    v, i = out  # unpacks as torch's namedtuple does
+    same(v, ref[0]); same(i, ref[1])
+  red = r.amax if name == "max" else r.amin
+  same(getattr(x, name)(axis=1), red(1))  # tinygrad's keyword spelling stays a tensor
+  same(getattr(x, name)(axis=-1, keepdim=True), red(-1, keepdim=True))
+  same(getattr(x, name)((0, 2)), red((0, 2)))  # a tuple of dims: torch refuses, tinygrad reduces
+  same(getattr(x, name)(), getattr(r, name)())
   same(getattr(x, name)(x * 0), getattr(r, name)(r * 0))  # with a tensor: elementwise, as torch.max(a, b)
+  same(getattr(x, name)(np.int64(1)).values, getattr(r, name)(1).values)  # numpy's ints are a dim too
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_int_bool_with_dim(name):
+  a = np.random.default_rng(2).integers(-3, 4, (5, 6))
+  for arr in (a.astype(np.int32), a > 0):
+    x, r = Tensor(arr), torch.tensor(arr)
+    out, ref = getattr(x, name)(1), getattr(r, name)(1)
+    same(out.values, ref.values); same(out.indices, ref.indices)
+
+@pytest.mark.parametrize("misuse", [
+  lambda x: x - x.max(1, keepdim=True), lambda x: x.max(1) - x, lambda x: x.max(dim=1) * 2, lambda x: 2 * x.min(1),
+  lambda x: x.max(1) + x.max(1), lambda x: x == x.max(1, True), lambda x: x.max(1) < 0, lambda x: -x.min(0)])
+def test_values_indices_in_arithmetic_names_the_fix(misuse):
+  x = Tensor(X)
+  with pytest.raises(TypeError, match=r"\.values.*axis="): misuse(x)
+
+def test_values_indices_as_tensor_names_the_fix():
+  with pytest.raises(AttributeError, match=r"'exp'.*\.values.*axis="): Tensor(X).max(1).exp()
+  with pytest.raises(TypeError, match="not both"): Tensor(X).max(1, axis=1)
+
+def test_max_with_dim_gradient_matches_torch():
+  x, r = both(X)
+  x.requires_grad, r.requires_grad = True, True
+  (x.max(1).values * Tensor(X[:, 0])).sum().backward(); (r.max(1).values * torch.tensor(X[:, 0])).sum().backward()
+  same(x.grad, r.grad)
 
 # ***** in-place ops, lazy like assign *****
 INPLACE_CASES = [

@@ -192,7 +192,7 @@ class IndexingOps:
       pos = T.arange(self.numel(), device=self.device, dtype=dtypes.int32).reshape(self.shape)[index].flatten()
       M = pos.numel()
       hit = pos.unsqueeze(0) == T.arange(self.numel(), device=self.device, dtype=dtypes.int32).unsqueeze(1)  # (numel, M)
-      last = hit.where(T.arange(1, M + 1, device=self.device, dtype=dtypes.int32).unsqueeze(0), 0).max(1) if M else \
+      last = hit.where(T.arange(1, M + 1, device=self.device, dtype=dtypes.int32).unsqueeze(0), 0).amax(1) if M else \
         T.zeros(self.numel(), dtype=dtypes.int32, device=self.device)
       vals = v.flatten()._take_along([0], [(last - 1, M)], 0) if M else self.flatten()
       new = (last > 0).where(vals, self.flatten()).reshape(self.shape)
@@ -294,7 +294,7 @@ class IndexingOps:
     mask, s, n = self._scatter_mask(d, index, src.cast(self.dtype), "scatter")
     J = index.shape[d]
     j = type(self).arange(1, J + 1, device=self.device, dtype=dtypes.int32).reshape((J,) + (1,) * (index.ndim - d - 1))
-    last = mask.where(j, 0).max(d + 1, keepdim=True) if J else mask.sum(d + 1, keepdim=True).cast(dtypes.int32)
+    last = mask.where(j, 0).amax(d + 1, keepdim=True) if J else mask.sum(d + 1, keepdim=True).cast(dtypes.int32)
     val = (j == last).where(s, s.zeros_like()).sum(d + 1).cast(self.dtype)
     has = self._pad_to_self((last > 0).squeeze(d + 1), d, False)
     return has.where(self._pad_to_self(val, d, 0), self)
@@ -313,8 +313,8 @@ class IndexingOps:
     elif reduce == "prod": r = mask.where(s, s.ones_like()).prod(d + 1).cast(self.dtype)
     else:
       big = s.full_like(-float("inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype))
-      if reduce == "amax": r = mask.where(s, big).max(d + 1)
-      else: r = mask.where(s, s.full_like(float("inf") if dtypes.is_float(self.dtype) else dtypes.max(self.dtype))).min(d + 1)
+      if reduce == "amax": r = mask.where(s, big).amax(d + 1)
+      else: r = mask.where(s, s.full_like(float("inf") if dtypes.is_float(self.dtype) else dtypes.max(self.dtype))).amin(d + 1)
     has = self._pad_to_self(count > 0, d, False)
     r, count = self._pad_to_self(r, d, 0), self._pad_to_self(count, d, 0)
     if include_self:

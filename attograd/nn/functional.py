@@ -266,7 +266,7 @@ def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
   """input / max(||input||_p along dim, eps)."""
   a = input.abs()
-  if p == math.inf: norm = a.max(dim, True)
+  if p == math.inf: norm = a.amax(dim, True)
   elif p == 2: norm = a.square().sum(dim, True).sqrt()
   elif p == 1: norm = a.sum(dim, True)
   else: norm = a.pow(p).sum(dim, True).pow(1 / p)
