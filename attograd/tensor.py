@@ -448,6 +448,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** movement *****
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if None in shape:  # tinygrad's: None keeps the size of that dimension (torch refuses None)
+      if len(shape) != self.ndim: raise ArgumentError(f"reshape to {shape}: None keeps a dimension's size, so it needs {self.ndim} entries")
+      shape = tuple(o if s is None else s for s, o in zip(shape, self.shape))
     if shape.count(-1) > 1: raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
     numel = self.numel()
     if -1 in shape:
@@ -850,7 +853,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t if max_ is None else t.minimum(max_)
   clamp = clip
   def isnan(self) -> Tensor: return self.ne(self)
-  def isinf(self) -> Tensor: return self.abs().eq(math.inf) if dtypes.is_float(self.dtype) else self.zeros_like(dtype=dtypes.bool)
+  def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+    if not dtypes.is_float(self.dtype) or not (detect_positive or detect_negative): return self.zeros_like(dtype=dtypes.bool)
+    if detect_positive and detect_negative: return self.abs().eq(math.inf)
+    return self.eq(math.inf if detect_positive else -math.inf)
+  def isfinite(self) -> Tensor: return (self.isinf() | self.isnan()).logical_not()
   def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
   def logical_and(self, x) -> Tensor: return self.cast(dtypes.bool) & (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
   def logical_or(self, x) -> Tensor: return self.cast(dtypes.bool) | (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
@@ -1184,9 +1191,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return (p > 0).where((p > 0).where(p, 1.0).log(), -100.0).maximum(-100.0)
     loss = -(Y * clamped_log(self) + (1 - Y) * clamped_log(1 - self))
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
-  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-    # log(sigmoid(x)) = -softplus(-x), written to stay finite for large |x|
-    loss = self.maximum(0) - self * Y + (1 + (-self.abs()).exp()).log()
+  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    # (1 - y) x + (1 + (pw - 1) y) softplus(-x); softplus(-x) written to stay finite for large |x|
+    sp = (-self).maximum(0) + (1 + (-self.abs()).exp()).log()
+    loss = (1 - Y) * self + (sp if pos_weight is None else (1 + (pos_weight - 1) * Y) * sp)
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
   def sequential(self, layers: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
     x = self

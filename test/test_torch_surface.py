@@ -280,3 +280,56 @@ def test_shape_errors_are_runtime_errors(bad):
   with pytest.raises(RuntimeError): bad(torch.tensor)
   with pytest.raises(RuntimeError): bad(Tensor)
   with pytest.raises(ValueError): bad(Tensor)  # tinygrad's convention keeps working
+
+# ***** small ops of issue 16, each against torch *****
+SPECIAL = np.array([[0., -0., 1., -1., 2.5, -3.5], [np.inf, -np.inf, np.nan, 7., -7., 1e30]], np.float32)
+SMALL_OPS = [
+  ("copysign", lambda t, T: t.copysign(T(-SPECIAL))), ("copysign_scalar", lambda t, T: t.copysign(-2.0)),
+  ("fmod", lambda t, T: t.fmod(2.0)), ("fmod_neg", lambda t, T: t.fmod(-1.5)),
+  ("isfinite", lambda t, T: t.isfinite()), ("isinf_pos", lambda t, T: t.isinf(detect_positive=True, detect_negative=False) if isinstance(t, Tensor) else t.isposinf()),
+  ("isinf_neg", lambda t, T: t.isinf(detect_positive=False, detect_negative=True) if isinstance(t, Tensor) else t.isneginf()),
+  ("logaddexp", lambda t, T: t.logaddexp(T(SPECIAL[::-1].copy()))), ("softmin", lambda t, T: t[:1].softmin(dim=-1) if isinstance(t, Tensor) else torch.nn.functional.softmin(t[:1], dim=-1)),
+  ("diagonal", lambda t, T: t.diagonal()), ("diagonal_off", lambda t, T: t.diagonal(2)), ("diagonal_neg", lambda t, T: t.diagonal(-1)),
+  ("diag", lambda t, T: t.diag(1)), ("diag_vec", lambda t, T: t[0].diag(-2)), ("masked_select", lambda t, T: t.masked_select(T(SPECIAL > 0))),
+  ("unfold", lambda t, T: t.unfold(1, 2, 2)), ("unfold_dim0", lambda t, T: t.unfold(0, 1, 1)),
+]
+@pytest.mark.parametrize("name,f", SMALL_OPS, ids=[n for n, _ in SMALL_OPS])
+def test_small_ops_match_torch(name, f):
+  out, ref = f(Tensor(SPECIAL), Tensor), f(torch.tensor(SPECIAL), torch.tensor)
+  np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6, atol=1e-6, equal_nan=True)
+  assert out.shape == tuple(ref.shape)
+
+def test_small_op_gradients_match_torch():
+  a = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+  for f in (lambda t: t.diagonal(1), lambda t: t.logaddexp(t * 2), lambda t: t.fmod(0.7), lambda t: t.unfold(1, 3, 1)):
+    x, r = Tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    f(x).sum().backward(); f(r).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), r.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+def test_int_fmod_and_scatter_reduce_names():
+  a = np.array([-7, -3, 0, 3, 7], np.int32)
+  assert Tensor(a).fmod(3).tolist() == torch.tensor(a).fmod(3).tolist()
+  idx = np.array([[0, 1, 0], [2, 0, 1]])
+  for red in ("add", "multiply"):
+    base, src = np.arange(1., 10.).reshape(3, 3).astype(np.float32), np.full((2, 3), 2., np.float32)
+    out = Tensor(base).scatter(0, Tensor(idx), Tensor(src), reduce=red)
+    ref = torch.tensor(base).scatter(0, torch.tensor(idx), torch.tensor(src), reduce=red)
+    np.testing.assert_allclose(out.numpy(), ref.numpy())
+  with pytest.raises(ValueError, match="reduce"): Tensor(base).scatter(0, Tensor(idx), Tensor(src), reduce="max")
+
+def test_reshape_none_keeps_size():
+  x = Tensor.ones(2, 3, 4)
+  assert x.reshape(2, None, 4).shape == (2, 3, 4)
+  assert x.reshape(None, None, -1).shape == (2, 3, 4) and x.reshape((None, 4, 3)).shape == (2, 4, 3)
+  with pytest.raises(ValueError, match="None keeps"): x.reshape(None, -1)
+
+def test_sdpa_gqa_and_bce_pos_weight():
+  rng = np.random.default_rng(4)
+  q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 8)))
+  out = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), enable_gqa=True)
+  ref = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v)), enable_gqa=True)
+  np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+  x, y, pw = rng.standard_normal((3, 4)).astype(np.float32), (rng.random((3, 4)) > 0.5).astype(np.float32), np.array([0.5, 1, 2, 3], np.float32)
+  out = Tensor(x).binary_crossentropy_logits(Tensor(y), pos_weight=Tensor(pw))
+  ref = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(y), pos_weight=torch.tensor(pw))
+  np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5)

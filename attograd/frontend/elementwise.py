@@ -381,10 +381,59 @@ class ElementwiseOps:
     acc = acc.expand(*full) if full else acc
     summed = tuple(range(len(out), len(letters)))
     return acc.sum(summed) if summed else acc
-  def scaled_dot_product_attention(self, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None):
+  # ***** torch's small composites (issue 16) *****
+  def copysign(self, other):
+    """|self| with the sign of other (torch.copysign; the sign bit of -0.0 counts, as torch); always a float."""
+    x = self._float_unary()
+    o = other if isinstance(other, type(self)) else type(self).full((), float(other), device=self.device)
+    neg = (o < 0) | ((o == 0) & ((1 / o.cast(x.dtype)) < 0)) if dtypes.is_float(o.dtype) else o < 0
+    return neg.where(-x.abs(), x.abs())
+  def fmod(self, other):
+    """C's fmod: the remainder with the sign of the dividend (torch.fmod), unlike % (Python's, the divisor's sign)."""
+    if not dtypes.is_float(self.dtype) and not (isinstance(other, type(self)) and dtypes.is_float(other.dtype)) and not isinstance(other, float):
+      r = self % other
+      return ((r != 0) & ((r < 0) != (self < 0))).where(r - other, r)
+    return self - (self / other).trunc() * other
+  def logaddexp(self, other):
+    """log(exp(a) + exp(b)) without overflow: max + log1p(exp(-|a - b|)); equal infinities give that infinity, as torch."""
+    m = self.maximum(other)
+    d = (self - other).abs()
+    return (m == -math.inf).where(m, m + (-(d.isnan().where(0, d))).exp().log1p())
+  def softmin(self, axis: int = -1, dtype=None, *, dim=None):
+    return (-self).softmax(axis if dim is None else dim, dtype)
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    """torch.diagonal: the diagonal of dims (dim1, dim2) moved to the last dim; offset > 0 above the main diagonal."""
+    nd = self.ndim
+    d1, d2 = dim1 % nd if -nd <= dim1 < nd else dim1, dim2 % nd if -nd <= dim2 < nd else dim2
+    if not (0 <= d1 < nd and 0 <= d2 < nd) or d1 == d2: raise ArgumentError(f"diagonal dims {dim1}, {dim2} of a {nd}-D tensor")
+    x = self.permute(*[i for i in range(nd) if i not in (d1, d2)], d1, d2)
+    a, b = x.shape[-2], x.shape[-1]
+    n = max(0, min(a, b - offset) if offset >= 0 else min(a + offset, b))
+    x = x[..., :n, offset:offset + n] if offset >= 0 else x[..., -offset:-offset + n, :n]
+    eye = type(self).eye(n, dtype=dtypes.bool, device=self.device)
+    return eye.where(x, 0).sum(-1) if n else x.sum(-1)
+  def diag(self, diagonal: int = 0):
+    """torch.diag: a 1-D input becomes the matrix with it on the given diagonal; a 2-D input gives that diagonal."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise ArgumentError(f"diag needs a 1-D or 2-D tensor, got {self.ndim}-D")
+    n, k = self.shape[0], abs(diagonal)
+    m = type(self).eye(n, dtype=dtypes.bool, device=self.device).where(self.unsqueeze(0), 0)
+    return m.pad(((0, k), (k, 0)) if diagonal >= 0 else ((k, 0), (0, k)))
+  def masked_select(self, mask):
+    """torch.masked_select: the elements where mask (broadcast with self) is True, as 1-D (its size needs a realize)."""
+    if mask.dtype != dtypes.bool: raise TypeError(f"masked_select needs a bool mask, got {mask.dtype}")
+    a, m = self._operands(mask)  # broadcast both (in their common dtype: m != 0 is the mask again)
+    return a.cast(self.dtype).flatten()[(m != 0).flatten()]
+  def scaled_dot_product_attention(self, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                   enable_gqa: bool = False):
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True
-    positions; dropout (p > 0) is applied as torch does, whatever the training mode."""
+    positions; dropout (p > 0) is applied as torch does, whatever the training mode. enable_gqa: key/value heads
+    (dim -3) are shared by groups of query heads, each repeated in place as torch does."""
     q = self
+    if enable_gqa and key.ndim >= 3 and (hq := q.shape[-3]) != (hk := key.shape[-3]):
+      if hq % hk or hq % value.shape[-3]:
+        raise ArgumentError(f"scaled_dot_product_attention: {hq} query heads aren't a multiple of {hk} key / {value.shape[-3]} value heads")
+      key, value = key.repeat_interleave(hq // hk, dim=-3), value.repeat_interleave(hq // value.shape[-3], dim=-3)
     L, S = q.shape[-2], key.shape[-2]
     s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
     attn = (q @ key.transpose(-2, -1)) * s

@@ -67,6 +67,8 @@ def _known_range(u: UOp) -> tuple[int, int] | None:
   s = s.simplify()
   return int(s.vmin), int(s.vmax)
 
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}  # scatter(reduce=)'s names -> scatter_reduce's
+
 class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -283,11 +285,16 @@ class IndexingOps:
   def _pad_to_self(self, t: Any, d: int, fill: Any) -> Any:
     return t.pad(tuple((0, 0) if a == d else (0, sx - st) for a, (st, sx) in enumerate(zip(t.shape, self.shape))), value=fill)
 
-  def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None) -> Any:
+  def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None, *, reduce: str | None = None) -> Any:
     """torch.scatter (out of place): out[index[i][j]][j] = src[i][j] (dim=0); src may be a scalar
-    (or pass value=). With repeated indices the last write along dim wins."""
+    (or pass value=). With repeated indices the last write along dim wins. reduce="add"/"multiply" (torch's older
+    form) accumulates into self instead: scatter_reduce with "sum"/"prod", include_self."""
     if src is None: src = value
     if src is None: raise TypeError("scatter needs src or value")
+    if reduce is not None:
+      if reduce not in _SCATTER_REDUCE: raise ArgumentError(f"scatter reduce must be one of {tuple(_SCATTER_REDUCE)}, got {reduce!r}")
+      if not _is_tensor(src): src = type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
+      return self.scatter_reduce(dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
     d = self._check_dim_index(dim, index, "scatter")
     if self.ndim == 0: return self.reshape(1).scatter(0, index.reshape(1), src if not _is_tensor(src) else src.reshape(1)).reshape(())
     if not _is_tensor(src): src = type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
@@ -328,6 +335,20 @@ class IndexingOps:
       r = r.floor_divide(c) if not dtypes.is_float(self.dtype) else r / c
     return has.where(r.cast(self.dtype), self)
 
+  def unfold(self, dimension: int, size: int, step: int) -> Any:
+    """torch.Tensor.unfold: the windows of `size` every `step` along a dim; that dim becomes the window count and
+    the window is a new last dim. (Not nn.functional.unfold, the image patches.)"""
+    d = dimension % self.ndim if self.ndim and -self.ndim <= dimension < self.ndim else None
+    if d is None and not (self.ndim == 0 and dimension in (0, -1)): raise IndexError(f"unfold dimension {dimension} of a {self.ndim}-D tensor")
+    x = self.reshape(1) if self.ndim == 0 else self
+    d = d or 0
+    n = x.shape[d]
+    if size > n or step <= 0 or size < 0: raise ArgumentError(f"unfold: size {size} and step {step} don't fit a dim of {n}")
+    T, nw = type(self), (n - size) // step + 1
+    idx = (T.arange(nw, device=self.device).reshape(nw, 1) * step + T.arange(size, device=self.device).reshape(1, size)).flatten()
+    out = x.index_select(d, idx).reshape(*x.shape[:d], nw, size, *x.shape[d + 1:])
+    out = out.permute(*range(d + 1), *range(d + 2, out.ndim), d + 1)
+    return out.reshape(size) if self.ndim == 0 else out
   def index_select(self, dim: int, index: Any) -> Any:
     """torch.index_select: the entries of a 1-D integer index along dim."""
     if not _is_tensor(index) or not dtypes.is_int(index.dtype) or index.ndim > 1:
