@@ -1128,10 +1128,39 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     lead = ((0, 0),) * (self.ndim - len(kernel))
     x = self.pad(lead + tuple((p, p) for p in padding), value=fill).pad(lead + tuple((0, e) for e in extras), value=extra_fill)
     return x._pool(kernel, stride, dilation)
-  def _max_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
+  def _max_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False,
+                return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    return self._pool_padded(geometry, lowest, lowest).amax(tuple(range(-n, 0)))
+    if not return_indices: return self._pool_padded(geometry, lowest, lowest).amax(tuple(range(-n, 0)))
+    # torch's indices: each window's max as a flat index into the input's last n dims, the first in window order on
+    # ties. The spatial positions are pooled with the same geometry (-1 where padding), so a window's max and its
+    # position line up; a padded cell never wins (it is excluded even where the input itself is the lowest value)
+    if self.ndim < n: raise ArgumentError(f"max_pool{n}d of a {self.ndim}-D tensor")
+    spatial = self.shape[-n:]
+    pos = Tensor.arange(prod(spatial), device=self.device, dtype=dtypes.int64).reshape(spatial)._pool_padded(geometry, -1, -1)
+    win = self._pool_padded(geometry, lowest, lowest)
+    k = prod(geometry[0])
+    win, pos = win.reshape(*win.shape[:-n], k), pos.reshape(*pos.shape[:-n], k)
+    values = win.amax(-1, keepdim=True)
+    hit = (win == values) & (pos >= 0)
+    if dtypes.is_float(self.dtype): hit = hit | (win.isnan() & (pos >= 0))  # as torch: a NaN is the max (value and place)
+    first = hit.argmax(-1, keepdim=True)
+    indices = pos.expand(win.shape).gather(-1, first)
+    return values.squeeze(-1), indices.squeeze(-1)
+  def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, output_size=None) -> Tensor:
+    """The inverse of max_pool2d(return_indices=True): each value put back at its index, zeros elsewhere (torch's)."""
+    return self._max_unpool(2, indices, kernel_size, stride, dilation, padding, output_size)
+  def _max_unpool(self, n: int, indices: Tensor, kernel_size, stride=None, dilation=1, padding=0, output_size=None) -> Tensor:
+    kernel = Tensor._tuple(kernel_size, n, "kernel_size")
+    stride = kernel if stride is None else Tensor._tuple(stride, n, "stride")
+    dilation, padding = Tensor._tuple(dilation, n, "dilation"), Tensor._tuple(padding, n, "padding")
+    if indices.shape != self.shape: raise ArgumentError(f"max_unpool: indices of shape {indices.shape} don't match input {self.shape}")
+    if output_size is None: out = tuple((i - 1) * s - 2 * p + d * (k - 1) + 1 for i, s, p, d, k in zip(self.shape[-n:], stride, padding, dilation, kernel))
+    else: out = tuple(output_size)[-n:]
+    lead = self.shape[:-n]
+    flat = Tensor.zeros(*lead, prod(out), dtype=self.dtype, device=self.device)
+    return flat.scatter(-1, indices.reshape(*lead, -1), self.reshape(*lead, -1)).reshape(*lead, *out)
   def _avg_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     window = tuple(range(-n, 0))

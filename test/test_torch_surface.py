@@ -333,3 +333,38 @@ def test_sdpa_gqa_and_bce_pos_weight():
   out = Tensor(x).binary_crossentropy_logits(Tensor(y), pos_weight=Tensor(pw))
   ref = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(y), pos_weight=torch.tensor(pw))
   np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5)
+
+# ***** max_pool(return_indices=True) and max_unpool *****
+POOL_CASES = [((2, 3, 6, 7), dict(kernel_size=2)), ((1, 2, 7, 7), dict(kernel_size=3, stride=2, padding=1)),
+              ((1, 1, 9, 8), dict(kernel_size=(3, 2), stride=(2, 3), dilation=(2, 1), ceil_mode=True))]
+@pytest.mark.parametrize("shape,kw", POOL_CASES, ids=str)
+def test_max_pool2d_return_indices_matches_torch(shape, kw):
+  import attograd.nn.functional as F
+  a = np.random.default_rng(5).integers(-3, 3, shape).astype(np.float32)  # small ints: many ties, torch takes the first
+  v, i = F.max_pool2d(Tensor(a), return_indices=True, **kw)
+  rv, ri = torch.nn.functional.max_pool2d(torch.tensor(a), return_indices=True, **kw)
+  same(v, rv); same(i, ri); assert i.dtype == dtypes.int64
+  if "dilation" not in kw:
+    args = (kw["kernel_size"], kw.get("stride"), kw.get("padding", 0))
+    same(F.max_unpool2d(v, i, *args, output_size=a.shape[-2:]), torch.nn.functional.max_unpool2d(rv, ri, *args, output_size=a.shape[-2:]))
+
+def test_max_pool_indices_other_ranks_module_and_gradient():
+  import attograd.nn.functional as F
+  from attograd import nn
+  rng = np.random.default_rng(6)
+  a1, a3 = rng.standard_normal((2, 3, 9)).astype(np.float32), rng.standard_normal((1, 2, 4, 5, 6)).astype(np.float32)
+  for f, tf, a in ((F.max_pool1d, torch.nn.functional.max_pool1d, a1), (F.max_pool3d, torch.nn.functional.max_pool3d, a3)):
+    v, i = f(Tensor(a), 2, return_indices=True); rv, ri = tf(torch.tensor(a), 2, return_indices=True)
+    same(v, rv); same(i, ri)
+  v, i = F.max_pool1d(Tensor(a1), 2, return_indices=True)
+  same(F.max_unpool1d(v, i, 2, output_size=(9,)), torch.nn.functional.max_unpool1d(*torch.nn.functional.max_pool1d(torch.tensor(a1), 2, return_indices=True), 2, output_size=(9,)))
+  a = rng.standard_normal((2, 2, 6, 6)).astype(np.float32)
+  out = nn.MaxPool2d(2, return_indices=True)(Tensor(a))
+  ref = torch.nn.MaxPool2d(2, return_indices=True)(torch.tensor(a))
+  same(out[0], ref[0]); same(out[1], ref[1])
+  x, r = Tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+  w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+  (F.max_pool2d(x, 2, return_indices=True)[0] * Tensor(w)).sum().backward()
+  (torch.nn.functional.max_pool2d(r, 2, return_indices=True)[0] * torch.tensor(w)).sum().backward()
+  same(x.grad, r.grad)
+  with pytest.raises(ValueError, match="indices"): F.max_unpool2d(Tensor(a), Tensor.zeros(1, 2, dtype=dtypes.int64), 2)
