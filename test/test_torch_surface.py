@@ -368,3 +368,33 @@ def test_max_pool_indices_other_ranks_module_and_gradient():
   (torch.nn.functional.max_pool2d(r, 2, return_indices=True)[0] * torch.tensor(w)).sum().backward()
   same(x.grad, r.grad)
   with pytest.raises(ValueError, match="indices"): F.max_unpool2d(Tensor(a), Tensor.zeros(1, 2, dtype=dtypes.int64), 2)
+
+# ***** interpolate: 5-D, nearest-exact, integer inputs, tinygrad's 'linear' on any rank *****
+INTERP_CASES = [((1, 2, 3, 4, 5), dict(scale_factor=2, mode="nearest")), ((1, 2, 3, 4, 5), dict(size=(5, 3, 7), mode="trilinear")),
+                ((1, 2, 3, 4, 5), dict(size=(2, 6, 4), mode="trilinear", align_corners=True)), ((2, 1, 5, 7), dict(size=(8, 3), mode="nearest-exact")),
+                ((2, 3, 11), dict(scale_factor=1.7, mode="nearest-exact")), ((1, 1, 4, 6), dict(size=(9, 5), mode="nearest"))]
+@pytest.mark.parametrize("shape,kw", INTERP_CASES, ids=str)
+def test_interpolate_more_modes_match_torch(shape, kw):
+  import attograd.nn.functional as F
+  a = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+  np.testing.assert_allclose(F.interpolate(Tensor(a), **kw).numpy(), torch.nn.functional.interpolate(torch.tensor(a), **kw).numpy(), rtol=1e-5, atol=1e-6)
+
+def test_interpolate_linear_any_rank_and_ints():
+  import attograd.nn.functional as F
+  a = np.random.default_rng(8).standard_normal((1, 2, 3, 4)).astype(np.float32)
+  for nd, torch_mode in ((4, "bilinear"), (5, "trilinear")):  # tinygrad's mode="linear" on 4-D / 5-D is torch's bi/trilinear
+    x = a if nd == 4 else a[..., None].repeat(2, -1)
+    ref = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=2, mode=torch_mode)
+    np.testing.assert_allclose(Tensor(x).interpolate(scale_factor=2, mode="linear").numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+  ints = np.random.default_rng(9).integers(0, 255, (1, 2, 4, 5)).astype(np.uint8)
+  for mode in ("nearest", "nearest-exact"):
+    out = F.interpolate(Tensor(ints), size=(7, 3), mode=mode)
+    assert out.dtype == dtypes.uint8
+    np.testing.assert_array_equal(out.numpy(), torch.nn.functional.interpolate(torch.tensor(ints), size=(7, 3), mode=mode).numpy())
+  big = np.array([[[2 ** 30 + 1, -(2 ** 30) - 3]]], np.int32)  # exact: nearest is a gather, not a float matmul
+  assert F.interpolate(Tensor(big), scale_factor=2).tolist() == [[[2 ** 30 + 1] * 2 + [-(2 ** 30) - 3] * 2]]
+  with pytest.raises(ValueError, match="bilinear"): F.interpolate(Tensor(a[0]), scale_factor=2, mode="bilinear")
+
+def test_nn_datasets_is_an_attribute():
+  from attograd import nn
+  assert callable(nn.datasets.mnist)  # tinygrad's spelling after `from tinygrad import nn`

@@ -49,6 +49,9 @@ def _in_range(cond, x, safe: float):
   values that make its gradient inf or nan (0 * inf is nan)."""
   return cond.where(x, safe)
 
+# interpolate's modes -> the input rank torch requires (None: any; 'linear' is tinygrad's on any rank)
+_INTERP_RANK = {"nearest": None, "nearest-exact": None, "linear": None, "bilinear": 4, "bicubic": 4, "trilinear": 5}
+
 class ElementwiseOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -448,14 +451,10 @@ class ElementwiseOps:
       keep = type(self).rand(*attn.shape, device=attn.device, dtype=dtypes.float32) >= dropout_p
       attn = keep.where(attn * (1 / (1 - dropout_p)), 0)
     return attn @ value
-  def _resize_matrix(self, n_in: int, n_out: int, mode: str, align_corners: bool | None, scale: float | None):
+  def _resize_matrix(self, n_in: int, n_out: int, mode: str, align_corners: bool | None, scale: float | None, dtype):
     """(n_in, n_out) weights taking an axis of n_in samples to n_out, torch's source-index arithmetic."""
     rows = [[0.0] * n_out for _ in range(n_in)]
     for o in range(n_out):
-      if mode == "nearest":
-        r = (1 / scale) if scale is not None else n_in / n_out
-        rows[min(int(math.floor(o * r)), n_in - 1)][o] = 1.0
-        continue
       if align_corners: src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
       else:
         r = (1 / scale) if scale is not None else n_in / n_out
@@ -471,15 +470,17 @@ class ElementwiseOps:
       l1 = src - i0
       rows[i0][o] += 1 - l1
       rows[i1][o] += l1
-    return type(self)(rows, dtype=self.dtype, device=self.device)
+    return type(self)(rows, dtype=dtype, device=self.device)
   def interpolate(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
-    """torch.nn.functional.interpolate for (N, C, W) and (N, C, H, W) inputs: modes 'nearest', 'linear' (3-D),
-    'bilinear' and 'bicubic' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
-    if self.ndim not in (3, 4): raise ArgumentError(f"interpolate supports 3-D and 4-D inputs, got {self.ndim}-D")
-    if mode not in ("nearest", "linear", "bilinear", "bicubic"): raise NotImplementedError(f"interpolate mode {mode!r}")
-    if (mode == "linear") != (self.ndim == 3) and mode != "nearest": raise ArgumentError(f"interpolate mode {mode!r} doesn't fit a {self.ndim}-D input")
-    if mode == "nearest" and align_corners is not None: raise ArgumentError("align_corners only applies to linear modes")
-    if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")
+    """torch.nn.functional.interpolate for (N, C, *spatial) inputs of 1 to 3 spatial dims: 'nearest' and
+    'nearest-exact' (a gather, exact for every dtype), 'linear' (3-D in torch; tinygrad's on any rank, as here),
+    'bilinear' and 'bicubic' (4-D), 'trilinear' (5-D): each spatial axis resized by a matmul with a fixed weight
+    matrix. Integer inputs to the weighted modes are computed in float32 and rounded back (torch's uint8 rule)."""
+    if self.ndim not in (3, 4, 5): raise ArgumentError(f"interpolate supports 3-D, 4-D and 5-D inputs, got {self.ndim}-D")
+    if mode not in _INTERP_RANK: raise NotImplementedError(f"interpolate mode {mode!r}")
+    if _INTERP_RANK[mode] not in (None, self.ndim): raise ArgumentError(f"interpolate mode {mode!r} needs a {_INTERP_RANK[mode]}-D input, got {self.ndim}-D")
+    nearest = mode.startswith("nearest")
+    if nearest and align_corners is not None: raise ArgumentError("align_corners only applies to linear modes")
     nsp = self.ndim - 2
     if (size is None) == (scale_factor is None): raise ArgumentError("interpolate needs exactly one of size and scale_factor")
     if size is not None:
@@ -488,9 +489,14 @@ class ElementwiseOps:
       scales = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * nsp
       out_sz = tuple(int(math.floor(n * sc)) for n, sc in zip(self.shape[2:], scales))
     if len(out_sz) != nsp: raise ArgumentError(f"interpolate: size {size} for {nsp} spatial dims")
-    x = self
+    x = self if nearest or dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
     for ax in range(nsp):
-      d = 2 + ax
-      m = x._resize_matrix(x.shape[d], out_sz[ax], mode, align_corners, scales[ax])
-      x = (x.transpose(d, -1) @ m).transpose(d, -1)
-    return x
+      d, n_in, n_out = 2 + ax, self.shape[2 + ax], out_sz[ax]
+      if nearest:  # torch's source index: floor(o * r) ('nearest'), floor((o + 0.5) * r) ('nearest-exact')
+        r, half = (1 / scales[ax]) if scales[ax] is not None else n_in / n_out, 0.5 if mode == "nearest-exact" else 0.0
+        idx = [min(int(math.floor((o + half) * r)), n_in - 1) for o in range(n_out)]
+        x = x.index_select(d, type(self)(idx, dtype=dtypes.int32, device=self.device))
+      else:
+        m = x._resize_matrix(n_in, n_out, mode, align_corners, scales[ax], x.dtype)
+        x = (x.transpose(d, -1) @ m).transpose(d, -1)
+    return x if x.dtype == self.dtype else x.round().clip(dtypes.min(self.dtype), dtypes.max(self.dtype)).cast(self.dtype)
