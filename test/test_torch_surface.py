@@ -398,3 +398,13 @@ def test_interpolate_linear_any_rank_and_ints():
 def test_nn_datasets_is_an_attribute():
   from attograd import nn
   assert callable(nn.datasets.mnist)  # tinygrad's spelling after `from tinygrad import nn`
+
+@pytest.mark.xfail(strict=True, reason="found here, not fixed: a never-realized parameter (a lazy rand().contiguous()) stays lazy after "
+                   "use, so TinyJit captures its rand kernel and the replay re-draws the weights (a silent wrong answer)")
+def test_jit_of_a_fresh_layer_matches_eager():
+  from attograd import nn
+  Tensor.manual_seed(0)
+  layer = nn.Linear(3, 2)
+  eager = [layer(Tensor.ones(1, 3) * i).tolist() for i in range(4)]
+  jitted = TinyJit(lambda x: layer(x).realize())
+  assert [jitted(Tensor.ones(1, 3) * i).tolist() for i in range(4)] == eager
