@@ -399,9 +399,9 @@ def test_nn_datasets_is_an_attribute():
   from attograd import nn
   assert callable(nn.datasets.mnist)  # tinygrad's spelling after `from tinygrad import nn`
 
-@pytest.mark.xfail(strict=True, reason="found here, not fixed: a never-realized parameter (a lazy rand().contiguous()) stays lazy after "
-                   "use, so TinyJit captures its rand kernel and the replay re-draws the weights (a silent wrong answer)")
 def test_jit_of_a_fresh_layer_matches_eager():
+  """A never-realized parameter (a lazy rand().contiguous()) used to stay lazy after use: TinyJit captured its rand
+  kernel and each replay re-drew the weights, a silent wrong answer. Parameters now realize with the next realize."""
   from attograd import nn
   Tensor.manual_seed(0)
   layer = nn.Linear(3, 2)
