@@ -458,6 +458,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** movement *****
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if None in shape:  # tinygrad's: None keeps the size of that dimension (torch refuses None)
+      if len(shape) != self.ndim: raise ArgumentError(f"reshape to {shape}: None keeps a dimension's size, so it needs {self.ndim} entries")
+      shape = tuple(o if s is None else s for s, o in zip(shape, self.shape))
     if all(type(s) is int and s >= 0 for s in shape) and type(numel := self.numel()) is int:  # concrete sizes: one check
       if prod(shape) != numel: raise ArgumentError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
       return self if shape == self.shape else self._view(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
@@ -627,6 +630,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return (c, a) if reverse else (a, c)
     elif isinstance(x, UOp) and dtypes.is_int(x.dtype) and x.shape == ():  # a bound Variable (or a size made of them): an int whose value can change
       dt, x = _weak_promote(self.dtype, dtypes.default_int), Tensor(x.substitute({b: Tensor(b, device=self.device).uop for b in x.toposort if b.op is Ops.BIND}))
+    elif isinstance(x, ValuesIndices): raise TypeError(_VI_HINT.format(what="used as an operand"))
     else: raise TypeError(f"unsupported operand type {type(x).__name__}")
     dt = out_dtype or dt
     a, b = self.cast(dt), x.cast(dt)
@@ -865,7 +869,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return t if max_ is None else t.minimum(max_)
   clamp = clip
   def isnan(self) -> Tensor: return self.ne(self)
-  def isinf(self) -> Tensor: return self.abs().eq(math.inf) if dtypes.is_float(self.dtype) else self.zeros_like(dtype=dtypes.bool)
+  def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+    if not dtypes.is_float(self.dtype) or not (detect_positive or detect_negative): return self.zeros_like(dtype=dtypes.bool)
+    if detect_positive and detect_negative: return self.abs().eq(math.inf)
+    return self.eq(math.inf if detect_positive else -math.inf)
+  def isfinite(self) -> Tensor: return (self.isinf() | self.isnan()).logical_not()
   def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
   def logical_and(self, x) -> Tensor: return self.cast(dtypes.bool) & (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
   def logical_or(self, x) -> Tensor: return self.cast(dtypes.bool) | (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
@@ -903,19 +911,31 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if dim is not None: axis = dim
     acc = to_dtype(dtype) if dtype is not None else dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
     return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
-  def max(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
-    """tinygrad's max over axis (a tensor); with dim=, torch's (values, indices); with a tensor, torch.maximum."""
-    if dim is not None: return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
-    if isinstance(axis, Tensor): return self.maximum(axis)
-    return self._reduce(Ops.MAX, axis, keepdim)
-  def min(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
-    if dim is not None: return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
-    if isinstance(axis, Tensor): return self.minimum(axis)
-    if dtypes.is_float(self.dtype): return -((-self).max(axis, keepdim))
-    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
-    return ~((~self).max(axis, keepdim))  # ~ reverses the order of signed and unsigned ints alike
+  # max/min have two meanings: torch's positional or dim= form x.max(1) returns (values, indices); tinygrad's
+  # x.max(axis=1) returns the tensor. Project rule: where both define a result and differ PyTorch wins and tinygrad's
+  # spelling keeps working, so the keyword decides. A tuple of dims (torch refuses it) reduces, as in tinygrad.
+  def max(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor | ValuesIndices:
+    """x.max() / x.max(axis=1): the max (a tensor); x.max(1) / x.max(dim=1): torch's (values, indices); x.max(t): torch.maximum."""
+    if isinstance(dim, Tensor): return self.maximum(dim)
+    if axis is not None:
+      if dim is not None: raise TypeError("max() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
+      return self._reduce(Ops.MAX, axis, keepdim)
+    if _one_dim(dim): return ValuesIndices(self._reduce(Ops.MAX, d := dim.__index__(), keepdim), self.argmax(d, keepdim))
+    return self._reduce(Ops.MAX, dim, keepdim)
+  def min(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor | ValuesIndices:
+    """As max: x.min(axis=1) the tensor, x.min(1) / x.min(dim=1) torch's (values, indices), x.min(t) torch.minimum."""
+    if isinstance(dim, Tensor): return self.minimum(dim)
+    if axis is not None:
+      if dim is not None: raise TypeError("min() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
+      return self.amin(axis, keepdim)
+    if _one_dim(dim): return ValuesIndices(self.amin(d := dim.__index__(), keepdim), self.argmin(d, keepdim))
+    return self.amin(dim, keepdim)
   def amax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self._reduce(Ops.MAX, dim if axis is None else axis, keepdim)
-  def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self.min(dim if axis is None else axis, keepdim)
+  def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:
+    if axis is not None: dim = axis
+    if dtypes.is_float(self.dtype): return -((-self).amax(dim, keepdim))
+    if self.dtype == dtypes.bool: return self.logical_not().amax(dim, keepdim).logical_not()
+    return ~((~self).amax(dim, keepdim))  # ~ reverses the order of signed and unsigned ints alike
   def mean(self, axis=None, keepdim: bool = False, *, dim=None, dtype: DType | None = None) -> Tensor:
     if dim is not None: axis = dim
     if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
@@ -935,7 +955,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
   def any(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
-    return self.cast(dtypes.bool).max(axis if dim is None else dim, keepdim)
+    return self.cast(dtypes.bool).amax(axis if dim is None else dim, keepdim)
   def all(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor: return self.logical_not().any(axis, keepdim, dim=dim).logical_not()
   def argmax(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
@@ -946,10 +966,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
     n = self.shape[a]
     idx = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int64).reshape((n,) + (1,) * (self.ndim - a - 1))
-    is_max = self == self.max(a, keepdim=True)
+    is_max = self == self.amax(a, keepdim=True)
     if dtypes.is_float(self.dtype): is_max = is_max | self.isnan()  # as in torch a NaN is the max, but NaN == NaN is False
     hit = is_max.cast(dtypes.int64) * idx
-    return (n - hit.max(a, keepdim=keepdim)).cast(dtypes.int64)
+    return (n - hit.amax(a, keepdim=keepdim)).cast(dtypes.int64)
   def argmin(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     return (-self if dtypes.is_float(self.dtype) else self.logical_not() if self.dtype == dtypes.bool else ~self).argmax(axis, keepdim, dim=dim)
 
@@ -1008,12 +1028,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = self._float_unary() if dtype is None else self.cast(dtype)  # ints first: x - max would wrap for unsigned ones
     # the shift by the row's max changes nothing mathematically, so no gradient flows into it (as in torch): through
     # the max it would be a sum of terms that cancel, at the cost of two more reductions in the backward pass
-    e = (x - x.max(axis, keepdim=True).detach()).exp()
+    e = (x - x.amax(axis, keepdim=True).detach()).exp()
     return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
   def log_softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self._float_unary() if dtype is None else self.cast(dtype)
-    m = x - x.max(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
+    m = x - x.amax(axis, keepdim=True).detach()  # as in softmax: the shift cancels out
     return m - m.exp().sum(axis, keepdim=True).log()
 
   # ***** nn functional *****
@@ -1124,10 +1144,39 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     lead = ((0, 0),) * (self.ndim - len(kernel))
     x = self.pad(lead + tuple((p, p) for p in padding), value=fill).pad(lead + tuple((0, e) for e in extras), value=extra_fill)
     return x._pool(kernel, stride, dilation)
-  def _max_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False) -> Tensor:
+  def _max_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False,
+                return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    return self._pool_padded(geometry, lowest, lowest).max(tuple(range(-n, 0)))
+    if not return_indices: return self._pool_padded(geometry, lowest, lowest).amax(tuple(range(-n, 0)))
+    # torch's indices: each window's max as a flat index into the input's last n dims, the first in window order on
+    # ties. The spatial positions are pooled with the same geometry (-1 where padding), so a window's max and its
+    # position line up; a padded cell never wins (it is excluded even where the input itself is the lowest value)
+    if self.ndim < n: raise ArgumentError(f"max_pool{n}d of a {self.ndim}-D tensor")
+    spatial = self.shape[-n:]
+    pos = Tensor.arange(prod(spatial), device=self.device, dtype=dtypes.int64).reshape(spatial)._pool_padded(geometry, -1, -1)
+    win = self._pool_padded(geometry, lowest, lowest)
+    k = prod(geometry[0])
+    win, pos = win.reshape(*win.shape[:-n], k), pos.reshape(*pos.shape[:-n], k)
+    values = win.amax(-1, keepdim=True)
+    hit = (win == values) & (pos >= 0)
+    if dtypes.is_float(self.dtype): hit = hit | (win.isnan() & (pos >= 0))  # as torch: a NaN is the max (value and place)
+    first = hit.argmax(-1, keepdim=True)
+    indices = pos.expand(win.shape).gather(-1, first)
+    return values.squeeze(-1), indices.squeeze(-1)
+  def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, output_size=None) -> Tensor:
+    """The inverse of max_pool2d(return_indices=True): each value put back at its index, zeros elsewhere (torch's)."""
+    return self._max_unpool(2, indices, kernel_size, stride, dilation, padding, output_size)
+  def _max_unpool(self, n: int, indices: Tensor, kernel_size, stride=None, dilation=1, padding=0, output_size=None) -> Tensor:
+    kernel = Tensor._tuple(kernel_size, n, "kernel_size")
+    stride = kernel if stride is None else Tensor._tuple(stride, n, "stride")
+    dilation, padding = Tensor._tuple(dilation, n, "dilation"), Tensor._tuple(padding, n, "padding")
+    if indices.shape != self.shape: raise ArgumentError(f"max_unpool: indices of shape {indices.shape} don't match input {self.shape}")
+    if output_size is None: out = tuple((i - 1) * s - 2 * p + d * (k - 1) + 1 for i, s, p, d, k in zip(self.shape[-n:], stride, padding, dilation, kernel))
+    else: out = tuple(output_size)[-n:]
+    lead = self.shape[:-n]
+    flat = Tensor.zeros(*lead, prod(out), dtype=self.dtype, device=self.device)
+    return flat.scatter(-1, indices.reshape(*lead, -1), self.reshape(*lead, -1)).reshape(*lead, *out)
   def _avg_pool(self, n: int, kernel_size, stride=None, dilation=1, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     window = tuple(range(-n, 0))
@@ -1187,9 +1236,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return (p > 0).where((p > 0).where(p, 1.0).log(), -100.0).maximum(-100.0)
     loss = -(Y * clamped_log(self) + (1 - Y) * clamped_log(1 - self))
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
-  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-    # log(sigmoid(x)) = -softplus(-x), written to stay finite for large |x|
-    loss = self.maximum(0) - self * Y + (1 + (-self.abs()).exp()).log()
+  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    # (1 - y) x + (1 + (pw - 1) y) softplus(-x); softplus(-x) written to stay finite for large |x|
+    sp = (-self).maximum(0) + (1 + (-self.abs()).exp()).log()
+    loss = (1 - Y) * self + (sp if pos_weight is None else (1 + (pos_weight - 1) * Y) * sp)
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
   def sequential(self, layers: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
     x = self
@@ -1210,12 +1260,27 @@ INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "
 for _name in INPLACE_OPS:
   if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
 
+def _one_dim(dim: Any) -> bool:
+  """One dimension (an int, numpy's ints too) rather than None or a tuple of dims: torch's max/min with a dim."""
+  return dim is not None and not isinstance(dim, (tuple, list, bool)) and hasattr(dim, "__index__")
+
+_VI_HINT = ("max/min with a positional or dim= dimension returns torch's (values, indices) pair, which can't be {what}: "
+            "take .values (x.max(1).values, as in torch), or use x.max(axis=1) / x.amax(1) for the tensor (as in tinygrad)")
+
+def _vi_refuse(self: Any, *args: Any) -> Any: raise TypeError(_VI_HINT.format(what="used in arithmetic"))
+
 class ValuesIndices(tuple):
   """What torch's max/min/sort/topk with a dim return: a pair that also reads as .values and .indices."""
   __slots__ = ()
   def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
   values = property(lambda self: self[0])
   indices = property(lambda self: self[1])
+  # a tuple would silently concatenate (vi + vi) or repeat (vi * 2): in a numeric program that is always a slip
+  __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = __truediv__ = __rtruediv__ = __neg__ = __pow__ = _vi_refuse
+  __lt__ = __le__ = __gt__ = __ge__ = _vi_refuse
+  def __getattr__(self, name: str) -> Any:  # only reached for names a tuple lacks (x.max(1).exp(), .shape, .numpy()...)
+    if name.startswith("__"): raise AttributeError(name)
+    raise AttributeError(f"'ValuesIndices' has no attribute {name!r}: " + _VI_HINT.format(what="used as a tensor"))
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):

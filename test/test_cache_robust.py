@@ -21,7 +21,7 @@ import attograd.engine.realize as realize
 rng = np.random.default_rng(0)
 na, nb, nbig = (rng.integers(-3, 4, s).astype(np.float32) for s in ((24, 16), (16, 8), (512, 256)))
 a, b, big = Tensor(na), Tensor(nb), Tensor(nbig)
-got = {"matmul": (a @ b).relu().tolist(), "rows": (big * 2).sum(1).tolist(), "max": (a - 1).max(0).tolist()}
+got = {"matmul": (a @ b).relu().tolist(), "rows": (big * 2).sum(1).tolist(), "max": (a - 1).max(axis=0).tolist()}
 want = {"matmul": np.maximum(na @ nb, 0).tolist(), "rows": (nbig * 2).sum(1).tolist(), "max": (na - 1).max(0).tolist()}
 threaded = any(ck.threads > 1 for ck in realize._kernel_cache.values())
 print(json.dumps({"ok": got == want, "threaded": threaded, "kernels": len(realize._kernel_cache)}))
@@ -102,7 +102,7 @@ from attograd import Tensor
 import attograd.engine.search as search
 search.MAX_ROUNDS = 1
 na = np.random.default_rng(0).integers(-3, 4, (32, 16)).astype(np.float32)
-print(json.dumps({"ok": (Tensor(na) - 1).max(0).tolist() == (na - 1).max(0).tolist()}))
+print(json.dumps({"ok": (Tensor(na) - 1).max(axis=0).tolist() == (na - 1).max(0).tolist()}))
 """
 BEAM_ENV = {"BEAM": "1", "CACHELEVEL": "1"}  # binaries and BEAM winners: else the program cache answers first
 

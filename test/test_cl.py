@@ -33,9 +33,9 @@ def test_sum_opts(rows, opts):
 
 def test_heuristics_use_work_groups():
   x = Tensor(rng.standard_normal((4, 4096)).astype(np.float32), device="CL")
-  y = x.max(1).realize()
+  y = x.max(axis=1).realize()
   np.testing.assert_array_equal(y.numpy(), x.numpy().max(1))
-  ck = get_kernel(x.max(1).schedule()[-1].ast, "CL")
+  ck = get_kernel(x.max(axis=1).schedule()[-1].ast, "CL")
   assert any(o.op is G for o in ck.opts) and "barrier(CLK_LOCAL_MEM_FENCE);" in ck.src
   big = Tensor(rng.standard_normal((64, 256)).astype(np.float32), device="CL")
   ck = get_kernel((big * 2).contiguous().schedule()[-1].ast, "CL")

@@ -120,7 +120,7 @@ def test_schedule_compiled_in_batches_gives_the_same_results(cache, monkeypatch)
   rng = np.random.default_rng(0)
   xs = [rng.standard_normal((16, 24)).astype(np.float32) for _ in range(3)]
   def f(a, b, c):  # a dozen kernels of different shapes in one schedule
-    out = [(a @ b.T).relu().sum(1), (a * 3).exp().max(0), (b.sin() + c).mean(1), (a - c).square().sum(), a.softmax(1) @ c.T]
+    out = [(a @ b.T).relu().sum(1), (a * 3).exp().max(axis=0), (b.sin() + c).mean(1), (a - c).square().sum(), a.softmax(1) @ c.T]
     Tensor.realize_all(out)
     return [t.numpy() for t in out]
   def fresh(where: str, batches: bool) -> None:
@@ -179,7 +179,7 @@ def test_scheduling_and_lowering_pause_the_cycle_collector(cache, monkeypatch):
     monkeypatch.setattr(mod, name, spy)
   realize._kernel_cache.clear()
   a = Tensor(np.arange(96, dtype=np.float32).reshape(8, 12))
-  out = [(a * 2).sum(1), (a.exp() + 1).max(0), a.T @ a]
+  out = [(a * 2).sum(1), (a.exp() + 1).max(axis=0), a.T @ a]
   Tensor.realize_all(out)
   assert {n for n, _ in seen} == {"lower_kernel", "_template"} and not any(on for _, on in seen)
   assert gc.isenabled()

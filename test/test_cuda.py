@@ -25,7 +25,7 @@ def tensors_of_every_op() -> list[Tensor]:
   for dt in ALL_DTYPES:
     x = Tensor(rng.uniform(-3, 3, (6, 10)).astype(np.float32)).cast(dt).realize()
     y = Tensor(rng.uniform(1, 3, (6, 10)).astype(np.float32)).cast(dt).realize()
-    out += [x + y, x * y, x.maximum(y), x < y, x == y, (x < y).where(x, y), x.sum(1), x.max(0), x.sum(), x.cumsum(1),
+    out += [x + y, x * y, x.maximum(y), x < y, x == y, (x < y).where(x, y), x.sum(1), x.max(axis=0), x.sum(), x.cumsum(1),
             x.pad(((1, 1), (2, 0))).flip(0), Tensor.cat(x, y, dim=1), x[::2, 1:7].T, x.gather(1, Tensor(rng.integers(0, 10, (6, 3)).astype(np.int32)))]
     if dt != dtypes.bool: out.append(x - y)
     # a scatter-add (a gather's transpose): each row of x added into the row its index picks, in serial loops

@@ -14,7 +14,7 @@ def graphs():
   yield (a @ b).relu()
   yield a.softmax(1)
   yield (a.pad(((1, 1), (2, 0))).flip(1)[::2] * 3).contiguous()
-  yield a.sum(0) + a.max(1).sum()
+  yield a.sum(0) + a.max(axis=1).sum()
   yield (v.reshape(2, 4).permute(1, 0) // 3 % 2).contiguous()
   yield Tensor.arange(24).reshape(4, 6).T.contiguous() + 1
 def schedules(): return [g.schedule() for g in graphs()]

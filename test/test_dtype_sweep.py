@@ -54,7 +54,7 @@ BINARY = {
 REDUCE = {
   "sum": (lambda a: a.sum(1), lambda a: a.sum(1), None),
   "prod": (lambda a: a.prod(0), lambda a: a.prod(0), None), "max": (lambda a: a.max(), lambda a: a.max(), np.max),
-  "min": (lambda a: a.min(0), lambda a: a.amin(0), lambda a: np.min(a, 0)),
+  "min": (lambda a: a.min(axis=0), lambda a: a.amin(0), lambda a: np.min(a, 0)),
   "mean": (lambda a: a.mean(1), lambda a: a.mean(1), None), "argmax": (lambda a: a.argmax(1), lambda a: a.argmax(1), None),
   "argmin": (lambda a: a.argmin(), lambda a: a.argmin(), None), "any": (lambda a: a.any(1), lambda a: a.any(1), None),
   "all": (lambda a: a.all(), lambda a: a.all(), None), "var": (lambda a: a.var(1), lambda a: a.var(1), None),

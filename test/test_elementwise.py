@@ -299,10 +299,11 @@ def test_interpolate_grad_and_errors(device):
   x = np.random.default_rng(8).normal(size=(1, 1, 3, 3))
   grad_check(lambda t: t.interpolate(size=(4, 5), mode="bilinear"), lambda t: F.interpolate(t, size=(4, 5), mode="bilinear"), [x], device)
   t = Tensor.ones(1, 1, 3, 3, device=device)
-  with pytest.raises(ValueError): t.interpolate(size=4, mode="linear")
+  assert t.interpolate(size=4, mode="linear").shape == (1, 1, 4, 4)  # tinygrad's linear on 4-D (torch: bilinear only)
   with pytest.raises(ValueError): t.interpolate()
   with pytest.raises(ValueError): t.reshape(1, 3, 3).interpolate(size=4, mode="bicubic")
-  with pytest.raises(NotImplementedError): t.interpolate(size=4, mode="trilinear")
+  with pytest.raises(ValueError): t.interpolate(size=4, mode="trilinear")  # needs 5-D
+  with pytest.raises(NotImplementedError): t.interpolate(size=4, mode="area")
   for ac in (False, True):
     kw = dict(size=(5, 7), mode="bicubic", align_corners=ac)
     grad_check(lambda t: t.interpolate(**kw), lambda t: F.interpolate(t, **kw), [np.random.default_rng(9).normal(size=(1, 2, 4, 3))], device)

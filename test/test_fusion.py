@@ -35,7 +35,7 @@ def test_elementwise_then_reduce_is_one_kernel():
   a, b, c = tensors(na, nb, nc)
   check(((a + b) * c).sum(1), ((na + nb) * nc).sum(1), 1)
   check(((a + b) * c).sum(), ((na + nb) * nc).sum(), 1, atol=1e-4)
-  check((a * b).max(0), (na * nb).max(0), 1)
+  check((a * b).max(axis=0), (na * nb).max(0), 1)
 
 def test_permute_contiguous_is_one_kernel():
   na = rand(5, 7)
@@ -133,7 +133,7 @@ def test_nested_reduces_share_one_accumulator():
   asts = [si.ast for si in create_schedule([t.uop])[0]]
   assert len(asts) == 1 and sum(u.op is Ops.DEFINE_REG for u in lowered(asts[0], Device["CPU"].renderer).toposort) == 1
   check(t, na.sum((1, 2)), 1)
-  m = a.max(2).max(1)
+  m = a.max(axis=2).max(axis=1)
   assert sum(u.op is Ops.DEFINE_REG for u in lowered(create_schedule([m.uop])[0][0].ast, Device["CPU"].renderer).toposort) == 1
   check(m, na.max((1, 2)), 1)
 

@@ -34,8 +34,8 @@ def test_binary_broadcast(name, shapes):
 
 REDUCE = {
   "sum": lambda x: x.sum(), "sum1": lambda x: x.sum(1), "sum_keep": lambda x: x.sum(0, keepdim=True) * x,
-  "max": lambda x: x.max(), "max1": lambda x: x.amax(1) if isinstance(x, torch.Tensor) else x.max(1),
-  "min0": lambda x: x.amin(0) if isinstance(x, torch.Tensor) else x.min(0), "mean": lambda x: x.mean(1),
+  "max": lambda x: x.max(), "max1": lambda x: x.amax(1) if isinstance(x, torch.Tensor) else x.max(axis=1),
+  "min0": lambda x: x.amin(0) if isinstance(x, torch.Tensor) else x.min(axis=0), "mean": lambda x: x.mean(1),
   "var": lambda x: x.var(1), "std": lambda x: x.std(), "prod": lambda x: x.prod(1),
   "softmax": lambda x: x.softmax(1) * torch.arange(4.) if isinstance(x, torch.Tensor) else x.softmax(1) * Tensor.arange(4.),
   "log_softmax": lambda x: x.log_softmax(1)[:, 1],

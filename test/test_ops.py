@@ -570,7 +570,7 @@ def _torch_reduce(name, x, axis, keepdim):
 @pytest.mark.parametrize("axis", REDUCE_AXES, ids=str)
 @pytest.mark.parametrize("name", ["sum", "prod", "max", "min", "mean", "var", "std", "any", "all"])
 def test_reduce_float(device, name, axis, keepdim):
-  check(lambda x: getattr(x, name)(axis, keepdim=keepdim), lambda x: _torch_reduce(name, x, axis, keepdim), [(3, 4, 5)], f32, device,
+  check(lambda x: getattr(x, name)(axis=axis, keepdim=keepdim), lambda x: _torch_reduce(name, x, axis, keepdim), [(3, 4, 5)], f32, device,
         atol=1e-5, rtol=1e-5, low=0.5 if name == "prod" else -2, high=1.5 if name == "prod" else 2)
 
 @pytest.mark.parametrize("dtype", [i32, bool_, u8])
@@ -580,20 +580,20 @@ def test_reduce_int_bool(device, name, axis, dtype):
   """Integer and bool sums and products accumulate in int64, as in torch."""
   lo, hi = (-3, 4) if name != "prod" else (1, 3)
   if dtype == u8: lo = max(lo, 0)
-  check(lambda x: getattr(x, name)(axis), lambda x: _torch_reduce(name, x, axis, False), [(3, 4, 5)], dtype, device, low=lo, high=hi)
+  check(lambda x: getattr(x, name)(axis=axis), lambda x: _torch_reduce(name, x, axis, False), [(3, 4, 5)], dtype, device, low=lo, high=hi)
 
 @pytest.mark.parametrize("dtype", [i64, i8, dtypes.int16, dtypes.uint32])
 def test_reduce_other_ints(device, dtype):
   ft = lambda x: (x.sum(1), x.amax(1), x.amin(0))
   if dtype == dtypes.uint32:  # torch has no uint32 reductions: numpy's, with the sum in uint64 as attograd (and torch's uint8 rule) does
     ft = lambda x: tuple(torch.from_numpy(r) for r in (x.numpy().sum(1, dtype=np.uint64), x.numpy().max(1), x.numpy().min(0)))
-  check(lambda x: (x.sum(1), x.max(1), x.min(0)), ft, [(4, 5)], dtype, device, low=0 if dtype == dtypes.uint32 else -100, high=100)
+  check(lambda x: (x.sum(1), x.max(axis=1), x.min(axis=0)), ft, [(4, 5)], dtype, device, low=0 if dtype == dtypes.uint32 else -100, high=100)
 
 @pytest.mark.parametrize("dtype", [f16, bf16, f64])
 @pytest.mark.parametrize("name", ["sum", "max", "min", "mean", "var", "prod"])
 def test_reduce_other_floats(device, name, dtype):
   tol = dict(atol=5e-3, rtol=5e-3) if dtype == f16 else dict(atol=5e-2, rtol=2e-2) if dtype == bf16 else dict(atol=1e-12, rtol=1e-12)
-  check(lambda x: getattr(x, name)(1), lambda x: _torch_reduce(name, x, 1, False), [(4, 40)], dtype, device,
+  check(lambda x: getattr(x, name)(axis=1), lambda x: _torch_reduce(name, x, 1, False), [(4, 40)], dtype, device,
         low=0.9 if name == "prod" else -2, high=1.1 if name == "prod" else 2, **tol)
 
 @pytest.mark.filterwarnings("ignore:var.*degrees of freedom")  # torch warns where the answer is nan; so be it
@@ -601,23 +601,23 @@ def test_reduce_other_floats(device, name, dtype):
 def test_reduce_size1_dims(device, name):
   for shape, axis in [((1, 4), 0), ((4, 1), 1), ((), None), ((3, 1, 2), (1, 2))]:
     if name == "var" and shape == (): continue  # torch warns on 0-d var; covered by size-1 cases
-    check(lambda x: getattr(x, name)(axis), lambda x: _torch_reduce(name, x, axis, False), [shape], f32, device, atol=1e-6)
-    check(lambda x: getattr(x, name)(axis, keepdim=True), lambda x: _torch_reduce(name, x, axis, True), [shape], f32, device, atol=1e-6)
+    check(lambda x: getattr(x, name)(axis=axis), lambda x: _torch_reduce(name, x, axis, False), [shape], f32, device, atol=1e-6)
+    check(lambda x: getattr(x, name)(axis=axis, keepdim=True), lambda x: _torch_reduce(name, x, axis, True), [shape], f32, device, atol=1e-6)
 
 @pytest.mark.parametrize("name", ["sum", "prod", "mean", "any", "all"])
 def test_reduce_empty(device, name):
   """Reducing over a 0-size axis gives the identity (nan for mean); other axes of size 0 stay empty."""
   for shape, axis in [((0, 3), 0), ((0, 3), 1), ((2, 0, 3), (0, 1))]:
-    check(lambda x: getattr(x, name)(axis), lambda x: _torch_reduce(name, x, axis, False), [shape], f32, device)
-    check(lambda x: getattr(x, name)(axis, keepdim=True), lambda x: _torch_reduce(name, x, axis, True), [shape], f32, device)
+    check(lambda x: getattr(x, name)(axis=axis), lambda x: _torch_reduce(name, x, axis, False), [shape], f32, device)
+    check(lambda x: getattr(x, name)(axis=axis, keepdim=True), lambda x: _torch_reduce(name, x, axis, True), [shape], f32, device)
   if name in ("sum", "prod", "any", "all"):
-    check(lambda x: getattr(x, name)(0), lambda x: _torch_reduce(name, x, 0, False), [(0, 3)], i32, device)
+    check(lambda x: getattr(x, name)(axis=0), lambda x: _torch_reduce(name, x, 0, False), [(0, 3)], i32, device)
 
 def test_max_min_empty_refuses(device):
   x = Tensor.zeros(0, 3, device=device)
   with pytest.raises(ValueError, match=r"\(0, 3\)"): x.max(0)
   with pytest.raises(ValueError, match=r"\(0, 3\)"): x.min()
-  compare(x.max(1), torch.zeros(0, 3).amax(1))
+  compare(x.max(axis=1), torch.zeros(0, 3).amax(1))
 
 @pytest.mark.filterwarnings("ignore:var.*degrees of freedom")
 @pytest.mark.parametrize("correction", [0, 1, 2])
@@ -636,7 +636,7 @@ def test_mean_int_refuses(device):
 def test_reduce_noncontiguous(device, name, layout):
   for axis in (0, None):
     ft = (lambda x: getattr(x, name)(axis)) if name == "argmax" else (lambda x: _torch_reduce(name, x, axis, False))
-    check(lambda x: getattr(x, name)(axis), ft, [(3, 4, 5)], f32, device, atol=1e-5, rtol=1e-5, layout=layout)
+    check(lambda x: getattr(x, name)(axis=axis), ft, [(3, 4, 5)], f32, device, atol=1e-5, rtol=1e-5, layout=layout)
 
 @pytest.mark.parametrize("axis,keepdim", [(None, True), (0, False), (-1, True)], ids=str)
 @pytest.mark.parametrize("dtype", [f32, i32, bool_])
@@ -669,11 +669,11 @@ def test_reduce_big_cpu(device):
 
 def test_reduce_then_elementwise(device):
   """A reduce read back at a different index (x - x.max()): kernel split or recompute."""
-  check(lambda x: x - x.max(1, keepdim=True), lambda x: x - x.amax(1, keepdim=True), [(4, 5)], f32, device)
+  check(lambda x: x - x.max(axis=1, keepdim=True), lambda x: x - x.amax(1, keepdim=True), [(4, 5)], f32, device)
   check(lambda x: (x - x.mean(0)) / (x.std(0) + 1), None, [(6, 3)], f32, device, atol=1e-5)
   check(lambda x: x.sum(1).sum(0) + x.max(), lambda x: x.sum(1).sum(0) + x.max(), [(3, 4)], f32, device, atol=1e-5)
   check(lambda x: x.sum(1, keepdim=True).expand(3, 4) * x, None, [(3, 4)], i32, device)
-  check(lambda x: (x.exp().sum(0) + x.max(0)), lambda x: x.exp().sum(0) + x.amax(0), [(3, 4, 2)], f32, device, atol=1e-5)
+  check(lambda x: (x.exp().sum(0) + x.max(axis=0)), lambda x: x.exp().sum(0) + x.amax(0), [(3, 4, 2)], f32, device, atol=1e-5)
 
 # ***** matmul and the composites *****
 

@@ -70,7 +70,7 @@ def _kernels():
   v = Tensor(rng.standard_normal((6, 20), dtype=np.float32))
   return {
     "elementwise": ((a * 2 + 1).relu().exp() - a.T.reshape(12, 10)),
-    "reduce": (v.max(1) + v.sum(1)),
+    "reduce": (v.max(axis=1) + v.sum(1)),
     "softmax": v.softmax(1),
     "matmul": (a @ b).relu(),
     "conv": img.conv2d(w, padding=1),
@@ -141,7 +141,7 @@ def test_tile_with_a_costly_epilogue_keeps_its_rows():
 def test_padto_masks_extra_iterations():
   rng = np.random.default_rng(2)
   x = Tensor(rng.standard_normal((5, 7), dtype=np.float32)).realize()
-  si = (x.exp().sum(1) + x.max(1)).schedule()[-1]
+  si = (x.exp().sum(1) + x.max(axis=1)).schedule()[-1]
   plain = _exec(si, [])
   for opts in ([Opt(OptOps.PADTO, 0, 8)], [Opt(OptOps.PADTO, 1, 8)], [Opt(OptOps.PADTO, 1, 4), Opt(OptOps.UPCAST, 1, 4)]):
     np.testing.assert_allclose(_exec(si, opts), plain, rtol=1e-6)
@@ -440,7 +440,7 @@ def test_heuristics_sum_columns_along_the_contiguous_axis():
   # contiguous run), not 16 partial sums down a column (one float per cache line: 20x slower)
   rng = np.random.default_rng(8)
   x = Tensor(rng.standard_normal((256, 512), dtype=np.float32)).realize()
-  for t, want in ((x.sum(0), x.numpy().sum(0)), (x.max(0), x.numpy().max(0))):
+  for t, want in ((x.sum(0), x.numpy().sum(0)), (x.max(axis=0), x.numpy().max(0))):
     opts = cpu_opts(_ast(t), 2)
     assert opts[0] == Opt(OptOps.UPCAST, 0, 128), opts
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, atol=1e-4)

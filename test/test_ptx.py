@@ -27,7 +27,7 @@ def op_kernels() -> list:
     dt = getattr(dtypes, name)
     a = Tensor(rng.integers(-5, 6, (3, 5)), device="CPU").cast(dt)
     b = Tensor(rng.integers(1, 6, (3, 5)), device="CPU").cast(dt)
-    outs += [a + b, a * b, a.max(1), a.sum(0), a.pad(((1, 1), (0, 2))), (a < b).where(a, b), a.flip(0).T, a == b, a != b]
+    outs += [a + b, a * b, a.max(axis=1), a.sum(0), a.pad(((1, 1), (0, 2))), (a < b).where(a, b), a.flip(0).T, a == b, a != b]
     # a scatter-add (a gather's transpose): each row of a added into the row its index picks, in serial loops
     outs.append((Tensor([4, 0, 4], device="CPU").reshape(3, 1, 1) == Tensor.arange(5, device="CPU").reshape(1, 5, 1)).where(a.reshape(3, 1, 5), 0).sum(0))
     outs += [a.cast(other) for other in ALL] + [a.bitcast(other) for other in ALL if getattr(dtypes, other).itemsize == dt.itemsize]
@@ -45,7 +45,7 @@ def op_kernels() -> list:
   # sizes where work-groups split axes and reductions (GROUP: shared memory and a barrier)
   for dt in ("float32", "float16", "int64"):
     big = Tensor.empty(256, 1024, device="CPU", dtype=dt)
-    for t in (big * 2, big.sum(), big.max(1), big[:64, :64] @ big[:64, :32], big.sum(0)):
+    for t in (big * 2, big.sum(), big.max(axis=1), big[:64, :64] @ big[:64, :32], big.sum(0)):
       kernels += [(si.ast, []) for si in t.schedule() if si.ast.op is Ops.SINK]
   # a kernel variable: a symbolic size, unbound as realize() gets it
   rows = Tensor.empty(64, 1024, device="CPU").realize()[:Variable("n", 1, 64).bind(10)] * 2

@@ -129,12 +129,44 @@ def test_torch_keyword_names(name, kw):
 @pytest.mark.parametrize("name", ["max", "min"])
 def test_max_min_with_dim_give_values_and_indices(name):
   x, r = both(X)
-  out, ref = getattr(x, name)(dim=-1), getattr(r, name)(dim=-1)
-  same(out.values, ref.values); same(out.indices, ref.indices)
-  v, i = getattr(x, name)(dim=1, keepdim=True)
-  same(v, getattr(r, name)(dim=1, keepdim=True)[0]); same(i, getattr(r, name)(dim=1, keepdim=True)[1])
-  same(getattr(x, name)(1), r.amax(1) if name == "max" else r.amin(1))  # tinygrad's axis stays a tensor
+  for args, kw in [((), dict(dim=-1)), ((1,), {}), ((1, True), {}), ((2,), dict(keepdim=True)), ((), dict(dim=0, keepdim=False))]:
+    out, ref = getattr(x, name)(*args, **kw), getattr(r, name)(*args, **kw)
+    assert type(out).__name__ == "ValuesIndices" and len(out) == 2
+    same(out.values, ref.values); same(out.indices, ref.indices)
+    v, i = out  # unpacks as torch's namedtuple does
+    same(v, ref[0]); same(i, ref[1])
+  red = r.amax if name == "max" else r.amin
+  same(getattr(x, name)(axis=1), red(1))  # tinygrad's keyword spelling stays a tensor
+  same(getattr(x, name)(axis=-1, keepdim=True), red(-1, keepdim=True))
+  same(getattr(x, name)((0, 2)), red((0, 2)))  # a tuple of dims: torch refuses, tinygrad reduces
+  same(getattr(x, name)(), getattr(r, name)())
   same(getattr(x, name)(x * 0), getattr(r, name)(r * 0))  # with a tensor: elementwise, as torch.max(a, b)
+  same(getattr(x, name)(np.int64(1)).values, getattr(r, name)(1).values)  # numpy's ints are a dim too
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_int_bool_with_dim(name):
+  a = np.random.default_rng(2).integers(-3, 4, (5, 6))
+  for arr in (a.astype(np.int32), a > 0):
+    x, r = Tensor(arr), torch.tensor(arr)
+    out, ref = getattr(x, name)(1), getattr(r, name)(1)
+    same(out.values, ref.values); same(out.indices, ref.indices)
+
+@pytest.mark.parametrize("misuse", [
+  lambda x: x - x.max(1, keepdim=True), lambda x: x.max(1) - x, lambda x: x.max(dim=1) * 2, lambda x: 2 * x.min(1),
+  lambda x: x.max(1) + x.max(1), lambda x: x == x.max(1, True), lambda x: x.max(1) < 0, lambda x: -x.min(0)])
+def test_values_indices_in_arithmetic_names_the_fix(misuse):
+  x = Tensor(X)
+  with pytest.raises(TypeError, match=r"\.values.*axis="): misuse(x)
+
+def test_values_indices_as_tensor_names_the_fix():
+  with pytest.raises(AttributeError, match=r"'exp'.*\.values.*axis="): Tensor(X).max(1).exp()
+  with pytest.raises(TypeError, match="not both"): Tensor(X).max(1, axis=1)
+
+def test_max_with_dim_gradient_matches_torch():
+  x, r = both(X)
+  x.requires_grad, r.requires_grad = True, True
+  (x.max(1).values * Tensor(X[:, 0])).sum().backward(); (r.max(1).values * torch.tensor(X[:, 0])).sum().backward()
+  same(x.grad, r.grad)
 
 # ***** in-place ops, lazy like assign *****
 INPLACE_CASES = [
@@ -248,3 +280,131 @@ def test_shape_errors_are_runtime_errors(bad):
   with pytest.raises(RuntimeError): bad(torch.tensor)
   with pytest.raises(RuntimeError): bad(Tensor)
   with pytest.raises(ValueError): bad(Tensor)  # tinygrad's convention keeps working
+
+# ***** small ops of issue 16, each against torch *****
+SPECIAL = np.array([[0., -0., 1., -1., 2.5, -3.5], [np.inf, -np.inf, np.nan, 7., -7., 1e30]], np.float32)
+SMALL_OPS = [
+  ("copysign", lambda t, T: t.copysign(T(-SPECIAL))), ("copysign_scalar", lambda t, T: t.copysign(-2.0)),
+  ("fmod", lambda t, T: t.fmod(2.0)), ("fmod_neg", lambda t, T: t.fmod(-1.5)),
+  ("isfinite", lambda t, T: t.isfinite()), ("isinf_pos", lambda t, T: t.isinf(detect_positive=True, detect_negative=False) if isinstance(t, Tensor) else t.isposinf()),
+  ("isinf_neg", lambda t, T: t.isinf(detect_positive=False, detect_negative=True) if isinstance(t, Tensor) else t.isneginf()),
+  ("logaddexp", lambda t, T: t.logaddexp(T(SPECIAL[::-1].copy()))), ("softmin", lambda t, T: t[:1].softmin(dim=-1) if isinstance(t, Tensor) else torch.nn.functional.softmin(t[:1], dim=-1)),
+  ("diagonal", lambda t, T: t.diagonal()), ("diagonal_off", lambda t, T: t.diagonal(2)), ("diagonal_neg", lambda t, T: t.diagonal(-1)),
+  ("diag", lambda t, T: t.diag(1)), ("diag_vec", lambda t, T: t[0].diag(-2)), ("masked_select", lambda t, T: t.masked_select(T(SPECIAL > 0))),
+  ("unfold", lambda t, T: t.unfold(1, 2, 2)), ("unfold_dim0", lambda t, T: t.unfold(0, 1, 1)),
+]
+@pytest.mark.parametrize("name,f", SMALL_OPS, ids=[n for n, _ in SMALL_OPS])
+def test_small_ops_match_torch(name, f):
+  out, ref = f(Tensor(SPECIAL), Tensor), f(torch.tensor(SPECIAL), torch.tensor)
+  np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6, atol=1e-6, equal_nan=True)
+  assert out.shape == tuple(ref.shape)
+
+def test_small_op_gradients_match_torch():
+  a = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+  for f in (lambda t: t.diagonal(1), lambda t: t.logaddexp(t * 2), lambda t: t.fmod(0.7), lambda t: t.unfold(1, 3, 1)):
+    x, r = Tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    f(x).sum().backward(); f(r).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), r.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+def test_int_fmod_and_scatter_reduce_names():
+  a = np.array([-7, -3, 0, 3, 7], np.int32)
+  assert Tensor(a).fmod(3).tolist() == torch.tensor(a).fmod(3).tolist()
+  idx = np.array([[0, 1, 0], [2, 0, 1]])
+  for red in ("add", "multiply"):
+    base, src = np.arange(1., 10.).reshape(3, 3).astype(np.float32), np.full((2, 3), 2., np.float32)
+    out = Tensor(base).scatter(0, Tensor(idx), Tensor(src), reduce=red)
+    ref = torch.tensor(base).scatter(0, torch.tensor(idx), torch.tensor(src), reduce=red)
+    np.testing.assert_allclose(out.numpy(), ref.numpy())
+  with pytest.raises(ValueError, match="reduce"): Tensor(base).scatter(0, Tensor(idx), Tensor(src), reduce="max")
+
+def test_reshape_none_keeps_size():
+  x = Tensor.ones(2, 3, 4)
+  assert x.reshape(2, None, 4).shape == (2, 3, 4)
+  assert x.reshape(None, None, -1).shape == (2, 3, 4) and x.reshape((None, 4, 3)).shape == (2, 4, 3)
+  with pytest.raises(ValueError, match="None keeps"): x.reshape(None, -1)
+
+def test_sdpa_gqa_and_bce_pos_weight():
+  rng = np.random.default_rng(4)
+  q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 8)))
+  out = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), enable_gqa=True)
+  ref = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v)), enable_gqa=True)
+  np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+  x, y, pw = rng.standard_normal((3, 4)).astype(np.float32), (rng.random((3, 4)) > 0.5).astype(np.float32), np.array([0.5, 1, 2, 3], np.float32)
+  out = Tensor(x).binary_crossentropy_logits(Tensor(y), pos_weight=Tensor(pw))
+  ref = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(y), pos_weight=torch.tensor(pw))
+  np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5)
+
+# ***** max_pool(return_indices=True) and max_unpool *****
+POOL_CASES = [((2, 3, 6, 7), dict(kernel_size=2)), ((1, 2, 7, 7), dict(kernel_size=3, stride=2, padding=1)),
+              ((1, 1, 9, 8), dict(kernel_size=(3, 2), stride=(2, 3), dilation=(2, 1), ceil_mode=True))]
+@pytest.mark.parametrize("shape,kw", POOL_CASES, ids=str)
+def test_max_pool2d_return_indices_matches_torch(shape, kw):
+  import attograd.nn.functional as F
+  a = np.random.default_rng(5).integers(-3, 3, shape).astype(np.float32)  # small ints: many ties, torch takes the first
+  v, i = F.max_pool2d(Tensor(a), return_indices=True, **kw)
+  rv, ri = torch.nn.functional.max_pool2d(torch.tensor(a), return_indices=True, **kw)
+  same(v, rv); same(i, ri); assert i.dtype == dtypes.int64
+  if "dilation" not in kw:
+    args = (kw["kernel_size"], kw.get("stride"), kw.get("padding", 0))
+    same(F.max_unpool2d(v, i, *args, output_size=a.shape[-2:]), torch.nn.functional.max_unpool2d(rv, ri, *args, output_size=a.shape[-2:]))
+
+def test_max_pool_indices_other_ranks_module_and_gradient():
+  import attograd.nn.functional as F
+  from attograd import nn
+  rng = np.random.default_rng(6)
+  a1, a3 = rng.standard_normal((2, 3, 9)).astype(np.float32), rng.standard_normal((1, 2, 4, 5, 6)).astype(np.float32)
+  for f, tf, a in ((F.max_pool1d, torch.nn.functional.max_pool1d, a1), (F.max_pool3d, torch.nn.functional.max_pool3d, a3)):
+    v, i = f(Tensor(a), 2, return_indices=True); rv, ri = tf(torch.tensor(a), 2, return_indices=True)
+    same(v, rv); same(i, ri)
+  v, i = F.max_pool1d(Tensor(a1), 2, return_indices=True)
+  same(F.max_unpool1d(v, i, 2, output_size=(9,)), torch.nn.functional.max_unpool1d(*torch.nn.functional.max_pool1d(torch.tensor(a1), 2, return_indices=True), 2, output_size=(9,)))
+  a = rng.standard_normal((2, 2, 6, 6)).astype(np.float32)
+  out = nn.MaxPool2d(2, return_indices=True)(Tensor(a))
+  ref = torch.nn.MaxPool2d(2, return_indices=True)(torch.tensor(a))
+  same(out[0], ref[0]); same(out[1], ref[1])
+  x, r = Tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+  w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+  (F.max_pool2d(x, 2, return_indices=True)[0] * Tensor(w)).sum().backward()
+  (torch.nn.functional.max_pool2d(r, 2, return_indices=True)[0] * torch.tensor(w)).sum().backward()
+  same(x.grad, r.grad)
+  with pytest.raises(ValueError, match="indices"): F.max_unpool2d(Tensor(a), Tensor.zeros(1, 2, dtype=dtypes.int64), 2)
+
+# ***** interpolate: 5-D, nearest-exact, integer inputs, tinygrad's 'linear' on any rank *****
+INTERP_CASES = [((1, 2, 3, 4, 5), dict(scale_factor=2, mode="nearest")), ((1, 2, 3, 4, 5), dict(size=(5, 3, 7), mode="trilinear")),
+                ((1, 2, 3, 4, 5), dict(size=(2, 6, 4), mode="trilinear", align_corners=True)), ((2, 1, 5, 7), dict(size=(8, 3), mode="nearest-exact")),
+                ((2, 3, 11), dict(scale_factor=1.7, mode="nearest-exact")), ((1, 1, 4, 6), dict(size=(9, 5), mode="nearest"))]
+@pytest.mark.parametrize("shape,kw", INTERP_CASES, ids=str)
+def test_interpolate_more_modes_match_torch(shape, kw):
+  import attograd.nn.functional as F
+  a = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+  np.testing.assert_allclose(F.interpolate(Tensor(a), **kw).numpy(), torch.nn.functional.interpolate(torch.tensor(a), **kw).numpy(), rtol=1e-5, atol=1e-6)
+
+def test_interpolate_linear_any_rank_and_ints():
+  import attograd.nn.functional as F
+  a = np.random.default_rng(8).standard_normal((1, 2, 3, 4)).astype(np.float32)
+  for nd, torch_mode in ((4, "bilinear"), (5, "trilinear")):  # tinygrad's mode="linear" on 4-D / 5-D is torch's bi/trilinear
+    x = a if nd == 4 else a[..., None].repeat(2, -1)
+    ref = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=2, mode=torch_mode)
+    np.testing.assert_allclose(Tensor(x).interpolate(scale_factor=2, mode="linear").numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+  ints = np.random.default_rng(9).integers(0, 255, (1, 2, 4, 5)).astype(np.uint8)
+  for mode in ("nearest", "nearest-exact"):
+    out = F.interpolate(Tensor(ints), size=(7, 3), mode=mode)
+    assert out.dtype == dtypes.uint8
+    np.testing.assert_array_equal(out.numpy(), torch.nn.functional.interpolate(torch.tensor(ints), size=(7, 3), mode=mode).numpy())
+  big = np.array([[[2 ** 30 + 1, -(2 ** 30) - 3]]], np.int32)  # exact: nearest is a gather, not a float matmul
+  assert F.interpolate(Tensor(big), scale_factor=2).tolist() == [[[2 ** 30 + 1] * 2 + [-(2 ** 30) - 3] * 2]]
+  with pytest.raises(ValueError, match="bilinear"): F.interpolate(Tensor(a[0]), scale_factor=2, mode="bilinear")
+
+def test_nn_datasets_is_an_attribute():
+  from attograd import nn
+  assert callable(nn.datasets.mnist)  # tinygrad's spelling after `from tinygrad import nn`
+
+def test_jit_of_a_fresh_layer_matches_eager():
+  """A never-realized parameter (a lazy rand().contiguous()) used to stay lazy after use: TinyJit captured its rand
+  kernel and each replay re-drew the weights, a silent wrong answer. Parameters now realize with the next realize."""
+  from attograd import nn
+  Tensor.manual_seed(0)
+  layer = nn.Linear(3, 2)
+  eager = [layer(Tensor.ones(1, 3) * i).tolist() for i in range(4)]
+  jitted = TinyJit(lambda x: layer(x).realize())
+  assert [jitted(Tensor.ones(1, 3) * i).tolist() for i in range(4)] == eager

@@ -37,7 +37,7 @@ def test_matmul(opts):
   ("sum", [Opt(G, 0, 256)]), ("row_sum", [Opt(G, 1, 64)]), ("row_sum", [Opt(L, 0, 4), Opt(G, 1, 32)]),
   ("row_max", [Opt(G, 1, 128)]), ("row_max", [Opt(L, 0, 2)])])
 def test_reduce(case, opts):
-  t, ref = {"sum": (W(R).sum(), R.sum()), "row_sum": (W(R).sum(1), R.sum(1)), "row_max": (W(R).max(1), R.max(1))}[case]
+  t, ref = {"sum": (W(R).sum(), R.sum()), "row_sum": (W(R).sum(1), R.sum(1)), "row_max": (W(R).max(axis=1), R.max(1))}[case]
   np.testing.assert_allclose(run_webgpu(t, opts), ref, rtol=1e-4, atol=1e-4)
 
 def test_long_reduce_is_grouped():

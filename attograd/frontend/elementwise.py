@@ -49,6 +49,9 @@ def _in_range(cond, x, safe: float):
   values that make its gradient inf or nan (0 * inf is nan)."""
   return cond.where(x, safe)
 
+# interpolate's modes -> the input rank torch requires (None: any; 'linear' is tinygrad's on any rank)
+_INTERP_RANK = {"nearest": None, "nearest-exact": None, "linear": None, "bilinear": 4, "bicubic": 4, "trilinear": 5}
+
 class ElementwiseOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -381,10 +384,59 @@ class ElementwiseOps:
     acc = acc.expand(*full) if full else acc
     summed = tuple(range(len(out), len(letters)))
     return acc.sum(summed) if summed else acc
-  def scaled_dot_product_attention(self, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None):
+  # ***** torch's small composites (issue 16) *****
+  def copysign(self, other):
+    """|self| with the sign of other (torch.copysign; the sign bit of -0.0 counts, as torch); always a float."""
+    x = self._float_unary()
+    o = other if isinstance(other, type(self)) else type(self).full((), float(other), device=self.device)
+    neg = (o < 0) | ((o == 0) & ((1 / o.cast(x.dtype)) < 0)) if dtypes.is_float(o.dtype) else o < 0
+    return neg.where(-x.abs(), x.abs())
+  def fmod(self, other):
+    """C's fmod: the remainder with the sign of the dividend (torch.fmod), unlike % (Python's, the divisor's sign)."""
+    if not dtypes.is_float(self.dtype) and not (isinstance(other, type(self)) and dtypes.is_float(other.dtype)) and not isinstance(other, float):
+      r = self % other
+      return ((r != 0) & ((r < 0) != (self < 0))).where(r - other, r)
+    return self - (self / other).trunc() * other
+  def logaddexp(self, other):
+    """log(exp(a) + exp(b)) without overflow: max + log1p(exp(-|a - b|)); equal infinities give that infinity, as torch."""
+    m = self.maximum(other)
+    d = (self - other).abs()
+    return (m == -math.inf).where(m, m + (-(d.isnan().where(0, d))).exp().log1p())
+  def softmin(self, axis: int = -1, dtype=None, *, dim=None):
+    return (-self).softmax(axis if dim is None else dim, dtype)
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    """torch.diagonal: the diagonal of dims (dim1, dim2) moved to the last dim; offset > 0 above the main diagonal."""
+    nd = self.ndim
+    d1, d2 = dim1 % nd if -nd <= dim1 < nd else dim1, dim2 % nd if -nd <= dim2 < nd else dim2
+    if not (0 <= d1 < nd and 0 <= d2 < nd) or d1 == d2: raise ArgumentError(f"diagonal dims {dim1}, {dim2} of a {nd}-D tensor")
+    x = self.permute(*[i for i in range(nd) if i not in (d1, d2)], d1, d2)
+    a, b = x.shape[-2], x.shape[-1]
+    n = max(0, min(a, b - offset) if offset >= 0 else min(a + offset, b))
+    x = x[..., :n, offset:offset + n] if offset >= 0 else x[..., -offset:-offset + n, :n]
+    eye = type(self).eye(n, dtype=dtypes.bool, device=self.device)
+    return eye.where(x, 0).sum(-1) if n else x.sum(-1)
+  def diag(self, diagonal: int = 0):
+    """torch.diag: a 1-D input becomes the matrix with it on the given diagonal; a 2-D input gives that diagonal."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise ArgumentError(f"diag needs a 1-D or 2-D tensor, got {self.ndim}-D")
+    n, k = self.shape[0], abs(diagonal)
+    m = type(self).eye(n, dtype=dtypes.bool, device=self.device).where(self.unsqueeze(0), 0)
+    return m.pad(((0, k), (k, 0)) if diagonal >= 0 else ((k, 0), (0, k)))
+  def masked_select(self, mask):
+    """torch.masked_select: the elements where mask (broadcast with self) is True, as 1-D (its size needs a realize)."""
+    if mask.dtype != dtypes.bool: raise TypeError(f"masked_select needs a bool mask, got {mask.dtype}")
+    a, m = self._operands(mask)  # broadcast both (in their common dtype: m != 0 is the mask again)
+    return a.cast(self.dtype).flatten()[(m != 0).flatten()]
+  def scaled_dot_product_attention(self, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                   enable_gqa: bool = False):
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True
-    positions; dropout (p > 0) is applied as torch does, whatever the training mode."""
+    positions; dropout (p > 0) is applied as torch does, whatever the training mode. enable_gqa: key/value heads
+    (dim -3) are shared by groups of query heads, each repeated in place as torch does."""
     q = self
+    if enable_gqa and key.ndim >= 3 and (hq := q.shape[-3]) != (hk := key.shape[-3]):
+      if hq % hk or hq % value.shape[-3]:
+        raise ArgumentError(f"scaled_dot_product_attention: {hq} query heads aren't a multiple of {hk} key / {value.shape[-3]} value heads")
+      key, value = key.repeat_interleave(hq // hk, dim=-3), value.repeat_interleave(hq // value.shape[-3], dim=-3)
     L, S = q.shape[-2], key.shape[-2]
     s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
     attn = (q @ key.transpose(-2, -1)) * s
@@ -399,14 +451,10 @@ class ElementwiseOps:
       keep = type(self).rand(*attn.shape, device=attn.device, dtype=dtypes.float32) >= dropout_p
       attn = keep.where(attn * (1 / (1 - dropout_p)), 0)
     return attn @ value
-  def _resize_matrix(self, n_in: int, n_out: int, mode: str, align_corners: bool | None, scale: float | None):
+  def _resize_matrix(self, n_in: int, n_out: int, mode: str, align_corners: bool | None, scale: float | None, dtype):
     """(n_in, n_out) weights taking an axis of n_in samples to n_out, torch's source-index arithmetic."""
     rows = [[0.0] * n_out for _ in range(n_in)]
     for o in range(n_out):
-      if mode == "nearest":
-        r = (1 / scale) if scale is not None else n_in / n_out
-        rows[min(int(math.floor(o * r)), n_in - 1)][o] = 1.0
-        continue
       if align_corners: src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
       else:
         r = (1 / scale) if scale is not None else n_in / n_out
@@ -422,15 +470,17 @@ class ElementwiseOps:
       l1 = src - i0
       rows[i0][o] += 1 - l1
       rows[i1][o] += l1
-    return type(self)(rows, dtype=self.dtype, device=self.device)
+    return type(self)(rows, dtype=dtype, device=self.device)
   def interpolate(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
-    """torch.nn.functional.interpolate for (N, C, W) and (N, C, H, W) inputs: modes 'nearest', 'linear' (3-D),
-    'bilinear' and 'bicubic' (4-D); each spatial axis is resized by a matmul with a fixed weight matrix."""
-    if self.ndim not in (3, 4): raise ArgumentError(f"interpolate supports 3-D and 4-D inputs, got {self.ndim}-D")
-    if mode not in ("nearest", "linear", "bilinear", "bicubic"): raise NotImplementedError(f"interpolate mode {mode!r}")
-    if (mode == "linear") != (self.ndim == 3) and mode != "nearest": raise ArgumentError(f"interpolate mode {mode!r} doesn't fit a {self.ndim}-D input")
-    if mode == "nearest" and align_corners is not None: raise ArgumentError("align_corners only applies to linear modes")
-    if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")
+    """torch.nn.functional.interpolate for (N, C, *spatial) inputs of 1 to 3 spatial dims: 'nearest' and
+    'nearest-exact' (a gather, exact for every dtype), 'linear' (3-D in torch; tinygrad's on any rank, as here),
+    'bilinear' and 'bicubic' (4-D), 'trilinear' (5-D): each spatial axis resized by a matmul with a fixed weight
+    matrix. Integer inputs to the weighted modes are computed in float32 and rounded back (torch's uint8 rule)."""
+    if self.ndim not in (3, 4, 5): raise ArgumentError(f"interpolate supports 3-D, 4-D and 5-D inputs, got {self.ndim}-D")
+    if mode not in _INTERP_RANK: raise NotImplementedError(f"interpolate mode {mode!r}")
+    if _INTERP_RANK[mode] not in (None, self.ndim): raise ArgumentError(f"interpolate mode {mode!r} needs a {_INTERP_RANK[mode]}-D input, got {self.ndim}-D")
+    nearest = mode.startswith("nearest")
+    if nearest and align_corners is not None: raise ArgumentError("align_corners only applies to linear modes")
     nsp = self.ndim - 2
     if (size is None) == (scale_factor is None): raise ArgumentError("interpolate needs exactly one of size and scale_factor")
     if size is not None:
@@ -439,9 +489,14 @@ class ElementwiseOps:
       scales = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * nsp
       out_sz = tuple(int(math.floor(n * sc)) for n, sc in zip(self.shape[2:], scales))
     if len(out_sz) != nsp: raise ArgumentError(f"interpolate: size {size} for {nsp} spatial dims")
-    x = self
+    x = self if nearest or dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
     for ax in range(nsp):
-      d = 2 + ax
-      m = x._resize_matrix(x.shape[d], out_sz[ax], mode, align_corners, scales[ax])
-      x = (x.transpose(d, -1) @ m).transpose(d, -1)
-    return x
+      d, n_in, n_out = 2 + ax, self.shape[2 + ax], out_sz[ax]
+      if nearest:  # torch's source index: floor(o * r) ('nearest'), floor((o + 0.5) * r) ('nearest-exact')
+        r, half = (1 / scales[ax]) if scales[ax] is not None else n_in / n_out, 0.5 if mode == "nearest-exact" else 0.0
+        idx = [min(int(math.floor((o + half) * r)), n_in - 1) for o in range(n_out)]
+        x = x.index_select(d, type(self)(idx, dtype=dtypes.int32, device=self.device))
+      else:
+        m = x._resize_matrix(n_in, n_out, mode, align_corners, scales[ax], x.dtype)
+        x = (x.transpose(d, -1) @ m).transpose(d, -1)
+    return x if x.dtype == self.dtype else x.round().clip(dtypes.min(self.dtype), dtypes.max(self.dtype)).cast(self.dtype)

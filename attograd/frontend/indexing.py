@@ -67,6 +67,8 @@ def _known_range(u: UOp) -> tuple[int, int] | None:
   s = s.simplify()
   return int(s.vmin), int(s.vmax)
 
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}  # scatter(reduce=)'s names -> scatter_reduce's
+
 class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -192,7 +194,7 @@ class IndexingOps:
       pos = T.arange(self.numel(), device=self.device, dtype=dtypes.int32).reshape(self.shape)[index].flatten()
       M = pos.numel()
       hit = pos.unsqueeze(0) == T.arange(self.numel(), device=self.device, dtype=dtypes.int32).unsqueeze(1)  # (numel, M)
-      last = hit.where(T.arange(1, M + 1, device=self.device, dtype=dtypes.int32).unsqueeze(0), 0).max(1) if M else \
+      last = hit.where(T.arange(1, M + 1, device=self.device, dtype=dtypes.int32).unsqueeze(0), 0).amax(1) if M else \
         T.zeros(self.numel(), dtype=dtypes.int32, device=self.device)
       vals = v.flatten()._take_along([0], [(last - 1, M)], 0) if M else self.flatten()
       new = (last > 0).where(vals, self.flatten()).reshape(self.shape)
@@ -286,18 +288,23 @@ class IndexingOps:
   def _pad_to_self(self, t: Any, d: int, fill: Any) -> Any:
     return t.pad(tuple((0, 0) if a == d else (0, sx - st) for a, (st, sx) in enumerate(zip(t.shape, self.shape))), value=fill)
 
-  def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None) -> Any:
+  def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None, *, reduce: str | None = None) -> Any:
     """torch.scatter (out of place): out[index[i][j]][j] = src[i][j] (dim=0); src may be a scalar
-    (or pass value=). With repeated indices the last write along dim wins."""
+    (or pass value=). With repeated indices the last write along dim wins. reduce="add"/"multiply" (torch's older
+    form) accumulates into self instead: scatter_reduce with "sum"/"prod", include_self."""
     if src is None: src = value
     if src is None: raise TypeError("scatter needs src or value")
+    if reduce is not None:
+      if reduce not in _SCATTER_REDUCE: raise ArgumentError(f"scatter reduce must be one of {tuple(_SCATTER_REDUCE)}, got {reduce!r}")
+      if not _is_tensor(src): src = type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
+      return self.scatter_reduce(dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
     d = self._check_dim_index(dim, index, "scatter")
     if self.ndim == 0: return self.reshape(1).scatter(0, index.reshape(1), src if not _is_tensor(src) else src.reshape(1)).reshape(())
     if not _is_tensor(src): src = type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
     mask, s, n = self._scatter_mask(d, index, src.cast(self.dtype), "scatter")
     J = index.shape[d]
     j = type(self).arange(1, J + 1, device=self.device, dtype=dtypes.int32).reshape((J,) + (1,) * (index.ndim - d - 1))
-    last = mask.where(j, 0).max(d + 1, keepdim=True) if J else mask.sum(d + 1, keepdim=True).cast(dtypes.int32)
+    last = mask.where(j, 0).amax(d + 1, keepdim=True) if J else mask.sum(d + 1, keepdim=True).cast(dtypes.int32)
     val = (j == last).where(s, s.zeros_like()).sum(d + 1).cast(self.dtype)
     has = self._pad_to_self((last > 0).squeeze(d + 1), d, False)
     return has.where(self._pad_to_self(val, d, 0), self)
@@ -316,8 +323,8 @@ class IndexingOps:
     elif reduce == "prod": r = mask.where(s, s.ones_like()).prod(d + 1).cast(self.dtype)
     else:
       big = s.full_like(-float("inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype))
-      if reduce == "amax": r = mask.where(s, big).max(d + 1)
-      else: r = mask.where(s, s.full_like(float("inf") if dtypes.is_float(self.dtype) else dtypes.max(self.dtype))).min(d + 1)
+      if reduce == "amax": r = mask.where(s, big).amax(d + 1)
+      else: r = mask.where(s, s.full_like(float("inf") if dtypes.is_float(self.dtype) else dtypes.max(self.dtype))).amin(d + 1)
     has = self._pad_to_self(count > 0, d, False)
     r, count = self._pad_to_self(r, d, 0), self._pad_to_self(count, d, 0)
     if include_self:
@@ -331,6 +338,20 @@ class IndexingOps:
       r = r.floor_divide(c) if not dtypes.is_float(self.dtype) else r / c
     return has.where(r.cast(self.dtype), self)
 
+  def unfold(self, dimension: int, size: int, step: int) -> Any:
+    """torch.Tensor.unfold: the windows of `size` every `step` along a dim; that dim becomes the window count and
+    the window is a new last dim. (Not nn.functional.unfold, the image patches.)"""
+    d = dimension % self.ndim if self.ndim and -self.ndim <= dimension < self.ndim else None
+    if d is None and not (self.ndim == 0 and dimension in (0, -1)): raise IndexError(f"unfold dimension {dimension} of a {self.ndim}-D tensor")
+    x = self.reshape(1) if self.ndim == 0 else self
+    d = d or 0
+    n = x.shape[d]
+    if size > n or step <= 0 or size < 0: raise ArgumentError(f"unfold: size {size} and step {step} don't fit a dim of {n}")
+    T, nw = type(self), (n - size) // step + 1
+    idx = (T.arange(nw, device=self.device).reshape(nw, 1) * step + T.arange(size, device=self.device).reshape(1, size)).flatten()
+    out = x.index_select(d, idx).reshape(*x.shape[:d], nw, size, *x.shape[d + 1:])
+    out = out.permute(*range(d + 1), *range(d + 2, out.ndim), d + 1)
+    return out.reshape(size) if self.ndim == 0 else out
   def index_select(self, dim: int, index: Any) -> Any:
     """torch.index_select: the entries of a 1-D integer index along dim."""
     if not _is_tensor(index) or not dtypes.is_int(index.dtype) or index.ndim > 1:

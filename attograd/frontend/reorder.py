@@ -376,7 +376,7 @@ class ReorderOps:
     if self.ndim == 0: self._axes(axis); return self._float_unary()  # a one-element reduce (the axis is checked)
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     if x.numel() == 0: return x.exp().sum(axis, keepdim).log()
-    m = x.max(axis, keepdim=True).detach()
+    m = x.amax(axis, keepdim=True).detach()
     m = m.isinf().where(0.0, m)
     out = (x - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze(axis) if isinstance(axis, int) else out.reshape(x.sum(axis).shape)
@@ -433,11 +433,11 @@ class ReorderOps:
       ar = T.arange(n, device=self.device)
       mask = ar.reshape(1, n) <= ar.reshape(n, 1)
       xe = x.unsqueeze(-2).expand(*x.shape[:-1], n, n)
-      vals = mask.where(xe, T.full((), low, dtype=self.dtype, device=self.device)).max(-1, keepdim=True)
+      vals = mask.where(xe, T.full((), low, dtype=self.dtype, device=self.device)).amax(-1, keepdim=True)
       if isf: vals = (mask & xe.isnan()).any(-1, keepdim=True).where(math.nan, vals)
       hit = mask & ((xe == vals) | (xe.isnan() & vals.isnan()) if isf else (xe == vals))
       j = T.arange(n, device=self.device, dtype=dtypes.int64)
-      pos = hit.where(j, -1).max(-1)
+      pos = hit.where(j, -1).amax(-1)
       if where_from is None: return vals.squeeze(-1), pos
       return vals.squeeze(-1), (j == pos.unsqueeze(-1)).where(where_from.unsqueeze(-2), 0).sum(-1)
     def scan(x, where_from):

@@ -220,3 +220,10 @@ class MultiheadAttention(Module):
 
 # after the layers: these import from nn (as `from attograd import nn` then nn.optim works, as in tinygrad)
 from attograd.nn import init, utils, optim, state  # noqa: E402
+
+def __getattr__(name: str) -> Any:
+  # tinygrad's nn.datasets.mnist() after `from tinygrad import nn`: imported on first use (it pulls in http and zlib)
+  if name == "datasets":
+    import attograd.nn.datasets as datasets
+    return datasets
+  raise AttributeError(f"module 'attograd.nn' has no attribute {name!r}")

@@ -214,12 +214,17 @@ def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
 conv_transpose2d = conv_transpose3d = conv_transpose1d
 
 def _max_pool(n: int, input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
-  if return_indices: raise NotImplementedError("max_pool with return_indices=True")
-  return getattr(input, f"max_pool{n}d")(kernel_size, stride, dilation, padding, ceil_mode)
+  return input._max_pool(n, kernel_size, stride, dilation, padding, ceil_mode, return_indices)
 def max_pool1d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
   return _max_pool(1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
   return _max_pool(2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+def max_unpool1d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0, output_size=None) -> Tensor:
+  return input._max_unpool(1, indices, kernel_size, stride, 1, padding, output_size)
+def max_unpool2d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0, output_size=None) -> Tensor:
+  return input._max_unpool(2, indices, kernel_size, stride, 1, padding, output_size)
+def max_unpool3d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0, output_size=None) -> Tensor:
+  return input._max_unpool(3, indices, kernel_size, stride, 1, padding, output_size)
 def max_pool3d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
   return _max_pool(3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 def _avg_pool(n: int, input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
@@ -266,7 +271,7 @@ def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
   """input / max(||input||_p along dim, eps)."""
   a = input.abs()
-  if p == math.inf: norm = a.max(dim, True)
+  if p == math.inf: norm = a.amax(dim, True)
   elif p == 2: norm = a.square().sum(dim, True).sqrt()
   elif p == 1: norm = a.sum(dim, True)
   else: norm = a.pow(p).sum(dim, True).pow(1 / p)

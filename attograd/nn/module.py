@@ -7,8 +7,9 @@ A module on which train()/eval() was never called follows Tensor.training; once 
 from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, NamedTuple
-from attograd.tensor import Tensor
+from attograd.tensor import Tensor, _pending_realize
 from attograd.uop.ops import Ops
+from attograd.schedule.schedule import is_view_of_buffer
 from attograd.dtype import DType, dtypes
 
 class Parameter(Tensor):
@@ -25,6 +26,9 @@ class Parameter(Tensor):
       data = Tensor.empty(*data.shape, dtype=data.dtype, device=data.device).assign(data)
     super().__init__(data.uop)
     self.requires_grad = requires_grad
+    # a parameter is state: a lazy one (rand(...).contiguous()) is realized with the next realize, so it is drawn
+    # once. Left lazy, every use recomputes it, and a TinyJit capture takes its rand kernel: replays re-draw it
+    if not is_view_of_buffer(self.uop): _pending_realize[id(self)] = self
   def __repr__(self) -> str: return f"Parameter(shape={self.shape}, dtype={self.dtype}, device={self.device})"
   def __deepcopy__(self, memo: dict) -> Parameter:
     # a copy in memory of its own: gradients find their targets by graph node, so sharing this one's node would

@@ -165,16 +165,16 @@ def _rmean(x: Tensor, ax, k) -> Tensor:
   return (total / n).cast(x.dtype) if n else (total * math.nan).cast(x.dtype)  # the mean of nothing is nan, as numpy's
 def _rmax(x: Tensor, ax, k) -> Tensor:
   if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype))
-  return x.max(ax, keepdim=k)
+  return x.max(axis=ax, keepdim=k)
 def _rmin(x: Tensor, ax, k) -> Tensor:
   if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, math.inf if dtypes.is_float(x.dtype) else dtypes.max(x.dtype))
-  return x.min(ax, keepdim=k)
+  return x.min(axis=ax, keepdim=k)
 def _empty_reduce(x: Tensor, ax, k, value) -> Tensor:
   shape = tuple(1 if i in ax else s for i, s in enumerate(x.shape) if k or i not in ax)
   return Tensor.full(shape, value, dtype=x.dtype, device=x.device)
 def _rlogsumexp(x: Tensor, ax, k) -> Tensor:
   if any(x.shape[a] == 0 for a in ax): return _empty_reduce(x, ax, k, -math.inf)
-  m = x.max(ax, keepdim=True)
+  m = x.max(axis=ax, keepdim=True)
   m = m.isinf().where(0, m)
   out = (x - m).exp().sum(ax, keepdim=True).log() + m
   return (out if k else out.reshape(tuple(s for i, s in enumerate(out.shape) if i not in ax))).cast(x.dtype)
@@ -700,11 +700,11 @@ def _attention(Q: Tensor, K: Tensor, V: Tensor, attn_mask: Tensor | None = None,
   with_bias = qk + bias
   qk_out = with_bias if qk_matmul_output_mode == 2 else qk
   x = with_bias.cast(onnx_dtype(softmax_precision)) if softmax_precision is not None else with_bias
-  m = x.max(-1, keepdim=True)
+  m = x.max(axis=-1, keepdim=True)
   e = (x - m.isinf().where(0, m)).exp()
   ssum = e.sum(-1, keepdim=True)
   p = e / (ssum == 0).where(1, ssum)
-  p = bias.max(-1, keepdim=True).isinf().where(0, p)  # a row that sees nothing gives 0, not nan
+  p = bias.max(axis=-1, keepdim=True).isinf().where(0, p)  # a row that sees nothing gives 0, not nan
   if qk_matmul_output_mode == 3: qk_out = p
   y = p.cast(dt) @ V
   if three_d: y = y.permute(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)

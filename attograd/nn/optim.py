@@ -11,6 +11,9 @@ from attograd.tensor import Tensor
 from attograd.dtype import dtypes
 from attograd.nn.module import as_tensor
 import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
+import sys as _sys
+# also importable by torch's path (from attograd.nn.optim.lr_scheduler import StepLR), though optim is a module
+_sys.modules.setdefault(__name__ + ".lr_scheduler", lr_scheduler)
 
 def _scalar(v: float, device: str) -> Tensor: return Tensor.full((), float(v), dtype=dtypes.float32, device=device).contiguous().realize()
 def _is_number(v: Any) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool)

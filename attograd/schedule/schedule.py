@@ -45,7 +45,7 @@ def inline_is_free(expand: UOp, src: UOp, reduced: frozenset[int]) -> bool:
   inside the kernel? Loops nest in axis order with reduce loops innermost, and a loop waits for the
   reduces its body needs that don't depend on it (codegen/linearize.py). So it is free when every
   axis src varies along is an outer output axis, and every axis it is broadcast along is inside them
-  (softmax's x - x.max(1): the max is computed once per row, before the row's inner loops)."""
+  (softmax's x - x.amax(1): the max is computed once per row, before the row's inner loops)."""
   varies = [i for i, s in enumerate(src.shape) if s != 1]
   broadcast = [i for i, (a, b) in enumerate(zip(src.shape, expand.shape)) if a == 1 and b != 1]
   if any(i in reduced for i in varies): return False

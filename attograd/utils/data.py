@@ -56,6 +56,14 @@ class ConcatDataset(Dataset):
     d = bisect.bisect_right(self.cumulative_sizes, i)
     return self.datasets[d][i - (self.cumulative_sizes[d - 1] if d else 0)]
 
+class Generator:
+  """torch.Generator's seeding face, for DataLoader(generator=Generator().manual_seed(0)) and random_split: it holds
+  a seed (the loader draws each epoch's order from it); it is not a source of tensor randomness (Tensor.manual_seed)."""
+  def __init__(self, device: str = "cpu"): self._seed = random.getrandbits(63)
+  def manual_seed(self, seed: int) -> Generator: self._seed = int(seed); return self
+  def initial_seed(self) -> int: return self._seed
+  def seed(self) -> int: self._seed = random.getrandbits(63); return self._seed
+
 def _rng(generator: Any) -> random.Random:
   """A random.Random from an int seed, a random.Random, a numpy Generator, or None (seeded from Python's global random)."""
   if generator is None: return random.Random(random.getrandbits(64))
