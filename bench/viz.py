@@ -38,7 +38,7 @@ def rewriting(rounds: int) -> None:
 
 def browser() -> None:
   from playwright.sync_api import sync_playwright
-  from attograd.viz.serialize import to_json
+  from attograd.uop.tracefile import to_json
   from attograd.viz.serve import make_server
   from mnist_step import attograd_step
   with trace.recording() as tr:

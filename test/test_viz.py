@@ -98,7 +98,7 @@ def test_opts_chooser_and_jit_replays():
 # ***** the server, without a browser *****
 import json, os, re, signal, subprocess, sys, urllib.error, urllib.request
 import pytest
-from attograd.viz.serialize import FORMAT, load, to_json
+from attograd.uop.tracefile import FORMAT, load, to_json
 from attograd.viz.serve import TraceAPI
 
 def test_json_api_and_bad_traces(tmp_path):

@@ -4,17 +4,17 @@ loop's launches as a timeline.
 
 Off (the default) nothing here runs: patterns.tracker stays None. On (VIZ=1, or `with recording() as t:`), the tracker
 is swapped in and graph_rewrite's one loop keeps each step it makes. The trace holds the UOps themselves;
-attograd/viz turns it into JSON (the viz package is imported by name at exit, nothing in the core imports it).
+tracefile.py writes it as JSON, which attograd/viz serves (started at exit as a program: nothing in the core imports it).
 
 Replaying a pass's steps in order, each as a lookup (replay()), gives the pass's output: that is how the visualizer
 draws the graph after any step, and what test_viz checks."""
 from __future__ import annotations
-import atexit, contextlib, importlib, sys, threading, time
+import atexit, contextlib, os, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from attograd.helpers import CACHELEVEL, ContextVar
 from attograd.uop.ops import UOp
-from attograd.uop import patterns
+from attograd.uop import patterns, tracefile
 from attograd.uop.patterns import PatternMatcher, UPat
 
 VIZ = ContextVar("VIZ", 0)
@@ -196,11 +196,19 @@ def group(kind: str, name: str, **info: Any) -> contextlib.AbstractContextManage
   return _nothing() if current is None else current.group(kind, name, **info)
 
 def _at_exit() -> None:
+  """VIZ=1 at program exit: save the trace (VIZ_TRACE, default a file in the temp folder), then serve it unless
+  VIZ_SERVE=0, with the visualizer started as a program by its path (the core imports none of it) until Ctrl-C."""
   if (tr := stop()) is None: return
   if not (tr.passes or tr.events):
     print("VIZ: nothing was recorded (no graph was rewritten or run)", file=sys.stderr)
     return
-  importlib.import_module("attograd.viz.serve").at_exit(tr)  # by name: the core never imports the visualizer
+  path = os.getenv("VIZ_TRACE") or os.path.join(tempfile.gettempdir(), f"attograd-viz-{os.getpid()}.json")
+  data = tracefile.save(tr, path)
+  print(f"VIZ: trace of {len(data['passes'])} passes, {len(data['groups']) - 1} groups, {len(data['events'])} launches saved to {path}"
+        f" (serve it again: python -m attograd.viz {path})", file=sys.stderr, flush=True)
+  if os.getenv("VIZ_SERVE", "1") == "0": return
+  try: subprocess.run([sys.executable, "-m", "attograd.viz", path, "--port", os.getenv("VIZ_PORT", "8000")])
+  except KeyboardInterrupt: pass  # Ctrl-C ends the server and this program with it
 
 def _worker() -> bool:
   """In a process multiprocessing started (a DataLoader worker): it inherits VIZ=1 but must not record, nor serve at

@@ -1,6 +1,6 @@
 """python -m attograd.viz TRACE [--port N]: serve a trace that VIZ=1 saved (its path is printed at exit)."""
 import argparse, os
-from attograd.viz.serialize import load
+from attograd.uop.tracefile import load
 from attograd.viz.serve import serve
 
 def main() -> None:

@@ -5,11 +5,9 @@ trace as JSON endpoints. Only 127.0.0.1 is bound.
   GET /api/pass/N       pass N with its steps, the rules they name and every node they touch
   GET /api/group/N      group N (a kernel: AST nodes, Opts, linear uops, source)"""
 from __future__ import annotations
-import json, os, sys, tempfile
+import json, os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from attograd.uop.trace import Trace
-from attograd.viz.serialize import to_json
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -83,13 +81,3 @@ def serve(data: dict[str, Any], port: int) -> None:
   try: srv.serve_forever()
   except KeyboardInterrupt: pass
   finally: srv.server_close()
-
-def at_exit(tr: Trace) -> None:
-  """VIZ=1 at program exit: save the trace (VIZ_TRACE, default a file in the temp folder), then serve it unless
-  VIZ_SERVE=0."""
-  path = os.getenv("VIZ_TRACE") or os.path.join(tempfile.gettempdir(), f"attograd-viz-{os.getpid()}.json")
-  data = to_json(tr)
-  with open(path, "w") as f: json.dump(data, f, separators=(",", ":"))
-  print(f"VIZ: trace of {len(data['passes'])} passes, {len(data['groups']) - 1} groups, {len(data['events'])} launches saved to {path}"
-        f" (serve it again: python -m attograd.viz {path})", file=sys.stderr, flush=True)
-  if os.getenv("VIZ_SERVE", "1") != "0": serve(data, int(os.getenv("VIZ_PORT", "8000")))

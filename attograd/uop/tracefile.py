@@ -1,4 +1,4 @@
-"""A recorded Trace (uop/trace.py) as JSON data: one table of nodes shared by every graph (UOps are hash-consed, so a
+"""A recorded Trace (uop/trace.py) as JSON data, saved and loaded: one table of nodes shared by every graph (UOps are hash-consed, so a
 graph rewritten a little adds only its new nodes), passes whose steps are (before, after, rule) node ids, kernels,
 launches. JSON only: a saved trace is data, never code (no pickle)."""
 from __future__ import annotations
@@ -7,7 +7,6 @@ from typing import Any
 from attograd.dtype import FLOATS, INTS, UINTS
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat
-from attograd.uop.trace import Trace
 
 FORMAT = "attograd-viz 1"
 # rule locations are shown relative to the folder holding the attograd package (attograd/uop/symbolic.py:177)
@@ -72,7 +71,7 @@ class _Nodes:
 def _short(loc: str) -> str:
   return os.path.relpath(loc, ROOT) if loc.startswith(ROOT + os.sep) else loc
 
-def to_json(tr: Trace) -> dict[str, Any]:
+def to_json(tr: Any) -> dict[str, Any]:
   nodes = _Nodes()
   passes = []
   for p in tr.passes:
@@ -102,8 +101,16 @@ def to_json(tr: Trace) -> dict[str, Any]:
   return {"format": FORMAT, "nodes": nodes.rows, "rules": rules, "groups": groups, "passes": passes, "events": events,
           "skipped": tr.skipped}
 
-def save(tr: Trace, path: str) -> None:
-  with open(path, "w") as f: json.dump(to_json(tr), f, separators=(",", ":"))
+def save(tr: Any, path: str) -> dict[str, Any]:
+  """Write the trace's JSON to path, whole or not at all (a temporary file renamed over it), and return it."""
+  data = to_json(tr)
+  tmp = f"{path}.{os.getpid()}.part"
+  try:
+    with open(tmp, "w") as f: json.dump(data, f, separators=(",", ":"))
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp): os.remove(tmp)
+  return data
 
 def load(path: str) -> dict[str, Any]:
   """A saved trace, checked to be one (a clear error for any other file)."""
