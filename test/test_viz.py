@@ -13,8 +13,10 @@ from attograd.uop.symbolic import symbolic
 from attograd.dtype import dtypes
 
 def _program(n: int):
-  # each test its own shapes: kernels lowered earlier in the process are not lowered (nor recorded) again
-  a, b = Tensor.rand(n, 8), Tensor.rand(8, 4)
+  # each test its own shapes: kernels lowered earlier in the process are not lowered (nor recorded) again. Data from
+  # numpy, not Tensor.rand: the random state's kernel is the same in every test, and another test may have lowered it
+  rng = np.random.default_rng(n)
+  a, b = Tensor(rng.random((n, 8), dtype=np.float32)), Tensor(rng.random((8, 4), dtype=np.float32))
   return (a @ b).relu().sum(1).softmax(0).numpy()
 
 def test_records_kernels_passes_and_launches():
