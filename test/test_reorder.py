@@ -444,6 +444,7 @@ def test_topk_stored_ranks(device):
 def test_topk_small_k(device, k, largest):
   n = 5000 if device == "CPU" else 600
   if device not in ("CPU", "PYTHON") and k != 5: pytest.skip("one k is enough off CPU")
+  if device == "PYTHON" and k == 17: pytest.skip("the chunked pick's widest case runs on CPU: the interpreter took 50 s on it")
   rng = np.random.default_rng(k)
   vals = rng.permutation(2 * n).reshape(2, n).astype(np.float32) - n  # distinct: torch's order among ties is unspecified
   check(lambda a: a.topk(k, -1, largest), lambda a: tuple(torch.topk(a, k, -1, largest)), None, f32, device, vals=[vals])
@@ -454,7 +455,8 @@ def test_topk_small_k(device, k, largest):
 def test_topk_ties_and_large_k(device):
   n = 4000 if device == "CPU" else 600
   a = np.random.default_rng(9).integers(-10, 10, (2, n)).astype(np.float32)
-  for k in ((3, 60, 1500) if device == "CPU" else (3, 250)):  # 1500: the chunks can't narrow it, a sort of candidates
+  # 1500 and 250: the chunks can't narrow it, a sort of candidates (the interpreter, 20 s on that, takes the chunked pick)
+  for k in ((3, 60, 1500) if device == "CPU" else (3,) if device == "PYTHON" else (3, 250)):
     v, i = Tensor(a, device=device).topk(k)
     tv = torch.topk(torch.from_numpy(a), k)[0].numpy()
     np.testing.assert_array_equal(v.numpy(), tv)
