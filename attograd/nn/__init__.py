@@ -5,7 +5,7 @@ import math
 from typing import Any, Sequence
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
-from attograd.nn.module import Module, Parameter
+from attograd.nn.module import Module, Parameter, own_memory
 from attograd.nn.containers import Sequential, ModuleList, ModuleDict
 from attograd.nn import functional
 from attograd.nn.activation import (ReLU, ReLU6, LeakyReLU, GELU, SiLU, Mish, ELU, SELU, CELU, Tanh, Sigmoid, LogSigmoid, Softplus,
@@ -73,10 +73,10 @@ class BatchNorm(Module):
     self.weight = _ones(num_features) if affine else None
     self.bias = _zeros(num_features) if affine else None
     if track_running_stats:
-      self.register_buffer("running_mean", _own(Tensor.zeros(num_features)))
-      self.register_buffer("running_var", _own(Tensor.ones(num_features)))
+      self.register_buffer("running_mean", own_memory(Tensor.zeros(num_features)))
+      self.register_buffer("running_var", own_memory(Tensor.ones(num_features)))
       # 0-d, as torch's: its state dicts load as they are
-      self.register_buffer("num_batches_tracked", _own(Tensor.zeros((), dtype=dtypes.int64)))
+      self.register_buffer("num_batches_tracked", own_memory(Tensor.zeros((), dtype=dtypes.int64)))
   def forward(self, x: Tensor) -> Tensor:
     axes = (0, *range(2, x.ndim))
     if self.training or not self.track_running_stats:
@@ -160,9 +160,6 @@ class Embedding(Module):
     m.weight.requires_grad = not freeze
     return m
 
-def _own(t: Tensor) -> Tensor:
-  """t in memory of its own: built twice, the same constant is one graph node, and two layers' state must not be one tensor"""
-  return Tensor.empty(*t.shape, dtype=t.dtype, device=t.device).assign(t)
 def _ones(*shape: int) -> Parameter: return Parameter(Tensor.ones(*shape).contiguous())
 def _zeros(*shape: int) -> Parameter: return Parameter(Tensor.zeros(*shape).contiguous())
 

@@ -12,6 +12,12 @@ from attograd.uop.ops import Ops
 from attograd.schedule.schedule import is_view_of_buffer
 from attograd.dtype import DType, dtypes
 
+def own_memory(t: Tensor) -> Tensor:
+  """t in memory of its own, if unrealized: equal graphs are one node (hash-consing), and an assign to an unrealized
+  tensor takes the value's node, so two layers' state built alike (Tensor.ones(n).contiguous(), nn.init.zeros_) would
+  otherwise be one tensor sharing gradients and updates."""
+  return t if t.uop.base.op is Ops.BUFFER else Tensor.empty(*t.shape, dtype=t.dtype, device=t.device).assign(t)
+
 class Parameter(Tensor):
   """A Tensor that a Module registers as a parameter (trainable: requires_grad=True by default)."""
   __slots__ = ()
@@ -19,12 +25,7 @@ class Parameter(Tensor):
     data = Tensor.empty(0) if data is None else data if isinstance(data, Tensor) else Tensor(data)
     if requires_grad and not dtypes.is_float(data.dtype):
       raise TypeError(f"only floating point parameters can require gradients, not {data.dtype}: pass requires_grad=False")
-    if data.uop.base.op is not Ops.BUFFER:
-      # an unrealized value gets memory of its own, so that the parameter keeps its identity: equal graphs are one node
-      # (hash-consing), and an assign to an unrealized tensor takes the value's node, so two layers built with
-      # Tensor.ones(n).contiguous(), or given nn.init.zeros_, would otherwise be one tensor sharing gradients and updates
-      data = Tensor.empty(*data.shape, dtype=data.dtype, device=data.device).assign(data)
-    super().__init__(data.uop)
+    super().__init__(own_memory(data).uop)
     self.requires_grad = requires_grad
     # a parameter is state: a lazy one (rand(...).contiguous()) is realized with the next realize, so it is drawn
     # once. Left lazy, every use recomputes it, and a TinyJit capture takes its rand kernel: replays re-draw it

@@ -124,11 +124,7 @@ def _leaky(x: Tensor, alpha: float = 0.01) -> Tensor: return (x < 0).where(x * a
 def _thresholded(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > alpha).where(x, 0).cast(x.dtype)
 def _prelu(x: Tensor, slope: Tensor) -> Tensor: return (x < 0).where(x * slope, x).cast(x.dtype)
 def _softplus(x: Tensor) -> Tensor: return (x.maximum(0) + (-x.abs()).exp().log1p()).cast(x.dtype)
-def _tanh(x: Tensor) -> Tensor:
-  # expm1 keeps tanh of a small x accurate (Tensor.tanh is 2*sigmoid(2x)-1, which cancels there: Mish of x << 0)
-  e = (x.clip(-20, 20) * 2).expm1()
-  return (e / (e + 2)).cast(x.dtype)
-def _mish(x: Tensor) -> Tensor: return x * _tanh(x.softplus())
+def _mish(x: Tensor) -> Tensor: return x * x.softplus().tanh()
 def _hardswish(x: Tensor) -> Tensor: return x * _hardsigmoid(x, 1 / 6, 0.5)
 def _where(c: Tensor, x: Tensor, y: Tensor) -> Tensor: return c.where(x, y)
 def _swish(x: Tensor, alpha: float = 1.0) -> Tensor: return x * (x * alpha).sigmoid()
