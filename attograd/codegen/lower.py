@@ -138,7 +138,21 @@ def lower_reduce_group(group: list[UOp], fresh: Fresh) -> dict[UOp, UOp]:
   at = functools.reduce(lambda a, r: a * r.src[0].arg + r, simd[1:], simd[0]).cast(dtypes.int32) if simd else UOp.const(dtypes.int32, 0)
   def read(red: UOp) -> UOp:
     acc, base = slot[red]
-    parts = [acc.after(end).index(at + (base + c * n_simd)).load() for c in range(n_lanes // n_simd)]
+    n = n_lanes // n_simd
+    if n_simd == 1 and n > 2:
+      # the lanes folded in place by loops, the top ones onto the bottom ones (acc[i] op= acc[i + n - half]), each loop
+      # a vector op: log2(lanes) steps. A chain through every lane waited on each (a row max over 32 lanes: 31 branchy
+      # NaN-aware maxes, 5x the time of the row's own loop)
+      done = end
+      while n > 1:
+        half = n // 2
+        r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, half),), (fresh.loop, AxisKind.FOLD)) if half > 1 else UOp.const(dtypes.int32, 0)
+        i, a = r + base if base else r, acc.after(done)
+        done = a.index(i).store(a.index(i).load().alu(red.arg, a.index(i + (n - half)).load()))
+        if half > 1: done, fresh.loop = done.end(r), fresh.loop + 1
+        n -= half
+      return acc.after(done).index(UOp.const(dtypes.int32, base)).load()
+    parts = [acc.after(end).index(at + (base + c * n_simd)).load() for c in range(n)]
     return functools.reduce(lambda a, b: a.alu(red.arg, b), parts)
   return {red: read(red) for red in group}
 

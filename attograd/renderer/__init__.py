@@ -61,8 +61,9 @@ def literal_operand(lit: str) -> str:
   return f"({lit})" if lit.startswith("-") else lit
 
 def kernel_name(uops: list[UOp]) -> str:
-  """A readable, deterministic name: r_ for reductions, S_ for scatter-adds, E_ for elementwise, then the loop sizes."""
-  ranges = [u for u in uops if u.op is Ops.RANGE or u.op is Ops.SPECIAL]
+  """A readable, deterministic name: r_ for reductions, S_ for scatter-adds, E_ for elementwise, then the loop sizes
+  (not those of the loops that fold a reduce's lanes after it: lowering's, no axis of the kernel)."""
+  ranges = [u for u in uops if u.op is Ops.SPECIAL or (u.op is Ops.RANGE and u.arg[1] is not AxisKind.FOLD)]
   kinds = {r.arg[1] for r in ranges if r.op is Ops.RANGE}
   kind = "r" if AxisKind.REDUCE in kinds else "S" if AxisKind.SERIAL in kinds else "E"  # S: a scatter-add's serial loops
   sizes = "_".join(str(r.src[0].arg) if r.src[0].op is Ops.CONST else "n" for r in ranges)

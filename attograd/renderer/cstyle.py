@@ -213,7 +213,7 @@ class CStyleRenderer(Renderer):
       elif op is Ops.RANGE:
         r[u] = f"r{u.arg[0]}"
         # a lane or simd loop is a SIMD register's worth of accumulators: unrolled first, it would no longer vectorize
-        if u.arg[1] in (AxisKind.LANE, AxisKind.SIMD): body.lines.append("#pragma GCC unroll 1")
+        if u.arg[1] in (AxisKind.LANE, AxisKind.SIMD, AxisKind.FOLD): body.lines.append("#pragma GCC unroll 1")
         emit(f"for ({self.dt(u.dtype)} {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{"); body.depth += 1
       elif op is Ops.END: body.depth -= 1; emit("}")
       elif op is Ops.DEFINE_REG:

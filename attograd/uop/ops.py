@@ -45,9 +45,10 @@ class AxisKind(Enum):
   """What a RANGE (arg: (id, kind, ...)) is a loop over. The scheduler makes GLOBAL (an output axis), REDUCE and SERIAL
   (a scatter-add's loops, which no Opt or thread id takes); Opts split off UPCAST/UNROLL (written out as copies by
   lowering), LANE (a reduce's SIMD accumulators), SIMD (a loop gcc vectorizes), LOCAL (a work-group's threads) and PACK
-  (loops THREAD packs into one). Printed as its word; ordered by it, so ranges sort as they did when kinds were words."""
+  (loops THREAD packs into one); lowering adds FOLD (the loops that fold a reduce's LANE accumulators into one after
+  it). Printed as its word; ordered by it, so ranges sort as they did when kinds were words."""
   GLOBAL = "global"; REDUCE = "reduce"; SERIAL = "serial"; UPCAST = "upcast"; UNROLL = "unroll"; LANE = "lane"
-  SIMD = "simd"; LOCAL = "local"; PACK = "pack"
+  SIMD = "simd"; LOCAL = "local"; PACK = "pack"; FOLD = "fold"
   def __str__(self) -> str: return self.value
   def __lt__(self, other: AxisKind) -> bool: return self.value < other.value
 
