@@ -222,6 +222,25 @@ def test_odd_length_loop_is_whole_vector_steps_and_the_rest():
   # a short loop is left whole: two pieces would cost more code than they save
   assert "< 10;" in to_program(_ast((t[:, :10] - tb[:10]).exp()), Device["CPU"].renderer, [])[1]
 
+def test_row_reduce_lanes_fold_in_halving_loops_and_odd_rows_pad():
+  # a row max over 64 takes 32 lanes; after the row they fold by halving loops (16, 8, 4, 2, then one), each a vector
+  # op, not a chain through all 32; the kernel is still named by its own loops only. A NaN in any lane comes through
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((64, 64), dtype=np.float32)
+  x[5, 37], x[9, 0] = np.nan, np.nan
+  t = Tensor(x).realize()
+  ast = _ast(t.max(axis=1))
+  assert cpu_opts(ast, 1)[0] == Opt(OptOps.UPCAST, 1, 32)
+  name, src = to_program(ast, Device["CPU"].renderer, [Opt(OptOps.UPCAST, 1, 32)])[:2]
+  assert name == "r_64_2_32" and all(f"< {n};" in src for n in (16, 8, 4, 2)), src
+  np.testing.assert_array_equal(t.max(axis=1).numpy(), x.max(axis=1))
+  # a row of 90 (a vocabulary) that 4 doesn't divide is padded to 96 with the reduce's identity for 16 lanes
+  y = rng.standard_normal((32, 90), dtype=np.float32) - 50
+  ty = Tensor(y).realize()
+  for red, ref in ((ty.max(axis=1), y.max(axis=1)), (ty.sum(axis=1), y.sum(axis=1))):
+    assert cpu_opts(_ast(red), 1)[:2] == [Opt(OptOps.PADTO, 1, 16), Opt(OptOps.UPCAST, 1, 16)]
+    np.testing.assert_allclose(red.numpy(), ref, rtol=1e-5)
+
 # ***** BEAM *****
 
 def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
