@@ -222,6 +222,12 @@ def test_odd_length_loop_is_whole_vector_steps_and_the_rest():
   # a short loop is left whole: two pieces would cost more code than they save
   assert "< 10;" in to_program(_ast((t[:, :10] - tb[:10]).exp()), Device["CPU"].renderer, [])[1]
 
+def test_a_kernel_no_axis_splits_evenly_is_still_split_across_cores():
+  # a language model's head, (1024, 64) @ (90, 64).T: 171 tiles of 6 rows and 9 panels of 10 columns, neither even for
+  # 2 cores: 9 slices (5 and 4 a core) where one core ran it all
+  x, w = Tensor.empty(1024, 64), Tensor.empty(90, 64)
+  assert cpu_opts(_ast(x @ w.T), 2, 16)[-1] == Opt(OptOps.THREAD, 0, 9)
+
 def test_row_reduce_lanes_fold_in_halving_loops_and_odd_rows_pad():
   # a row max over 64 takes 32 lanes; after the row they fold by halving loops (16, 8, 4, 2, then one), each a vector
   # op, not a chain through all 32; the kernel is still named by its own loops only. A NaN in any lane comes through
