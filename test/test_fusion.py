@@ -296,3 +296,12 @@ def test_signed_zero_and_nan_constants():
   n = len(S._schedule_cache)
   (x + float("nan")).realize()
   assert len(S._schedule_cache) == n
+
+def test_a_long_sum_into_many_outputs_is_summed_in_chunks():
+  # a weight gradient over 4096 tokens: partial sums over 4 chunks of 1024, then the partials (2 kernels); over 1024 tokens,
+  # or into few outputs (a bias gradient), one kernel
+  na, nb = rand(4096, 64), rand(4096, 1024)
+  a, b = tensors(na, nb)
+  check(a.T @ b, na.T.astype(np.float64) @ nb, 2, atol=2e-3)
+  check(a[:1024].T @ b[:1024], na[:1024].T.astype(np.float64) @ nb[:1024], 1, atol=1e-3)
+  check(b.sum(0), nb.astype(np.float64).sum(0), 1, atol=1e-3)

@@ -131,7 +131,7 @@ def register_tile(p: Plan) -> None:
   else: widest_tile(p, i, j, red)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
-  big = len(p.glob) == 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
+  big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
 
 def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
