@@ -19,6 +19,7 @@ from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
 from attograd.engine.realize import buffer_of, capturing, JitError
 from attograd.schedule.schedule import is_contiguous_buffer
+from attograd.codegen.opt import THREADS
 
 class DistError(RuntimeError): pass
 class DistBackendError(DistError): pass
@@ -40,6 +41,7 @@ _MPI_TYPES = {dtypes.float32: "FLOAT", dtypes.float64: "DOUBLE", dtypes.int8: "I
               dtypes.int64: "INT64_T", dtypes.uint64: "UINT64_T", dtypes.bool: "UINT8_T"}
 # environment variables a launcher sets in every rank (OpenMPI's mpirun, MPICH/Intel MPI's Hydra, PMIx launchers)
 _LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_LOCAL_SIZE_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")  # ranks on this machine
 DEFAULT_TIMEOUT = 120.0  # seconds: above a cold first step's compile time on a loaded machine (ranks compile alike)
 _QUERY, _ANSWER = 1, 2   # tags on the status communicator: "what are you waiting in?" and its reply
 
@@ -90,6 +92,10 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
   if world_size not in (-1, g.size) or rank not in (-1, g.rank):
     raise ValueError(f"init_process_group(world_size={world_size}, rank={rank}) disagrees with MPI: this is rank {g.rank} of {g.size}")
   _group = g
+  # each rank takes its share of this machine's cores: n ranks each splitting kernels over every core would fight
+  # for them (THREADS set in the environment wins)
+  if "THREADS" not in os.environ and (local := next((int(os.environ[k]) for k in _LOCAL_SIZE_ENV if k in os.environ), 1)) > 1:
+    THREADS.value = max(1, (os.cpu_count() or 1) // local)
 
 def destroy_process_group(group: Any = None) -> None:
   """Leave the process group (MPI itself is finalized at exit). After a failed collective the job is aborted instead."""
