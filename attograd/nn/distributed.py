@@ -213,7 +213,7 @@ def all_reduce(tensor: Tensor, op: ReduceOp | str = ReduceOp.SUM, group: Any = N
   if tensor.dtype in (dtypes.float16, dtypes.bfloat16):  # no MPI arithmetic type: reduce in float32, keep the dtype
     wide = tensor.float()
     all_reduce(wide, rop, group)
-    return _replace(tensor, wide.cast(tensor.dtype))
+    return _replace(tensor, wide.cast(tensor.dtype).realize())
   if tensor.dtype not in _MPI_TYPES: raise TypeError(f"all_reduce of a {tensor.dtype} tensor: MPI has no type for it")
   is_float = dtypes.is_float(tensor.dtype)
   if rop is ReduceOp.AVG and not is_float: raise TypeError(f"all_reduce with op AVG of an integer tensor ({tensor.dtype}): use SUM and divide")
@@ -225,7 +225,8 @@ def all_reduce(tensor: Tensor, op: ReduceOp | str = ReduceOp.SUM, group: Any = N
   out, dst, pending = _output(tensor.shape, tensor.dtype, tensor.device)
   _wait(g, g.comm.Iallreduce([src, mpi_type], [dst, mpi_type], mpi_op))
   out = _finish(out, dst, pending)
-  _replace(tensor, out / g.size if rop is ReduceOp.AVG else out)
+  # the result in memory, as torch's: a parameter left a lazy graph would no longer be state of its own
+  _replace(tensor, (out / g.size).realize() if rop is ReduceOp.AVG else out)
 
 def broadcast(tensor: Tensor, src: int, group: Any = None, async_op: bool = False) -> None:
   """Every rank's tensor takes rank src's values (in place, as torch)."""
