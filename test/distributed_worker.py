@@ -1,6 +1,7 @@
 """Run by test_distributed.py under `mpirun -n 2`: each rank runs the collectives and one data-parallel training step
 and saves what it got (OUT/rank<r>.npz); the test compares with numpy and a one-process step. `dead` as the first
-argument: rank 1 leaves without joining, rank 0's all_reduce must raise within the timeout."""
+argument: rank 1 leaves without joining, rank 0's all_reduce must raise within the timeout (`dead late`: rank 1
+hangs before init_process_group, rank 0's must raise)."""
 import os, sys, time
 import numpy as np
 from attograd import Tensor, nn, dtypes
@@ -60,6 +61,8 @@ def main(out: str) -> None:
   dist.destroy_process_group()
 
 def dead() -> None:
+  if os.getenv("OMPI_COMM_WORLD_RANK") == "1" and "late" in sys.argv: time.sleep(120)   # hangs before joining
+  # (a rank that exits without joining is caught by mpirun itself, which ends the job)
   dist.init_process_group(timeout=float(os.getenv("DIST_TEST_TIMEOUT", 2)))
   if dist.get_rank() == 1: sys.exit(0)   # leaves without joining the all_reduce below
   st = time.monotonic()
@@ -69,5 +72,5 @@ def dead() -> None:
     raise
 
 if __name__ == "__main__":
-  if sys.argv[1] == "dead": dead()
+  if sys.argv[1].startswith("dead"): dead()
   else: main(sys.argv[1])

@@ -79,3 +79,11 @@ def test_mnist_example_data_parallel(tmp_path):
   assert "parameters identical on all 2 ranks: True" in r.stdout, r.stdout[-3000:]
   assert r.stdout.count("test accuracy:") == 1 and r.stdout.count("saved ") == 1, r.stdout[-3000:]
   assert ckpt.stat().st_size > 0
+
+def test_rank_that_hangs_before_joining_times_out_init():
+  st = time.monotonic()
+  r = mpirun("dead", "late", timeout=120)
+  assert time.monotonic() - st < 60
+  out = r.stdout + r.stderr
+  assert r.returncode != 0, out[-3000:]
+  assert "Timeout" in out and "_mpi_init_waiting_for_every_rank_to_start" in out, out[-3000:]

@@ -13,7 +13,7 @@ deadline (init_process_group(timeout=...), env ATTOGRAD_DIST_TIMEOUT in seconds,
 or called another collective makes the others raise DistBackendError naming the operation and what each other rank was
 doing, and the job is then aborted at exit (MPI_Abort), so no rank is left waiting forever."""
 from __future__ import annotations
-import atexit, datetime, enum, os, time
+import atexit, datetime, enum, faulthandler, os, time
 from typing import Any, Sequence
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
@@ -50,11 +50,18 @@ class _Group:
   data messages), and the collective in progress."""
   def __init__(self, MPI: Any, timeout: float):
     self.MPI, self.timeout = MPI, timeout
-    self.comm, self.status = MPI.COMM_WORLD.Dup(), MPI.COMM_WORLD.Dup()
-    self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+    self.rank, self.size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     self.calls, self.current = 0, "nothing"
     self.failed: str | None = None
     self.sends: list[Any] = []  # status replies in flight: kept alive until they complete
+    # joining is a collective too: a rank that never arrives must not leave the others waiting forever
+    (self.comm, joined), (self.status, joined2) = MPI.COMM_WORLD.Idup(), MPI.COMM_WORLD.Idup()
+    deadline = time.monotonic() + timeout
+    while not MPI.Request.Testall([joined, joined2]):
+      if time.monotonic() >= deadline:
+        _fail(self, f"rank {self.rank}: init_process_group() did not complete within {timeout:g} s: some of the {self.size} "
+                    "ranks never called it (they exited, crashed or hang before it)")
+      time.sleep(0.001)
 
 _group: _Group | None = None
 _failed_mpi: Any = None  # the MPI module when a collective failed: the job is aborted at exit
@@ -84,10 +91,12 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
   if not any(k in os.environ for k in _LAUNCHER_ENV) and world_size != 1:
     raise RuntimeError(f"init_process_group(): this process was not started by mpirun (none of {', '.join(_LAUNCHER_ENV)} is set): "
                        "launch it as `mpirun -n 2 python script.py` (as root add --allow-run-as-root); a single process can pass world_size=1")
-  try: from mpi4py import MPI
-  except ImportError as e:
-    raise RuntimeError(f"attograd.nn.distributed needs mpi4py and an MPI library ({e}): pip install 'attograd[distributed]', "
-                       "and OpenMPI (apt-get install openmpi-bin libopenmpi-dev; scripts/install_deps.sh)") from None
+  # MPI_Init (importing mpi4py.MPI) waits for every rank to start, in C and holding the GIL, where no deadline or
+  # thread of ours can act: faulthandler's watchdog (a C thread) ends the process past the timeout, printing where it
+  # waited (the function named below), and mpirun then ends the job
+  faulthandler.dump_traceback_later(seconds, exit=True)
+  try: MPI = _mpi_init_waiting_for_every_rank_to_start()
+  finally: faulthandler.cancel_dump_traceback_later()
   g = _Group(MPI, seconds)
   if world_size not in (-1, g.size) or rank not in (-1, g.rank):
     raise ValueError(f"init_process_group(world_size={world_size}, rank={rank}) disagrees with MPI: this is rank {g.rank} of {g.size}")
@@ -96,6 +105,13 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
   # for them (THREADS set in the environment wins)
   if "THREADS" not in os.environ and (local := next((int(os.environ[k]) for k in _LOCAL_SIZE_ENV if k in os.environ), 1)) > 1:
     THREADS.value = max(1, (os.cpu_count() or 1) // local)
+
+def _mpi_init_waiting_for_every_rank_to_start() -> Any:
+  try: from mpi4py import MPI
+  except ImportError as e:
+    raise RuntimeError(f"attograd.nn.distributed needs mpi4py and an MPI library ({e}): pip install 'attograd[distributed]', "
+                       "and OpenMPI (apt-get install openmpi-bin libopenmpi-dev; scripts/install_deps.sh)") from None
+  return MPI
 
 def destroy_process_group(group: Any = None) -> None:
   """Leave the process group (MPI itself is finalized at exit). After a failed collective the job is aborted instead."""
@@ -140,7 +156,6 @@ def _wait(g: _Group, req: Any) -> None:
 
 def _timed_out(g: _Group) -> None:
   """Ask every other rank what it is waiting in, give them a moment to answer, and raise naming each."""
-  global _failed_mpi
   for r in range(g.size):
     if r != g.rank: g.sends.append(g.status.isend(g.calls, dest=r, tag=_QUERY))
   answers: dict[int, str] = {}
@@ -152,10 +167,13 @@ def _timed_out(g: _Group) -> None:
     time.sleep(0.01)
   others = [f"rank {r}: " + (f"waiting in {answers[r]}" if r in answers else "no answer (it exited, crashed, hangs, or is busy outside any collective)")
             for r in range(g.size) if r != g.rank]
-  g.failed = f"rank {g.rank}: {g.current} did not complete within {g.timeout:g} s; " + "; ".join(others)
-  _failed_mpi = g.MPI
+  _fail(g, f"rank {g.rank}: {g.current} did not complete within {g.timeout:g} s; " + "; ".join(others))
+
+def _fail(g: _Group, why: str) -> None:
+  global _failed_mpi
+  g.failed, _failed_mpi = why, g.MPI
   atexit.register(_abort_job)
-  raise DistBackendError(g.failed + ". The job is aborted when this process exits (MPI_Abort); set the timeout with "
+  raise DistBackendError(why + ". The job is aborted when this process exits (MPI_Abort); set the timeout with "
                          "init_process_group(timeout=...) or ATTOGRAD_DIST_TIMEOUT")
 
 def _abort_job() -> None:
