@@ -67,6 +67,9 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
   (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.DETACH, name="ret"), lambda ctx, ret: (None,)),
+  # a copy between devices: the gradient goes back to the device the value came from (contiguous, as a copy's source is)
+  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
+                                                                           UOp(Ops.DEVICE, dtypes.void, (), ret.src[0].device))), None)),
   (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None, ctx * ret.src[2], None)),
 ])
 

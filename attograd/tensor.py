@@ -291,9 +291,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def _to_device(self, device: str | None) -> Tensor:
     device = Device.canonicalize(device)
     if device == self.device: return self
-    if is_view_of_buffer(self.uop) or Device[self.device].renderer is None:
+    if (is_view_of_buffer(self.uop) and not self._may_need_grad()) or Device[self.device].renderer is None:
       # move the memory and replay the ops on the other side: a view runs no kernel here, and a
-      # storage-only device (DISK) can't run one at all
+      # storage-only device (DISK) can't run one at all. Not for a tensor a gradient may flow into: the copy of
+      # its memory would cut it out of the graph (its node would no longer be in it)
       here = self.device
       return self._new(self.uop.substitute({u: UOp(Ops.COPY, u.dtype, (u, _device_node(device))) if u.op is Ops.BUFFER else _device_node(device)
                                             for u in self.uop.toposort if u.op in {Ops.BUFFER, Ops.DEVICE} and u.device == here}))

@@ -14,6 +14,9 @@ class Allocator:
     """Memory at a fixed byte offset of storage the device already holds (a window into a file on
     DISK). Devices that only hand out fresh memory have no such thing."""
     raise RuntimeError(f"{type(self).__name__} can't place a buffer at byte offset {offset}")
+  def host_view(self, mem: Any) -> memoryview | None:
+    """mem's bytes in place, when the device keeps them in host memory; None when they can only be copied out."""
+    return None
 
 class Compiler:
   # True when compile_batch builds several sources in one call for less than one by one (CPU: one gcc process)
@@ -51,6 +54,11 @@ class Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
     Device[self.device].allocator.copyin(self.ensure_allocated()._buf, data)
     return self
+  def host_view(self) -> memoryview | None:
+    """The buffer's own bytes, writable and without a copy, when its device keeps them in host memory (CPU, LLVM,
+    PYTHON); else None. A transport (MPI, nn/distributed.py) reads and writes them in place: no copy of 64 MiB."""
+    mv = Device[self.device].allocator.host_view(self.ensure_allocated()._buf)
+    return None if mv is None else mv[:self.nbytes]
   def as_bytes(self) -> memoryview:
     out = memoryview(bytearray(self.nbytes))
     if self.nbytes: Device[self.device].allocator.copyout(out, self.ensure_allocated()._buf)

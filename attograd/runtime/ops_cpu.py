@@ -69,6 +69,7 @@ class CPUAllocator(Allocator):
   def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)
   def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.data[:src.nbytes] = src.cast("B")
   def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
+  def host_view(self, mem: CPUMemory) -> memoryview: return mem.data
 
 class CPUCompiler(Compiler):
   batches = True

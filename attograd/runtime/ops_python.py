@@ -14,6 +14,7 @@ class PythonAllocator(Allocator):
   def alloc(self, nbytes: int) -> bytearray: return bytearray(nbytes)
   def copyin(self, dest: bytearray, src: memoryview) -> None: dest[:src.nbytes] = src.cast("B")
   def copyout(self, dest: memoryview, src: bytearray) -> None: dest.cast("B")[:] = src[:dest.nbytes]
+  def host_view(self, mem: bytearray) -> memoryview: return memoryview(mem)
 
 class PythonRenderer(Renderer):
   """The 'source' is the linear UOp list itself, as data (JSON, uop/serialize.py): it can sit in the program cache."""
