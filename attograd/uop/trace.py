@@ -136,6 +136,10 @@ class Trace:
       g.dur = self.now() - g.start
       if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = idx
 
+  def note(self, **info: Any) -> None:
+    """Facts for the group open on this thread (the scheduler's why of each realize point), from code that runs in it."""
+    if (groups := self._stacks()[0]): self.groups[groups[-1]].set(**info)
+
   def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False,
              ops: int = 0, nbytes: int = 0) -> None:
     self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit, ops, nbytes))
