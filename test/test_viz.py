@@ -140,3 +140,25 @@ def test_viz_1_saves_and_serves_at_exit(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
   assert load(str(tmp_path / "t.json"))["events"]
+
+def test_schedule_says_why_each_buffer_exists():
+  """Each schedule item names the scheduler's rule that made its output a buffer (schedule.REALIZE_WHY), recorded where
+  realize_points decides it: a user's realize, contiguous(), a reduce broadcast along an outer axis, a reduce two kernels
+  read, a costly value two kernels read."""
+  from attograd.schedule.schedule import REALIZE_WHY
+  rng = np.random.default_rng(7)
+  with trace.recording() as tr:
+    x = Tensor(rng.random((72, 40), dtype=np.float32)).realize()
+    Tensor.realize(x / x.sum(0))                                   # the column sums, re-read per row: expand
+    s = x.sum(1)
+    Tensor.realize(s * 2, (s + 1).reshape(72, 1) * x)              # one row sum, two kernels: shared_reduce
+    g = (x.exp().exp() * 3).sqrt()
+    Tensor.realize(g.sum(0), g.sum(1))                             # a costly value, two kernels: shared_value
+    (x + 1).contiguous().relu().numpy()                            # contiguous, then the user's output
+  whys = [[w for w, _ in g.info["why"]] for g in tr.groups if g.kind == "schedule" and g.info.get("why")]
+  assert ["expand", "output"] in whys and ["shared_reduce", "output", "output"] in whys and ["shared_value", "output", "output"] in whys
+  assert ["contiguous", "output"] in whys
+  assert all(len(g.info["why"]) == len(g.info["items"]) for g in tr.groups if g.kind == "schedule")
+  data = to_json(tr)
+  items = [it for g in data["groups"] if g["kind"] == "schedule" for it in g["items"]]
+  assert all(it["why"][0] in REALIZE_WHY and it["why"][1] == REALIZE_WHY[it["why"][0]] for it in items)

@@ -87,6 +87,9 @@ def test_click_through(served):
       page.click(f".group-item[data-i='{si}'] > .label")
       page.wait_for_selector("#schedule")
       assert page.locator("#schedule tr").count() == len(data["groups"][si]["items"]) + 1
+      # each item says why its output is a buffer: the scheduler's rule, as recorded
+      whys = [page.locator("#schedule td.why").nth(i).get_attribute("data-why") for i in range(page.locator("#schedule td.why").count())]
+      assert whys == [it["why"][0] for it in data["groups"][si]["items"]] and "output" in whys, whys
       first = page.locator("#schedule a.sched-kernel").first
       name = first.inner_text()
       first.click()

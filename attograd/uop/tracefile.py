@@ -87,10 +87,12 @@ def to_json(tr: Any) -> dict[str, Any]:
                ast=nodes.add(g.info.get("ast")), lower_s=g.info.get("lower_s", 0.0), compile_s=g.info.get("compile_s", 0.0),
                uops=[f"{i:4d} {u.op.name:14s} {str(u.dtype).removeprefix('dtypes.'):24s} {'' if u.arg is None else repr(u.arg)[:ARG_CHARS]}"
                      for i, u in enumerate(g.info.get("uops", []))])
-    if g.kind == "schedule":  # the kernels and copies this realize made, with their buffers (output first)
+    if g.kind == "schedule":  # the kernels and copies this realize made, with their buffers (output first) and why it's one
+      why = g.info.get("why") or []
       d["items"] = [{"kernel": tr.kernel_of.get((si.ast, si.bufs[0].arg.device), -1), "op": si.ast.op.name,
-                     "bufs": [[b.arg.uid, str(b.dtype).removeprefix("dtypes."), b.arg.size, b.arg.device] for b in si.bufs]}
-                    for si in g.info.get("items", [])]
+                     "bufs": [[b.arg.uid, str(b.dtype).removeprefix("dtypes."), b.arg.size, b.arg.device] for b in si.bufs],
+                     "why": list(why[n]) if n < len(why) else ["", "(scheduled from the disk cache: the reason was not kept)"]}
+                    for n, si in enumerate(g.info.get("items", []))]
     groups.append(d)
   rules = []
   for pm, i in tr.rules:

@@ -93,10 +93,11 @@ function showSchedule(k) {
     const kg = it.kernel >= 0 ? S.groups[it.kernel] : null;
     const name = kg ? `<a href="#" class="sched-kernel" data-g="${it.kernel}">${esc(kg.name)}</a>` : esc(it.op === "COPY" ? "copy" : "(lowered before recording)");
     const bufs = it.bufs.map(([uid, dt, size, dev], j) => `${j ? "" : "→ "}buf${uid} ${esc(dt)}[${size}]${dev !== "CPU" ? " " + esc(dev) : ""}`).join(", ");
-    return `<tr><td>${n + 1}</td><td>${name}</td><td>${bufs}</td></tr>`;
+    const [code, text] = it.why || ["", ""];
+    return `<tr><td>${n + 1}</td><td>${name}</td><td>${bufs}</td><td class="why" data-why="${esc(code)}" title="${esc(text)}"><b>${esc(code)}</b> ${esc(text)}</td></tr>`;
   });
   $("#view").innerHTML = `<div class="title"><h2 id="schedule-name">schedule #${k.index}</h2><span class="meta">${(k.items || []).length} items · scheduling ${ms(k.dur)} · its passes are listed on the left</span></div>
-    <div class="pane" style="overflow:auto"><table class="kv" id="schedule"><tr><td>#</td><td>kernel</td><td>buffers (output first)</td></tr>${rows.join("")}</table></div>`;
+    <div class="pane" style="overflow:auto"><table class="kv" id="schedule"><tr><td>#</td><td>kernel</td><td>buffers (output first)</td><td>why its output is a buffer (the scheduler's rule)</td></tr>${rows.join("")}</table></div>`;
   document.querySelectorAll(".sched-kernel").forEach(a => a.onclick = e => { e.preventDefault(); openGroup(+a.dataset.g); });
 }
 
