@@ -162,3 +162,43 @@ def test_schedule_says_why_each_buffer_exists():
   data = to_json(tr)
   items = [it for g in data["groups"] if g["kind"] == "schedule" for it in g["items"]]
   assert all(it["why"][0] in REALIZE_WHY and it["why"][1] == REALIZE_WHY[it["why"][0]] for it in items)
+
+# ***** DEBUG=2's roofline *****
+def test_debug2_roofline(tmp_path, monkeypatch, capsys):
+  """DEBUG=2 prints GB/s and the fraction of this machine's roofline per kernel; the roof is measured once, kept in the
+  disk cache beside the kernels, and never measured below DEBUG=2. Its numbers are checked against numpy on the same
+  machine in the same test (the machine is shared: loose bounds)."""
+  import time
+  from attograd.engine import roofline
+  from attograd.helpers import Context
+  monkeypatch.setenv("ATTOGRAD_CACHE", str(tmp_path))
+  monkeypatch.setattr(roofline, "_roofs", {})
+  rng = np.random.default_rng(3)
+  x = rng.random((96, 64), dtype=np.float32)
+  with Context(DEBUG=1): (Tensor(x) * 3).sum(1).numpy()
+  assert not (tmp_path / "roofline").exists() and "roof" not in capsys.readouterr().out
+  with Context(DEBUG=2): (Tensor(x) * 4).sum(1).numpy()
+  out = capsys.readouterr().out
+  assert "roofline: measuring" in out and re.search(r"GFLOPS +[\d.]+ GB/s +[\d.]+% of roof \((mem|flops)\)", out), out
+  assert len(list((tmp_path / "roofline").iterdir())) == 1
+  monkeypatch.setattr(roofline, "_roofs", {})  # a new process: read from the disk cache, not measured again
+  with Context(DEBUG=2): (Tensor(x) * 5).sum(1).numpy()
+  out = capsys.readouterr().out
+  assert "measuring" not in out and "% of roof" in out
+  # the roof against numpy's best on this machine: a peak is at least about what a tuned library reaches
+  r = roofline.roof("CPU")
+  def best(f) -> float:
+    times = []
+    for _ in range(3):
+      st = time.perf_counter()
+      f()
+      times.append(time.perf_counter() - st)
+    return min(times)
+  a, m = np.ones(32 << 20, dtype=np.float32), rng.random((512, 512), dtype=np.float32)
+  t_sum, t_mm = best(a.sum), best(lambda: m @ m)
+  assert r.gbs > 0.25 * a.nbytes / t_sum * 1e-9 and r.gflops > 0.25 * 2 * 512 ** 3 / t_mm * 1e-9, (r, a.nbytes / t_sum * 1e-9, 2 * 512 ** 3 / t_mm * 1e-9)
+  # the fraction: memory bound under the ridge point, compute bound over it
+  f, bound = r.fraction(0, int(r.gbs * 1e9), 2.0)
+  assert bound == "mem" and abs(f - 0.5) < 1e-6
+  f, bound = r.fraction(int(r.gflops * 1e9), 1, 4.0)
+  assert bound == "flops" and abs(f - 0.25) < 1e-6
