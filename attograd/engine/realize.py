@@ -19,6 +19,7 @@ from attograd.codegen.gpudims import launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem, create_schedule, is_view_of_buffer
 from attograd.engine.memory import planned_buffers
 from attograd.engine import registry
+from attograd.engine import roofline
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
@@ -232,7 +233,7 @@ class ExecPlan:
         if DEBUG < self.print_at: continue
         print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
               f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
-              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" if DEBUG >= 2 else ""))
+              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" + roofline.describe(ei.bufs[0].device, ei.runner.ops, nbytes, t) if DEBUG >= 2 else ""))
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops
