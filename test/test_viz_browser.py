@@ -13,10 +13,13 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROGRAM = """
-from attograd import Tensor
+from attograd import Tensor, TinyJit
 x = Tensor.rand(32, 16)
 w = Tensor.rand(16, 8)
 print((x @ w).relu().softmax(1).sum().item())
+@TinyJit
+def f(a): return (a * 2 + 1).sum(1).realize()
+for _ in range(4): print(f(Tensor.rand(8, 8).realize()).numpy()[0])
 """
 
 @pytest.fixture(scope="module")
@@ -73,15 +76,21 @@ def test_click_through(served):
       page.click("#btn-before")
       assert page.locator("#graph svg g.node.hl").count() == 1    # ... and the node it matched, before
       page.screenshot(path=str(tmp / "pass.png"))
-      # the timeline: one bar per launch; a bar opens its kernel
+      # the timeline: the host's phases (scheduling, rewrite passes, lowering), transfers, memory in use
       page.click("#tab-timeline")
+      for cls in ("host.schedule", "host.pass", "host.lowering", "transfer"): assert page.locator(f"#tl-svg rect.{cls}").count() >= 1, cls
+      assert page.locator("#tl-svg #tl-mem").count() == 1
+      # one bar per launch, TinyJit's replays too (DEBUG=1 prints a replay's launches from DEBUG=2 only); a bar opens its kernel
       page.click("#tl-launches")
       bars = page.locator("#tl-svg rect.launch")
-      assert bars.count() == len(data["events"]) == len(printed)
+      jit = [e for e in data["events"] if e["jit"]]
+      assert bars.count() == len(data["events"]) and len(data["events"]) - len(jit) == len(printed)
+      assert len(jit) >= 2 and page.locator("#tl-svg rect.launch.jit").count() == len(jit)
       page.screenshot(path=str(tmp / "timeline.png"))
-      bars.last.click()
+      last = max(i for i, e in enumerate(data["events"]) if e["group"] >= 0)
+      page.locator(f"#tl-svg rect.launch[data-n='{last}']").click()
       page.wait_for_selector("#source")
-      assert page.inner_text("#kernel-name") == data["events"][-1]["name"]
+      assert page.inner_text("#kernel-name") == data["events"][last]["name"]
       # a schedule: its kernels in run order, each opening its kernel
       si = next(i for i, g in enumerate(data["groups"]) if g["kind"] == "schedule" and g["items"])
       page.click(f".group-item[data-i='{si}'] > .label")

@@ -31,7 +31,8 @@ class TraceAPI:
     d = self.data
     passes = [{k: v for k, v in p.items() if k != "steps"} | {"nsteps": len(p["steps"])} for p in d["passes"]]
     groups = [{k: v for k, v in g.items() if k not in ("src", "uops", "items")} for g in d["groups"]]
-    return {"groups": groups, "passes": passes, "events": d["events"], "skipped": d["skipped"], "nrules": len(d["rules"])}
+    return {"groups": groups, "passes": passes, "events": d["events"], "skipped": d["skipped"], "nrules": len(d["rules"]),
+            "transfers": d.get("transfers", []), "memory": d.get("memory", [])}
   def pass_(self, i: int) -> dict[str, Any]:
     p = self.data["passes"][i]
     roots = [p["input"], p["output"]] + [x for s in p["steps"] for x in s[:2]]
