@@ -134,7 +134,8 @@ def test_viz_1_saves_and_serves_at_exit(tmp_path):
     summary = json.loads(urllib.request.urlopen(url + "/api/summary", timeout=30).read())
     assert summary["events"] and any(g["kind"] == "kernel" for g in summary["groups"])
     assert b"attograd VIZ" in urllib.request.urlopen(url + "/", timeout=30).read()
-    for path in ("/static/../serve.py", "/static/nothing.js", "/etc/passwd"):
+    assert b"dagre" in urllib.request.urlopen(url + "/static/vendor/dagre.min.js", timeout=30).read()  # the vendored layout library
+    for path in ("/static/../serve.py", "/static/nothing.js", "/etc/passwd", "/static/vendor/../../serve.py", "/static/vendor/VENDORED.json"):
       with pytest.raises(urllib.error.HTTPError): urllib.request.urlopen(url + path, timeout=30)
   finally:
     proc.send_signal(signal.SIGINT)

@@ -68,8 +68,9 @@ def make_server(data: dict[str, Any], port: int) -> ThreadingHTTPServer:
         if ans is None: return self.send(404, b'{"error": "no such item"}', "application/json")
         return self.send(200, json.dumps(ans, separators=(",", ":")).encode(), "application/json")
       name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/static/")
-      # only the files shipped in static/, by plain name: no path reaches outside it
-      if "/" in name or name not in os.listdir(STATIC) or os.path.splitext(name)[1] not in TYPES:
+      # only the files shipped in static/ and static/vendor/, by plain name: no path reaches outside them
+      folder, _, base = name.rpartition("/")
+      if folder not in ("", "vendor") or base not in os.listdir(os.path.join(STATIC, folder)) or os.path.splitext(base)[1] not in TYPES:
         return self.send(404, b"not found", "text/plain")
       with open(os.path.join(STATIC, name), "rb") as f: self.send(200, f.read(), TYPES[os.path.splitext(name)[1]])
   return ThreadingHTTPServer(("127.0.0.1", port), Handler)
