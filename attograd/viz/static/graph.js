@@ -132,13 +132,26 @@ function drawGraph(container, store, root, mark, collapse, onClick) {
   return {count: ids.length, cut};
 }
 
+// a route through points, its corners rounded (a quadratic curve through each inner point's neighbouring midpoints)
+function smooth(pts) {
+  const mid = (a, b) => `${(a[0] + b[0]) / 2},${(a[1] + b[1]) / 2}`;
+  let d = `M${pts[0][0]},${pts[0][1]}`;
+  if (pts.length === 2) return d + ` L${pts[1][0]},${pts[1][1]}`;
+  d += ` L${mid(pts[0], pts[1])}`;
+  for (let j = 1; j < pts.length - 1; j++) d += ` Q${pts[j][0]},${pts[j][1]} ${mid(pts[j], pts[j + 1])}`;
+  const e = pts[pts.length - 1];
+  return d + ` L${e[0]},${e[1]}`;
+}
+
 function draw(container, store, ids, srcs, labels, widths, L, mark) {
   const H = 34, parts = [];
   ids.forEach((u, k) => {
     const bx = L.x[k], by = L.y[k], bw = widths[k], n = srcs[k].length;
     srcs[k].forEach((s, i) => {
+      const stroke = EDGE_COLORS[Math.min(i, EDGE_COLORS.length - 1)];
+      if (L.points) return parts.push(`<path d="${smooth(L.points[k][i])}" stroke="${stroke}"/>`);  // dagre's route
       const x1 = L.x[s] + widths[s] / 2, y1 = L.y[s] + H, x2 = bx + bw * (i + 1) / (n + 1), y2 = by, my = (y1 + y2) / 2;
-      parts.push(`<path d="M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}" stroke="${EDGE_COLORS[Math.min(i, EDGE_COLORS.length - 1)]}"/>`);
+      parts.push(`<path d="M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}" stroke="${stroke}"/>`);
     });
   });
   ids.forEach((u, k) => {

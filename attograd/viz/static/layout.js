@@ -57,8 +57,14 @@ function withDagre(n, srcs, widths) {
   dagre.layout(g);
   const x = new Float64Array(n), y = new Float64Array(n);
   for (let u = 0; u < n; u++) { const v = g.node(String(u)); x[u] = v.x - widths[u] / 2; y[u] = v.y - H / 2; }
-  const gg = g.graph();
-  return {x, y, width: gg.width, height: gg.height + VGAP};
+  // each edge's route around the boxes, by (user, source position)
+  const points = srcs.map((ss, u) => ss.map((s, i) => g.edge({v: String(s), w: String(u), name: String(i)}).points.map(p => [p.x, p.y])));
+  // the box around the nodes and routes (a route may pass outside the nodes' span), moved to start at 0, 0
+  let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+  const grow = (px, py, w, h) => { x0 = Math.min(x0, px); y0 = Math.min(y0, py); x1 = Math.max(x1, px + w); y1 = Math.max(y1, py + h); };
+  for (let u = 0; u < n; u++) { grow(x[u], y[u], widths[u], H); for (const r of points[u]) for (const [px, py] of r) grow(px, py, 0, 0); }
+  for (let u = 0; u < n; u++) { x[u] -= x0; y[u] -= y0; for (const r of points[u]) for (const p of r) { p[0] -= x0; p[1] -= y0; } }
+  return {x, y, points, width: x1 - x0, height: y1 - y0 + VGAP};
 }
 
 onmessage = e => {
