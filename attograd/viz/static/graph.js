@@ -68,6 +68,7 @@ function opColor(op) { for (const [re, c] of OP_COLORS) if (re.test(op)) return 
 const EDGE_COLORS = ["#3b6fd8", "#e0711c", "#1f9d55", "#b0309e", "#8a6d1d", "#d12e2e", "#555"];
 
 let MAX_DRAWN = 2500;  // more is drawn on request (the "draw all" button)
+const LABELS_MAX = 2500;  // a bigger drawing shows labels only zoomed in (see draw)
 
 // the nodes to draw below root: constants folded into their users' labels when collapse is set
 function collect(store, root, collapse) {
@@ -145,33 +146,54 @@ function smooth(pts) {
 
 function draw(container, store, ids, srcs, labels, widths, L, mark) {
   const H = 34, parts = [];
+  // the edges as one path per colour (source position): a path element each cost the browser more than the nodes
+  const edges = EDGE_COLORS.map(() => []), r = v => Math.round(v * 10) / 10;
   ids.forEach((u, k) => {
     const bx = L.x[k], by = L.y[k], bw = widths[k], n = srcs[k].length;
     srcs[k].forEach((s, i) => {
-      const stroke = EDGE_COLORS[Math.min(i, EDGE_COLORS.length - 1)];
-      if (L.points) return parts.push(`<path d="${smooth(L.points[k][i])}" stroke="${stroke}"/>`);  // dagre's route
-      const x1 = L.x[s] + widths[s] / 2, y1 = L.y[s] + H, x2 = bx + bw * (i + 1) / (n + 1), y2 = by, my = (y1 + y2) / 2;
-      parts.push(`<path d="M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}" stroke="${stroke}"/>`);
+      const to = edges[Math.min(i, EDGE_COLORS.length - 1)];
+      if (L.points) return to.push(smooth(L.points[k][i]));  // dagre's route
+      const x1 = r(L.x[s] + widths[s] / 2), y1 = r(L.y[s] + H), x2 = r(bx + bw * (i + 1) / (n + 1)), y2 = r(by), my = r((y1 + y2) / 2);
+      to.push(`M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`);
     });
   });
+  edges.forEach((d, i) => { if (d.length) parts.push(`<path d="${d.join(" ")}" stroke="${EDGE_COLORS[i]}"/>`); });
+  // text is what costs the browser most (13k labelled boxes: 3 s to paint here, unlabelled 0.8 s): a big graph's boxes are
+  // drawn bare and the labels of those in view are added once zoomed in to at most LABELS_MAX of them
+  const bare = ids.length > LABELS_MAX;
+  const text = k => `<text x="7" y="14">${esc(labels[k][0])}</text><text x="7" y="28" fill="#556">${esc(labels[k][1])}</text>`;
   ids.forEach((u, k) => {
     const cls = mark[u] ? "node " + mark[u] : "node", row = store.rows.get(u), op = row[0];
     parts.push(`<g class="${cls}" data-id="${u}" data-op="${op}" transform="translate(${L.x[k]},${L.y[k]})"><title>${esc(u + ": " + row.slice(0, 3).join(" "))}</title>` +
-      `<rect width="${widths[k]}" height="${H}" fill="${opColor(op)}"/><text x="7" y="14">${esc(labels[k][0])}</text><text x="7" y="28" fill="#556">${esc(labels[k][1])}</text></g>`);
+      `<rect width="${widths[k]}" height="${H}" fill="${opColor(op)}"/>${bare ? "" : text(k)}</g>`);
   });
-  const pad = 20;
-  container.innerHTML = `<svg data-layout="${L.kind}" viewBox="${-pad} ${-pad} ${L.width + 2 * pad} ${L.height + pad}" preserveAspectRatio="xMidYMin meet"><g>${parts.join("")}</g></svg>`;
-  panZoom(container.querySelector("svg"));
+  // the whole graph when it fits the pane at a readable width, else (a tall graph: a long chain) its bottom, where the
+  // root is, at least 1,200 units wide
+  const pad = 20, aspect = (container.clientHeight || 600) / (container.clientWidth || 1000);
+  let vw = L.width + 2 * pad, vh = L.height + pad, vx = -pad, vy = -pad;
+  if (vh > Math.max(vw, 1200) * aspect * 2) { vx -= (Math.max(vw, 1200) - vw) / 2; vw = Math.max(vw, 1200); vy = L.height + pad - vw * aspect; vh = vw * aspect; }
+  container.innerHTML = `<svg data-layout="${L.kind}" viewBox="${vx} ${vy} ${vw} ${vh}" preserveAspectRatio="xMidYMin meet"><g>${parts.join("")}</g><g class="labels"></g></svg>`;
+  const svg = container.querySelector("svg");
+  let timer = 0;
+  const labelInView = () => {
+    const vb = svg.viewBox.baseVal, inView = [];
+    ids.forEach((u, k) => { if (L.x[k] + widths[k] >= vb.x && L.x[k] <= vb.x + vb.width && L.y[k] + H >= vb.y && L.y[k] <= vb.y + vb.height) inView.push(k); });
+    svg.querySelector("g.labels").innerHTML = inView.length > LABELS_MAX ? "" :
+      inView.map(k => `<g transform="translate(${L.x[k]},${L.y[k]})" pointer-events="none">${text(k)}</g>`).join("");
+  };
+  panZoom(svg, bare ? () => { clearTimeout(timer); timer = setTimeout(labelInView, 120); } : null);
+  if (bare) labelInView();
 }
 
 // wheel to zoom at the pointer, drag to pan, by changing the viewBox
-function panZoom(svg) {
+function panZoom(svg, onChange) {
   let vb = svg.viewBox.baseVal, drag = null;
   svg.addEventListener("wheel", e => {
     e.preventDefault();
     const r = svg.getBoundingClientRect(), f = e.deltaY > 0 ? 1.2 : 1 / 1.2;
     const sx = vb.x + (e.clientX - r.left) / r.width * vb.width, sy = vb.y + (e.clientY - r.top) / r.height * vb.height;
     vb.x = sx - (sx - vb.x) * f; vb.y = sy - (sy - vb.y) * f; vb.width *= f; vb.height *= f;
+    if (onChange) onChange();
   }, {passive: false});
   svg.addEventListener("mousedown", e => { drag = [e.clientX, e.clientY, vb.x, vb.y]; });
   window.addEventListener("mouseup", () => { drag = null; });
@@ -179,5 +201,6 @@ function panZoom(svg) {
     if (!drag) return;
     const r = svg.getBoundingClientRect(), s = Math.max(vb.width / r.width, vb.height / r.height);
     vb.x = drag[2] - (e.clientX - drag[0]) * s; vb.y = drag[3] - (e.clientY - drag[1]) * s;
+    if (onChange) onChange();
   });
 }
