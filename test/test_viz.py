@@ -163,6 +163,9 @@ def test_schedule_says_why_each_buffer_exists():
   data = to_json(tr)
   items = [it for g in data["groups"] if g["kind"] == "schedule" for it in g["items"]]
   assert all(it["why"][0] in REALIZE_WHY and it["why"][1] == REALIZE_WHY[it["why"][0]] for it in items)
+  # a kernel's page says why its output is a buffer
+  k = next(it["kernel"] for it in items if it["why"][0] == "shared_value" and it["kernel"] >= 0)
+  assert ["shared_value", REALIZE_WHY["shared_value"]] in TraceAPI(data).group(k)["why"]
 
 # ***** DEBUG=2's roofline *****
 def test_debug2_roofline(tmp_path, monkeypatch, capsys):

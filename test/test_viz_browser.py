@@ -59,6 +59,8 @@ def test_click_through(served):
       page.locator(f".group-item[data-kind=kernel][data-name='{printed[-1]}'] > .label").first.click()
       page.wait_for_selector("#source")
       assert page.inner_text("#kernel-name") == printed[-1] and "void" in page.inner_text("#source")
+      page.click(".tabs2 button[data-t=opts]")
+      assert page.inner_text("#kernel-why").startswith("output")  # the last kernel makes the value .item() reads
       page.click(".tabs2 button[data-t=ast]")
       page.wait_for_selector("#graph svg g.node[data-op=SINK]")
       page.wait_for_selector("#graph[data-layout=dagre]")  # the worker's dagre layout replaced the first one

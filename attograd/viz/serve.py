@@ -40,7 +40,10 @@ class TraceAPI:
     return p | {"index": i, "nodes": _reachable(self.data["nodes"], roots), "rules": rules}
   def group(self, i: int) -> dict[str, Any]:
     g = self.data["groups"][i]
-    return g | {"index": i, "nodes": _reachable(self.data["nodes"], [g.get("ast", -1)])}
+    # a kernel: why the schedules that ran it made its output a buffer (each reason once)
+    why = {tuple(it["why"]): None for s in self.data["groups"] if s["kind"] == "schedule" for it in s.get("items", [])
+           if it["kernel"] == i and it.get("why")} if g["kind"] == "kernel" else {}
+    return g | {"index": i, "nodes": _reachable(self.data["nodes"], [g.get("ast", -1)]), "why": [list(w) for w in why]}
   def answer(self, path: str) -> dict[str, Any] | None:
     parts = path.strip("/").split("/")
     try:

@@ -74,6 +74,7 @@ async function openGroup(i) {
     uops: () => `<pre class="code" id="uops">${esc(k.uops.join("\n"))}</pre>`,
     opts: () => `<table class="kv" id="opts"><tr><td>Opts</td><td>${esc(k.opts.join(", ") || "(none)")}</td></tr>` +
                 `<tr><td>chosen by</td><td>${esc(k.chosen_by)}</td></tr>` +
+                `<tr><td>its output is a buffer</td><td class="why" id="kernel-why">${k.why.map(([c, t]) => `<b>${esc(c)}</b> ${esc(t)}`).join("<br>") || "(not in a recorded schedule)"}</td></tr>` +
                 `<tr><td>lowering</td><td>${ms(k.lower_s)}</td></tr><tr><td>compile</td><td>${ms(k.compile_s)}</td></tr>` +
                 `<tr><td>launches</td><td>${S.events.filter(e => e.group === i).length}</td></tr></table>`,
     ast: () => `<div class="graph" id="graph"></div>`,
