@@ -206,3 +206,19 @@ def test_debug2_roofline(tmp_path, monkeypatch, capsys):
   assert bound == "mem" and abs(f - 0.5) < 1e-6
   f, bound = r.fraction(int(r.gflops * 1e9), 1, 4.0)
   assert bound == "flops" and abs(f - 0.25) < 1e-6
+
+def test_timeline_copies_transfers_and_memory():
+  """The timeline has a copy between devices as a launch of the run loop, host<->device transfers (a tensor's data in,
+  numpy() out) and the memory in use at each allocation and free, each with its time."""
+  data = np.arange(6, dtype=np.float32)
+  with trace.recording() as tr:
+    y = (Tensor(data) + 1).to("PYTHON").realize()
+    out = y.numpy()
+    del y
+  np.testing.assert_array_equal(out, data + 1)
+  assert [e.name for e in tr.events if e.name.startswith("copy")] == ["copy CPU -> PYTHON"]
+  assert ("CPU", "host -> CPU", 24) in [(e.device, e.name, e.nbytes) for e in tr.transfers]
+  assert ("PYTHON", "PYTHON -> host", 24) in [(e.device, e.name, e.nbytes) for e in tr.transfers]
+  times = [t for t, _ in tr.memory]
+  assert len(tr.memory) >= 3 and times == sorted(times) and max(m for _, m in tr.memory) >= 48
+  assert to_json(tr)["transfers"] and to_json(tr)["memory"]
