@@ -9,7 +9,7 @@ import base64, hashlib, json, pathlib, subprocess, sys, tarfile, tempfile
 VIZ = pathlib.Path(__file__).resolve().parent.parent / "attograd" / "viz"
 OUT = VIZ / "static" / "vendor"
 # the built file to ship from each package's tarball (a browser script defining one global), and the name it gets
-BUILT = {"@dagrejs/dagre": ("package/dist/dagre.min.js", "dagre.min.js")}
+BUILT = {"@dagrejs/dagre": ("package/dist/dagre.min.js", "dagre.min.js"), "d3": ("package/dist/d3.min.js", "d3.min.js")}
 
 def npm(*args: str, cwd: str | None = None) -> str:
   return subprocess.run(["npm", *args], check=True, capture_output=True, text=True, cwd=cwd).stdout

@@ -84,6 +84,11 @@ def test_click_through(served):
       page.click("#tab-timeline")
       for cls in ("host.schedule", "host.pass", "host.lowering", "transfer"): assert page.locator(f"#tl-svg rect.{cls}").count() >= 1, cls
       assert page.locator("#tl-svg #tl-mem").count() == 1
+      span = page.inner_text("#tl-info")  # the wheel zooms the time axis (d3's zoom)
+      box = page.locator("#tl-svg").bounding_box()
+      page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + 60)
+      page.mouse.wheel(0, -400)
+      page.wait_for_function(f"document.querySelector('#tl-info').textContent !== {json.dumps(span)}")
       # one bar per launch, TinyJit's replays too (DEBUG=1 prints a replay's launches from DEBUG=2 only); a bar opens its kernel
       page.click("#tl-launches")
       bars = page.locator("#tl-svg rect.launch")

@@ -184,7 +184,7 @@ document.addEventListener("keydown", e => {
 
 // ***** the timeline: host rows (scheduling, rewrite passes, lowering, compiling), a lane per device for launches and
 // transfers, and the memory in use below *****
-const tl = {t0: 0, t1: 1, full: null};
+const tl = {t0: 0, t1: 1, full: null, transform: null, zoom: null}, TL_LEFT = 110;
 // (no spread into Math.min: a long trace's arrays exceed the call's argument limit)
 const minOf = a => a.reduce((m, v) => v < m ? v : m, Infinity), maxOf = a => a.reduce((m, v) => v > m ? v : m, -Infinity);
 const HOST_ROWS = ["schedule", "passes", "lowering", "compile"];
@@ -210,16 +210,15 @@ function drawTimeline() {
     const starts = [...S.events, ...transfers].map(e => e.start).concat(host.map(b => b[1]));
     const ends = [...S.events, ...transfers].map(e => e.start + e.dur).concat(host.map(b => b[1] + b[2]));
     const t0 = minOf(starts), t1 = maxOf(ends);
-    tl.full = [t0, t1 > t0 ? t1 : t0 + 1e-3]; [tl.t0, tl.t1] = tl.full;
+    tl.full = [t0, t1 > t0 ? t1 : t0 + 1e-3];
   }
+  const scale = (tl.transform || d3.zoomIdentity).rescaleX(baseScale());
+  [tl.t0, tl.t1] = scale.domain();
   const devices = [...new Set([...S.events, ...transfers].map(e => e.device))];
-  const lanes = [...HOST_ROWS.map(r => "host: " + r), ...devices], LH = 24, TOP = 24, LEFT = 110, memH = 60;
-  const x = t => LEFT + (t - tl.t0) / (tl.t1 - tl.t0) * (W - LEFT - 10);
+  const lanes = [...HOST_ROWS.map(r => "host: " + r), ...devices], LH = 24, TOP = 24, LEFT = TL_LEFT, memH = 60;
+  const x = scale;
   const parts = [];
-  // ticks 1, 2 or 5 times a power of ten apart, at most about 8 across
-  const span = tl.t1 - tl.t0, p10 = Math.pow(10, Math.floor(Math.log10(span / 8)));
-  const step = [1, 2, 5, 10].map(m => m * p10).find(s => span / s <= 8);
-  for (let t = Math.ceil(tl.t0 / step) * step; t <= tl.t1; t += step)
+  for (const t of scale.ticks(8))
     parts.push(`<line x1="${x(t)}" x2="${x(t)}" y1="${TOP - 6}" y2="${TOP + lanes.length * LH + memH}" stroke="#eee"/><text x="${x(t) + 2}" y="${TOP - 10}" fill="#667">${ms(t)}</text>`);
   lanes.forEach((l, i) => parts.push(`<text x="4" y="${TOP + i * LH + 16}"${i < HOST_ROWS.length ? ' fill="#667"' : ""}>${esc(l)}</text>`));
   // a bar; `merge`: skip it when it would cover only pixels the row's last bar covered (thousands of passes stay cheap)
@@ -261,26 +260,20 @@ function drawTimeline() {
   svg.querySelectorAll("rect[data-group]").forEach(r => r.onclick = () => { if (+r.dataset.group >= 0) openGroup(+r.dataset.group); });
   svg.querySelectorAll("rect[data-pass]").forEach(r => r.onclick = () => openPass(+r.dataset.pass));
 }
+// d3's zoom (wheel, drag, touch) moves the time axis only: its transform rescales the scale of the whole span
+function baseScale() { const W = $("#tl-svg").clientWidth || 1000; return d3.scaleLinear().domain(tl.full).range([TL_LEFT, W - 10]); }
+function showSpan(a, b) {  // the transform that puts [a, b] across the lanes
+  const base = baseScale(), [r0, r1] = base.range(), k = (r1 - r0) / Math.max(base(b) - base(a), 1e-9);
+  d3.select("#tl-svg").call(tl.zoom.transform, d3.zoomIdentity.translate(r0 - k * base(a), 0).scale(k));
+}
 function timelineControls() {
-  const svg = $("#tl-svg"); let drag = null;
-  svg.addEventListener("wheel", e => {
-    e.preventDefault();
-    const r = svg.getBoundingClientRect(), frac = Math.max(0, (e.clientX - r.left - 110) / (r.width - 120));
-    const t = tl.t0 + frac * (tl.t1 - tl.t0), f = e.deltaY > 0 ? 1.25 : 0.8;
-    tl.t0 = t - (t - tl.t0) * f; tl.t1 = t + (tl.t1 - t) * f; drawTimeline();
-  }, {passive: false});
-  svg.addEventListener("mousedown", e => { drag = [e.clientX, tl.t0, tl.t1]; });
-  window.addEventListener("mouseup", () => { drag = null; });
-  svg.addEventListener("mousemove", e => {
-    if (!drag) return;
-    const dt = (e.clientX - drag[0]) / (svg.clientWidth - 120) * (drag[2] - drag[1]);
-    tl.t0 = drag[1] - dt; tl.t1 = drag[2] - dt; drawTimeline();
-  });
-  $("#tl-reset").onclick = () => { [tl.t0, tl.t1] = tl.full; drawTimeline(); };
+  tl.zoom = d3.zoom().scaleExtent([0.5, 1e8]).on("zoom", e => { tl.transform = e.transform; drawTimeline(); });
+  d3.select("#tl-svg").call(tl.zoom).on("dblclick.zoom", null);
+  $("#tl-reset").onclick = () => showSpan(...tl.full);
   $("#tl-launches").onclick = () => {  // the span of the launches alone (scheduling and lowering dwarf them at first)
     if (!S.events.length) return;
     const t0 = minOf(S.events.map(e => e.start)), t1 = maxOf(S.events.map(e => e.start + e.dur));
-    const pad = (t1 - t0) * 0.02 + 1e-6; tl.t0 = t0 - pad; tl.t1 = t1 + pad; drawTimeline();
+    const pad = (t1 - t0) * 0.02 + 1e-6; showSpan(t0 - pad, t1 + pad);
   };
 }
 
