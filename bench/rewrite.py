@@ -19,8 +19,8 @@ class Counting(PatternMatcher):
   def __init__(self, pm: PatternMatcher):
     super().__init__(pm.rules)
     self.fired = 0
-  def rewrite(self, u, ctx=None):
-    ret = super().rewrite(u, ctx)
+  def rewrite(self, u, ctx=None, steps=None):
+    ret = super().rewrite(u, ctx, steps)
     if ret is not None: self.fired += 1
     return ret
 

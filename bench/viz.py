@@ -5,7 +5,7 @@
    the engine's own loop (patterns.tracker is None); on, the recording copy of it (uop/trace.py).
 2. With --browser: the trace of two MNIST training steps (bench/mnist_step.py's convnet, batch 64) served and opened in
    headless Chromium (Playwright, /usr/bin/chromium or $CHROMIUM): the time until the kernel list is in, and to open the
-   pass with the most steps.
+   pass with the most steps (its graph drawn), and to draw the timeline.
 
   python bench/viz.py [rounds] [--browser]"""
 import json, os, sys, threading, time
@@ -61,12 +61,18 @@ def browser() -> None:
     page.click(f".group-item[data-i='{data['passes'][big]['group']}'] > .label")
     page.click(f".pass-item[data-i='{big}'] > .label")
     page.wait_for_selector("#replay-check")
+    page.wait_for_selector("#graph svg g.node")  # the worker's first layout, drawn
     t_pass = time.perf_counter() - st
+    st = time.perf_counter()
+    page.click("#tab-timeline")
+    page.wait_for_selector("#tl-svg rect.launch")
+    t_tl = time.perf_counter() - st
     b.close()
   srv.shutdown()
   print(f"MNIST training steps: {len(data['passes'])} passes, {len(data['nodes'])} nodes, {len(data['events'])} launches")
   print(f"page ready in {t_open:.2f} s (target < 2 s); the biggest pass ({data['passes'][big]['name']}, "
-        f"{len(data['passes'][big]['steps'])} steps) drawn in {t_pass:.2f} s")
+        f"{len(data['passes'][big]['steps'])} steps) drawn in {t_pass:.2f} s, the timeline ({len(data['passes'])} passes, "
+        f"{len(data['events'])} launches, {len(data.get('memory', []))} memory samples) in {t_tl:.2f} s")
 
 if __name__ == "__main__":
   args = [a for a in sys.argv[1:] if not a.startswith("--")]

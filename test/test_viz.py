@@ -134,9 +134,91 @@ def test_viz_1_saves_and_serves_at_exit(tmp_path):
     summary = json.loads(urllib.request.urlopen(url + "/api/summary", timeout=30).read())
     assert summary["events"] and any(g["kind"] == "kernel" for g in summary["groups"])
     assert b"attograd VIZ" in urllib.request.urlopen(url + "/", timeout=30).read()
-    for path in ("/static/../serve.py", "/static/nothing.js", "/etc/passwd"):
+    assert b"dagre" in urllib.request.urlopen(url + "/static/vendor/dagre.min.js", timeout=30).read()  # the vendored layout library
+    for path in ("/static/../serve.py", "/static/nothing.js", "/etc/passwd", "/static/vendor/../../serve.py", "/static/vendor/VENDORED.json"):
       with pytest.raises(urllib.error.HTTPError): urllib.request.urlopen(url + path, timeout=30)
   finally:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
   assert load(str(tmp_path / "t.json"))["events"]
+
+def test_schedule_says_why_each_buffer_exists():
+  """Each schedule item names the scheduler's rule that made its output a buffer (schedule.REALIZE_WHY), recorded where
+  realize_points decides it: a user's realize, contiguous(), a reduce broadcast along an outer axis, a reduce two kernels
+  read, a costly value two kernels read."""
+  from attograd.schedule.schedule import REALIZE_WHY
+  rng = np.random.default_rng(7)
+  with trace.recording() as tr:
+    x = Tensor(rng.random((72, 40), dtype=np.float32)).realize()
+    Tensor.realize(x / x.sum(0))                                   # the column sums, re-read per row: expand
+    s = x.sum(1)
+    Tensor.realize(s * 2, (s + 1).reshape(72, 1) * x)              # one row sum, two kernels: shared_reduce
+    g = (x.exp().exp() * 3).sqrt()
+    Tensor.realize(g.sum(0), g.sum(1))                             # a costly value, two kernels: shared_value
+    (x + 1).contiguous().relu().numpy()                            # contiguous, then the user's output
+  whys = [[w for w, _ in g.info["why"]] for g in tr.groups if g.kind == "schedule" and g.info.get("why")]
+  assert ["expand", "output"] in whys and ["shared_reduce", "output", "output"] in whys and ["shared_value", "output", "output"] in whys
+  assert ["contiguous", "output"] in whys
+  assert all(len(g.info["why"]) == len(g.info["items"]) for g in tr.groups if g.kind == "schedule")
+  data = to_json(tr)
+  items = [it for g in data["groups"] if g["kind"] == "schedule" for it in g["items"]]
+  assert all(it["why"][0] in REALIZE_WHY and it["why"][1] == REALIZE_WHY[it["why"][0]] for it in items)
+  # a kernel's page says why its output is a buffer
+  k = next(it["kernel"] for it in items if it["why"][0] == "shared_value" and it["kernel"] >= 0)
+  assert ["shared_value", REALIZE_WHY["shared_value"]] in TraceAPI(data).group(k)["why"]
+
+# ***** DEBUG=2's roofline *****
+def test_debug2_roofline(tmp_path, monkeypatch, capsys):
+  """DEBUG=2 prints GB/s and the fraction of this machine's roofline per kernel; the roof is measured once, kept in the
+  disk cache beside the kernels, and never measured below DEBUG=2. Its numbers are checked against numpy on the same
+  machine in the same test (the machine is shared: loose bounds)."""
+  import time
+  from attograd.engine import roofline
+  from attograd.helpers import Context
+  monkeypatch.setenv("ATTOGRAD_CACHE", str(tmp_path))
+  monkeypatch.setattr(roofline, "_roofs", {})
+  rng = np.random.default_rng(3)
+  x = rng.random((96, 64), dtype=np.float32)
+  with Context(DEBUG=1): (Tensor(x) * 3).sum(1).numpy()
+  assert not (tmp_path / "roofline").exists() and "roof" not in capsys.readouterr().out
+  with Context(DEBUG=2): (Tensor(x) * 4).sum(1).numpy()
+  out = capsys.readouterr().out
+  assert "roofline: measuring" in out and re.search(r"GFLOPS +[\d.]+ GB/s +[\d.]+% of roof \((mem|flops)\)", out), out
+  assert len(list((tmp_path / "roofline").iterdir())) == 1
+  monkeypatch.setattr(roofline, "_roofs", {})  # a new process: read from the disk cache, not measured again
+  with Context(DEBUG=2): (Tensor(x) * 5).sum(1).numpy()
+  out = capsys.readouterr().out
+  assert "measuring" not in out and "% of roof" in out
+  # the roof against numpy's best on this machine: a peak is at least about what a tuned library reaches
+  r = roofline.roof("CPU")
+  def best(f) -> float:
+    times = []
+    for _ in range(3):
+      st = time.perf_counter()
+      f()
+      times.append(time.perf_counter() - st)
+    return min(times)
+  a, m = np.ones(32 << 20, dtype=np.float32), rng.random((512, 512), dtype=np.float32)
+  t_sum, t_mm = best(a.sum), best(lambda: m @ m)
+  assert r.gbs > 0.25 * a.nbytes / t_sum * 1e-9 and r.gflops > 0.25 * 2 * 512 ** 3 / t_mm * 1e-9, (r, a.nbytes / t_sum * 1e-9, 2 * 512 ** 3 / t_mm * 1e-9)
+  # the fraction: memory bound under the ridge point, compute bound over it
+  f, bound = r.fraction(0, int(r.gbs * 1e9), 2.0)
+  assert bound == "mem" and abs(f - 0.5) < 1e-6
+  f, bound = r.fraction(int(r.gflops * 1e9), 1, 4.0)
+  assert bound == "flops" and abs(f - 0.25) < 1e-6
+
+def test_timeline_copies_transfers_and_memory():
+  """The timeline has a copy between devices as a launch of the run loop, host<->device transfers (a tensor's data in,
+  numpy() out) and the memory in use at each allocation and free, each with its time."""
+  data = np.arange(6, dtype=np.float32)
+  with trace.recording() as tr:
+    y = (Tensor(data) + 1).to("PYTHON").realize()
+    out = y.numpy()
+    del y
+  np.testing.assert_array_equal(out, data + 1)
+  assert [e.name for e in tr.events if e.name.startswith("copy")] == ["copy CPU -> PYTHON"]
+  assert ("CPU", "host -> CPU", 24) in [(e.device, e.name, e.nbytes) for e in tr.transfers]
+  assert ("PYTHON", "PYTHON -> host", 24) in [(e.device, e.name, e.nbytes) for e in tr.transfers]
+  times = [t for t, _ in tr.memory]
+  assert len(tr.memory) >= 3 and times == sorted(times) and max(m for _, m in tr.memory) >= 48
+  assert to_json(tr)["transfers"] and to_json(tr)["memory"]

@@ -19,6 +19,7 @@ from attograd.codegen.gpudims import launch_dims, eval_dims
 from attograd.schedule.schedule import ScheduleItem, create_schedule, is_view_of_buffer
 from attograd.engine.memory import planned_buffers
 from attograd.engine import registry
+from attograd.engine import roofline
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
@@ -170,7 +171,7 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
     lib, compile_s = build() if binary is None else binary.result()
     ck = CompiledKernel(name, src, dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
     ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
-    rec.set(compile_s=compile_s)
+    rec.set(compile_s=compile_s, ready=trace.clock())  # VIZ: the compile's bar ends when the run loop got the binary
     if DEBUG >= 2: print(f"compiled {name}: lowering {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiling {compile_s * 1e3:.1f} ms (CPU)")
     return ck
   return finish
@@ -232,7 +233,7 @@ class ExecPlan:
         if DEBUG < self.print_at: continue
         print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
               f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
-              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" if DEBUG >= 2 else ""))
+              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" + roofline.describe(ei.bufs[0].device, ei.runner.ops, nbytes, t) if DEBUG >= 2 else ""))
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops

@@ -1,10 +1,11 @@
 """Devices: each owns an allocator, a renderer, a compiler (source -> binary, cached on disk by
 content hash) and a program runner (DESIGN §3.7)."""
 from __future__ import annotations
-import functools, importlib, os, pkgutil, weakref
+import functools, importlib, os, pkgutil, time, weakref
 from typing import Any, Callable
 from attograd.dtype import DType
 from attograd.helpers import getenv, GlobalCounters, cached_property
+from attograd.uop import trace
 
 class Allocator:
   def alloc(self, nbytes: int) -> Any: raise NotImplementedError
@@ -26,7 +27,9 @@ class Compiler:
     """compile of each source. The sources define distinct names (two kernels of one name go to different batches)."""
     return [self.compile(s) for s in srcs]
 
-def _release(nbytes: int) -> None: GlobalCounters.mem_used -= nbytes
+def _release(nbytes: int) -> None:
+  GlobalCounters.mem_used -= nbytes
+  if trace.current is not None: trace.current.mem(GlobalCounters.mem_used)  # VIZ: memory in use over time
 
 class Buffer:
   """Device memory for `size` elements of `dtype`, allocated on first use; a nonzero `offset` names
@@ -49,10 +52,13 @@ class Buffer:
         GlobalCounters.mem_used += self.nbytes
         GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
         weakref.finalize(self, _release, self.nbytes)
+        if trace.current is not None: trace.current.mem(GlobalCounters.mem_used)
     return self
   def copyin(self, data: memoryview) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
-    Device[self.device].allocator.copyin(self.ensure_allocated()._buf, data)
+    mem, t0 = self.ensure_allocated()._buf, time.perf_counter()
+    Device[self.device].allocator.copyin(mem, data)
+    if trace.current is not None: trace.current.transfer(self.device, f"host -> {self.device}", t0, time.perf_counter() - t0, self.nbytes, GlobalCounters.mem_used)
     return self
   def host_view(self) -> memoryview | None:
     """The buffer's own bytes, writable and without a copy, when its device keeps them in host memory (CPU, LLVM,
@@ -60,8 +66,10 @@ class Buffer:
     mv = Device[self.device].allocator.host_view(self.ensure_allocated()._buf)
     return None if mv is None else mv[:self.nbytes]
   def as_bytes(self) -> memoryview:
-    out = memoryview(bytearray(self.nbytes))
-    if self.nbytes: Device[self.device].allocator.copyout(out, self.ensure_allocated()._buf)
+    out, mem = memoryview(bytearray(self.nbytes)), self.ensure_allocated()._buf
+    t0 = time.perf_counter()
+    if self.nbytes: Device[self.device].allocator.copyout(out, mem)
+    if trace.current is not None: trace.current.transfer(self.device, f"{self.device} -> host", t0, time.perf_counter() - t0, self.nbytes, GlobalCounters.mem_used)
     return out
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype}" + (f" at byte {self.offset}>" if self.offset else ">")
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
+from attograd.uop import patterns
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
@@ -155,12 +156,12 @@ class KernelWalk:
   reduces and costly values it reads (which other kernels may read too), and what it must not compute itself."""
   reached: set[UOp]
   reads: set[UOp]
-  to_store: list[UOp]
+  to_store: dict[UOp, str]  # each with why (a REALIZE_WHY key)
 
 def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> KernelWalk:
   """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
   (and likewise a costly value) gets its own buffer, as does a reduce computed in two of the kernel's loop nests."""
-  walk = KernelWalk({p}, set(), [])
+  walk = KernelWalk({p}, set(), {})
   # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those loops are
   # reduce loops), whether an expand was passed on an unaligned path, and whether the node is needed in every iteration
   # of the loops around it (no expand since the last reduce: not hoisted out of them)
@@ -189,24 +190,41 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
       if s.op is Ops.REDUCE_AXIS or (s.op in GroupOp.ALU and elementwise_cost(s, points, cost, RECOMPUTE_MAX) > RECOMPUTE_MAX):
         walk.reads.add(s)
         # a linear layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
-        if expanded_here: walk.to_store.append(s); continue
+        if expanded_here: walk.to_store[s] = "expand"; continue
       stack.append((s, *below))
   # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
   # each output) is stored, unless it is cheaper to compute twice than to store and load
-  walk.to_store += [r for r, ns in nests.items() if len(ns) > 1 and reduce_cost(r, points, cost) > RECOMPUTE_MAX]
+  walk.to_store.update((r, "two_nests") for r, ns in nests.items() if len(ns) > 1 and reduce_cost(r, points, cost) > RECOMPUTE_MAX)
   return walk
 
-def realize_points(sink: UOp) -> dict[UOp, None]:
+# why a node gets a buffer: realize_points keeps the rule that made each one a point (the first) as its value, for the
+# schedule VIZ shows (create_schedule hands them to the recorder; nothing reads them otherwise)
+REALIZE_WHY = {
+  "output": "asked for: a realize() target (realize, numpy, item, tolist, a kernel's result the program reads)",
+  "contiguous": "contiguous() asks for its own buffer",
+  "copy": "a COPY between devices",
+  "copy_source": "the source of a COPY: a copy moves memory, so its input is computed first",
+  "assign": "an assign's target (the value is written to new memory: graphs built before it read the old)",
+  "scatter": "a one-hot sum over tokens (an embedding's gradient): a scatter-add kernel of its own",
+  "expand": f"an expand would recompute it per broadcast element (a reduce, or a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element)",
+  "two_nests": "a reduce one kernel would compute in two loop nests (attention's dP), costlier to redo than to store",
+  "shared_reduce": "a reduce that two or more kernels read: computed once",
+  "shared_value": f"a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element that several kernels read, where the repeated work "
+                  f"is worth a launch (MIN_REPEATED_WORK={MIN_REPEATED_WORK}) and costs more than storing and loading it (PASS_COST={PASS_COST})",
+}
+_OP_WHY = {Ops.CONTIGUOUS: "contiguous", Ops.COPY: "copy", Ops.ASSIGN: "assign"}
+
+def realize_points(sink: UOp) -> dict[UOp, str]:
   """The nodes that get their own buffer: what the user asked for, CONTIGUOUS/COPY/ASSIGN, a reduce that would be
   recomputed for every element of an expand (softmax's x - x.max()) or that two kernels read, and likewise a value
   costing more than RECOMPUTE_MAX ops per element. Repeated until stable; a kernel is walked again only when a node
-  it reached became a realize point."""
-  points: dict[UOp, None] = {}
+  it reached became a realize point. Each point's value says why (a REALIZE_WHY key)."""
+  points: dict[UOp, str] = {}
   for t in sink.src:
-    if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = None
+    if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = "output"
   for u in sink.toposort:
-    if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN} or is_scatter(u): points[u] = None
-    if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points[u.src[0].base] = None
+    if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN} or is_scatter(u): points.setdefault(u, _OP_WHY.get(u.op, "scatter"))
+    if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points.setdefault(u.src[0].base, "copy_source")
   walks: dict[UOp, KernelWalk] = {}
   added: set[UOp] = set()
   while True:
@@ -216,9 +234,10 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     readers: dict[UOp, set[UOp]] = {}
     for p, w in walks.items():
       for s in w.reads: readers.setdefault(s, set()).add(p)
-    new = [s for w in walks.values() for s in w.to_store if s not in points]
+    new = {s: why for w in walks.values() for s, why in w.to_store.items() if s not in points}
     shared = [r for r, ps in readers.items() if len(ps) > 1 and r not in points]
-    new += [r for r in shared if r.op is Ops.REDUCE_AXIS]
+    for r in shared:
+      if r.op is Ops.REDUCE_AXIS: new.setdefault(r, "shared_reduce")
     # a costly value two kernels share, once the costly parts broadcast into it have buffers (they change its cost), when
     # the work repeated is worth a kernel launch and costs more than storing and loading it
     repeated = lambda r: smax(sym_prod(r.shape)) * elementwise_cost(r, points, cost) * (len(readers[r]) - 1)
@@ -229,10 +248,10 @@ def realize_points(sink: UOp) -> dict[UOp, None]:
     shared = [r for r in shared if not any(o is not r and readers[o] == readers[r] and r in o.ancestors for o in shared)]
     # of it and a costly part of it that other kernels read too, the part first: with a buffer for it, the rest may be
     # cheap to repeat
-    if not new: new = [r for r in shared if not any(o in r.ancestors for o in shared if o is not r)]
+    if not new: new = {r: "shared_value" for r in shared if not any(o in r.ancestors for o in shared if o is not r)}
     if not new: break
     added = set(new)
-    points.update(dict.fromkeys(new))
+    points.update(new)
   return points
 
 def merge_nested_reduce(outer: UOp) -> UOp | None:
@@ -492,11 +511,12 @@ class ScheduleTemplate:
   becomes: tuple[UOp, ...]                           # each target afterwards, over placeholder buffers
   placeholders: tuple[tuple[UOp, int], ...]          # those placeholders and the numbers of the buffers they stand for
   key: int
+  why: tuple[str, ...] = ()                          # why each item's output is a buffer (REALIZE_WHY keys; () from disk)
 
 def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
 
 def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
-  schedule, becomes = _schedule_graph(sink)
+  schedule, becomes, why = _schedule_graph(sink)
   outputs = [si.bufs[0] for si in schedule]
   number = {b: i for i, b in enumerate((*inputs, *outputs))}
   placeholders = {b: _placeholder(i, b) for b, i in number.items()}
@@ -505,7 +525,7 @@ def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
   after = tuple(becomes[t].substitute(placeholders) for t in sink.src)
   used = {u for b in after for u in b.toposort if u.op is Ops.BUFFER}
   return ScheduleTemplate(len(inputs), tuple((b.arg.device, b.arg.size, b.dtype) for b in outputs), items, after,
-                          tuple((p, number[b]) for b, p in placeholders.items() if p in used), key)
+                          tuple((p, number[b]) for b, p in placeholders.items() if p in used), key, tuple(why))
 
 # ***** templates on disk: a new process schedules nothing an earlier one scheduled (same code, same graph) *****
 
@@ -578,14 +598,17 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
   schedule = [ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items]
   fill = {p: bufs[i] for p, i in template.placeholders}
+  if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
+    patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
   return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
 
-def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list[str]]:
   """One pass over the graph, children first: each realize point becomes a kernel (or a copy)
-  writing a new buffer, and is read as that buffer by the kernels after it."""
+  writing a new buffer, and is read as that buffer by the kernels after it. Also why each item's output is a buffer."""
   points = realize_points(sink)
   rebuilt: dict[UOp, UOp] = {}
   schedule: list[ScheduleItem] = []
+  why: list[str] = []
   for u in sink.toposort:
     src = u.replace(src=tuple(rebuilt[s] for s in u.src)) if u.src else u
     if u not in points: rebuilt[u] = src; continue
@@ -599,4 +622,5 @@ def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
       ast, ins = kernel_ast(value, u.shape, out)
       schedule.append(ScheduleItem(ast, (out, *ins)))
     rebuilt[u] = buffer_view(out, u.shape)
-  return schedule, {t: rebuilt[t] for t in sink.src}
+    why.append(points[u])
+  return schedule, {t: rebuilt[t] for t in sink.src}, why

@@ -69,6 +69,8 @@ class Trace:
     self.groups: list[Group] = [Group("other", "other", 0.0)]
     self.passes: list[PassRecord] = []
     self.events: list[Event] = []
+    self.transfers: list[Event] = []  # host <-> device copies outside the run loop (a tensor's data in, numpy() out)
+    self.memory: list[tuple[float, int]] = []  # (time, device memory in use) at each allocation and free
     self.rules: list[tuple[PatternMatcher, int]] = []   # (matcher, rule index): the rule's pattern and location
     self.skipped: dict[str, int] = {}  # rewrites that changed nothing, by pass name (not stored: the front end runs many)
     self._rule_ids: dict[tuple[int, int], int] = {}
@@ -136,6 +138,14 @@ class Trace:
       g.dur = self.now() - g.start
       if kind == "kernel" and "ast" in info: self.kernel_of[(info["ast"], info.get("device", ""))] = idx
 
+  def note(self, **info: Any) -> None:
+    """Facts for the group open on this thread (the scheduler's why of each realize point), from code that runs in it."""
+    if (groups := self._stacks()[0]): self.groups[groups[-1]].set(**info)
+
+  def transfer(self, device: str, name: str, start: float, dur: float, nbytes: int, mem: int) -> None:
+    self.transfers.append(Event(device, name, start - self.t0, dur, -1, mem, nbytes=nbytes))
+  def mem(self, used: int) -> None: self.memory.append((self.now(), used))
+
   def launch(self, device: str, name: str, start: float, dur: float, key: tuple[UOp, str] | None, mem: int, jit: bool = False,
              ops: int = 0, nbytes: int = 0) -> None:
     self.events.append(Event(device, name, start - self.t0, dur, self.kernel_of.get(key, -1) if key else -1, mem, jit, ops, nbytes))
@@ -158,6 +168,10 @@ def replay(sink: UOp, steps: list[Step]) -> UOp:
 
 # ***** switching it on *****
 current: Trace | None = None
+
+def clock() -> float:
+  """Seconds since the recording started (0 when not recording): when something on the host ended."""
+  return 0.0 if current is None else current.now()
 
 def start() -> Trace:
   """Record from now on (VIZ=1 does this at import). The program and schedule caches (CACHELEVEL 2) are turned off

@@ -83,14 +83,16 @@ def to_json(tr: Any) -> dict[str, Any]:
     d: dict[str, Any] = {"kind": g.kind, "name": g.info.get("name") or g.name, "start": g.start, "dur": g.dur}
     if g.kind == "kernel":
       d.update(device=g.info.get("device", ""), opts=[repr(o) for o in g.info.get("opts", [])], chosen_by=g.info.get("chosen_by", ""),
-               src=g.info.get("src", ""),
+               src=g.info.get("src", ""), ready=g.info.get("ready", 0.0),
                ast=nodes.add(g.info.get("ast")), lower_s=g.info.get("lower_s", 0.0), compile_s=g.info.get("compile_s", 0.0),
                uops=[f"{i:4d} {u.op.name:14s} {str(u.dtype).removeprefix('dtypes.'):24s} {'' if u.arg is None else repr(u.arg)[:ARG_CHARS]}"
                      for i, u in enumerate(g.info.get("uops", []))])
-    if g.kind == "schedule":  # the kernels and copies this realize made, with their buffers (output first)
+    if g.kind == "schedule":  # the kernels and copies this realize made, with their buffers (output first) and why it's one
+      why = g.info.get("why") or []
       d["items"] = [{"kernel": tr.kernel_of.get((si.ast, si.bufs[0].arg.device), -1), "op": si.ast.op.name,
-                     "bufs": [[b.arg.uid, str(b.dtype).removeprefix("dtypes."), b.arg.size, b.arg.device] for b in si.bufs]}
-                    for si in g.info.get("items", [])]
+                     "bufs": [[b.arg.uid, str(b.dtype).removeprefix("dtypes."), b.arg.size, b.arg.device] for b in si.bufs],
+                     "why": list(why[n]) if n < len(why) else ["", "(scheduled from the disk cache: the reason was not kept)"]}
+                    for n, si in enumerate(g.info.get("items", []))]
     groups.append(d)
   rules = []
   for pm, i in tr.rules:
@@ -98,8 +100,9 @@ def to_json(tr: Any) -> dict[str, Any]:
     rules.append({"loc": loc, "short": _short(loc),
                   "pattern": upat_str(pm.rules[i][0]), "code": _rule_code(loc)})
   events = [{"device": e.device, "name": e.name, "start": e.start, "dur": e.dur, "group": e.group, "mem": e.mem, "jit": e.jit, "ops": e.ops, "nbytes": e.nbytes} for e in tr.events]
+  transfers = [{"device": e.device, "name": e.name, "start": e.start, "dur": e.dur, "mem": e.mem, "nbytes": e.nbytes} for e in tr.transfers]
   return {"format": FORMAT, "nodes": nodes.rows, "rules": rules, "groups": groups, "passes": passes, "events": events,
-          "skipped": tr.skipped}
+          "transfers": transfers, "memory": tr.memory, "skipped": tr.skipped}
 
 def save(tr: Any, path: str) -> dict[str, Any]:
   """Write the trace's JSON to path, whole or not at all (a temporary file renamed over it), and return it."""

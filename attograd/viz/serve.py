@@ -31,7 +31,8 @@ class TraceAPI:
     d = self.data
     passes = [{k: v for k, v in p.items() if k != "steps"} | {"nsteps": len(p["steps"])} for p in d["passes"]]
     groups = [{k: v for k, v in g.items() if k not in ("src", "uops", "items")} for g in d["groups"]]
-    return {"groups": groups, "passes": passes, "events": d["events"], "skipped": d["skipped"], "nrules": len(d["rules"])}
+    return {"groups": groups, "passes": passes, "events": d["events"], "skipped": d["skipped"], "nrules": len(d["rules"]),
+            "transfers": d.get("transfers", []), "memory": d.get("memory", [])}
   def pass_(self, i: int) -> dict[str, Any]:
     p = self.data["passes"][i]
     roots = [p["input"], p["output"]] + [x for s in p["steps"] for x in s[:2]]
@@ -39,7 +40,10 @@ class TraceAPI:
     return p | {"index": i, "nodes": _reachable(self.data["nodes"], roots), "rules": rules}
   def group(self, i: int) -> dict[str, Any]:
     g = self.data["groups"][i]
-    return g | {"index": i, "nodes": _reachable(self.data["nodes"], [g.get("ast", -1)])}
+    # a kernel: why the schedules that ran it made its output a buffer (each reason once)
+    why = {tuple(it["why"]): None for s in self.data["groups"] if s["kind"] == "schedule" for it in s.get("items", [])
+           if it["kernel"] == i and it.get("why")} if g["kind"] == "kernel" else {}
+    return g | {"index": i, "nodes": _reachable(self.data["nodes"], [g.get("ast", -1)]), "why": [list(w) for w in why]}
   def answer(self, path: str) -> dict[str, Any] | None:
     parts = path.strip("/").split("/")
     try:
@@ -67,8 +71,9 @@ def make_server(data: dict[str, Any], port: int) -> ThreadingHTTPServer:
         if ans is None: return self.send(404, b'{"error": "no such item"}', "application/json")
         return self.send(200, json.dumps(ans, separators=(",", ":")).encode(), "application/json")
       name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/static/")
-      # only the files shipped in static/, by plain name: no path reaches outside it
-      if "/" in name or name not in os.listdir(STATIC) or os.path.splitext(name)[1] not in TYPES:
+      # only the files shipped in static/ and static/vendor/, by plain name: no path reaches outside them
+      folder, _, base = name.rpartition("/")
+      if folder not in ("", "vendor") or base not in os.listdir(os.path.join(STATIC, folder)) or os.path.splitext(base)[1] not in TYPES:
         return self.send(404, b"not found", "text/plain")
       with open(os.path.join(STATIC, name), "rb") as f: self.send(200, f.read(), TYPES[os.path.splitext(name)[1]])
   return ThreadingHTTPServer(("127.0.0.1", port), Handler)

@@ -1,5 +1,5 @@
 // UOp graphs in the browser: a node store with hash-consing like the IR's (so a replayed rewrite finds the same
-// nodes the trace names), the replay of a pass's steps, a layered layout and its SVG drawing.
+// nodes the trace names), the replay of a pass's steps, and its SVG drawing (laid out by layout.js in a web worker).
 "use strict";
 
 // ***** nodes: id -> [op, dtype, arg, [src ids]] *****
@@ -57,7 +57,7 @@ function replayMap(store, root, steps, k) {
   return done;
 }
 
-// ***** layout: layers by longest path from the leaves, order in a layer by barycenters *****
+// ***** drawing: nodes coloured by op, edges by source position *****
 const OP_COLORS = [
   [/^(CONST|VCONST|DEFINE_VAR|BIND)$/, "#fff3c4"], [/^(BUFFER|PARAM|DEFINE_GLOBAL|DEFINE_LOCAL|DEFINE_REG|BUFFERIZE)$/, "#ffd5b8"],
   [/^(LOAD|STORE|INDEX|AT|ASSIGN|COPY)$/, "#ffc7d1"], [/^(RANGE|END|SPECIAL|CORE_ID)$/, "#c9e4ff"],
@@ -67,7 +67,8 @@ const OP_COLORS = [
 function opColor(op) { for (const [re, c] of OP_COLORS) if (re.test(op)) return c; }
 const EDGE_COLORS = ["#3b6fd8", "#e0711c", "#1f9d55", "#b0309e", "#8a6d1d", "#d12e2e", "#555"];
 
-let MAX_DRAWN = 2500;  // more is drawn on request (the "draw all" button): layout and drawing take about 0.1 s per 1,000 nodes
+let MAX_DRAWN = 2500;  // more is drawn on request (the "draw all" button)
+const LABELS_MAX = 2500;  // a bigger drawing shows labels only zoomed in (see draw)
 
 // the nodes to draw below root: constants folded into their users' labels when collapse is set
 function collect(store, root, collapse) {
@@ -94,100 +95,105 @@ function label(store, id, collapse) {
   return [op + (dt && dt !== "void" ? " " + dt : ""), a];
 }
 
-function layout(store, root, collapse) {
-  const {ids, cut} = collect(store, root, collapse);
-  const inGraph = new Set(ids);
-  const srcMap = new Map(ids.map(id => [id, store.rows.get(id)[3].filter(s => inGraph.has(s))]));  // found once: read often
-  const srcs = id => srcMap.get(id);
-  const layer = new Map();
-  // longest path from leaves, iteratively over a topological order
-  const topo = [], mark = new Set();
-  for (const r of ids) {
-    if (mark.has(r)) continue;
-    const st = [[r, false]];
-    while (st.length) {
-      const [u, ready] = st.pop();
-      if (ready) { topo.push(u); continue; }
-      if (mark.has(u)) continue;
-      mark.add(u); st.push([u, true]);
-      for (const s of srcs(u)) if (!mark.has(s)) st.push([s, false]);
-    }
-  }
-  for (const u of topo) layer.set(u, Math.max(0, ...srcs(u).map(s => layer.get(s) + 1)));
-  const users = new Map(ids.map(id => [id, []]));
-  for (const u of ids) for (const s of srcs(u)) users.get(s).push(u);
-  const nl = Math.max(...layer.values()) + 1;
-  const layers = Array.from({length: nl}, () => []);
-  for (const u of topo) layers[layer.get(u)].push(u);
-  const pos = new Map();
-  const reindex = L => L.forEach((u, i) => pos.set(u, i));  // one layer: re-numbering them all per layer is quadratic
-  layers.forEach(reindex);
-  const bary = (u, nb) => { const xs = nb(u).map(v => pos.get(v)); return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : pos.get(u); };
-  const order = (l, nb) => { const b = new Map(layers[l].map(u => [u, bary(u, nb)])); layers[l].sort((x, y) => b.get(x) - b.get(y)); reindex(layers[l]); };
-  for (let sweep = 0; sweep < 4; sweep++) {
-    for (let l = 1; l < nl; l++) order(l, srcs);
-    for (let l = nl - 2; l >= 0; l--) order(l, v => users.get(v));
-  }
-  const H = 34, VGAP = 46, HGAP = 14, boxes = new Map();
-  let width = 0;
-  for (const L of layers) {
-    let x = 0;
-    for (const u of L) {
-      const [l1, l2] = label(store, u, collapse);
-      const w = Math.max(l1.length, l2.length) * 6.8 + 14;
-      boxes.set(u, {x, y: 0, w, h: H, l1, l2});
-      x += w + HGAP;
-    }
-    width = Math.max(width, x);
-  }
-  layers.forEach((L, l) => {
-    const total = L.reduce((a, u) => a + boxes.get(u).w + HGAP, 0);
-    const off = (width - total) / 2;
-    for (const u of L) { const b = boxes.get(u); b.x += off; b.y = l * (H + VGAP); }
-  });
-  return {boxes, srcs, width, height: nl * (H + VGAP), count: ids.length, cut};
-}
-
 function esc(s) { return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); }
 
-// draw root's graph into container (an element); mark: {id: "hl"|"new"}; returns the layout
+// the layout runs in a web worker (layout.js): a layered layout first, dagre's after it for graphs it lays out quickly
+let worker = null, nextReq = 0;
+const pending = new Map();  // request -> what to draw with its answer
+function layoutWorker() {
+  if (worker) return worker;
+  worker = new Worker("/static/layout.js");
+  worker.onmessage = e => { const p = pending.get(e.data.req); if (p) p(e.data); };
+  return worker;
+}
+
+// draw root's graph into container (an element); mark: {id: "hl"|"new"}. Returns at once what will be drawn ({count,
+// cut}); the drawing comes when the worker answers (container.dataset.layout says which layout is shown)
 function drawGraph(container, store, root, mark, collapse, onClick) {
-  const L = layout(store, root, collapse);
+  const {ids, cut} = collect(store, root, collapse);
+  const index = new Map(ids.map((id, i) => [id, i]));
+  const srcs = ids.map(id => store.rows.get(id)[3].filter(s => index.has(s)).map(s => index.get(s)));
+  const labels = ids.map(id => label(store, id, collapse));
+  const widths = labels.map(([l1, l2]) => Math.max(l1.length, l2.length) * 6.8 + 14);
   mark = {...mark};
   for (const [id, cls] of Object.entries(mark)) {  // a folded constant: mark its users, which show it in their label
-    if (L.boxes.has(+id)) continue;
-    for (const u of L.boxes.keys()) if (store.rows.get(u)[3].includes(+id)) mark[u] = cls;
+    if (index.has(+id)) continue;
+    for (const u of ids) if (store.rows.get(u)[3].includes(+id)) mark[u] = cls;
   }
-  const parts = [];
-  for (const [u, b] of L.boxes) {
-    const ss = L.srcs(u), n = ss.length;
-    ss.forEach((s, i) => {
-      const a = L.boxes.get(s); if (!a) return;
-      const x1 = a.x + a.w / 2, y1 = a.y + a.h;
-      const x2 = b.x + b.w * (i + 1) / (n + 1), y2 = b.y, my = (y1 + y2) / 2;
-      parts.push(`<path d="M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}" stroke="${EDGE_COLORS[Math.min(i, EDGE_COLORS.length - 1)]}"/>`);
+  const req = nextReq++;
+  container.dataset.req = req; container.dataset.layout = "";
+  for (const r of pending.keys()) if (r < req) pending.delete(r);  // a newer drawing replaces any older one still coming
+  pending.set(req, L => {
+    if (+container.dataset.req !== req) return;
+    draw(container, store, ids, srcs, labels, widths, L, mark);
+    container.dataset.layout = L.kind;
+    if (L.kind === "dagre" || ids.length > 400) pending.delete(req);
+  });
+  layoutWorker().postMessage({req, srcs, widths});
+  return {count: ids.length, cut};
+}
+
+// a route through points, its corners rounded (a quadratic curve through each inner point's neighbouring midpoints)
+function smooth(pts) {
+  const mid = (a, b) => `${(a[0] + b[0]) / 2},${(a[1] + b[1]) / 2}`;
+  let d = `M${pts[0][0]},${pts[0][1]}`;
+  if (pts.length === 2) return d + ` L${pts[1][0]},${pts[1][1]}`;
+  d += ` L${mid(pts[0], pts[1])}`;
+  for (let j = 1; j < pts.length - 1; j++) d += ` Q${pts[j][0]},${pts[j][1]} ${mid(pts[j], pts[j + 1])}`;
+  const e = pts[pts.length - 1];
+  return d + ` L${e[0]},${e[1]}`;
+}
+
+function draw(container, store, ids, srcs, labels, widths, L, mark) {
+  const H = 34, parts = [];
+  // the edges as one path per colour (source position): a path element each cost the browser more than the nodes
+  const edges = EDGE_COLORS.map(() => []), r = v => Math.round(v * 10) / 10;
+  ids.forEach((u, k) => {
+    const bx = L.x[k], by = L.y[k], bw = widths[k], n = srcs[k].length;
+    srcs[k].forEach((s, i) => {
+      const to = edges[Math.min(i, EDGE_COLORS.length - 1)];
+      if (L.points) return to.push(smooth(L.points[k][i]));  // dagre's route
+      const x1 = r(L.x[s] + widths[s] / 2), y1 = r(L.y[s] + H), x2 = r(bx + bw * (i + 1) / (n + 1)), y2 = r(by), my = r((y1 + y2) / 2);
+      to.push(`M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`);
     });
-  }
-  for (const [u, b] of L.boxes) {
-    const cls = mark[u] ? "node " + mark[u] : "node";
-    const op = store.rows.get(u)[0];
-    parts.push(`<g class="${cls}" data-id="${u}" data-op="${op}" transform="translate(${b.x},${b.y})"><title>${esc(u + ": " + store.rows.get(u).slice(0, 3).join(" "))}</title>` +
-      `<rect width="${b.w}" height="${b.h}" fill="${opColor(op)}"/><text x="7" y="14">${esc(b.l1)}</text><text x="7" y="28" fill="#556">${esc(b.l2)}</text></g>`);
-  }
-  const pad = 20;
-  container.innerHTML = `<svg viewBox="${-pad} ${-pad} ${L.width + 2 * pad} ${L.height + pad}" preserveAspectRatio="xMidYMin meet"><g>${parts.join("")}</g></svg>`;
-  panZoom(container.querySelector("svg"));
-  return L;
+  });
+  edges.forEach((d, i) => { if (d.length) parts.push(`<path d="${d.join(" ")}" stroke="${EDGE_COLORS[i]}"/>`); });
+  // text is what costs the browser most (13k labelled boxes: 3 s to paint here, unlabelled 0.8 s): a big graph's boxes are
+  // drawn bare and the labels of those in view are added once zoomed in to at most LABELS_MAX of them
+  const bare = ids.length > LABELS_MAX;
+  const text = k => `<text x="7" y="14">${esc(labels[k][0])}</text><text x="7" y="28" fill="#556">${esc(labels[k][1])}</text>`;
+  ids.forEach((u, k) => {
+    const cls = mark[u] ? "node " + mark[u] : "node", row = store.rows.get(u), op = row[0];
+    parts.push(`<g class="${cls}" data-id="${u}" data-op="${op}" transform="translate(${L.x[k]},${L.y[k]})"><title>${esc(u + ": " + row.slice(0, 3).join(" "))}</title>` +
+      `<rect width="${widths[k]}" height="${H}" fill="${opColor(op)}"/>${bare ? "" : text(k)}</g>`);
+  });
+  // the whole graph when it fits the pane at a readable width, else (a tall graph: a long chain) its bottom, where the
+  // root is, at least 1,200 units wide
+  const pad = 20, aspect = (container.clientHeight || 600) / (container.clientWidth || 1000);
+  let vw = L.width + 2 * pad, vh = L.height + pad, vx = -pad, vy = -pad;
+  if (vh > Math.max(vw, 1200) * aspect * 2) { vx -= (Math.max(vw, 1200) - vw) / 2; vw = Math.max(vw, 1200); vy = L.height + pad - vw * aspect; vh = vw * aspect; }
+  container.innerHTML = `<svg data-layout="${L.kind}" viewBox="${vx} ${vy} ${vw} ${vh}" preserveAspectRatio="xMidYMin meet"><g>${parts.join("")}</g><g class="labels"></g></svg>`;
+  const svg = container.querySelector("svg");
+  let timer = 0;
+  const labelInView = () => {
+    const vb = svg.viewBox.baseVal, inView = [];
+    ids.forEach((u, k) => { if (L.x[k] + widths[k] >= vb.x && L.x[k] <= vb.x + vb.width && L.y[k] + H >= vb.y && L.y[k] <= vb.y + vb.height) inView.push(k); });
+    svg.querySelector("g.labels").innerHTML = inView.length > LABELS_MAX ? "" :
+      inView.map(k => `<g transform="translate(${L.x[k]},${L.y[k]})" pointer-events="none">${text(k)}</g>`).join("");
+  };
+  panZoom(svg, bare ? () => { clearTimeout(timer); timer = setTimeout(labelInView, 120); } : null);
+  if (bare) labelInView();
 }
 
 // wheel to zoom at the pointer, drag to pan, by changing the viewBox
-function panZoom(svg) {
+function panZoom(svg, onChange) {
   let vb = svg.viewBox.baseVal, drag = null;
   svg.addEventListener("wheel", e => {
     e.preventDefault();
     const r = svg.getBoundingClientRect(), f = e.deltaY > 0 ? 1.2 : 1 / 1.2;
     const sx = vb.x + (e.clientX - r.left) / r.width * vb.width, sy = vb.y + (e.clientY - r.top) / r.height * vb.height;
     vb.x = sx - (sx - vb.x) * f; vb.y = sy - (sy - vb.y) * f; vb.width *= f; vb.height *= f;
+    if (onChange) onChange();
   }, {passive: false});
   svg.addEventListener("mousedown", e => { drag = [e.clientX, e.clientY, vb.x, vb.y]; });
   window.addEventListener("mouseup", () => { drag = null; });
@@ -195,5 +201,6 @@ function panZoom(svg) {
     if (!drag) return;
     const r = svg.getBoundingClientRect(), s = Math.max(vb.width / r.width, vb.height / r.height);
     vb.x = drag[2] - (e.clientX - drag[0]) * s; vb.y = drag[3] - (e.clientY - drag[1]) * s;
+    if (onChange) onChange();
   });
 }

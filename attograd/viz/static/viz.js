@@ -74,6 +74,7 @@ async function openGroup(i) {
     uops: () => `<pre class="code" id="uops">${esc(k.uops.join("\n"))}</pre>`,
     opts: () => `<table class="kv" id="opts"><tr><td>Opts</td><td>${esc(k.opts.join(", ") || "(none)")}</td></tr>` +
                 `<tr><td>chosen by</td><td>${esc(k.chosen_by)}</td></tr>` +
+                `<tr><td>its output is a buffer</td><td class="why" id="kernel-why">${k.why.map(([c, t]) => `<b>${esc(c)}</b> ${esc(t)}`).join("<br>") || "(not in a recorded schedule)"}</td></tr>` +
                 `<tr><td>lowering</td><td>${ms(k.lower_s)}</td></tr><tr><td>compile</td><td>${ms(k.compile_s)}</td></tr>` +
                 `<tr><td>launches</td><td>${S.events.filter(e => e.group === i).length}</td></tr></table>`,
     ast: () => `<div class="graph" id="graph"></div>`,
@@ -93,10 +94,11 @@ function showSchedule(k) {
     const kg = it.kernel >= 0 ? S.groups[it.kernel] : null;
     const name = kg ? `<a href="#" class="sched-kernel" data-g="${it.kernel}">${esc(kg.name)}</a>` : esc(it.op === "COPY" ? "copy" : "(lowered before recording)");
     const bufs = it.bufs.map(([uid, dt, size, dev], j) => `${j ? "" : "→ "}buf${uid} ${esc(dt)}[${size}]${dev !== "CPU" ? " " + esc(dev) : ""}`).join(", ");
-    return `<tr><td>${n + 1}</td><td>${name}</td><td>${bufs}</td></tr>`;
+    const [code, text] = it.why || ["", ""];
+    return `<tr><td>${n + 1}</td><td>${name}</td><td>${bufs}</td><td class="why" data-why="${esc(code)}" title="${esc(text)}"><b>${esc(code)}</b> ${esc(text)}</td></tr>`;
   });
   $("#view").innerHTML = `<div class="title"><h2 id="schedule-name">schedule #${k.index}</h2><span class="meta">${(k.items || []).length} items · scheduling ${ms(k.dur)} · its passes are listed on the left</span></div>
-    <div class="pane" style="overflow:auto"><table class="kv" id="schedule"><tr><td>#</td><td>kernel</td><td>buffers (output first)</td></tr>${rows.join("")}</table></div>`;
+    <div class="pane" style="overflow:auto"><table class="kv" id="schedule"><tr><td>#</td><td>kernel</td><td>buffers (output first)</td><td>why its output is a buffer (the scheduler's rule)</td></tr>${rows.join("")}</table></div>`;
   document.querySelectorAll(".sched-kernel").forEach(a => a.onclick = e => { e.preventDefault(); openGroup(+a.dataset.g); });
 }
 
@@ -180,71 +182,98 @@ document.addEventListener("keydown", e => {
   if (e.key === "ArrowUp" || e.key === "ArrowLeft") showStep(Math.max(state.step - 1, 0));
 });
 
-// ***** the timeline: a lane per device for launches, a host lane for scheduling and lowering, memory below *****
-const tl = {t0: 0, t1: 1, full: null};
+// ***** the timeline: host rows (scheduling, rewrite passes, lowering, compiling), a lane per device for launches and
+// transfers, and the memory in use below *****
+const tl = {t0: 0, t1: 1, full: null, transform: null, zoom: null}, TL_LEFT = 110;
+// (no spread into Math.min: a long trace's arrays exceed the call's argument limit)
+const minOf = a => a.reduce((m, v) => v < m ? v : m, Infinity), maxOf = a => a.reduce((m, v) => v > m ? v : m, -Infinity);
+const HOST_ROWS = ["schedule", "passes", "lowering", "compile"];
+function hostBars() {  // [row, start, dur, class, colour, title, data attributes] of the host's phases
+  const out = [];
+  S.groups.forEach((g, i) => {
+    if (g.kind === "schedule") out.push([0, g.start, g.dur, "host schedule", "#f2b25c", `${groupLabel(g, i)}: scheduling ${ms(g.dur)}`, `data-group="${i}"`]);
+    if (g.kind !== "kernel") return;
+    out.push([2, g.start, g.dur, "host lowering", "#8fb3ff", `${g.name}: lowering ${ms(g.dur)}`, `data-group="${i}"`]);
+    // the compiler's CPU time, ending when the run loop took the binary (0: it came from the disk cache)
+    if (g.compile_s > 0 && g.ready > 0) out.push([3, g.ready - g.compile_s, g.compile_s, "host compile", "#b98cf0", `${g.name}: compiling ${ms(g.compile_s)} (CPU)`, `data-group="${i}"`]);
+  });
+  S.passes.forEach((p, j) => {  // the passes nothing else ran (their children are inside them)
+    if (p.parent < 0) out.push([1, p.start, p.dur, "host pass", p.rewrite ? "#9fd4a8" : "#c6d9a0", `${p.name} (${groupLabel(S.groups[p.group], p.group)}): ${p.rewrite ? p.nsteps + " steps" : "function pass"}, ${ms(p.dur)}`, `data-pass="${j}"`]);
+  });
+  return out;
+}
 function drawTimeline() {
   const svg = $("#tl-svg"), W = svg.clientWidth || 1000;
-  const host = S.groups.map((g, i) => [g, i]).filter(([g]) => g.kind !== "other");
-  const ends = S.events.map(e => e.start + e.dur).concat(host.map(([g]) => g.start + g.dur));
+  const host = tl.host || (tl.host = hostBars());
+  const transfers = S.transfers || [], memory = S.memory || [];
   if (!tl.full) {
-    const t0 = Math.min(...S.events.map(e => e.start), ...host.map(([g]) => g.start)), t1 = Math.max(...ends);
-    tl.full = [t0, t1 > t0 ? t1 : t0 + 1e-3]; [tl.t0, tl.t1] = tl.full;
+    const starts = [...S.events, ...transfers].map(e => e.start).concat(host.map(b => b[1]));
+    const ends = [...S.events, ...transfers].map(e => e.start + e.dur).concat(host.map(b => b[1] + b[2]));
+    const t0 = minOf(starts), t1 = maxOf(ends);
+    tl.full = [t0, t1 > t0 ? t1 : t0 + 1e-3];
   }
-  const devices = [...new Set(S.events.map(e => e.device))];
-  const lanes = ["host", ...devices], LH = 28, TOP = 24, LEFT = 90, memH = 60;
-  const x = t => LEFT + (t - tl.t0) / (tl.t1 - tl.t0) * (W - LEFT - 10);
+  const scale = (tl.transform || d3.zoomIdentity).rescaleX(baseScale());
+  [tl.t0, tl.t1] = scale.domain();
+  const devices = [...new Set([...S.events, ...transfers].map(e => e.device))];
+  const lanes = [...HOST_ROWS.map(r => "host: " + r), ...devices], LH = 24, TOP = 24, LEFT = TL_LEFT, memH = 60;
+  const x = scale;
   const parts = [];
-  // time axis
-  // ticks 1, 2 or 5 times a power of ten apart, at most about 8 across
-  const span = tl.t1 - tl.t0, p10 = Math.pow(10, Math.floor(Math.log10(span / 8)));
-  const step = [1, 2, 5, 10].map(m => m * p10).find(s => span / s <= 8);
-  for (let t = Math.ceil(tl.t0 / step) * step; t <= tl.t1; t += step)
+  for (const t of scale.ticks(8))
     parts.push(`<line x1="${x(t)}" x2="${x(t)}" y1="${TOP - 6}" y2="${TOP + lanes.length * LH + memH}" stroke="#eee"/><text x="${x(t) + 2}" y="${TOP - 10}" fill="#667">${ms(t)}</text>`);
-  lanes.forEach((l, i) => parts.push(`<text x="4" y="${TOP + i * LH + 18}">${esc(l)}</text>`));
-  const bar = (t, dur, lane, cls, color, title, data) => {
+  lanes.forEach((l, i) => parts.push(`<text x="4" y="${TOP + i * LH + 16}"${i < HOST_ROWS.length ? ' fill="#667"' : ""}>${esc(l)}</text>`));
+  // a bar; `merge`: skip it when it would cover only pixels the row's last bar covered (thousands of passes stay cheap)
+  const lastPx = new Map();
+  const bar = (t, dur, lane, cls, color, title, data, merge) => {
     const x0 = x(t), w = Math.max(x(t + dur) - x0, 1.5);
     if (x0 + w < LEFT || x0 > W) return;
-    parts.push(`<rect class="${cls}" ${data} x="${x0}" y="${TOP + lane * LH + 3}" width="${w}" height="${LH - 6}" fill="${color}"><title>${esc(title)}</title></rect>`);
+    if (merge) { if ((lastPx.get(lane) ?? -1) >= x0 + w - 0.5) return; lastPx.set(lane, x0 + w); }
+    parts.push(`<rect class="${cls}" ${data} x="${Math.max(x0, LEFT - 2)}" y="${TOP + lane * LH + 3}" width="${w}" height="${LH - 6}" fill="${color}"><title>${esc(title)}</title></rect>`);
   };
-  for (const [g, i] of host)
-    bar(g.start, g.dur, 0, "host", g.kind === "schedule" ? "#f2b25c" : "#8fb3ff", `${groupLabel(g, i)}: ${g.kind === "kernel" ? "lowering" : "scheduling"} ${ms(g.dur)}`, `data-group="${i}"`);
-  S.events.forEach((e, n) => bar(e.start, e.dur, 1 + devices.indexOf(e.device), "launch", e.group < 0 ? "#999" : e.jit ? "#1c8fa8" : "#3aa76d",
+  for (const [row, t, dur, cls, color, title, data] of host) bar(t, dur, row, cls, color, title, data, true);
+  const D = HOST_ROWS.length;
+  transfers.forEach((e, n) => bar(e.start, e.dur, D + devices.indexOf(e.device), "transfer", "#e0711c",
+    `${e.name}: ${bytes(e.nbytes)} in ${ms(e.dur)} at ${ms(e.start)}, ${(e.nbytes / Math.max(e.dur, 1e-9) * 1e-9).toFixed(2)} GB/s`, `data-t="${n}"`, false));
+  S.events.forEach((e, n) => bar(e.start, e.dur, D + devices.indexOf(e.device), "launch" + (e.name.startsWith("copy") ? " copy" : "") + (e.jit ? " jit" : ""),
+    e.name.startsWith("copy") ? "#d4552b" : e.group < 0 ? "#999" : e.jit ? "#1c8fa8" : "#3aa76d",
     `${e.name}${e.jit ? " (TinyJit replay)" : ""}: ${ms(e.dur)} at ${ms(e.start)}, ${(e.ops / Math.max(e.dur, 1e-9) * 1e-9).toFixed(2)} GFLOPS, ${(e.nbytes / Math.max(e.dur, 1e-9) * 1e-9).toFixed(2)} GB/s`
-    + `, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`));
-  // memory in use after each launch
-  const memTop = TOP + lanes.length * LH + 6, maxMem = Math.max(1, ...S.events.map(e => e.mem));
+    + `, memory in use ${bytes(e.mem)}`, `data-group="${e.group}" data-n="${n}"`, false));
+  // memory in use: a level stepping at each allocation and free (older traces: after each launch)
+  const samples = memory.length ? memory : S.events.map(e => [e.start + e.dur, e.mem]);
+  const memTop = TOP + lanes.length * LH + 6, maxMem = Math.max(1, maxOf(samples.map(m => m[1])));
   const my = m => memTop + memH - 8 - m / maxMem * (memH - 16), pts = [];
-  S.events.forEach((e, i) => {  // a level that steps at each launch's end
-    if (i) pts.push(`${x(e.start + e.dur)},${my(S.events[i - 1].mem)}`);
-    pts.push(`${x(e.start + e.dur)},${my(e.mem)}`);
-  });
+  let prev = null, lastX = -1;
+  for (const [t, m] of samples) {
+    const px = x(t);
+    if (px < LEFT) { prev = m; continue; }
+    if (px > W) break;
+    if (prev !== null) pts.push(`${Math.max(px, LEFT)},${my(prev)}`);
+    if (px - lastX >= 0.5 || prev === null) { pts.push(`${Math.max(px, LEFT)},${my(m)}`); lastX = px; }
+    prev = m;
+  }
+  if (prev !== null) pts.push(`${W - 10},${my(prev)}`);
   parts.push(`<text x="4" y="${memTop + 20}">memory</text><text x="4" y="${memTop + 34}" fill="#667">${bytes(maxMem)} max</text>`);
-  if (pts.length) parts.push(`<polyline points="${pts.join(" ")}" fill="none" stroke="#b0309e" stroke-width="1.5"/>`);
+  if (pts.length) parts.push(`<polyline id="tl-mem" points="${pts.join(" ")}" fill="none" stroke="#b0309e" stroke-width="1.5"/>`);
   svg.setAttribute("height", memTop + memH);
   svg.innerHTML = parts.join("");
-  $("#tl-info").textContent = `${S.events.length} launches on ${devices.join(", ") || "no device"}; showing ${ms(tl.t0)} – ${ms(tl.t1)}`;
+  const nj = S.events.filter(e => e.jit).length;
+  $("#tl-info").textContent = `${S.events.length} launches${nj ? ` (${nj} TinyJit replays)` : ""}, ${transfers.length} transfers on ${devices.join(", ") || "no device"}; showing ${ms(tl.t0)} – ${ms(tl.t1)}`;
   svg.querySelectorAll("rect[data-group]").forEach(r => r.onclick = () => { if (+r.dataset.group >= 0) openGroup(+r.dataset.group); });
+  svg.querySelectorAll("rect[data-pass]").forEach(r => r.onclick = () => openPass(+r.dataset.pass));
+}
+// d3's zoom (wheel, drag, touch) moves the time axis only: its transform rescales the scale of the whole span
+function baseScale() { const W = $("#tl-svg").clientWidth || 1000; return d3.scaleLinear().domain(tl.full).range([TL_LEFT, W - 10]); }
+function showSpan(a, b) {  // the transform that puts [a, b] across the lanes
+  const base = baseScale(), [r0, r1] = base.range(), k = (r1 - r0) / Math.max(base(b) - base(a), 1e-9);
+  d3.select("#tl-svg").call(tl.zoom.transform, d3.zoomIdentity.translate(r0 - k * base(a), 0).scale(k));
 }
 function timelineControls() {
-  const svg = $("#tl-svg"); let drag = null;
-  svg.addEventListener("wheel", e => {
-    e.preventDefault();
-    const r = svg.getBoundingClientRect(), frac = Math.max(0, (e.clientX - r.left - 90) / (r.width - 100));
-    const t = tl.t0 + frac * (tl.t1 - tl.t0), f = e.deltaY > 0 ? 1.25 : 0.8;
-    tl.t0 = t - (t - tl.t0) * f; tl.t1 = t + (tl.t1 - t) * f; drawTimeline();
-  }, {passive: false});
-  svg.addEventListener("mousedown", e => { drag = [e.clientX, tl.t0, tl.t1]; });
-  window.addEventListener("mouseup", () => { drag = null; });
-  svg.addEventListener("mousemove", e => {
-    if (!drag) return;
-    const dt = (e.clientX - drag[0]) / (svg.clientWidth - 100) * (drag[2] - drag[1]);
-    tl.t0 = drag[1] - dt; tl.t1 = drag[2] - dt; drawTimeline();
-  });
-  $("#tl-reset").onclick = () => { [tl.t0, tl.t1] = tl.full; drawTimeline(); };
+  tl.zoom = d3.zoom().scaleExtent([0.5, 1e8]).on("zoom", e => { tl.transform = e.transform; drawTimeline(); });
+  d3.select("#tl-svg").call(tl.zoom).on("dblclick.zoom", null);
+  $("#tl-reset").onclick = () => showSpan(...tl.full);
   $("#tl-launches").onclick = () => {  // the span of the launches alone (scheduling and lowering dwarf them at first)
     if (!S.events.length) return;
-    const t0 = Math.min(...S.events.map(e => e.start)), t1 = Math.max(...S.events.map(e => e.start + e.dur));
-    const pad = (t1 - t0) * 0.02 + 1e-6; tl.t0 = t0 - pad; tl.t1 = t1 + pad; drawTimeline();
+    const t0 = minOf(S.events.map(e => e.start)), t1 = maxOf(S.events.map(e => e.start + e.dur));
+    const pad = (t1 - t0) * 0.02 + 1e-6; showSpan(t0 - pad, t1 + pad);
   };
 }
 
