@@ -10,7 +10,7 @@ np = pytest.importorskip("numpy")
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper, TensorProto
 from attograd import Tensor, dtypes
-from attograd.nn.onnx import OnnxRunner, OPS
+from attograd.nn.onnx import OnnxRunner, OPS, to_numpy
 
 FULL = os.environ.get("ATTOGRAD_ONNX_FULL", "") not in ("", "0")
 
@@ -86,6 +86,14 @@ DEFAULT: dict[str, list[str]] = {
   "det": ["test_det_nd"], "rnn": ["test_rnn_seq_length"], "gru": ["test_gru_bidirectional"], "lstm": ["test_lstm_with_peepholes", "test_lstm_batchwise"],
 }
 
+# the narrow types (float8, float4, 4- and 2-bit ints, carried decoded), and ops run as the function body their ONNX
+# schema defines (plain: AffineGrid; built for the node's input types: CausalConvWithState)
+for _k, _v in {"cast": ["test_cast_FLOAT8E4M3FN_to_FLOAT16", "test_cast_FLOAT_to_INT4", "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2"],
+               "castlike": ["test_castlike_FLOAT16_to_FLOAT4E2M1"], "quantizelinear": ["test_quantizelinear_e4m3fn", "test_quantizelinear_int4"],
+               "dequantizelinear": ["test_dequantizelinear_uint4"], "affinegrid": ["test_affine_grid_2d"],
+               "causal_conv_with_state": ["test_causal_conv_with_state_with_bias"]}.items():
+  DEFAULT.setdefault(_k, []).extend(_v)
+
 # the standard has no node case for these: tested below against numpy
 NO_NODE_CASE = {"GlobalLpPool", "ConcatFromSequence", "SequenceErase", "Optional"}
 
@@ -113,12 +121,7 @@ def _value(v):
   if isinstance(v, list): return [_value(x) for x in v]
   return numpy_helper.to_array(v) if isinstance(v, TensorProto) else v
 
-def _numpy(t):
-  if t is None or isinstance(t, list): return t if t is None else [_numpy(x) for x in t]
-  if t.dtype == dtypes.bfloat16:
-    import ml_dtypes
-    return t.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
-  return t.numpy()
+def _numpy(t): return to_numpy(t)
 
 def _check(case, outputs: dict) -> None:
   for o, want in zip(case.model.graph.output, case.data_sets[0][1]):
@@ -188,6 +191,43 @@ def test_all_node_cases():
         f"onnxruntime {passed['onnxruntime']}/{n} ({100 * passed['onnxruntime'] / n:.1f}%) in {time.perf_counter() - t0:.0f} s")
   by_op = collections.Counter(c.model.graph.node[0].op_type for c in cases if results["attograd"][c.name])
   print("attograd failures by op:", dict(by_op.most_common()))
+
+@pytest.mark.parametrize("ty", [17, 18, 19, 20, 23, 21, 22, 25, 26])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_narrow_types_round_like_ml_dtypes(ty: int, saturate: int):
+  """Cast onto the grid of each narrow type (float8, float4, 4- and 2-bit ints) against ml_dtypes' own conversion."""
+  ml_dtypes = pytest.importorskip("ml_dtypes")
+  from attograd.nn.onnx import NARROW
+  f = NARROW[ty]
+  npt = getattr(ml_dtypes, f.np_name)
+  rng = np.random.default_rng(ty)
+  if f.is_float:
+    g = np.arange(256, dtype=np.uint8).view(npt).astype(np.float32) if f.mbits > 1 else np.array([0, .5, 1, 1.5, 2, 3, 4, 6], np.float32)
+    g = np.unique(np.abs(g[np.isfinite(g)]))
+    # every grid value, the midpoints between neighbours (ties go to even), just off them, and the specials
+    mids = (g[1:] + g[:-1]) / 2
+    x = np.concatenate([g, -g, mids, -mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf), rng.standard_normal(300) * f.max / 4,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, f.max * 1.03, -f.max * 1.1, 1e30, 1e-30]]).astype(np.float32)
+    want = (np.clip(x, -f.max, f.max) if saturate else x).astype(npt)
+  else:
+    x = np.concatenate([np.arange(-20, 20), rng.uniform(-30, 30, 100)]).astype(np.float32)
+    want = x.astype(npt)
+  m = _model([helper.make_node("Cast", ["x"], ["y"], to=ty, saturate=saturate)], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])],
+             [helper.make_tensor_value_info("y", ty, [len(x)])], opset=23)
+  got = to_numpy(OnnxRunner(m)({"x": x})["y"])
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+  # and back: the carrier gives the values out exactly
+  back = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [helper.make_tensor_value_info("x", ty, [len(x)])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(x)])], opset=23)
+  np.testing.assert_array_equal(OnnxRunner(back)({"x": want})["y"].numpy(), want.astype(np.float32))
+
+def test_narrow_types_refused_by_other_ops():
+  ml_dtypes = pytest.importorskip("ml_dtypes")
+  m = _model([helper.make_node("Relu", ["x"], ["y"], name="r")], [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [2])],
+             [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2])], opset=23)
+  with pytest.raises(NotImplementedError, match="node 'r'.*Relu of float8e4m3fn"):
+    OnnxRunner(m)({"x": np.ones(2, ml_dtypes.float8_e4m3fn)})
 
 def test_global_lp_pool():
   x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
 
-__all__ = ["OnnxRunner", "OPS", "ONNX_DTYPES"]
+__all__ = ["OnnxRunner", "OPS", "ONNX_DTYPES", "NARROW", "narrow_type", "to_numpy"]
 
 def _onnx():
   try: import onnx
@@ -33,12 +33,91 @@ def onnx_dtype(t: int) -> DType:
   if t in ONNX_DTYPES: return ONNX_DTYPES[t]
   raise NotImplementedError(f"ONNX element type {_ONNX_TYPE_NAMES.get(t, t)} has no attograd dtype")
 
+# ***** narrow ONNX types attograd has no dtype for: float8 variants, float4, 4- and 2-bit integers *****
+# Their values are carried decoded, exactly, in a wider "carrier" tensor (float32 for the floats, int8/uint8 for the
+# integers) that the runner tags with the ONNX type. Cast/CastLike/QuantizeLinear round onto the narrow type's grid,
+# DequantizeLinear and Cast read the carrier; movement ops keep the tag; any other op refuses a tagged input, and
+# to_numpy() gives an output back in its ml_dtypes type.
+
+@dataclass(frozen=True)
+class Narrow:
+  name: str          # ONNX's name; numpy: the ml_dtypes name below
+  np_name: str
+  bits: int = 0      # integers: width
+  signed: bool = False
+  mbits: int = 0     # floats: mantissa bits, smallest normal exponent, largest finite value
+  emin: int = 0
+  max: float = 0.0
+  overflow: str = "nan"  # a finite value rounding beyond max without saturation: "nan", "inf" or "max"
+  neg_zero: bool = True  # fnuz types have no -0
+  nan_to: float = math.nan  # what NaN becomes (float4 has no NaN: ml_dtypes makes it -0)
+  @property
+  def is_float(self) -> bool: return self.bits == 0
+  @property
+  def carrier(self) -> DType: return dtypes.float32 if self.is_float else dtypes.int8 if self.signed else dtypes.uint8
+
+NARROW: dict[int, Narrow] = {
+  17: Narrow("float8e4m3fn", "float8_e4m3fn", mbits=3, emin=-6, max=448.0),
+  18: Narrow("float8e4m3fnuz", "float8_e4m3fnuz", mbits=3, emin=-7, max=240.0, neg_zero=False),
+  19: Narrow("float8e5m2", "float8_e5m2", mbits=2, emin=-14, max=57344.0, overflow="inf"),
+  20: Narrow("float8e5m2fnuz", "float8_e5m2fnuz", mbits=2, emin=-15, max=57344.0, neg_zero=False),
+  23: Narrow("float4e2m1", "float4_e2m1fn", mbits=1, emin=0, max=6.0, overflow="max", nan_to=-0.0),
+  21: Narrow("uint4", "uint4", bits=4), 22: Narrow("int4", "int4", bits=4, signed=True),
+  25: Narrow("uint2", "uint2", bits=2), 26: Narrow("int2", "int2", bits=2, signed=True),
+}
+_NARROW_BY_NP = {n.np_name: t for t, n in NARROW.items()}
+_TAGS: dict[int, tuple[weakref.ref, int]] = {}
+
+def narrow_type(t: Any) -> int | None:
+  """The ONNX type number of a carrier tensor (None for an ordinary tensor)."""
+  ref, ty = _TAGS.get(id(t), (None, None))
+  return ty if ref is not None and ref() is t else None
+def _tag(t: Tensor, ty: int | None) -> Tensor:
+  if ty is not None: _TAGS[id(t)] = (weakref.ref(t, lambda _, k=id(t): _TAGS.pop(k, None)), ty)
+  return t
+
+def _round_float(x: Tensor, f: Narrow, saturate: bool) -> Tensor:
+  """float32 values rounded (half to even) onto the grid of a narrow float type, as ml_dtypes' cast does."""
+  bits = x.bitcast(dtypes.int32)
+  a = x.abs()
+  e = (((a.bitcast(dtypes.int32) >> 23) & 0xFF) - 127).maximum(f.emin)  # the exponent of the grid step (subnormals: emin)
+  step = ((e - f.mbits + 127) << 23).bitcast(dtypes.float32)
+  r = (a / step).round() * step
+  over = f.max if saturate or f.overflow == "max" else math.inf if f.overflow == "inf" else math.nan
+  r = (r > f.max).where(over, r)
+  r = (bits < 0).where(-r, r)
+  if not f.neg_zero: r = r.eq(0).where(0.0, r)
+  return x.isnan().where(f.nan_to, r).cast(dtypes.float32)
+def _wrap_int(x: Tensor, f: Narrow) -> Tensor:
+  """Values to a narrow integer type as ml_dtypes casts: floats truncated, then wrapped modulo 2**bits."""
+  v = x.trunc().cast(dtypes.int32) if dtypes.is_float(x.dtype) else x.cast(dtypes.int32)
+  half = 1 << (f.bits - 1) if f.signed else 0
+  return ((v + half).mod(1 << f.bits) - half).cast(f.carrier)
+def _to_narrow(x: Tensor, ty: int, saturate: bool) -> Tensor:
+  f = NARROW[ty]
+  if f.is_float: out = _round_float(x.cast(dtypes.float32), f, saturate)
+  else: out = _wrap_int(x, f)
+  return _tag(out, ty)
+
+def to_numpy(v: Any) -> Any:
+  """An output as numpy: sequences as lists, None as None, bfloat16 and the narrow types in their ml_dtypes type."""
+  if v is None or isinstance(v, list): return v if v is None else [to_numpy(x) for x in v]
+  ty = narrow_type(v)
+  if ty is not None or v.dtype == dtypes.bfloat16:
+    import ml_dtypes
+    if ty is not None: return v.numpy().astype(getattr(ml_dtypes, NARROW[ty].np_name))
+    return v.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
+  return v.numpy()
+
 def _from_numpy(a: Any, device: str | None = None) -> Tensor:
   import numpy as np
   a = np.asarray(a)
   if a.dtype.kind in "OSU": raise NotImplementedError(f"string tensors are not supported (got numpy dtype {a.dtype})")
   a = a if a.flags.c_contiguous else a.copy()  # (np.ascontiguousarray would make a 0-d array 1-d)
   if a.dtype.name == "bfloat16": return Tensor(a.view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+  if a.dtype.name in _NARROW_BY_NP:
+    ty = _NARROW_BY_NP[a.dtype.name]
+    return _tag(Tensor(a.astype(NARROW[ty].carrier.name), device=device), ty)
   if a.dtype.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2")):
     raise NotImplementedError(f"numpy dtype {a.dtype} has no attograd dtype")
   return Tensor(a, device=device)
@@ -119,7 +198,9 @@ def _isinf(x: Tensor, detect_negative: int = 1, detect_positive: int = 1) -> Ten
 def _gelu(x: Tensor, approximate: str = "none") -> Tensor: return x.gelu(approximate=approximate)
 def _elu(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > 0).where(x, (x.exp() - 1) * alpha).cast(x.dtype)
 def _selu(x: Tensor, alpha: float, gamma: float) -> Tensor: return ((x > 0).where(x, (x.exp() - 1) * alpha) * gamma).cast(x.dtype)
-def _celu(x: Tensor, alpha: float = 1.0) -> Tensor: return x.maximum(0) + ((x / alpha).exp() - 1).minimum(0) * alpha
+def _celu(x: Tensor, alpha: float = 1.0) -> Tensor:
+  xf = x.cast(dtypes.float32) if x.dtype in (dtypes.float16, dtypes.bfloat16) else x  # exp(x)-1 in a half type loses all digits near 0
+  return (xf.maximum(0) + ((xf / alpha).exp() - 1).minimum(0) * alpha).cast(x.dtype)
 def _leaky(x: Tensor, alpha: float = 0.01) -> Tensor: return (x < 0).where(x * alpha, x).cast(x.dtype)
 def _thresholded(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > alpha).where(x, 0).cast(x.dtype)
 def _prelu(x: Tensor, slope: Tensor) -> Tensor: return (x < 0).where(x * slope, x).cast(x.dtype)
@@ -297,8 +378,13 @@ def _constant(*, value=None, value_float=None, value_floats=None, value_int=None
   if sparse_value is not None: raise NotImplementedError("Constant with a sparse_value")
   raise NotImplementedError("string tensors are not supported (Constant value_string)")
 def _numpy_attr(t: Any) -> Tensor: return _from_numpy(_onnx().numpy_helper.to_array(t))
-def _cast(x: Tensor, *, to: int, saturate: int = 1) -> Tensor: return x.cast(onnx_dtype(to))
-def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1) -> Tensor: return x.cast(like.dtype)
+def _cast(x: Tensor, *, to: int, saturate: int = 1) -> Tensor:
+  # a narrow source's carrier holds its exact values, so casting it is casting the carrier
+  # (a new Tensor: a cast to the carrier's own dtype would return the tagged carrier itself)
+  return _to_narrow(x, to, bool(saturate)) if to in NARROW else Tensor(x.cast(onnx_dtype(to)).uop)
+def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1) -> Tensor:
+  ty = narrow_type(like)
+  return _to_narrow(x, ty, bool(saturate)) if ty is not None else Tensor(x.cast(like.dtype).uop)
 def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
   s, l, d = _scalar(start), _scalar(limit), _scalar(delta)
   n = max(math.ceil((l - s) / d), 0)
@@ -604,13 +690,25 @@ def _qparam(p: Tensor, x: Tensor, axis: int, block_size: int) -> Tensor:
   return p
 def _quantize(x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
               output_dtype: int = 0, saturate: int = 1, precision: int = 0) -> Tensor:
-  dt = y_zero_point.dtype if y_zero_point is not None else onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
+  ty = narrow_type(y_zero_point) if y_zero_point is not None else output_dtype if output_dtype in NARROW else None
+  if ty is not None and NARROW[ty].is_float:  # float8/float4: onto the type's grid (float8 ignores the zero point, which is 0)
+    y = x.cast(dtypes.float32) / _qparam(y_scale, x, axis, block_size).cast(dtypes.float32)
+    if y_zero_point is not None and not NARROW[ty].name.startswith("float8"): y = y + _qparam(y_zero_point, x, axis, block_size)
+    return _to_narrow(y, ty, bool(saturate))
+  dt = NARROW[ty].carrier if ty is not None else y_zero_point.dtype if y_zero_point is not None else \
+    onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
   if not dtypes.is_int(dt): raise NotImplementedError(f"QuantizeLinear to {dt}")
+  lo, hi = ((-(1 << NARROW[ty].bits - 1), (1 << NARROW[ty].bits - 1) - 1) if NARROW[ty].signed else (0, (1 << NARROW[ty].bits) - 1)) \
+    if ty is not None else (dtypes.min(dt), dtypes.max(dt))
   y = (x.cast(dtypes.float32) / _qparam(y_scale, x, axis, block_size).cast(dtypes.float32)).round()
   if y_zero_point is not None: y = y + _qparam(y_zero_point, x, axis, block_size).cast(dtypes.float32)
-  return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)
+  return _tag(y.clip(lo, hi).cast(dt), ty)
 def _dequantize(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
                 output_dtype: int = 0) -> Tensor:
+  if narrow_type(x) is not None and NARROW[narrow_type(x)].is_float:  # float8/float4: the carrier holds the values
+    xf = x if x_zero_point is None else x - _qparam(x_zero_point, x, axis, block_size)
+    out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
+    return (xf * _qparam(x_scale, x, axis, block_size).cast(dtypes.float32)).cast(out)
   if not dtypes.is_int(x.dtype): raise NotImplementedError(f"DequantizeLinear from {x.dtype}")
   xi = x.cast(dtypes.int64 if x.dtype in (dtypes.uint32, dtypes.int64, dtypes.uint64) else dtypes.int32)
   if x_zero_point is not None: xi = xi - _qparam(x_zero_point, x, axis, block_size).cast(xi.dtype)
@@ -671,6 +769,13 @@ def _attention(Q: Tensor, K: Tensor, V: Tensor, attn_mask: Tensor | None = None,
                softcap: float = 0.0, softmax_precision: int | None = None, left_window_size: int = -1, right_window_size: int = -1,
                n_outputs: int = 1):
   dt, three_d = Q.dtype, Q.ndim == 3
+  if dt in (dtypes.float16, dtypes.bfloat16):  # computed in float32, rounded once at the end (as onnxruntime does)
+    y, *rest = _attention(*(t.cast(dtypes.float32) if isinstance(t, Tensor) and t.dtype == dt else t for t in
+                            (Q, K, V, attn_mask, past_key, past_value)), nonpad_kv_seqlen, is_causal=is_causal, kv_num_heads=kv_num_heads,
+                          q_num_heads=q_num_heads, qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+                          softmax_precision=softmax_precision, left_window_size=left_window_size, right_window_size=right_window_size,
+                          n_outputs=4)
+    return tuple(t.cast(dt) for t in (y, *rest))[:n_outputs]
   if three_d:  # (B, S, heads*size) -> (B, heads, S, size)
     Q, K, V = (t.reshape(t.shape[0], t.shape[1], h, -1).permute(0, 2, 1, 3) for t, h in ((Q, q_num_heads), (K, kv_num_heads), (V, kv_num_heads)))
   sc = math.sqrt(scale if scale is not None else 1 / math.sqrt(Q.shape[3]))  # the reference scales q and k by sqrt(scale) each
@@ -1017,7 +1122,11 @@ def _compile_node(n: Any, opsets: dict[str, int], subgraph: Callable[[Any], Any]
   except Exception: schema = None
   opset = schema.since_version if schema is not None else version
   where = f"node {name!r} ({n.op_type}, opset {version})"
-  if domain != "" or n.op_type not in OPS: raise NotImplementedError(f"unsupported op {n.op_type!r} in {where}")
+  if domain != "" or n.op_type not in OPS:
+    if schema is not None and (schema.has_function or schema.has_context_dependent_function) and subgraph is not None:
+      fn = _FunctionOp(n, schema, version, opsets, subgraph)
+      return _Node(n.op_type, name, [i for i in n.input], list(n.output), {}, fn, opset)
+    raise NotImplementedError(f"unsupported op {n.op_type!r} in {where}")
   fn = OPS[n.op_type]
   takes, any_kw, npos = _params(fn)
   attrs: dict[str, Any] = {}
@@ -1037,12 +1146,68 @@ def _compile_node(n: Any, opsets: dict[str, int], subgraph: Callable[[Any], Any]
   if npos is not None and len(inputs) > npos: raise NotImplementedError(f"{where} has {len(inputs)} inputs; only {npos} are supported")
   return _Node(n.op_type, name, inputs, list(n.output), attrs, fn, opset, "scope" in takes)
 
+# ops that take values of the narrow types (carried decoded, see NARROW); those in _KEEPS_NARROW move them unchanged
+_KEEPS_NARROW = {"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"}
+_TAKES_NARROW = {"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Shape", "Size", *_KEEPS_NARROW}
+
+class _FunctionOp:
+  """An op without a function in OPS whose ONNX schema defines it as a function of other ops: run as that body.
+  A context-dependent body (built for the node's input types) is built on the first run of each input signature."""
+  def __init__(self, n: Any, schema: Any, version: int, opsets: dict[str, int], subgraph: Callable[[Any], Any]):
+    self.n, self.schema, self.opsets, self.subgraph = n, schema, opsets, subgraph
+    self.fixed = schema.has_function
+    pick = lambda vs: max([v for v in vs if v <= version] or vs)
+    self.version = pick(schema.function_opset_versions if self.fixed else schema.context_dependent_function_opset_versions)
+    self.bodies: dict[tuple, Any] = {}
+    if self.fixed: self.bodies[()] = self._graph(schema.get_function_with_opset_version(self.version))
+
+  def _graph(self, raw: bytes) -> Any:
+    onnx = _onnx()
+    f = onnx.FunctionProto()
+    f.ParseFromString(raw)
+    given = {a.name: a for a in self.n.attribute}
+    for an, a in self.schema.attributes.items():
+      if an not in given and a.default_value is not None and a.default_value.name: given[an] = a.default_value
+    nodes = []
+    for fn_node in f.node:  # attributes that refer to the caller's (ref_attr_name) take its value, or the schema default
+      m = onnx.NodeProto()
+      m.CopyFrom(fn_node)
+      del m.attribute[:]
+      for a in fn_node.attribute:
+        if not a.ref_attr_name: m.attribute.append(a)
+        elif a.ref_attr_name in given:
+          b = onnx.AttributeProto()
+          b.CopyFrom(given[a.ref_attr_name])
+          b.name = a.name
+          m.attribute.append(b)
+      nodes.append(m)
+    opsets = {**self.opsets, **{("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in f.opset_import}}
+    g = onnx.helper.make_graph(nodes, f.name, [onnx.helper.make_empty_tensor_value_info(i) for i in f.input],
+                               [onnx.helper.make_empty_tensor_value_info(o) for o in f.output])
+    return _Graph(g, opsets, "", set(), None)
+
+  def __call__(self, *args: Any) -> tuple:
+    key = () if self.fixed else tuple(None if a is None else (a.dtype, a.shape, narrow_type(a)) for a in args)
+    if key not in self.bodies:
+      onnx, rev = _onnx(), {v: k for k, v in ONNX_DTYPES.items()}
+      types = [onnx.TypeProto() if a is None else
+               onnx.helper.make_tensor_type_proto(narrow_type(a) or rev[a.dtype], list(a.shape)) for a in args]
+      self.bodies[key] = self._graph(self.schema.get_context_dependent_function_with_opset_version(
+        self.version, self.n.SerializeToString(), [t.SerializeToString() for t in types]))
+    body = self.bodies[key]
+    return tuple(body.run({}, list(args) + [None] * (len(body.input_names) - len(args))))
+
 def _exec(node: _Node, args: list, scope: dict | None) -> tuple:
   """One node: its function on its inputs, errors naming the node. A tuple is several outputs; a list is one sequence."""
+  tys = [t for t in (narrow_type(a) for a in args if isinstance(a, Tensor)) if t is not None]
+  if tys and node.op not in _TAKES_NARROW:
+    raise NotImplementedError(f"{node.where()}: {node.op} of {NARROW[tys[0]].name} values (attograd has no such dtype; only "
+                              f"{', '.join(sorted(_TAKES_NARROW))} take them)")
   try: out = node.fn(*args, **node.attrs, scope=scope) if node.wants_scope else node.fn(*args, **node.attrs)
   except NotImplementedError as e: raise NotImplementedError(f"{node.where()}: {e}") from e
   except (ValueError, TypeError, IndexError, KeyError) as e: raise type(e)(f"{node.where()}: {e}") from e
   outs = out if isinstance(out, tuple) else (out,)
+  if tys and node.op in _KEEPS_NARROW: outs = (_tag(outs[0], tys[0]), *outs[1:])
   if len(outs) < len([o for o in node.outputs if o]): raise NotImplementedError(f"{node.where()}: only {len(outs)} outputs are computed")
   return outs
 
