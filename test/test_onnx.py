@@ -306,6 +306,37 @@ def test_jit_replays_with_new_inputs():
     want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).reshape(1, -1).relu().numpy()
     np.testing.assert_allclose(runner({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-5)
 
+@pytest.mark.parametrize("as_constants", [False, True])
+def test_conv_batchnorm_folded(as_constants: bool):
+  """Conv -> BatchNormalization with fixed parameters (initializers, or Constant nodes as exporters often write them)
+  runs as one conv with the normalization folded into its weight and bias; a conv whose output is read twice is not
+  folded. Both against torch."""
+  import torch
+  rng = np.random.default_rng(0)
+  w, b = rng.standard_normal((4, 3, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+  sc, sh, mu, var = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32), \
+    rng.standard_normal(4).astype(np.float32), rng.random(4).astype(np.float32) + 0.5
+  params = {"w": w, "b": b, "sc": sc, "sh": sh, "mu": mu, "var": var}
+  nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+           helper.make_node("BatchNormalization", ["c", "sc", "sh", "mu", "var"], ["y"], epsilon=1e-3),
+           helper.make_node("Conv", ["x", "w"], ["c2"]), helper.make_node("BatchNormalization", ["c2", "sc", "sh", "mu", "var"], ["y2"]),
+           helper.make_node("Relu", ["c2"], ["r2"])]
+  if as_constants: nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v, k)) for k, v in params.items()] + nodes
+  inits = [] if as_constants else [numpy_helper.from_array(v, k) for k, v in params.items()]
+  f = TensorProto.FLOAT
+  m = _model(nodes, [helper.make_tensor_value_info("x", f, [1, 3, 6, 6])],
+             [helper.make_tensor_value_info(n, f, None) for n in ("y", "y2", "r2")], inits)
+  runner = OnnxRunner(m)
+  assert [n.op for n in runner.nodes] == ["Conv", "Conv", "BatchNormalization", "Relu"]
+  x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+  out = runner({"x": x})
+  T = torch.tensor
+  c, c2 = torch.nn.functional.conv2d(T(x), T(w), T(b), padding=1), torch.nn.functional.conv2d(T(x), T(w))
+  bn = lambda t, eps: torch.nn.functional.batch_norm(t, T(mu), T(var), T(sc), T(sh), eps=eps)
+  np.testing.assert_allclose(out["y"].numpy(), bn(c, 1e-3).numpy(), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out["y2"].numpy(), bn(c2, 1e-5).numpy(), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out["r2"].numpy(), c2.relu().numpy(), rtol=1e-4, atol=1e-5)
+
 def test_external_data_initializer(tmp_path):
   w = np.arange(6, dtype=np.float32).reshape(2, 3)
   m = onnx.load_from_string(_model([helper.make_node("Add", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],

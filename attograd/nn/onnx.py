@@ -1217,6 +1217,7 @@ class _Graph:
     self.base_dir, self.device = base_dir, device
     self.inits = {t.name: t for t in g.initializer}
     self.weights: dict[str, Tensor] = {}
+    self.derived: dict[str, Callable[[], Tensor]] = {}  # weights computed from initializers at load (see _fuse_conv_bn)
     self.input_names = [i.name for i in g.input]
     self.outputs = [o.name for o in g.output]
     known = set(outer) | set(self.inits) | set(self.input_names)
@@ -1232,6 +1233,9 @@ class _Graph:
       if o not in known: raise ValueError(f"graph output {o!r} is made by no node, input or initializer")
 
   def weight(self, name: str) -> Tensor:
+    if name in self.derived and name not in self.weights:
+      self.weights[name] = t = self.derived[name]().realize()
+      if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _remember(t, _flat(t))
     if name not in self.weights:  # initializers are converted on first use (external data read then)
       arr = _onnx().numpy_helper.to_array(self.inits[name], base_dir=self.base_dir)
       self.weights[name] = t = _from_numpy(arr, self.device).realize()
@@ -1246,6 +1250,45 @@ class _Graph:
       for o, t in zip(node.outputs, _exec(node, [self.value(i, env) for i in node.inputs], env)):
         if o: env[o] = t
     return [self.value(o, env) for o in self.outputs]
+
+def _fuse_conv_bn(graph: _Graph) -> None:
+  """Conv followed by an inference BatchNormalization, all of whose parameters are initializers: the normalization's
+  per-channel scale and shift go into the conv's weight and bias, computed once on first use, so a run doesn't
+  reload four parameter vectors and take a square root for every output element. (Names read by a control-flow body
+  aren't node inputs, so a graph with control flow is left alone.)"""
+  if any(n.wants_scope for n in graph.nodes): return
+  for n in graph.nodes:  # exporters often store weights as Constant nodes: those become weights made on first use
+    if n.op == "Constant" and not n.inputs and len(n.outputs) == 1 and n.outputs[0] not in graph.outputs:
+      graph.derived[n.outputs[0]] = lambda n=n: _exec(n, [], None)[0]
+  graph.nodes = [n for n in graph.nodes if not (n.op == "Constant" and n.outputs[0] in graph.derived)]
+  readers: dict[str, int] = {}
+  for n in graph.nodes:
+    for i in n.inputs: readers[i] = readers.get(i, 0) + 1
+  fixed = (set(graph.inits) | set(graph.derived)) - set(graph.input_names)  # (an initializer that is also an input can be fed)
+  by_input = {n.inputs[0]: n for n in graph.nodes if n.op == "BatchNormalization" and n.inputs}
+  out, dropped = [], set()
+  for n in graph.nodes:
+    if id(n) in dropped: continue
+    bn = by_input.get(n.outputs[0]) if n.op == "Conv" and len(n.outputs) == 1 else None
+    if bn is None or readers.get(n.outputs[0]) != 1 or n.outputs[0] in graph.outputs or bn.attrs.get("training_mode") or \
+       len([o for o in bn.outputs if o]) != 1 or len(bn.inputs) != 5 or not set(bn.inputs[1:]) <= fixed or not set(n.inputs[1:]) <= fixed:
+      out.append(n)
+      continue
+    w_name, b_name = f"{n.inputs[1]}@bn:{bn.outputs[0]}", f"{n.inputs[2] if len(n.inputs) > 2 else ''}@bn:{bn.outputs[0]}"
+    def scale_shift(bn: _Node = bn) -> tuple[Tensor, Tensor]:
+      scale, b, mean, var = (graph.weight(i).cast(dtypes.float32) for i in bn.inputs[1:])
+      k = scale * (var + bn.attrs.get("epsilon", 1e-5)).rsqrt()
+      return k, b - mean * k
+    def weight(n: _Node = n, ss: Callable = scale_shift) -> Tensor:
+      w = graph.weight(n.inputs[1])
+      return (w.cast(dtypes.float32) * ss()[0].reshape(-1, *(1,) * (w.ndim - 1))).cast(w.dtype)
+    def bias(n: _Node = n, ss: Callable = scale_shift) -> Tensor:
+      w, (k, t) = graph.weight(n.inputs[1]), ss()
+      return ((graph.weight(n.inputs[2]).cast(dtypes.float32) * k if len(n.inputs) > 2 else 0) + t).cast(w.dtype)
+    graph.derived[w_name], graph.derived[b_name] = weight, bias
+    out.append(_Node(n.op, n.name, [n.inputs[0], w_name, b_name], list(bn.outputs), n.attrs, n.fn, n.opset))
+    dropped.add(id(bn))
+  graph.nodes = out
 
 # ***** control flow, sequences, optionals *****
 
@@ -1361,14 +1404,15 @@ class OnnxRunner:
     g = self.model.graph
     self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in self.model.opset_import}
     self.graph = _Graph(g, self.opsets, self.base_dir, set(), device)
+    _fuse_conv_bn(self.graph)
     self._inits, self.nodes, self.outputs = self.graph.inits, self.graph.nodes, self.graph.outputs
     self.inputs = {i.name: self._input_info(i) for i in g.input}  # an input with an initializer has a default
     # values fixed by the input shapes alone, folded once per shape signature
-    static = set(self._inits) - set(self.inputs)
+    static = (set(self._inits) | set(self.graph.derived)) - set(self.inputs)
     for node in self.nodes:
       if node.op in _NOT_FOLDABLE: continue
       if node.op in _SHAPE_ONLY or all(i in static for i in node.inputs if i): static.update(o for o in node.outputs if o)
-    self._static_names = static - set(self._inits)
+    self._static_names = static - set(self._inits) - set(self.graph.derived)
     self._folded: dict[tuple, dict[str, Tensor]] = {}
 
   def _input_info(self, vi: Any) -> _Input:
