@@ -273,6 +273,15 @@ def test_ppocr_matches_onnxruntime(name: str, shape):
   want2 = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x * 0.5})[0]
   np.testing.assert_allclose(again, want2, rtol=1e-3, atol=1e-4)
 
+@pytest.mark.skipif(not FULL, reason="ATTOGRAD_ONNX_FULL=1: compiling three models takes minutes on a cold kernel cache")
+def test_ocr_example_reads_rendered_line():
+  pytest.importorskip("PIL")
+  _ppocr("ch_PP-OCRv4_rec_infer.onnx")
+  import runpy
+  ocr = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "examples", "ocr.py"), run_name="ocr")
+  lines = ocr["Ocr"](ocr["models_dir"]())(ocr["render"]())
+  assert [t for _, t, _ in lines] == [ocr["TEXT"]]
+
 # ***** bad input: a clear error naming the node or input *****
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> bytes:
