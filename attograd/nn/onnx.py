@@ -1045,6 +1045,33 @@ def _upsample(x: Tensor, scales=None, *, mode: str = "nearest", opset: int) -> T
   for a, (n, s) in enumerate(zip(sz, sc)): x = _resize_axis(x, a, n, s, (0.0, 1.0), mode, "asymmetric", "floor", -0.75, 0, 0.0)
   return x
 
+def _dft(x: Tensor, dft_length: Tensor | None = None, axis_input: Tensor | None = None, *, axis: int = 1, inverse: int = 0,
+         onesided: int = 0, opset: int) -> Tensor:
+  """A DFT along one axis as two matmuls with cos/sin tables (the last dim holds real, or real and imaginary)."""
+  import numpy as np
+  a = (int(_scalar(axis_input)) if axis_input is not None else -2 if opset >= 20 else axis) % x.ndim
+  if a == x.ndim - 1: raise ValueError(f"DFT axis {a} is the real/imaginary dim")
+  bins = x.shape[a]
+  n = int(_scalar(dft_length)) if dft_length is not None else 2 * (bins - 1) if inverse and onesided else bins
+  re, im = x[..., 0], (x[..., 1] if x.shape[-1] == 2 else None)
+  re, im = (t.transpose(a, -1) if t is not None else None for t in (re, im))  # the signal axis last
+  k_in = min(bins, n) if not (inverse and onesided) else bins
+  re, im = (t[..., :k_in] if t is not None else None for t in (re, im))
+  if k_in < n and not (inverse and onesided): re, im = (t.pad(((0, 0),) * (t.ndim - 1) + ((0, n - k_in),)) if t is not None else None for t in (re, im))
+  rows = k_in if inverse and onesided else n
+  cols = n if inverse or not onesided else n // 2 + 1
+  ang = 2 * np.pi * ((np.arange(rows)[:, None] * np.arange(cols)[None]) % n) / n  # (reduced mod n: exact tables)
+  c, sn = np.cos(ang), np.sin(ang) * (1 if inverse else -1)
+  if inverse and onesided:  # the missing half of a Hermitian spectrum: every bin but DC and Nyquist counts twice
+    w = np.where((np.arange(rows) == 0) | (2 * np.arange(rows) == n), 1.0, 2.0)[:, None]
+    c, sn = c * w, sn * w
+  if inverse: c, sn = c / n, sn / n
+  C, S = (Tensor(m.astype(np.float32), device=x.device).cast(x.dtype) for m in (c, sn))
+  out_re = re @ C - (im @ S if im is not None else 0)
+  if inverse and onesided: return out_re.unsqueeze(-1).transpose(a, -2).cast(x.dtype)
+  out_im = re @ S + (im @ C if im is not None else 0)
+  return out_re.stack(out_im, dim=-1).transpose(a, -2).cast(x.dtype)
+
 # ***** the table: op_type -> function(*inputs, **attributes) *****
 
 OPS: dict[str, Callable] = {
@@ -1074,7 +1101,7 @@ OPS: dict[str, Callable] = {
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
-  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det,
+  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det, "DFT": _dft,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
