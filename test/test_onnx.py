@@ -91,7 +91,8 @@ DEFAULT: dict[str, list[str]] = {
 for _k, _v in {"cast": ["test_cast_FLOAT8E4M3FN_to_FLOAT16", "test_cast_FLOAT_to_INT4", "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2"],
                "castlike": ["test_castlike_FLOAT16_to_FLOAT4E2M1"], "quantizelinear": ["test_quantizelinear_e4m3fn", "test_quantizelinear_int4"],
                "dequantizelinear": ["test_dequantizelinear_uint4"], "affinegrid": ["test_affine_grid_2d"],
-               "causal_conv_with_state": ["test_causal_conv_with_state_with_bias"], "dft": ["test_dft_axis", "test_dft_irfft_opset19"]}.items():
+               "causal_conv_with_state": ["test_causal_conv_with_state_with_bias"], "dft": ["test_dft_axis", "test_dft_irfft_opset19"],
+               "adam": ["test_adam_multiple"], "adagrad": ["test_adagrad"], "momentum": ["test_nesterov_momentum"]}.items():
   DEFAULT.setdefault(_k, []).extend(_v)
 
 # the standard has no node case for these: tested below against numpy

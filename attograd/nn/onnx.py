@@ -1072,6 +1072,46 @@ def _dft(x: Tensor, dft_length: Tensor | None = None, axis_input: Tensor | None 
   out_im = re @ S + (im @ C if im is not None else 0)
   return out_re.stack(out_im, dim=-1).transpose(a, -2).cast(x.dtype)
 
+# ***** ai.onnx.preview.training: one optimizer step over n tensors (inputs R, T, then n of each state kind) *****
+
+def _optimizer(n_states: int, step: Callable) -> Callable:
+  def op(R: Tensor, T: Tensor, *xs: Tensor, **attrs: Any) -> tuple:
+    n = len(xs) // (2 + n_states)
+    if n * (2 + n_states) != len(xs): raise ValueError(f"{len(xs)} tensors don't split into X, G and {n_states} state(s)")
+    r, t = float(_scalar(R)), int(_scalar(T))
+    outs = [step(r, t, *(xs[k * n + i] for k in range(2 + n_states)), **attrs) for i in range(n)]
+    return tuple(o[j].cast(xs[j * n].dtype) for j in range(1 + n_states) for o in outs)
+  return op
+def _adagrad_step(r: float, t: int, x: Tensor, g: Tensor, h: Tensor, *, decay_factor: float = 0.0, epsilon: float = 1e-6,
+                  norm_coefficient: float = 0.0) -> tuple[Tensor, Tensor]:
+  g = x * norm_coefficient + g
+  h = h + g * g
+  return x - g / (h.sqrt() + epsilon) * (r / (1 + t * decay_factor)), h
+def _momentum_step(r: float, t: int, x: Tensor, g: Tensor, v: Tensor, *, alpha: float, beta: float, mode: str,
+                   norm_coefficient: float) -> tuple[Tensor, Tensor]:
+  g = x * norm_coefficient + g
+  v = v * alpha + g * (beta if t > 0 else 1.0)
+  return x - (v if mode == "standard" else g + v * alpha) * r, v
+def _adam_step(r: float, t: int, x: Tensor, g: Tensor, v: Tensor, h: Tensor, *, alpha: float = 0.9, beta: float = 0.999,
+               epsilon: float = 1e-6, norm_coefficient: float = 0.0, norm_coefficient_post: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+  g = x * norm_coefficient + g
+  v, h = v * alpha + g * (1 - alpha), h * beta + g * g * (1 - beta)
+  ra = r * math.sqrt(1 - beta ** t) / (1 - alpha ** t) if t > 0 else r
+  return (x - v / (h.sqrt() + epsilon) * ra) * (1 - norm_coefficient_post), v, h
+
+def _with_attrs(fn: Callable, step: Callable) -> Callable:
+  """fn(*inputs, **attrs) that declares step's attributes, so loading checks them as for any op."""
+  ps = [p for p in inspect.signature(step).parameters.values() if p.kind == p.KEYWORD_ONLY]
+  fn.__signature__ = inspect.Signature([inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL), *ps])  # type: ignore[attr-defined]
+  return fn
+
+# ops of other domains than the default one, by (domain, op_type)
+DOMAIN_OPS: dict[tuple[str, str], Callable] = {
+  ("ai.onnx.preview.training", "Adagrad"): _with_attrs(_optimizer(1, _adagrad_step), _adagrad_step),
+  ("ai.onnx.preview.training", "Momentum"): _with_attrs(_optimizer(1, _momentum_step), _momentum_step),
+  ("ai.onnx.preview.training", "Adam"): _with_attrs(_optimizer(2, _adam_step), _adam_step),
+}
+
 # ***** the table: op_type -> function(*inputs, **attributes) *****
 
 OPS: dict[str, Callable] = {
@@ -1149,12 +1189,13 @@ def _compile_node(n: Any, opsets: dict[str, int], subgraph: Callable[[Any], Any]
   except Exception: schema = None
   opset = schema.since_version if schema is not None else version
   where = f"node {name!r} ({n.op_type}, opset {version})"
-  if domain != "" or n.op_type not in OPS:
+  if (domain, n.op_type) in DOMAIN_OPS: fn = DOMAIN_OPS[(domain, n.op_type)]
+  elif domain != "" or n.op_type not in OPS:
     if schema is not None and (schema.has_function or schema.has_context_dependent_function) and subgraph is not None:
       fn = _FunctionOp(n, schema, version, opsets, subgraph)
       return _Node(n.op_type, name, [i for i in n.input], list(n.output), {}, fn, opset)
     raise NotImplementedError(f"unsupported op {n.op_type!r} in {where}")
-  fn = OPS[n.op_type]
+  else: fn = OPS[n.op_type]
   takes, any_kw, npos = _params(fn)
   attrs: dict[str, Any] = {}
   if schema is not None:  # the spec's defaults, for the attributes this function honours
