@@ -1072,6 +1072,57 @@ def _dft(x: Tensor, dft_length: Tensor | None = None, axis_input: Tensor | None 
   out_im = re @ S + (im @ C if im is not None else 0)
   return out_re.stack(out_im, dim=-1).transpose(a, -2).cast(x.dtype)
 
+def _reflect(v: Tensor, lo: float, hi: float) -> Tensor:
+  """Fold coordinates outside [lo, hi] back in, bouncing off the borders as often as needed."""
+  rng = hi - lo
+  def fold(d: Tensor, near: float, far: float) -> Tensor:
+    n = (d / rng).trunc()
+    r = d - n * rng
+    return (n.mod(2) == 0).where(near + r * (1 if near == lo else -1), far + r * (1 if far == lo else -1))
+  return (v < lo).where(fold(lo - v, lo, hi), (v > hi).where(fold(v - hi, hi, lo), v))
+def _cubic_coeffs(f: Tensor, a: float = -0.75) -> list[Tensor]:
+  return [((a * (f + 1) - 5 * a) * (f + 1) + 8 * a) * (f + 1) - 4 * a, ((a + 2) * f - (a + 3)) * f * f + 1,
+          ((a + 2) * (1 - f) - (a + 3)) * (1 - f) * (1 - f) + 1, ((a * (2 - f) - 5 * a) * (2 - f) + 8 * a) * (2 - f) - 4 * a]
+def _grid_sample(X: Tensor, grid: Tensor, *, align_corners: int = 0, mode: str = "linear", padding_mode: str = "zeros") -> Tensor:
+  mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+  if mode not in ("nearest", "linear", "cubic") or padding_mode not in ("zeros", "border", "reflection"):
+    raise NotImplementedError(f"GridSample with mode={mode!r}, padding_mode={padding_mode!r}")
+  N, C, dims, out = X.shape[0], X.shape[1], X.shape[2:], grid.shape[1:-1]
+  L = _prod(out)
+  g = grid.cast(dtypes.float32).reshape(N, L, len(dims))
+  per_dim = []  # for each spatial dim: a list of taps (index as float, weight)
+  for k, d in enumerate(dims):
+    v = g[:, :, len(dims) - 1 - k]  # the grid's last dim lists x (the last spatial dim) first
+    v = (v + 1) / 2 * (d - 1) if align_corners else ((v + 1) * d - 1) / 2
+    lo, hi = (0.0, d - 1.0) if align_corners else (-0.5, d - 0.5)
+    if mode == "nearest": v = v.round()
+    if padding_mode == "border": v = ((v < lo) | (v > hi)).where(v.clip(0, d - 1), v)
+    elif padding_mode == "reflection": v = _reflect(v, lo, hi)
+    if mode == "nearest": taps = [(v, None)]
+    else:
+      x0 = v.floor()
+      f = v - x0
+      taps = [(x0, 1 - f), (x0 + 1, f)] if mode == "linear" else [(x0 + o, w) for o, w in zip((-1, 0, 1, 2), _cubic_coeffs(f))]
+    fixed = []
+    for i, w in taps:  # an index outside the image: zero, the nearest border pixel, or its mirror image
+      if padding_mode == "zeros": ok, i = (i >= 0) & (i < d), i.clip(0, d - 1)
+      elif padding_mode == "border": ok, i = None, i.clip(0, d - 1)
+      else: ok, i = None, _reflect(i, lo, hi).trunc().clip(0, d - 1)
+      wt = w if ok is None else ok.where(w if w is not None else 1.0, 0.0)
+      fixed.append((i.cast(dtypes.int32), wt))
+    per_dim.append(fixed)
+  flat = X.reshape(N, C, -1)
+  strides = [_prod(dims[k + 1:]) for k in range(len(dims))]
+  out_t: Tensor | None = None
+  for combo in itertools.product(*per_dim):
+    idx = sum((i * st for (i, _), st in zip(combo, strides)), Tensor.zeros(N, L, dtype=dtypes.int32, device=X.device))
+    wts = [w for _, w in combo if w is not None]
+    val = flat.gather(2, idx.reshape(N, 1, L).expand(N, C, L)).cast(dtypes.float32)
+    if wts: val = val * math.prod(wts[1:], start=wts[0]).reshape(N, 1, L)
+    out_t = val if out_t is None else out_t + val
+  assert out_t is not None
+  return out_t.reshape(N, C, *out).cast(X.dtype)
+
 # ***** ai.onnx.preview.training: one optimizer step over n tensors (inputs R, T, then n of each state kind) *****
 
 def _optimizer(n_states: int, step: Callable) -> Callable:
@@ -1141,7 +1192,7 @@ OPS: dict[str, Callable] = {
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
-  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det, "DFT": _dft,
+  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det, "DFT": _dft, "GridSample": _grid_sample,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
