@@ -1072,6 +1072,41 @@ def _dft(x: Tensor, dft_length: Tensor | None = None, axis_input: Tensor | None 
   out_im = re @ S + (im @ C if im is not None else 0)
   return out_re.stack(out_im, dim=-1).transpose(a, -2).cast(x.dtype)
 
+def _max_unpool(x: Tensor, indices: Tensor, output_shape: Tensor | None = None, *, kernel_shape: list[int], pads=None,
+                strides=None) -> Tensor:
+  """Each value written at its flat index (as MaxPool's Indices output gives them) in a tensor of zeros."""
+  r = x.ndim - 2
+  pads, strides = pads or [0] * 2 * r, strides or [1] * r
+  shape = [*x.shape[:2], *((x.shape[2 + i] - 1) * strides[i] + kernel_shape[i] - pads[i] - pads[r + i] for i in range(r))]
+  flat = Tensor.zeros(_prod(shape), dtype=x.dtype, device=x.device)
+  out = flat.scatter(0, indices.reshape(-1).cast(dtypes.int64), x.reshape(-1)).reshape(*shape)
+  if output_shape is None: return out
+  want = _ints(output_shape)  # the indices keep counting in the default shape; a bigger output pads it at the end
+  if len(want) != len(shape) or any(w < d for w, d in zip(want, shape)): raise ValueError(f"output_shape {want} is smaller than {shape}")
+  return out.pad(tuple((0, w - d) for w, d in zip(want, shape)))
+def _col2im(x: Tensor, image_shape: Tensor, block_shape: Tensor, *, dilations=None, pads=None, strides=None) -> Tensor:
+  """The inverse of an unfold: every column's block added back into the image at its place (overlaps sum)."""
+  img, blk = _ints(image_shape), _ints(block_shape)
+  r = len(img)
+  dil, pads, strides = dilations or [1] * r, pads or [0] * 2 * r, strides or [1] * r
+  padded = [img[i] + pads[i] + pads[r + i] for i in range(r)]
+  n_pos = [(padded[i] - dil[i] * (blk[i] - 1) - 1) // strides[i] + 1 for i in range(r)]
+  N, C = x.shape[0], x.shape[1] // _prod(blk)
+  cols = x.reshape(N, C, *blk, *n_pos)
+  out: Tensor | None = None
+  for offs in itertools.product(*(range(b) for b in blk)):
+    part = cols[(slice(None), slice(None), *offs)]  # (N, C, *n_pos): this block offset at every position
+    for i in range(r):  # positions spread out by the stride, then shifted to the offset within the padded image
+      ax, s = 2 + i, strides[i]
+      if s > 1:
+        part = part.unsqueeze(ax + 1).pad(tuple((0, s - 1) if a == ax + 1 else None for a in range(part.ndim + 1)))
+        part = part.reshape(*part.shape[:ax], n_pos[i] * s, *part.shape[ax + 2:])
+        part = part.shrink(tuple((0, (n_pos[i] - 1) * s + 1) if a == ax else None for a in range(part.ndim)))
+      lo = offs[i] * dil[i]
+      part = part.pad(tuple((lo, padded[i] - lo - part.shape[ax]) if a == ax else None for a in range(part.ndim)))
+    out = part if out is None else out + part
+  assert out is not None
+  return out.shrink(tuple(None if a < 2 else (pads[a - 2], pads[a - 2] + img[a - 2]) for a in range(out.ndim)))
 def _reflect(v: Tensor, lo: float, hi: float) -> Tensor:
   """Fold coordinates outside [lo, hi] back in, bouncing off the borders as often as needed."""
   rng = hi - lo
@@ -1193,6 +1228,7 @@ OPS: dict[str, Callable] = {
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
   "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det, "DFT": _dft, "GridSample": _grid_sample,
+  "MaxUnpool": _max_unpool, "Col2Im": _col2im,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
