@@ -225,6 +225,19 @@ def test_narrow_types_round_like_ml_dtypes(ty: int, saturate: int):
                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(x)])], opset=23)
   np.testing.assert_array_equal(OnnxRunner(back)({"x": want})["y"].numpy(), want.astype(np.float32))
 
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_float8e8m0_rounds_like_onnx(round_mode: str, saturate: int):
+  from onnx.numpy_helper import to_float8e8m0
+  rng = np.random.default_rng(1)
+  x = np.concatenate([2.0 ** np.arange(-127, 128), 1.5 * 2.0 ** np.arange(-126, 127), rng.standard_normal(200) * 1e3,
+                      [0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -2.5, 1e-45, 1e-39]]).astype(np.float32)
+  m = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, saturate=saturate, round_mode=round_mode)],
+             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])], [helper.make_tensor_value_info("y", TensorProto.FLOAT8E8M0, [len(x)])],
+             opset=24)
+  got, want = to_numpy(OnnxRunner(m)({"x": x})["y"]), to_float8e8m0(x, bool(saturate), round_mode)
+  np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
 def test_narrow_types_refused_by_other_ops():
   ml_dtypes = pytest.importorskip("ml_dtypes")
   m = _model([helper.make_node("Relu", ["x"], ["y"], name="r")], [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [2])],

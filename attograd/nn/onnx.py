@@ -51,6 +51,7 @@ class Narrow:
   overflow: str = "nan"  # a finite value rounding beyond max without saturation: "nan", "inf" or "max"
   neg_zero: bool = True  # fnuz types have no -0
   nan_to: float = math.nan  # what NaN becomes (float4 has no NaN: ml_dtypes makes it -0)
+  exponent_only: bool = False  # float8e8m0: a power of two, rounded as Cast's round_mode says
   @property
   def is_float(self) -> bool: return self.bits == 0
   @property
@@ -62,6 +63,7 @@ NARROW: dict[int, Narrow] = {
   19: Narrow("float8e5m2", "float8_e5m2", mbits=2, emin=-14, max=57344.0, overflow="inf"),
   20: Narrow("float8e5m2fnuz", "float8_e5m2fnuz", mbits=2, emin=-15, max=57344.0, neg_zero=False),
   23: Narrow("float4e2m1", "float4_e2m1fn", mbits=1, emin=0, max=6.0, overflow="max", nan_to=-0.0),
+  24: Narrow("float8e8m0", "float8_e8m0fnu", exponent_only=True),
   21: Narrow("uint4", "uint4", bits=4), 22: Narrow("int4", "int4", bits=4, signed=True),
   25: Narrow("uint2", "uint2", bits=2), 26: Narrow("int2", "int2", bits=2, signed=True),
 }
@@ -93,9 +95,22 @@ def _wrap_int(x: Tensor, f: Narrow) -> Tensor:
   v = x.trunc().cast(dtypes.int32) if dtypes.is_float(x.dtype) else x.cast(dtypes.int32)
   half = 1 << (f.bits - 1) if f.signed else 0
   return ((v + half).mod(1 << f.bits) - half).cast(f.carrier)
-def _to_narrow(x: Tensor, ty: int, saturate: bool) -> Tensor:
+def _round_e8m0(x: Tensor, saturate: bool, round_mode: str) -> Tensor:
+  """float32 -> the power of two float8e8m0 keeps: float32's exponent field, rounded up/down/to nearest by the mantissa
+  (the sign is dropped; NaN and infinity become NaN; code 0 is 2**-127)."""
+  bits = x.bitcast(dtypes.int32) & 0x7FFFFFFF
+  e, frac = bits >> 23, bits & 0x7FFFFF
+  if round_mode == "up": inc = frac > 0
+  elif round_mode == "nearest": inc = (frac & 0x400000).ne(0) & ((frac & 0x3FFFFF).ne(0) | (e > 0))
+  elif round_mode == "down": inc = frac < 0
+  else: raise NotImplementedError(f"float8e8m0 round_mode {round_mode!r}")
+  if saturate: inc = inc & e.ne(0xFE)
+  e = e.eq(0xFF).where(0xFF, e + inc.cast(dtypes.int32))
+  return e.eq(0xFF).where(math.nan, e.eq(0).where(0x400000, e << 23).bitcast(dtypes.float32))
+def _to_narrow(x: Tensor, ty: int, saturate: bool, round_mode: str = "up") -> Tensor:
   f = NARROW[ty]
-  if f.is_float: out = _round_float(x.cast(dtypes.float32), f, saturate)
+  if f.exponent_only: out = _round_e8m0(x.cast(dtypes.float32), saturate, round_mode)
+  elif f.is_float: out = _round_float(x.cast(dtypes.float32), f, saturate)
   else: out = _wrap_int(x, f)
   return _tag(out, ty)
 
@@ -378,13 +393,13 @@ def _constant(*, value=None, value_float=None, value_floats=None, value_int=None
   if sparse_value is not None: raise NotImplementedError("Constant with a sparse_value")
   raise NotImplementedError("string tensors are not supported (Constant value_string)")
 def _numpy_attr(t: Any) -> Tensor: return _from_numpy(_onnx().numpy_helper.to_array(t))
-def _cast(x: Tensor, *, to: int, saturate: int = 1) -> Tensor:
+def _cast(x: Tensor, *, to: int, saturate: int = 1, round_mode: str = "up") -> Tensor:
   # a narrow source's carrier holds its exact values, so casting it is casting the carrier
   # (a new Tensor: a cast to the carrier's own dtype would return the tagged carrier itself)
-  return _to_narrow(x, to, bool(saturate)) if to in NARROW else Tensor(x.cast(onnx_dtype(to)).uop)
-def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1) -> Tensor:
+  return _to_narrow(x, to, bool(saturate), round_mode) if to in NARROW else Tensor(x.cast(onnx_dtype(to)).uop)
+def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1, round_mode: str = "up") -> Tensor:
   ty = narrow_type(like)
-  return _to_narrow(x, ty, bool(saturate)) if ty is not None else Tensor(x.cast(like.dtype).uop)
+  return _to_narrow(x, ty, bool(saturate), round_mode) if ty is not None else Tensor(x.cast(like.dtype).uop)
 def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
   s, l, d = _scalar(start), _scalar(limit), _scalar(delta)
   n = max(math.ceil((l - s) / d), 0)
