@@ -945,7 +945,7 @@ def _tensor_scatter(past: Tensor, update: Tensor, write_indices: Tensor | None =
 def _unique(x: Tensor, *, axis: int | None = None, sorted: int = 1, n_outputs: int = 1) -> tuple:  # noqa: A002
   """The output's size depends on the values, so they are read and grouped on the host (numpy), as NonZero's are."""
   import numpy as np
-  a = np.asarray(x.numpy())
+  a = np.asarray(x.cast(dtypes.float32).numpy() if x.dtype == dtypes.bfloat16 else x.numpy())  # (numpy has no bfloat16)
   ax = None if axis is None else _axis(axis, a.ndim)
   y, idx, inv, cnt = np.unique(a if ax is not None else a.reshape(-1), return_index=True, return_inverse=True, return_counts=True, axis=ax)
   if not sorted:  # in order of first occurrence
@@ -953,8 +953,34 @@ def _unique(x: Tensor, *, axis: int | None = None, sorted: int = 1, n_outputs: i
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     y, idx, cnt, inv = np.take(y, order, axis=ax if ax is not None else 0), idx[order], cnt[order], rank[inv.reshape(-1)]
-  outs = (_from_numpy(y, x.device), *(Tensor(v.reshape(-1).astype(np.int64), device=x.device) for v in (idx, inv, cnt)))
+  outs = (_from_numpy(y, x.device).cast(x.dtype), *(Tensor(v.reshape(-1).astype(np.int64), device=x.device) for v in (idx, inv, cnt)))
   return outs[:n_outputs]
+def _nms(boxes: Tensor, scores: Tensor, max_output_boxes_per_class: Tensor | None = None, iou_threshold: Tensor | None = None,
+         score_threshold: Tensor | None = None, *, center_point_box: int = 0) -> Tensor:
+  """Greedy non-maximum suppression per batch and class. Its output's size depends on the values, so (as Unique's)
+  it runs on the host: the boxes and scores are read, the selected [batch, class, box] triples come back."""
+  import numpy as np
+  b, sc = boxes.cast(dtypes.float32).numpy().astype(np.float64), scores.cast(dtypes.float32).numpy()
+  limit = max(int(_scalar(max_output_boxes_per_class, 0)), 0)
+  iou_t, score_t = float(_scalar(iou_threshold, 0.0)), _scalar(score_threshold)
+  if center_point_box: lo, hi = np.stack([b[..., 1] - b[..., 3] / 2, b[..., 0] - b[..., 2] / 2], -1), np.stack([b[..., 1] + b[..., 3] / 2, b[..., 0] + b[..., 2] / 2], -1)
+  else: lo, hi = np.minimum(b[..., :2], b[..., 2:]), np.maximum(b[..., :2], b[..., 2:])  # (y, x) corners
+  area = np.prod(hi - lo, -1)
+  out = []
+  for n in range(sc.shape[0]):
+    for c in range(sc.shape[1]):
+      s = sc[n, c]
+      cand = [i for i in range(len(s)) if score_t is None or s[i] > score_t]
+      cand.sort(key=lambda i: (-s[i], i))  # best first, the lower index among equals
+      kept: list[int] = []
+      for i in cand:
+        if len(kept) >= limit: break
+        inter = np.prod(np.clip(np.minimum(hi[n, i], hi[n, kept]) - np.maximum(lo[n, i], lo[n, kept]), 0, None), -1) if kept else np.zeros(0)
+        union = area[n, i] + area[n, kept] - inter
+        ok = (inter > 0) & (area[n, i] > 0) & (area[n, kept] > 0) & (union > 0)
+        if not np.any(ok & (inter / np.where(union > 0, union, 1) > iou_t)): kept.append(i)
+      out += [[n, c, i] for i in kept]
+  return Tensor(np.array(out, np.int64).reshape(-1, 3), device=boxes.device)
 def _det(x: Tensor) -> Tensor:
   """Laplace expansion along the first row: exact in the Tensor ops, fine for the small matrices ONNX models hold."""
   n = x.shape[-1]
@@ -1243,7 +1269,7 @@ OPS: dict[str, Callable] = {
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
   "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det, "DFT": _dft, "GridSample": _grid_sample,
-  "MaxUnpool": _max_unpool, "Col2Im": _col2im,
+  "MaxUnpool": _max_unpool, "Col2Im": _col2im, "NonMaxSuppression": _nms,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
