@@ -6,8 +6,11 @@ defaults the ONNX schema of the model's opset gives, so a function only spells o
 setting an attribute its function doesn't take, or an op without a function, is refused when the model is loaded.
 The whole run builds one lazy graph: nothing executes until the caller reads an output.
 
-Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, Constants, weights folded
-by Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model."""
+Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, weights folded by
+Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model. At load,
+Constant nodes become weights and Conv -> BatchNormalization pairs with fixed parameters become one Conv
+(_fuse_conv_bn). An op not in OPS whose schema defines a function body runs as that body (_FunctionOp). ONNX types
+attograd has no dtype for are carried decoded in a tagged wider tensor (NARROW)."""
 from __future__ import annotations
 import inspect, itertools, math, os, weakref
 from dataclasses import dataclass
