@@ -10,7 +10,7 @@ np = pytest.importorskip("numpy")
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper, TensorProto
 from attograd import Tensor, dtypes
-from attograd.nn.onnx import OnnxRunner, OPS
+from attograd.nn.onnx import OnnxRunner, OPS, to_numpy
 
 FULL = os.environ.get("ATTOGRAD_ONNX_FULL", "") not in ("", "0")
 
@@ -86,6 +86,18 @@ DEFAULT: dict[str, list[str]] = {
   "det": ["test_det_nd"], "rnn": ["test_rnn_seq_length"], "gru": ["test_gru_bidirectional"], "lstm": ["test_lstm_with_peepholes", "test_lstm_batchwise"],
 }
 
+# the narrow types (float8, float4, 4- and 2-bit ints, carried decoded), and ops run as the function body their ONNX
+# schema defines (plain: AffineGrid; built for the node's input types: CausalConvWithState)
+for _k, _v in {"cast": ["test_cast_FLOAT8E4M3FN_to_FLOAT16", "test_cast_FLOAT_to_INT4", "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2"],
+               "castlike": ["test_castlike_FLOAT16_to_FLOAT4E2M1"], "quantizelinear": ["test_quantizelinear_e4m3fn", "test_quantizelinear_int4"],
+               "dequantizelinear": ["test_dequantizelinear_uint4"], "affinegrid": ["test_affine_grid_2d"],
+               "causal_conv_with_state": ["test_causal_conv_with_state_with_bias"], "dft": ["test_dft_axis", "test_dft_irfft_opset19"],
+               "gridsample": ["test_gridsample_bicubic", "test_gridsample_reflection_padding", "test_gridsample_volumetric_nearest_align_corners_1"],
+               "maxunpool": ["test_maxunpool_export_with_output_shape"], "col2im": ["test_col2im_strides", "test_col2im_dilations"],
+               "nonmaxsuppression": ["test_nonmaxsuppression_center_point_box_format", "test_nonmaxsuppression_two_batches"],
+               "unique": ["test_unique_bfloat16_sorted_without_axis"], "adam": ["test_adam_multiple"], "adagrad": ["test_adagrad"], "momentum": ["test_nesterov_momentum"]}.items():
+  DEFAULT.setdefault(_k, []).extend(_v)
+
 # the standard has no node case for these: tested below against numpy
 NO_NODE_CASE = {"GlobalLpPool", "ConcatFromSequence", "SequenceErase", "Optional"}
 
@@ -113,12 +125,7 @@ def _value(v):
   if isinstance(v, list): return [_value(x) for x in v]
   return numpy_helper.to_array(v) if isinstance(v, TensorProto) else v
 
-def _numpy(t):
-  if t is None or isinstance(t, list): return t if t is None else [_numpy(x) for x in t]
-  if t.dtype == dtypes.bfloat16:
-    import ml_dtypes
-    return t.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
-  return t.numpy()
+def _numpy(t): return to_numpy(t)
 
 def _check(case, outputs: dict) -> None:
   for o, want in zip(case.model.graph.output, case.data_sets[0][1]):
@@ -189,6 +196,56 @@ def test_all_node_cases():
   by_op = collections.Counter(c.model.graph.node[0].op_type for c in cases if results["attograd"][c.name])
   print("attograd failures by op:", dict(by_op.most_common()))
 
+@pytest.mark.parametrize("ty", [17, 18, 19, 20, 23, 21, 22, 25, 26])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_narrow_types_round_like_ml_dtypes(ty: int, saturate: int):
+  """Cast onto the grid of each narrow type (float8, float4, 4- and 2-bit ints) against ml_dtypes' own conversion."""
+  ml_dtypes = pytest.importorskip("ml_dtypes")
+  from attograd.nn.onnx import NARROW
+  f = NARROW[ty]
+  npt = getattr(ml_dtypes, f.np_name)
+  rng = np.random.default_rng(ty)
+  if f.is_float:
+    g = np.arange(256, dtype=np.uint8).view(npt).astype(np.float32) if f.mbits > 1 else np.array([0, .5, 1, 1.5, 2, 3, 4, 6], np.float32)
+    g = np.unique(np.abs(g[np.isfinite(g)]))
+    # every grid value, the midpoints between neighbours (ties go to even), just off them, and the specials
+    mids = (g[1:] + g[:-1]) / 2
+    x = np.concatenate([g, -g, mids, -mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf), rng.standard_normal(300) * f.max / 4,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, f.max * 1.03, -f.max * 1.1, 1e30, 1e-30]]).astype(np.float32)
+    want = (np.clip(x, -f.max, f.max) if saturate else x).astype(npt)
+  else:
+    x = np.concatenate([np.arange(-20, 20), rng.uniform(-30, 30, 100)]).astype(np.float32)
+    want = x.astype(npt)
+  m = _model([helper.make_node("Cast", ["x"], ["y"], to=ty, saturate=saturate)], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])],
+             [helper.make_tensor_value_info("y", ty, [len(x)])], opset=23)
+  got = to_numpy(OnnxRunner(m)({"x": x})["y"])
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+  # and back: the carrier gives the values out exactly
+  back = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [helper.make_tensor_value_info("x", ty, [len(x)])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(x)])], opset=23)
+  np.testing.assert_array_equal(OnnxRunner(back)({"x": want})["y"].numpy(), want.astype(np.float32))
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_float8e8m0_rounds_like_onnx(round_mode: str, saturate: int):
+  from onnx.numpy_helper import to_float8e8m0
+  rng = np.random.default_rng(1)
+  x = np.concatenate([2.0 ** np.arange(-127, 128), 1.5 * 2.0 ** np.arange(-126, 127), rng.standard_normal(200) * 1e3,
+                      [0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -2.5, 1e-45, 1e-39]]).astype(np.float32)
+  m = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, saturate=saturate, round_mode=round_mode)],
+             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(x)])], [helper.make_tensor_value_info("y", TensorProto.FLOAT8E8M0, [len(x)])],
+             opset=24)
+  got, want = to_numpy(OnnxRunner(m)({"x": x})["y"]), to_float8e8m0(x, bool(saturate), round_mode)
+  np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+def test_narrow_types_refused_by_other_ops():
+  ml_dtypes = pytest.importorskip("ml_dtypes")
+  m = _model([helper.make_node("Relu", ["x"], ["y"], name="r")], [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [2])],
+             [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2])], opset=23)
+  with pytest.raises(NotImplementedError, match="node 'r'.*Relu of float8e4m3fn"):
+    OnnxRunner(m)({"x": np.ones(2, ml_dtypes.float8_e4m3fn)})
+
 def test_global_lp_pool():
   x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
   m = _model([helper.make_node("GlobalLpPool", ["x"], ["y"], p=3)], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
@@ -233,6 +290,15 @@ def test_ppocr_matches_onnxruntime(name: str, shape):
   want2 = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x * 0.5})[0]
   np.testing.assert_allclose(again, want2, rtol=1e-3, atol=1e-4)
 
+@pytest.mark.skipif(not FULL, reason="ATTOGRAD_ONNX_FULL=1: compiling three models takes minutes on a cold kernel cache")
+def test_ocr_example_reads_rendered_line():
+  pytest.importorskip("PIL")
+  _ppocr("ch_PP-OCRv4_rec_infer.onnx")
+  import runpy
+  ocr = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "examples", "ocr.py"), run_name="ocr")
+  lines = ocr["Ocr"](ocr["models_dir"]())(ocr["render"]())
+  assert [t for _, t, _ in lines] == [ocr["TEXT"]]
+
 # ***** bad input: a clear error naming the node or input *****
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> bytes:
@@ -266,6 +332,37 @@ def test_jit_replays_with_new_inputs():
     want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).reshape(1, -1).relu().numpy()
     np.testing.assert_allclose(runner({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-5)
 
+@pytest.mark.parametrize("as_constants", [False, True])
+def test_conv_batchnorm_folded(as_constants: bool):
+  """Conv -> BatchNormalization with fixed parameters (initializers, or Constant nodes as exporters often write them)
+  runs as one conv with the normalization folded into its weight and bias; a conv whose output is read twice is not
+  folded. Both against torch."""
+  import torch
+  rng = np.random.default_rng(0)
+  w, b = rng.standard_normal((4, 3, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+  sc, sh, mu, var = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32), \
+    rng.standard_normal(4).astype(np.float32), rng.random(4).astype(np.float32) + 0.5
+  params = {"w": w, "b": b, "sc": sc, "sh": sh, "mu": mu, "var": var}
+  nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+           helper.make_node("BatchNormalization", ["c", "sc", "sh", "mu", "var"], ["y"], epsilon=1e-3),
+           helper.make_node("Conv", ["x", "w"], ["c2"]), helper.make_node("BatchNormalization", ["c2", "sc", "sh", "mu", "var"], ["y2"]),
+           helper.make_node("Relu", ["c2"], ["r2"])]
+  if as_constants: nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v, k)) for k, v in params.items()] + nodes
+  inits = [] if as_constants else [numpy_helper.from_array(v, k) for k, v in params.items()]
+  f = TensorProto.FLOAT
+  m = _model(nodes, [helper.make_tensor_value_info("x", f, [1, 3, 6, 6])],
+             [helper.make_tensor_value_info(n, f, None) for n in ("y", "y2", "r2")], inits)
+  runner = OnnxRunner(m)
+  assert [n.op for n in runner.nodes] == ["Conv", "Conv", "BatchNormalization", "Relu"]
+  x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+  out = runner({"x": x})
+  T = torch.tensor
+  c, c2 = torch.nn.functional.conv2d(T(x), T(w), T(b), padding=1), torch.nn.functional.conv2d(T(x), T(w))
+  bn = lambda t, eps: torch.nn.functional.batch_norm(t, T(mu), T(var), T(sc), T(sh), eps=eps)
+  np.testing.assert_allclose(out["y"].numpy(), bn(c, 1e-3).numpy(), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out["y2"].numpy(), bn(c2, 1e-5).numpy(), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out["r2"].numpy(), c2.relu().numpy(), rtol=1e-4, atol=1e-5)
+
 def test_external_data_initializer(tmp_path):
   w = np.arange(6, dtype=np.float32).reshape(2, 3)
   m = onnx.load_from_string(_model([helper.make_node("Add", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
@@ -287,9 +384,9 @@ def test_bad_models():
   missing = _model([helper.make_node("Relu", ["nope"], ["y"], name="r")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
   with pytest.raises(ValueError, match="node 'r'.*'nope'"): OnnxRunner(missing)
-  unsupported = _model([helper.make_node("GridSample", ["x", "x"], ["y"], name="d")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+  unsupported = _model([helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="d")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
-  with pytest.raises(NotImplementedError, match="'GridSample'.*'d'.*opset 17"): OnnxRunner(unsupported)
+  with pytest.raises(NotImplementedError, match="'TfIdfVectorizer'.*'d'.*opset 17"): OnnxRunner(unsupported)
   bad_attr = _model([helper.make_node("Relu", ["x"], ["y"], name="r", color="red")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
   with pytest.raises(NotImplementedError, match="attribute 'color' of node 'r'"): OnnxRunner(bad_attr)

@@ -6,8 +6,11 @@ defaults the ONNX schema of the model's opset gives, so a function only spells o
 setting an attribute its function doesn't take, or an op without a function, is refused when the model is loaded.
 The whole run builds one lazy graph: nothing executes until the caller reads an output.
 
-Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, Constants, weights folded
-by Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model."""
+Values that depend only on the input shapes (Shape -> Slice -> Concat -> Reshape chains, weights folded by
+Transpose/Cast) are realized once per input-shape signature and reused, so later runs schedule only the model. At load,
+Constant nodes become weights and Conv -> BatchNormalization pairs with fixed parameters become one Conv
+(_fuse_conv_bn). An op not in OPS whose schema defines a function body runs as that body (_FunctionOp). ONNX types
+attograd has no dtype for are carried decoded in a tagged wider tensor (NARROW)."""
 from __future__ import annotations
 import inspect, itertools, math, os, weakref
 from dataclasses import dataclass
@@ -15,7 +18,7 @@ from typing import Any, Callable, Sequence
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
 
-__all__ = ["OnnxRunner", "OPS", "ONNX_DTYPES"]
+__all__ = ["OnnxRunner", "OPS", "ONNX_DTYPES", "NARROW", "narrow_type", "to_numpy"]
 
 def _onnx():
   try: import onnx
@@ -33,12 +36,106 @@ def onnx_dtype(t: int) -> DType:
   if t in ONNX_DTYPES: return ONNX_DTYPES[t]
   raise NotImplementedError(f"ONNX element type {_ONNX_TYPE_NAMES.get(t, t)} has no attograd dtype")
 
+# ***** narrow ONNX types attograd has no dtype for: float8 variants, float4, 4- and 2-bit integers *****
+# Their values are carried decoded, exactly, in a wider "carrier" tensor (float32 for the floats, int8/uint8 for the
+# integers) that the runner tags with the ONNX type. Cast/CastLike/QuantizeLinear round onto the narrow type's grid,
+# DequantizeLinear and Cast read the carrier; movement ops keep the tag; any other op refuses a tagged input, and
+# to_numpy() gives an output back in its ml_dtypes type.
+
+@dataclass(frozen=True)
+class Narrow:
+  name: str          # ONNX's name; numpy: the ml_dtypes name below
+  np_name: str
+  bits: int = 0      # integers: width
+  signed: bool = False
+  mbits: int = 0     # floats: mantissa bits, smallest normal exponent, largest finite value
+  emin: int = 0
+  max: float = 0.0
+  overflow: str = "nan"  # a finite value rounding beyond max without saturation: "nan", "inf" or "max"
+  neg_zero: bool = True  # fnuz types have no -0
+  nan_to: float = math.nan  # what NaN becomes (float4 has no NaN: ml_dtypes makes it -0)
+  exponent_only: bool = False  # float8e8m0: a power of two, rounded as Cast's round_mode says
+  @property
+  def is_float(self) -> bool: return self.bits == 0
+  @property
+  def carrier(self) -> DType: return dtypes.float32 if self.is_float else dtypes.int8 if self.signed else dtypes.uint8
+
+NARROW: dict[int, Narrow] = {
+  17: Narrow("float8e4m3fn", "float8_e4m3fn", mbits=3, emin=-6, max=448.0),
+  18: Narrow("float8e4m3fnuz", "float8_e4m3fnuz", mbits=3, emin=-7, max=240.0, neg_zero=False),
+  19: Narrow("float8e5m2", "float8_e5m2", mbits=2, emin=-14, max=57344.0, overflow="inf"),
+  20: Narrow("float8e5m2fnuz", "float8_e5m2fnuz", mbits=2, emin=-15, max=57344.0, neg_zero=False),
+  23: Narrow("float4e2m1", "float4_e2m1fn", mbits=1, emin=0, max=6.0, overflow="max", nan_to=-0.0),
+  24: Narrow("float8e8m0", "float8_e8m0fnu", exponent_only=True),
+  21: Narrow("uint4", "uint4", bits=4), 22: Narrow("int4", "int4", bits=4, signed=True),
+  25: Narrow("uint2", "uint2", bits=2), 26: Narrow("int2", "int2", bits=2, signed=True),
+}
+_NARROW_BY_NP = {n.np_name: t for t, n in NARROW.items()}
+_TAGS: dict[int, tuple[weakref.ref, int]] = {}
+
+def narrow_type(t: Any) -> int | None:
+  """The ONNX type number of a carrier tensor (None for an ordinary tensor)."""
+  ref, ty = _TAGS.get(id(t), (None, None))
+  return ty if ref is not None and ref() is t else None
+def _tag(t: Tensor, ty: int | None) -> Tensor:
+  if ty is not None: _TAGS[id(t)] = (weakref.ref(t, lambda _, k=id(t): _TAGS.pop(k, None)), ty)
+  return t
+
+def _round_float(x: Tensor, f: Narrow, saturate: bool) -> Tensor:
+  """float32 values rounded (half to even) onto the grid of a narrow float type, as ml_dtypes' cast does."""
+  bits = x.bitcast(dtypes.int32)
+  a = x.abs()
+  e = (((a.bitcast(dtypes.int32) >> 23) & 0xFF) - 127).maximum(f.emin)  # the exponent of the grid step (subnormals: emin)
+  step = ((e - f.mbits + 127) << 23).bitcast(dtypes.float32)
+  r = (a / step).round() * step
+  over = f.max if saturate or f.overflow == "max" else math.inf if f.overflow == "inf" else math.nan
+  r = (r > f.max).where(over, r)
+  r = (bits < 0).where(-r, r)
+  if not f.neg_zero: r = r.eq(0).where(0.0, r)
+  return x.isnan().where(f.nan_to, r).cast(dtypes.float32)
+def _wrap_int(x: Tensor, f: Narrow) -> Tensor:
+  """Values to a narrow integer type as ml_dtypes casts: floats truncated, then wrapped modulo 2**bits."""
+  v = x.trunc().cast(dtypes.int32) if dtypes.is_float(x.dtype) else x.cast(dtypes.int32)
+  half = 1 << (f.bits - 1) if f.signed else 0
+  return ((v + half).mod(1 << f.bits) - half).cast(f.carrier)
+def _round_e8m0(x: Tensor, saturate: bool, round_mode: str) -> Tensor:
+  """float32 -> the power of two float8e8m0 keeps: float32's exponent field, rounded up/down/to nearest by the mantissa
+  (the sign is dropped; NaN and infinity become NaN; code 0 is 2**-127)."""
+  bits = x.bitcast(dtypes.int32) & 0x7FFFFFFF
+  e, frac = bits >> 23, bits & 0x7FFFFF
+  if round_mode == "up": inc = frac > 0
+  elif round_mode == "nearest": inc = (frac & 0x400000).ne(0) & ((frac & 0x3FFFFF).ne(0) | (e > 0))
+  elif round_mode == "down": inc = frac < 0
+  else: raise NotImplementedError(f"float8e8m0 round_mode {round_mode!r}")
+  if saturate: inc = inc & e.ne(0xFE)
+  e = e.eq(0xFF).where(0xFF, e + inc.cast(dtypes.int32))
+  return e.eq(0xFF).where(math.nan, e.eq(0).where(0x400000, e << 23).bitcast(dtypes.float32))
+def _to_narrow(x: Tensor, ty: int, saturate: bool, round_mode: str = "up") -> Tensor:
+  f = NARROW[ty]
+  if f.exponent_only: out = _round_e8m0(x.cast(dtypes.float32), saturate, round_mode)
+  elif f.is_float: out = _round_float(x.cast(dtypes.float32), f, saturate)
+  else: out = _wrap_int(x, f)
+  return _tag(out, ty)
+
+def to_numpy(v: Any) -> Any:
+  """An output as numpy: sequences as lists, None as None, bfloat16 and the narrow types in their ml_dtypes type."""
+  if v is None or isinstance(v, list): return v if v is None else [to_numpy(x) for x in v]
+  ty = narrow_type(v)
+  if ty is not None or v.dtype == dtypes.bfloat16:
+    import ml_dtypes
+    if ty is not None: return v.numpy().astype(getattr(ml_dtypes, NARROW[ty].np_name))
+    return v.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
+  return v.numpy()
+
 def _from_numpy(a: Any, device: str | None = None) -> Tensor:
   import numpy as np
   a = np.asarray(a)
   if a.dtype.kind in "OSU": raise NotImplementedError(f"string tensors are not supported (got numpy dtype {a.dtype})")
   a = a if a.flags.c_contiguous else a.copy()  # (np.ascontiguousarray would make a 0-d array 1-d)
   if a.dtype.name == "bfloat16": return Tensor(a.view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+  if a.dtype.name in _NARROW_BY_NP:
+    ty = _NARROW_BY_NP[a.dtype.name]
+    return _tag(Tensor(a.astype(NARROW[ty].carrier.name), device=device), ty)
   if a.dtype.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2")):
     raise NotImplementedError(f"numpy dtype {a.dtype} has no attograd dtype")
   return Tensor(a, device=device)
@@ -119,7 +216,9 @@ def _isinf(x: Tensor, detect_negative: int = 1, detect_positive: int = 1) -> Ten
 def _gelu(x: Tensor, approximate: str = "none") -> Tensor: return x.gelu(approximate=approximate)
 def _elu(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > 0).where(x, (x.exp() - 1) * alpha).cast(x.dtype)
 def _selu(x: Tensor, alpha: float, gamma: float) -> Tensor: return ((x > 0).where(x, (x.exp() - 1) * alpha) * gamma).cast(x.dtype)
-def _celu(x: Tensor, alpha: float = 1.0) -> Tensor: return x.maximum(0) + ((x / alpha).exp() - 1).minimum(0) * alpha
+def _celu(x: Tensor, alpha: float = 1.0) -> Tensor:
+  xf = x.cast(dtypes.float32) if x.dtype in (dtypes.float16, dtypes.bfloat16) else x  # exp(x)-1 in a half type loses all digits near 0
+  return (xf.maximum(0) + ((xf / alpha).exp() - 1).minimum(0) * alpha).cast(x.dtype)
 def _leaky(x: Tensor, alpha: float = 0.01) -> Tensor: return (x < 0).where(x * alpha, x).cast(x.dtype)
 def _thresholded(x: Tensor, alpha: float = 1.0) -> Tensor: return (x > alpha).where(x, 0).cast(x.dtype)
 def _prelu(x: Tensor, slope: Tensor) -> Tensor: return (x < 0).where(x * slope, x).cast(x.dtype)
@@ -297,8 +396,13 @@ def _constant(*, value=None, value_float=None, value_floats=None, value_int=None
   if sparse_value is not None: raise NotImplementedError("Constant with a sparse_value")
   raise NotImplementedError("string tensors are not supported (Constant value_string)")
 def _numpy_attr(t: Any) -> Tensor: return _from_numpy(_onnx().numpy_helper.to_array(t))
-def _cast(x: Tensor, *, to: int, saturate: int = 1) -> Tensor: return x.cast(onnx_dtype(to))
-def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1) -> Tensor: return x.cast(like.dtype)
+def _cast(x: Tensor, *, to: int, saturate: int = 1, round_mode: str = "up") -> Tensor:
+  # a narrow source's carrier holds its exact values, so casting it is casting the carrier
+  # (a new Tensor: a cast to the carrier's own dtype would return the tagged carrier itself)
+  return _to_narrow(x, to, bool(saturate), round_mode) if to in NARROW else Tensor(x.cast(onnx_dtype(to)).uop)
+def _castlike(x: Tensor, like: Tensor, *, saturate: int = 1, round_mode: str = "up") -> Tensor:
+  ty = narrow_type(like)
+  return _to_narrow(x, ty, bool(saturate), round_mode) if ty is not None else Tensor(x.cast(like.dtype).uop)
 def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
   s, l, d = _scalar(start), _scalar(limit), _scalar(delta)
   n = max(math.ceil((l - s) / d), 0)
@@ -604,13 +708,25 @@ def _qparam(p: Tensor, x: Tensor, axis: int, block_size: int) -> Tensor:
   return p
 def _quantize(x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
               output_dtype: int = 0, saturate: int = 1, precision: int = 0) -> Tensor:
-  dt = y_zero_point.dtype if y_zero_point is not None else onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
+  ty = narrow_type(y_zero_point) if y_zero_point is not None else output_dtype if output_dtype in NARROW else None
+  if ty is not None and NARROW[ty].is_float:  # float8/float4: onto the type's grid (float8 ignores the zero point, which is 0)
+    y = x.cast(dtypes.float32) / _qparam(y_scale, x, axis, block_size).cast(dtypes.float32)
+    if y_zero_point is not None and not NARROW[ty].name.startswith("float8"): y = y + _qparam(y_zero_point, x, axis, block_size)
+    return _to_narrow(y, ty, bool(saturate))
+  dt = NARROW[ty].carrier if ty is not None else y_zero_point.dtype if y_zero_point is not None else \
+    onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
   if not dtypes.is_int(dt): raise NotImplementedError(f"QuantizeLinear to {dt}")
+  lo, hi = ((-(1 << NARROW[ty].bits - 1), (1 << NARROW[ty].bits - 1) - 1) if NARROW[ty].signed else (0, (1 << NARROW[ty].bits) - 1)) \
+    if ty is not None else (dtypes.min(dt), dtypes.max(dt))
   y = (x.cast(dtypes.float32) / _qparam(y_scale, x, axis, block_size).cast(dtypes.float32)).round()
   if y_zero_point is not None: y = y + _qparam(y_zero_point, x, axis, block_size).cast(dtypes.float32)
-  return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)
+  return _tag(y.clip(lo, hi).cast(dt), ty)
 def _dequantize(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
                 output_dtype: int = 0) -> Tensor:
+  if narrow_type(x) is not None and NARROW[narrow_type(x)].is_float:  # float8/float4: the carrier holds the values
+    xf = x if x_zero_point is None else x - _qparam(x_zero_point, x, axis, block_size)
+    out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
+    return (xf * _qparam(x_scale, x, axis, block_size).cast(dtypes.float32)).cast(out)
   if not dtypes.is_int(x.dtype): raise NotImplementedError(f"DequantizeLinear from {x.dtype}")
   xi = x.cast(dtypes.int64 if x.dtype in (dtypes.uint32, dtypes.int64, dtypes.uint64) else dtypes.int32)
   if x_zero_point is not None: xi = xi - _qparam(x_zero_point, x, axis, block_size).cast(xi.dtype)
@@ -671,6 +787,13 @@ def _attention(Q: Tensor, K: Tensor, V: Tensor, attn_mask: Tensor | None = None,
                softcap: float = 0.0, softmax_precision: int | None = None, left_window_size: int = -1, right_window_size: int = -1,
                n_outputs: int = 1):
   dt, three_d = Q.dtype, Q.ndim == 3
+  if dt in (dtypes.float16, dtypes.bfloat16):  # computed in float32, rounded once at the end (as onnxruntime does)
+    y, *rest = _attention(*(t.cast(dtypes.float32) if isinstance(t, Tensor) and t.dtype == dt else t for t in
+                            (Q, K, V, attn_mask, past_key, past_value)), nonpad_kv_seqlen, is_causal=is_causal, kv_num_heads=kv_num_heads,
+                          q_num_heads=q_num_heads, qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+                          softmax_precision=softmax_precision, left_window_size=left_window_size, right_window_size=right_window_size,
+                          n_outputs=4)
+    return tuple(t.cast(dt) for t in (y, *rest))[:n_outputs]
   if three_d:  # (B, S, heads*size) -> (B, heads, S, size)
     Q, K, V = (t.reshape(t.shape[0], t.shape[1], h, -1).permute(0, 2, 1, 3) for t, h in ((Q, q_num_heads), (K, kv_num_heads), (V, kv_num_heads)))
   sc = math.sqrt(scale if scale is not None else 1 / math.sqrt(Q.shape[3]))  # the reference scales q and k by sqrt(scale) each
@@ -825,7 +948,7 @@ def _tensor_scatter(past: Tensor, update: Tensor, write_indices: Tensor | None =
 def _unique(x: Tensor, *, axis: int | None = None, sorted: int = 1, n_outputs: int = 1) -> tuple:  # noqa: A002
   """The output's size depends on the values, so they are read and grouped on the host (numpy), as NonZero's are."""
   import numpy as np
-  a = np.asarray(x.numpy())
+  a = np.asarray(x.cast(dtypes.float32).numpy() if x.dtype == dtypes.bfloat16 else x.numpy())  # (numpy has no bfloat16)
   ax = None if axis is None else _axis(axis, a.ndim)
   y, idx, inv, cnt = np.unique(a if ax is not None else a.reshape(-1), return_index=True, return_inverse=True, return_counts=True, axis=ax)
   if not sorted:  # in order of first occurrence
@@ -833,8 +956,34 @@ def _unique(x: Tensor, *, axis: int | None = None, sorted: int = 1, n_outputs: i
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     y, idx, cnt, inv = np.take(y, order, axis=ax if ax is not None else 0), idx[order], cnt[order], rank[inv.reshape(-1)]
-  outs = (_from_numpy(y, x.device), *(Tensor(v.reshape(-1).astype(np.int64), device=x.device) for v in (idx, inv, cnt)))
+  outs = (_from_numpy(y, x.device).cast(x.dtype), *(Tensor(v.reshape(-1).astype(np.int64), device=x.device) for v in (idx, inv, cnt)))
   return outs[:n_outputs]
+def _nms(boxes: Tensor, scores: Tensor, max_output_boxes_per_class: Tensor | None = None, iou_threshold: Tensor | None = None,
+         score_threshold: Tensor | None = None, *, center_point_box: int = 0) -> Tensor:
+  """Greedy non-maximum suppression per batch and class. Its output's size depends on the values, so (as Unique's)
+  it runs on the host: the boxes and scores are read, the selected [batch, class, box] triples come back."""
+  import numpy as np
+  b, sc = boxes.cast(dtypes.float32).numpy().astype(np.float64), scores.cast(dtypes.float32).numpy()
+  limit = max(int(_scalar(max_output_boxes_per_class, 0)), 0)
+  iou_t, score_t = float(_scalar(iou_threshold, 0.0)), _scalar(score_threshold)
+  if center_point_box: lo, hi = np.stack([b[..., 1] - b[..., 3] / 2, b[..., 0] - b[..., 2] / 2], -1), np.stack([b[..., 1] + b[..., 3] / 2, b[..., 0] + b[..., 2] / 2], -1)
+  else: lo, hi = np.minimum(b[..., :2], b[..., 2:]), np.maximum(b[..., :2], b[..., 2:])  # (y, x) corners
+  area = np.prod(hi - lo, -1)
+  out = []
+  for n in range(sc.shape[0]):
+    for c in range(sc.shape[1]):
+      s = sc[n, c]
+      cand = [i for i in range(len(s)) if score_t is None or s[i] > score_t]
+      cand.sort(key=lambda i: (-s[i], i))  # best first, the lower index among equals
+      kept: list[int] = []
+      for i in cand:
+        if len(kept) >= limit: break
+        inter = np.prod(np.clip(np.minimum(hi[n, i], hi[n, kept]) - np.maximum(lo[n, i], lo[n, kept]), 0, None), -1) if kept else np.zeros(0)
+        union = area[n, i] + area[n, kept] - inter
+        ok = (inter > 0) & (area[n, i] > 0) & (area[n, kept] > 0) & (union > 0)
+        if not np.any(ok & (inter / np.where(union > 0, union, 1) > iou_t)): kept.append(i)
+      out += [[n, c, i] for i in kept]
+  return Tensor(np.array(out, np.int64).reshape(-1, 3), device=boxes.device)
 def _det(x: Tensor) -> Tensor:
   """Laplace expansion along the first row: exact in the Tensor ops, fine for the small matrices ONNX models hold."""
   n = x.shape[-1]
@@ -940,6 +1089,159 @@ def _upsample(x: Tensor, scales=None, *, mode: str = "nearest", opset: int) -> T
   for a, (n, s) in enumerate(zip(sz, sc)): x = _resize_axis(x, a, n, s, (0.0, 1.0), mode, "asymmetric", "floor", -0.75, 0, 0.0)
   return x
 
+def _dft(x: Tensor, dft_length: Tensor | None = None, axis_input: Tensor | None = None, *, axis: int = 1, inverse: int = 0,
+         onesided: int = 0, opset: int) -> Tensor:
+  """A DFT along one axis as two matmuls with cos/sin tables (the last dim holds real, or real and imaginary)."""
+  import numpy as np
+  a = (int(_scalar(axis_input)) if axis_input is not None else -2 if opset >= 20 else axis) % x.ndim
+  if a == x.ndim - 1: raise ValueError(f"DFT axis {a} is the real/imaginary dim")
+  bins = x.shape[a]
+  n = int(_scalar(dft_length)) if dft_length is not None else 2 * (bins - 1) if inverse and onesided else bins
+  re, im = x[..., 0], (x[..., 1] if x.shape[-1] == 2 else None)
+  re, im = (t.transpose(a, -1) if t is not None else None for t in (re, im))  # the signal axis last
+  k_in = min(bins, n) if not (inverse and onesided) else bins
+  re, im = (t[..., :k_in] if t is not None else None for t in (re, im))
+  if k_in < n and not (inverse and onesided): re, im = (t.pad(((0, 0),) * (t.ndim - 1) + ((0, n - k_in),)) if t is not None else None for t in (re, im))
+  rows = k_in if inverse and onesided else n
+  cols = n if inverse or not onesided else n // 2 + 1
+  ang = 2 * np.pi * ((np.arange(rows)[:, None] * np.arange(cols)[None]) % n) / n  # (reduced mod n: exact tables)
+  c, sn = np.cos(ang), np.sin(ang) * (1 if inverse else -1)
+  if inverse and onesided:  # the missing half of a Hermitian spectrum: every bin but DC and Nyquist counts twice
+    w = np.where((np.arange(rows) == 0) | (2 * np.arange(rows) == n), 1.0, 2.0)[:, None]
+    c, sn = c * w, sn * w
+  if inverse: c, sn = c / n, sn / n
+  C, S = (Tensor(m.astype(np.float32), device=x.device).cast(x.dtype) for m in (c, sn))
+  out_re = re @ C - (im @ S if im is not None else 0)
+  if inverse and onesided: return out_re.unsqueeze(-1).transpose(a, -2).cast(x.dtype)
+  out_im = re @ S + (im @ C if im is not None else 0)
+  return out_re.stack(out_im, dim=-1).transpose(a, -2).cast(x.dtype)
+
+def _max_unpool(x: Tensor, indices: Tensor, output_shape: Tensor | None = None, *, kernel_shape: list[int], pads=None,
+                strides=None) -> Tensor:
+  """Each value written at its flat index (as MaxPool's Indices output gives them) in a tensor of zeros."""
+  r = x.ndim - 2
+  pads, strides = pads or [0] * 2 * r, strides or [1] * r
+  shape = [*x.shape[:2], *((x.shape[2 + i] - 1) * strides[i] + kernel_shape[i] - pads[i] - pads[r + i] for i in range(r))]
+  flat = Tensor.zeros(_prod(shape), dtype=x.dtype, device=x.device)
+  out = flat.scatter(0, indices.reshape(-1).cast(dtypes.int64), x.reshape(-1)).reshape(*shape)
+  if output_shape is None: return out
+  want = _ints(output_shape)  # the indices keep counting in the default shape; a bigger output pads it at the end
+  if len(want) != len(shape) or any(w < d for w, d in zip(want, shape)): raise ValueError(f"output_shape {want} is smaller than {shape}")
+  return out.pad(tuple((0, w - d) for w, d in zip(want, shape)))
+def _col2im(x: Tensor, image_shape: Tensor, block_shape: Tensor, *, dilations=None, pads=None, strides=None) -> Tensor:
+  """The inverse of an unfold: every column's block added back into the image at its place (overlaps sum)."""
+  img, blk = _ints(image_shape), _ints(block_shape)
+  r = len(img)
+  dil, pads, strides = dilations or [1] * r, pads or [0] * 2 * r, strides or [1] * r
+  padded = [img[i] + pads[i] + pads[r + i] for i in range(r)]
+  n_pos = [(padded[i] - dil[i] * (blk[i] - 1) - 1) // strides[i] + 1 for i in range(r)]
+  N, C = x.shape[0], x.shape[1] // _prod(blk)
+  cols = x.reshape(N, C, *blk, *n_pos)
+  out: Tensor | None = None
+  for offs in itertools.product(*(range(b) for b in blk)):
+    part = cols[(slice(None), slice(None), *offs)]  # (N, C, *n_pos): this block offset at every position
+    for i in range(r):  # positions spread out by the stride, then shifted to the offset within the padded image
+      ax, s = 2 + i, strides[i]
+      if s > 1:
+        part = part.unsqueeze(ax + 1).pad(tuple((0, s - 1) if a == ax + 1 else None for a in range(part.ndim + 1)))
+        part = part.reshape(*part.shape[:ax], n_pos[i] * s, *part.shape[ax + 2:])
+        part = part.shrink(tuple((0, (n_pos[i] - 1) * s + 1) if a == ax else None for a in range(part.ndim)))
+      lo = offs[i] * dil[i]
+      part = part.pad(tuple((lo, padded[i] - lo - part.shape[ax]) if a == ax else None for a in range(part.ndim)))
+    out = part if out is None else out + part
+  assert out is not None
+  return out.shrink(tuple(None if a < 2 else (pads[a - 2], pads[a - 2] + img[a - 2]) for a in range(out.ndim)))
+def _reflect(v: Tensor, lo: float, hi: float) -> Tensor:
+  """Fold coordinates outside [lo, hi] back in, bouncing off the borders as often as needed."""
+  rng = hi - lo
+  def fold(d: Tensor, near: float, far: float) -> Tensor:
+    n = (d / rng).trunc()
+    r = d - n * rng
+    return (n.mod(2) == 0).where(near + r * (1 if near == lo else -1), far + r * (1 if far == lo else -1))
+  return (v < lo).where(fold(lo - v, lo, hi), (v > hi).where(fold(v - hi, hi, lo), v))
+def _cubic_coeffs(f: Tensor, a: float = -0.75) -> list[Tensor]:
+  return [((a * (f + 1) - 5 * a) * (f + 1) + 8 * a) * (f + 1) - 4 * a, ((a + 2) * f - (a + 3)) * f * f + 1,
+          ((a + 2) * (1 - f) - (a + 3)) * (1 - f) * (1 - f) + 1, ((a * (2 - f) - 5 * a) * (2 - f) + 8 * a) * (2 - f) - 4 * a]
+def _grid_sample(X: Tensor, grid: Tensor, *, align_corners: int = 0, mode: str = "linear", padding_mode: str = "zeros") -> Tensor:
+  mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+  if mode not in ("nearest", "linear", "cubic") or padding_mode not in ("zeros", "border", "reflection"):
+    raise NotImplementedError(f"GridSample with mode={mode!r}, padding_mode={padding_mode!r}")
+  N, C, dims, out = X.shape[0], X.shape[1], X.shape[2:], grid.shape[1:-1]
+  L = _prod(out)
+  g = grid.cast(dtypes.float32).reshape(N, L, len(dims))
+  per_dim = []  # for each spatial dim: a list of taps (index as float, weight)
+  for k, d in enumerate(dims):
+    v = g[:, :, len(dims) - 1 - k]  # the grid's last dim lists x (the last spatial dim) first
+    v = (v + 1) / 2 * (d - 1) if align_corners else ((v + 1) * d - 1) / 2
+    lo, hi = (0.0, d - 1.0) if align_corners else (-0.5, d - 0.5)
+    if mode == "nearest": v = v.round()
+    if padding_mode == "border": v = ((v < lo) | (v > hi)).where(v.clip(0, d - 1), v)
+    elif padding_mode == "reflection": v = _reflect(v, lo, hi)
+    if mode == "nearest": taps = [(v, None)]
+    else:
+      x0 = v.floor()
+      f = v - x0
+      taps = [(x0, 1 - f), (x0 + 1, f)] if mode == "linear" else [(x0 + o, w) for o, w in zip((-1, 0, 1, 2), _cubic_coeffs(f))]
+    fixed = []
+    for i, w in taps:  # an index outside the image: zero, the nearest border pixel, or its mirror image
+      if padding_mode == "zeros": ok, i = (i >= 0) & (i < d), i.clip(0, d - 1)
+      elif padding_mode == "border": ok, i = None, i.clip(0, d - 1)
+      else: ok, i = None, _reflect(i, lo, hi).trunc().clip(0, d - 1)
+      wt = w if ok is None else ok.where(w if w is not None else 1.0, 0.0)
+      fixed.append((i.cast(dtypes.int32), wt))
+    per_dim.append(fixed)
+  flat = X.reshape(N, C, -1)
+  strides = [_prod(dims[k + 1:]) for k in range(len(dims))]
+  out_t: Tensor | None = None
+  for combo in itertools.product(*per_dim):
+    idx = sum((i * st for (i, _), st in zip(combo, strides)), Tensor.zeros(N, L, dtype=dtypes.int32, device=X.device))
+    wts = [w for _, w in combo if w is not None]
+    val = flat.gather(2, idx.reshape(N, 1, L).expand(N, C, L)).cast(dtypes.float32)
+    if wts: val = val * math.prod(wts[1:], start=wts[0]).reshape(N, 1, L)
+    out_t = val if out_t is None else out_t + val
+  assert out_t is not None
+  return out_t.reshape(N, C, *out).cast(X.dtype)
+
+# ***** ai.onnx.preview.training: one optimizer step over n tensors (inputs R, T, then n of each state kind) *****
+
+def _optimizer(n_states: int, step: Callable) -> Callable:
+  def op(R: Tensor, T: Tensor, *xs: Tensor, **attrs: Any) -> tuple:
+    n = len(xs) // (2 + n_states)
+    if n * (2 + n_states) != len(xs): raise ValueError(f"{len(xs)} tensors don't split into X, G and {n_states} state(s)")
+    r, t = float(_scalar(R)), int(_scalar(T))
+    outs = [step(r, t, *(xs[k * n + i] for k in range(2 + n_states)), **attrs) for i in range(n)]
+    return tuple(o[j].cast(xs[j * n].dtype) for j in range(1 + n_states) for o in outs)
+  return op
+def _adagrad_step(r: float, t: int, x: Tensor, g: Tensor, h: Tensor, *, decay_factor: float = 0.0, epsilon: float = 1e-6,
+                  norm_coefficient: float = 0.0) -> tuple[Tensor, Tensor]:
+  g = x * norm_coefficient + g
+  h = h + g * g
+  return x - g / (h.sqrt() + epsilon) * (r / (1 + t * decay_factor)), h
+def _momentum_step(r: float, t: int, x: Tensor, g: Tensor, v: Tensor, *, alpha: float, beta: float, mode: str,
+                   norm_coefficient: float) -> tuple[Tensor, Tensor]:
+  g = x * norm_coefficient + g
+  v = v * alpha + g * (beta if t > 0 else 1.0)
+  return x - (v if mode == "standard" else g + v * alpha) * r, v
+def _adam_step(r: float, t: int, x: Tensor, g: Tensor, v: Tensor, h: Tensor, *, alpha: float = 0.9, beta: float = 0.999,
+               epsilon: float = 1e-6, norm_coefficient: float = 0.0, norm_coefficient_post: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+  g = x * norm_coefficient + g
+  v, h = v * alpha + g * (1 - alpha), h * beta + g * g * (1 - beta)
+  ra = r * math.sqrt(1 - beta ** t) / (1 - alpha ** t) if t > 0 else r
+  return (x - v / (h.sqrt() + epsilon) * ra) * (1 - norm_coefficient_post), v, h
+
+def _with_attrs(fn: Callable, step: Callable) -> Callable:
+  """fn(*inputs, **attrs) that declares step's attributes, so loading checks them as for any op."""
+  ps = [p for p in inspect.signature(step).parameters.values() if p.kind == p.KEYWORD_ONLY]
+  fn.__signature__ = inspect.Signature([inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL), *ps])  # type: ignore[attr-defined]
+  return fn
+
+# ops of other domains than the default one, by (domain, op_type)
+DOMAIN_OPS: dict[tuple[str, str], Callable] = {
+  ("ai.onnx.preview.training", "Adagrad"): _with_attrs(_optimizer(1, _adagrad_step), _adagrad_step),
+  ("ai.onnx.preview.training", "Momentum"): _with_attrs(_optimizer(1, _momentum_step), _momentum_step),
+  ("ai.onnx.preview.training", "Adam"): _with_attrs(_optimizer(2, _adam_step), _adam_step),
+}
+
 # ***** the table: op_type -> function(*inputs, **attributes) *****
 
 OPS: dict[str, Callable] = {
@@ -969,7 +1271,8 @@ OPS: dict[str, Callable] = {
   "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv, "Attention": _attention,
   "RNN": _recurrent("RNN", 1, ["Tanh"]), "GRU": _recurrent("GRU", 3, ["Sigmoid", "Tanh"]),
   "LSTM": _recurrent("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"]),
-  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det,
+  "RotaryEmbedding": _rotary, "SwiGLU": _swiglu, "TensorScatter": _tensor_scatter, "Unique": _unique, "Det": _det, "DFT": _dft, "GridSample": _grid_sample,
+  "MaxUnpool": _max_unpool, "Col2Im": _col2im, "NonMaxSuppression": _nms,
 }
 # ops whose result is not a function of their inputs' values: never folded into the per-shape constants
 # (and control flow: a body may read any value around it, not only the node's inputs)
@@ -1017,8 +1320,13 @@ def _compile_node(n: Any, opsets: dict[str, int], subgraph: Callable[[Any], Any]
   except Exception: schema = None
   opset = schema.since_version if schema is not None else version
   where = f"node {name!r} ({n.op_type}, opset {version})"
-  if domain != "" or n.op_type not in OPS: raise NotImplementedError(f"unsupported op {n.op_type!r} in {where}")
-  fn = OPS[n.op_type]
+  if (domain, n.op_type) in DOMAIN_OPS: fn = DOMAIN_OPS[(domain, n.op_type)]
+  elif domain != "" or n.op_type not in OPS:
+    if schema is not None and (schema.has_function or schema.has_context_dependent_function) and subgraph is not None:
+      fn = _FunctionOp(n, schema, version, opsets, subgraph)
+      return _Node(n.op_type, name, [i for i in n.input], list(n.output), {}, fn, opset)
+    raise NotImplementedError(f"unsupported op {n.op_type!r} in {where}")
+  else: fn = OPS[n.op_type]
   takes, any_kw, npos = _params(fn)
   attrs: dict[str, Any] = {}
   if schema is not None:  # the spec's defaults, for the attributes this function honours
@@ -1037,12 +1345,68 @@ def _compile_node(n: Any, opsets: dict[str, int], subgraph: Callable[[Any], Any]
   if npos is not None and len(inputs) > npos: raise NotImplementedError(f"{where} has {len(inputs)} inputs; only {npos} are supported")
   return _Node(n.op_type, name, inputs, list(n.output), attrs, fn, opset, "scope" in takes)
 
+# ops that take values of the narrow types (carried decoded, see NARROW); those in _KEEPS_NARROW move them unchanged
+_KEEPS_NARROW = {"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"}
+_TAKES_NARROW = {"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Shape", "Size", *_KEEPS_NARROW}
+
+class _FunctionOp:
+  """An op without a function in OPS whose ONNX schema defines it as a function of other ops: run as that body.
+  A context-dependent body (built for the node's input types) is built on the first run of each input signature."""
+  def __init__(self, n: Any, schema: Any, version: int, opsets: dict[str, int], subgraph: Callable[[Any], Any]):
+    self.n, self.schema, self.opsets, self.subgraph = n, schema, opsets, subgraph
+    self.fixed = schema.has_function
+    pick = lambda vs: max([v for v in vs if v <= version] or vs)
+    self.version = pick(schema.function_opset_versions if self.fixed else schema.context_dependent_function_opset_versions)
+    self.bodies: dict[tuple, Any] = {}
+    if self.fixed: self.bodies[()] = self._graph(schema.get_function_with_opset_version(self.version))
+
+  def _graph(self, raw: bytes) -> Any:
+    onnx = _onnx()
+    f = onnx.FunctionProto()
+    f.ParseFromString(raw)
+    given = {a.name: a for a in self.n.attribute}
+    for an, a in self.schema.attributes.items():
+      if an not in given and a.default_value is not None and a.default_value.name: given[an] = a.default_value
+    nodes = []
+    for fn_node in f.node:  # attributes that refer to the caller's (ref_attr_name) take its value, or the schema default
+      m = onnx.NodeProto()
+      m.CopyFrom(fn_node)
+      del m.attribute[:]
+      for a in fn_node.attribute:
+        if not a.ref_attr_name: m.attribute.append(a)
+        elif a.ref_attr_name in given:
+          b = onnx.AttributeProto()
+          b.CopyFrom(given[a.ref_attr_name])
+          b.name = a.name
+          m.attribute.append(b)
+      nodes.append(m)
+    opsets = {**self.opsets, **{("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in f.opset_import}}
+    g = onnx.helper.make_graph(nodes, f.name, [onnx.helper.make_empty_tensor_value_info(i) for i in f.input],
+                               [onnx.helper.make_empty_tensor_value_info(o) for o in f.output])
+    return _Graph(g, opsets, "", set(), None)
+
+  def __call__(self, *args: Any) -> tuple:
+    key = () if self.fixed else tuple(None if a is None else (a.dtype, a.shape, narrow_type(a)) for a in args)
+    if key not in self.bodies:
+      onnx, rev = _onnx(), {v: k for k, v in ONNX_DTYPES.items()}
+      types = [onnx.TypeProto() if a is None else
+               onnx.helper.make_tensor_type_proto(narrow_type(a) or rev[a.dtype], list(a.shape)) for a in args]
+      self.bodies[key] = self._graph(self.schema.get_context_dependent_function_with_opset_version(
+        self.version, self.n.SerializeToString(), [t.SerializeToString() for t in types]))
+    body = self.bodies[key]
+    return tuple(body.run({}, list(args) + [None] * (len(body.input_names) - len(args))))
+
 def _exec(node: _Node, args: list, scope: dict | None) -> tuple:
   """One node: its function on its inputs, errors naming the node. A tuple is several outputs; a list is one sequence."""
+  tys = [t for t in (narrow_type(a) for a in args if isinstance(a, Tensor)) if t is not None]
+  if tys and node.op not in _TAKES_NARROW:
+    raise NotImplementedError(f"{node.where()}: {node.op} of {NARROW[tys[0]].name} values (attograd has no such dtype; only "
+                              f"{', '.join(sorted(_TAKES_NARROW))} take them)")
   try: out = node.fn(*args, **node.attrs, scope=scope) if node.wants_scope else node.fn(*args, **node.attrs)
   except NotImplementedError as e: raise NotImplementedError(f"{node.where()}: {e}") from e
   except (ValueError, TypeError, IndexError, KeyError) as e: raise type(e)(f"{node.where()}: {e}") from e
   outs = out if isinstance(out, tuple) else (out,)
+  if tys and node.op in _KEEPS_NARROW: outs = (_tag(outs[0], tys[0]), *outs[1:])
   if len(outs) < len([o for o in node.outputs if o]): raise NotImplementedError(f"{node.where()}: only {len(outs)} outputs are computed")
   return outs
 
@@ -1052,6 +1416,7 @@ class _Graph:
     self.base_dir, self.device = base_dir, device
     self.inits = {t.name: t for t in g.initializer}
     self.weights: dict[str, Tensor] = {}
+    self.derived: dict[str, Callable[[], Tensor]] = {}  # weights computed from initializers at load (see _fuse_conv_bn)
     self.input_names = [i.name for i in g.input]
     self.outputs = [o.name for o in g.output]
     known = set(outer) | set(self.inits) | set(self.input_names)
@@ -1067,6 +1432,9 @@ class _Graph:
       if o not in known: raise ValueError(f"graph output {o!r} is made by no node, input or initializer")
 
   def weight(self, name: str) -> Tensor:
+    if name in self.derived and name not in self.weights:
+      self.weights[name] = t = self.derived[name]().realize()
+      if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _remember(t, _flat(t))
     if name not in self.weights:  # initializers are converted on first use (external data read then)
       arr = _onnx().numpy_helper.to_array(self.inits[name], base_dir=self.base_dir)
       self.weights[name] = t = _from_numpy(arr, self.device).realize()
@@ -1081,6 +1449,45 @@ class _Graph:
       for o, t in zip(node.outputs, _exec(node, [self.value(i, env) for i in node.inputs], env)):
         if o: env[o] = t
     return [self.value(o, env) for o in self.outputs]
+
+def _fuse_conv_bn(graph: _Graph) -> None:
+  """Conv followed by an inference BatchNormalization, all of whose parameters are initializers: the normalization's
+  per-channel scale and shift go into the conv's weight and bias, computed once on first use, so a run doesn't
+  reload four parameter vectors and take a square root for every output element. (Names read by a control-flow body
+  aren't node inputs, so a graph with control flow is left alone.)"""
+  if any(n.wants_scope for n in graph.nodes): return
+  for n in graph.nodes:  # exporters often store weights as Constant nodes: those become weights made on first use
+    if n.op == "Constant" and not n.inputs and len(n.outputs) == 1 and n.outputs[0] not in graph.outputs:
+      graph.derived[n.outputs[0]] = lambda n=n: _exec(n, [], None)[0]
+  graph.nodes = [n for n in graph.nodes if not (n.op == "Constant" and n.outputs[0] in graph.derived)]
+  readers: dict[str, int] = {}
+  for n in graph.nodes:
+    for i in n.inputs: readers[i] = readers.get(i, 0) + 1
+  fixed = (set(graph.inits) | set(graph.derived)) - set(graph.input_names)  # (an initializer that is also an input can be fed)
+  by_input = {n.inputs[0]: n for n in graph.nodes if n.op == "BatchNormalization" and n.inputs}
+  out, dropped = [], set()
+  for n in graph.nodes:
+    if id(n) in dropped: continue
+    bn = by_input.get(n.outputs[0]) if n.op == "Conv" and len(n.outputs) == 1 else None
+    if bn is None or readers.get(n.outputs[0]) != 1 or n.outputs[0] in graph.outputs or bn.attrs.get("training_mode") or \
+       len([o for o in bn.outputs if o]) != 1 or len(bn.inputs) != 5 or not set(bn.inputs[1:]) <= fixed or not set(n.inputs[1:]) <= fixed:
+      out.append(n)
+      continue
+    w_name, b_name = f"{n.inputs[1]}@bn:{bn.outputs[0]}", f"{n.inputs[2] if len(n.inputs) > 2 else ''}@bn:{bn.outputs[0]}"
+    def scale_shift(bn: _Node = bn) -> tuple[Tensor, Tensor]:
+      scale, b, mean, var = (graph.weight(i).cast(dtypes.float32) for i in bn.inputs[1:])
+      k = scale * (var + bn.attrs.get("epsilon", 1e-5)).rsqrt()
+      return k, b - mean * k
+    def weight(n: _Node = n, ss: Callable = scale_shift) -> Tensor:
+      w = graph.weight(n.inputs[1])
+      return (w.cast(dtypes.float32) * ss()[0].reshape(-1, *(1,) * (w.ndim - 1))).cast(w.dtype)
+    def bias(n: _Node = n, ss: Callable = scale_shift) -> Tensor:
+      w, (k, t) = graph.weight(n.inputs[1]), ss()
+      return ((graph.weight(n.inputs[2]).cast(dtypes.float32) * k if len(n.inputs) > 2 else 0) + t).cast(w.dtype)
+    graph.derived[w_name], graph.derived[b_name] = weight, bias
+    out.append(_Node(n.op, n.name, [n.inputs[0], w_name, b_name], list(bn.outputs), n.attrs, n.fn, n.opset))
+    dropped.add(id(bn))
+  graph.nodes = out
 
 # ***** control flow, sequences, optionals *****
 
@@ -1196,14 +1603,15 @@ class OnnxRunner:
     g = self.model.graph
     self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in self.model.opset_import}
     self.graph = _Graph(g, self.opsets, self.base_dir, set(), device)
+    _fuse_conv_bn(self.graph)
     self._inits, self.nodes, self.outputs = self.graph.inits, self.graph.nodes, self.graph.outputs
     self.inputs = {i.name: self._input_info(i) for i in g.input}  # an input with an initializer has a default
     # values fixed by the input shapes alone, folded once per shape signature
-    static = set(self._inits) - set(self.inputs)
+    static = (set(self._inits) | set(self.graph.derived)) - set(self.inputs)
     for node in self.nodes:
       if node.op in _NOT_FOLDABLE: continue
       if node.op in _SHAPE_ONLY or all(i in static for i in node.inputs if i): static.update(o for o in node.outputs if o)
-    self._static_names = static - set(self._inits)
+    self._static_names = static - set(self._inits) - set(self.graph.derived)
     self._folded: dict[tuple, dict[str, Tensor]] = {}
 
   def _input_info(self, vi: Any) -> _Input:
