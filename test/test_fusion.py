@@ -305,3 +305,13 @@ def test_a_long_sum_into_many_outputs_is_summed_in_chunks():
   check(a.T @ b, na.T.astype(np.float64) @ nb, 2, atol=2e-3)
   check(a[:1024].T @ b[:1024], na[:1024].T.astype(np.float64) @ nb[:1024], 1, atol=1e-3)
   check(b.sum(0), nb.astype(np.float64).sum(0), 1, atol=1e-3)
+
+def test_a_concatenation_of_reductions_computes_each_in_its_own_kernel():
+  # gradients laid end to end: each matmul keeps its own loops (and register tile), the cat only copies; as one kernel
+  # every piece was a gated reduce over the padded output (an MLP's 4 gradients: 154 ms)
+  na, nb, nc = rand(64, 96), rand(96, 80), rand(64, 32)
+  a, b, c = tensors(na, nb, nc)
+  k, got = run(Tensor.cat((a @ b).flatten(), c.sum(0), (a.T @ c).flatten()))
+  want = np.concatenate([(na @ nb).ravel(), nc.sum(0), (na.T @ nc).ravel()])
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+  assert k == 4, k

@@ -163,26 +163,27 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   (and likewise a costly value) gets its own buffer, as does a reduce computed in two of the kernel's loop nests."""
   walk = KernelWalk({p}, set(), {})
   # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those loops are
-  # reduce loops), whether an expand was passed on an unaligned path, and whether the node is needed in every iteration
-  # of the loops around it (no expand since the last reduce: not hoisted out of them)
+  # reduce loops), whether an expand was passed on an unaligned path, whether the node is needed in every iteration
+  # of the loops around it (no expand since the last reduce: not hoisted out of them), and whether a pad of the output's
+  # loops was passed (one no reduce is around: a concatenation's, not a conv window's)
   seen: set[tuple] = set()
-  stack: list[tuple[UOp, bool, frozenset[int], bool, bool]] = [(p, True, frozenset(), False, True)]
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool]] = [(p, True, frozenset(), False, True, False)]
   # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
   nests: dict[UOp, set[frozenset[int]]] = {}
   while stack:
     state = stack.pop()
     if state in seen: continue
     seen.add(state)
-    u, aligned, reduced, expanded, direct = state
+    u, aligned, reduced, expanded, direct, padded = state
     # below an expand, work is repeated per broadcast element unless the loops keep it free
     expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
     keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
     below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
-             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)))
+             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)), (u.op is Ops.PAD and not reduced) or (padded and u.op is not Ops.REDUCE_AXIS))
     srcs = [(s, below) for s in u.src]
     if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
       # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
-      srcs = [(picked[0], (aligned, reduced, expanded_here, direct)), (picked[1], (False, reduced, False, direct))]
+      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False)), (picked[1], (False, reduced, False, direct, False))]
     for s, below in srcs:
       if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
       walk.reached.add(s)
@@ -191,6 +192,10 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
         walk.reads.add(s)
         # a linear layer's gradient after softmax would otherwise redo its exps once per output tile of both matmuls
         if expanded_here: walk.to_store[s] = "expand"; continue
+        # a piece of a concatenation (gradients laid end to end): the kernel's loops are the padded output's, where the
+        # reduce would lose its own schedule (a register tile) and every other piece's reads are gated in it (a cat of
+        # an MLP's 4 gradients: 154 ms as one kernel)
+        if s.op is Ops.REDUCE_AXIS and below[4]: walk.to_store[s] = "pad"; continue
       stack.append((s, *below))
   # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
   # each output) is stored, unless it is cheaper to compute twice than to store and load
@@ -207,6 +212,7 @@ REALIZE_WHY = {
   "assign": "an assign's target (the value is written to new memory: graphs built before it read the old)",
   "scatter": "a one-hot sum over tokens (an embedding's gradient): a scatter-add kernel of its own",
   "expand": f"an expand would recompute it per broadcast element (a reduce, or a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element)",
+  "pad": "a reduce read through a pad (a piece of a concatenation): computed with its own loops, then copied in",
   "two_nests": "a reduce one kernel would compute in two loop nests (attention's dP), costlier to redo than to store",
   "shared_reduce": "a reduce that two or more kernels read: computed once",
   "shared_value": f"a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element that several kernels read, where the repeated work "
