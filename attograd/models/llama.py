@@ -112,13 +112,15 @@ class Llama:
     cv[start:start + T].assign(v.contiguous())
     L = start + T
     g = c.n_heads // c.n_kv_heads
-    keys = ck[:L].permute(1, 0, 2).reshape(c.n_kv_heads, 1, L, c.head_dim).expand(c.n_kv_heads, g, L, c.head_dim).reshape(c.n_heads, L, c.head_dim)
-    vals = cv[:L].permute(1, 0, 2).reshape(c.n_kv_heads, 1, L, c.head_dim).expand(c.n_kv_heads, g, L, c.head_dim).reshape(c.n_heads, L, c.head_dim)
-    scores = (q.permute(1, 0, 2) @ keys.permute(0, 2, 1)) * (1 / math.sqrt(c.head_dim))  # (heads, T, L)
+    # grouped-query attention as (kv heads, group, ...) against keys broadcast over the group: no reshape merges a
+    # dimension of the symbolic length L (that would index the cache by division and modulo by L, per element)
+    qg = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)          # (kv, g, T, D)
+    keys, vals = ck[:L].permute(1, 0, 2).unsqueeze(1), cv[:L].permute(1, 0, 2).unsqueeze(1)  # (kv, 1, L, D)
+    scores = (qg @ keys.transpose(-1, -2)) * (1 / math.sqrt(c.head_dim))  # (kv, g, T, L)
     if T > 1:  # causal: query t sees keys up to start + t
-      visible = Tensor.arange(L).reshape(1, 1, L) <= (Tensor.arange(T).reshape(1, T, 1) + start)
+      visible = Tensor.arange(L).reshape(1, 1, 1, L) <= (Tensor.arange(T).reshape(1, 1, T, 1) + start)
       scores = visible.where(scores, -math.inf)
-    out = (scores.softmax(-1) @ vals).permute(1, 0, 2).reshape(T, c.n_heads * c.head_dim)
+    out = (scores.softmax(-1) @ vals).permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim)
     return self._linear(out, f"{p}.attn_output")
 
   def _block(self, x: Tensor, i: int, start: int | UOp, T: int) -> Tensor:
