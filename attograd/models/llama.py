@@ -127,7 +127,11 @@ class Llama:
     c, p = self.cfg, f"blk.{i}"
     h = x + self._attention(rms_norm(x, self.w[f"{p}.attn_norm.weight"], c.norm_eps), i, start, T)
     n = rms_norm(h, self.w[f"{p}.ffn_norm.weight"], c.norm_eps)
-    return h + self._linear(self._linear(n, f"{p}.ffn_gate").silu() * self._linear(n, f"{p}.ffn_up"), f"{p}.ffn_down")
+    gate, up = self._linear(n, f"{p}.ffn_gate"), self._linear(n, f"{p}.ffn_up")
+    # several tokens: each product its own kernel, which the heuristics tile as a matmul (two reductions fused in one
+    # kernel are not, and ran the prompt's feed-forward ~25x slower than a tiled matmul)
+    if T > 1: gate, up = gate.contiguous(), up.contiguous()
+    return h + self._linear(gate.silu() * up, f"{p}.ffn_down")
 
   def _embed_row(self, tok: int | UOp) -> Tensor:
     """Row tok of the embedding table as (1, dim): a slice (tok may be a bound Variable), so only its bytes are read."""
