@@ -14,6 +14,9 @@ class Allocator:
     """Memory at a fixed byte offset of storage the device already holds (a window into a file on
     DISK). Devices that only hand out fresh memory have no such thing."""
     raise RuntimeError(f"{type(self).__name__} can't place a buffer at byte offset {offset}")
+  def release_cached(self) -> None:
+    """Give back to the system the freed memory kept for reuse (torch.cuda.empty_cache): after a one-off phase (loading
+    a model through temporary buffers) whose sizes won't come again."""
 
 class Compiler:
   # True when compile_batch builds several sources in one call for less than one by one (CPU: one gcc process)
