@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
 from attograd.models.llama import Llama
+from attograd.runtime.device import Device
 from attograd.llm.tokenizer import GGUFTokenizer
 
 PREFILL_CHUNKS = (128, 32, 8)  # a prompt runs in chunks of these sizes (then single tokens): a few compiled shapes serve every length;
@@ -66,11 +67,13 @@ class Engine:
     p = 0
     while p < min(len(tokens) - 1, len(self.cached)) and tokens[p] == self.cached[p]: p += 1
     self.cached = tokens[:p]
-    out = None
+    out, ran = None, len(tokens) - p
     while p < len(tokens):
       n = next((c for c in PREFILL_CHUNKS if len(tokens) - p >= c), 1)
       out = self.model(tokens[p:p + n], p)
       self.cached += tokens[p:p + n]; p += n
+    if ran > 1:  # a prompt's first runs (before the TinyJit captures) free buffers that replays never ask for again
+      Device[self.model.output.device].allocator.release_cached()
     return out.numpy()
 
   def stream(self, prompt: str | list[int], s: Sampling) -> Iterator[str | Done]:
