@@ -6,6 +6,7 @@ The KV cache position is a bound Variable, so one TinyJit-captured decode step s
 and the token id is one too: the embedding row is a symbolic slice of the table, not a one-hot product."""
 from __future__ import annotations
 import math, os
+import numpy as np
 from dataclasses import dataclass
 from typing import Any
 from attograd import Tensor, TinyJit, Variable, dtypes
@@ -76,6 +77,8 @@ class Llama:
     self._pos_vars: dict[int, UOp] = {}
     self.tok_var = Variable("tok", 0, cfg.vocab - 1)
     self._decode = TinyJit(self._decode_step)
+    self._row = TinyJit(self._row_step)
+    self._prefill: dict[int, TinyJit] = {}  # one captured pass per prompt chunk size
 
   @staticmethod
   def from_gguf(path: str | os.PathLike, max_context: int = 2048) -> tuple[Llama, dict[str, Any]]:
@@ -105,27 +108,39 @@ class Llama:
     v = self._linear(x, f"{p}.attn_v").reshape(T, c.n_kv_heads, c.head_dim)
     if f"{p}.attn_q_norm.weight" in self.w:  # qwen3 normalizes each head of q and k
       q, k = rms_norm(q, self.w[f"{p}.attn_q_norm.weight"], c.norm_eps), rms_norm(k, self.w[f"{p}.attn_k_norm.weight"], c.norm_eps)
-    q, k = self._rope(q, start, T), self._rope(k, start, T)
+    # stored before the rotation: fused, each rotated output pairs two outputs of the projection and computed both
+    # dot products (twice the work, and two reductions in one kernel, which the heuristics don't tile as a matmul)
+    q, k = self._rope(q.contiguous(), start, T), self._rope(k.contiguous(), start, T)
     ck, cv = self.cache[i]
     # stored first: assigned lazily, the projection would be recomputed for every cache row the write passes over
     ck[start:start + T].assign(k.contiguous())
     cv[start:start + T].assign(v.contiguous())
     L = start + T
     g = c.n_heads // c.n_kv_heads
-    keys = ck[:L].permute(1, 0, 2).reshape(c.n_kv_heads, 1, L, c.head_dim).expand(c.n_kv_heads, g, L, c.head_dim).reshape(c.n_heads, L, c.head_dim)
-    vals = cv[:L].permute(1, 0, 2).reshape(c.n_kv_heads, 1, L, c.head_dim).expand(c.n_kv_heads, g, L, c.head_dim).reshape(c.n_heads, L, c.head_dim)
-    scores = (q.permute(1, 0, 2) @ keys.permute(0, 2, 1)) * (1 / math.sqrt(c.head_dim))  # (heads, T, L)
+    # grouped-query attention as (kv heads, group, ...) against keys broadcast over the group: no reshape merges a
+    # dimension of the symbolic length L (that would index the cache by division and modulo by L, per element)
+    qg = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)          # (kv, g, T, D)
+    if T > 1: qg = qg.contiguous()  # stored in this order, the scores kernel reads rows of q, not columns 576 apart
+    keys, vals = ck[:L].permute(1, 0, 2).unsqueeze(1), cv[:L].permute(1, 0, 2).unsqueeze(1)  # (kv, 1, L, D)
+    # (kv, g, T, L). keys @ q^T, transposed, would vectorize a prompt's scores over the tokens (the heuristics pack a
+    # key row here and sum its 64 products in one scalar chain, ~10x slower), but the causal mask and softmax over that
+    # transposed product come out wrong with a symbolic L (a core bug, reported), even with the product stored first
+    scores = (qg @ keys.transpose(-1, -2)) * (1 / math.sqrt(c.head_dim))
     if T > 1:  # causal: query t sees keys up to start + t
-      visible = Tensor.arange(L).reshape(1, 1, L) <= (Tensor.arange(T).reshape(1, T, 1) + start)
+      visible = Tensor.arange(L).reshape(1, 1, 1, L) <= (Tensor.arange(T).reshape(1, 1, T, 1) + start)
       scores = visible.where(scores, -math.inf)
-    out = (scores.softmax(-1) @ vals).permute(1, 0, 2).reshape(T, c.n_heads * c.head_dim)
+    out = (scores.softmax(-1) @ vals).permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim)
     return self._linear(out, f"{p}.attn_output")
 
   def _block(self, x: Tensor, i: int, start: int | UOp, T: int) -> Tensor:
     c, p = self.cfg, f"blk.{i}"
     h = x + self._attention(rms_norm(x, self.w[f"{p}.attn_norm.weight"], c.norm_eps), i, start, T)
     n = rms_norm(h, self.w[f"{p}.ffn_norm.weight"], c.norm_eps)
-    return h + self._linear(self._linear(n, f"{p}.ffn_gate").silu() * self._linear(n, f"{p}.ffn_up"), f"{p}.ffn_down")
+    gate, up = self._linear(n, f"{p}.ffn_gate"), self._linear(n, f"{p}.ffn_up")
+    # several tokens: each product its own kernel, which the heuristics tile as a matmul (two reductions fused in one
+    # kernel are not, and ran the prompt's feed-forward ~25x slower than a tiled matmul)
+    if T > 1: gate, up = gate.contiguous(), up.contiguous()
+    return h + self._linear(gate.silu() * up, f"{p}.ffn_down")
 
   def _embed_row(self, tok: int | UOp) -> Tensor:
     """Row tok of the embedding table as (1, dim): a slice (tok may be a bound Variable), so only its bytes are read."""
@@ -142,6 +157,21 @@ class Llama:
     # hold at the call, wherever a prefill outside the JIT moved them (an assign realizes into new memory)
     return self._forward(self._embed_row(tok), pos).reshape(-1).realize()
 
+  def _prefill_step(self, x: Tensor, pos: UOp, *cache: Tensor) -> Tensor:
+    return self._forward(x, pos).reshape(-1).realize()
+
+  def _row_step(self, tok: UOp) -> Tensor: return self._embed_row(tok).contiguous().realize()
+
+  def _embed(self, tokens: list[int], jit: bool) -> Tensor:
+    """The embedding rows of tokens as one (T, dim) float tensor: each row by the captured one-row step (a slice at a
+    Variable token id: one kernel serves every id), gathered on the host; scheduling each row anew cost ~4 ms."""
+    if not jit:
+      rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
+      return rows[0] if len(rows) == 1 else Tensor.cat(*rows, dim=0)
+    out = np.empty((len(tokens), self.cfg.dim), np.float32)
+    for i, t in enumerate(tokens): out[i] = self._row(self.tok_var.bind(t)).numpy()
+    return Tensor(out)
+
   def _pos(self, T: int, start: int) -> UOp:
     """start as a bound Variable whose range keeps start + T inside the cache (so slices of it are always in bounds)."""
     if T not in self._pos_vars: self._pos_vars[T] = Variable("pos", 0, self.max_context - T)
@@ -156,8 +186,11 @@ class Llama:
     if start_pos + T > self.max_context: raise ValueError(f"positions up to {start_pos + T} exceed the context of {self.max_context}")
     if bad := [t for t in tokens if not 0 <= t < self.cfg.vocab]: raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.vocab}")
     if T == 1 and jit and not all_logits: return self._decode(self.tok_var.bind(tokens[0]), self._pos(1, start_pos), *[t for kv in self.cache for t in kv])
-    # prefill: the embedding rows one by one (one compiled kernel for every token id), then one pass over all tokens
-    rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
-    x = rows[0] if T == 1 else Tensor.cat(*rows, dim=0)
+    # prefill: the embedding rows, then one pass over all tokens, captured once per chunk size (a replay schedules
+    # nothing: scheduling the pass took longer than running it)
+    x = self._embed(tokens, jit)
     start = self._pos(T, start_pos)  # a Variable even at 0: every chunk of a prompt runs the same kernels
-    return self._forward(x, start, last_only=not all_logits).realize() if all_logits else self._forward(x, start).reshape(-1).realize()
+    if all_logits: return self._forward(x, start, last_only=False).realize()
+    if not jit: return self._forward(x, start).reshape(-1).realize()
+    if T not in self._prefill: self._prefill[T] = TinyJit(self._prefill_step)
+    return self._prefill[T](x, start, *[t for kv in self.cache for t in kv])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 from attograd.dtype import dtypes
 from attograd.tensor import Tensor
+from attograd.gradient import no_grad
 
 __all__ = ["GGMLType", "GGML_TYPES", "dequantize", "split_fields"]
 
@@ -45,7 +46,9 @@ def split_fields(raw: Tensor, ggml_type: int) -> dict[tuple[str, int, int], Tens
     kind, start, n = key
     src = probe.raw[:, start:start + n]
     parts[key] = (src if kind == "u8" else Blocks(probe.raw).f16(start).cast(dtypes.float16)).contiguous()
-  Tensor.realize_all(list(parts.values()))
+  # without gradients: a realized tensor would keep the graph it came from (for backward), and with it the raw bytes
+  # (the weights twice in memory)
+  with no_grad(): Tensor.realize_all(list(parts.values()))
   return parts
 
 def _cols(raw: Blocks, start: int, n: int) -> Tensor: return raw.cols(start, n)

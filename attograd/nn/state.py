@@ -12,6 +12,7 @@ from attograd.uop.ops import UOp, Ops
 from attograd.tensor import Tensor
 from attograd.schedule.schedule import new_buffer
 from attograd.engine.realize import buffer_of
+from attograd.runtime.device import Device
 from attograd.nn.module import Module, IncompatibleKeys, copy_state
 from attograd.nn.quant import GGML_TYPES, dequantize, split_fields
 
@@ -474,13 +475,18 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
         return _cpu_tensor(f.read(info.nbytes), dt, (info.nbytes // dt.itemsize,))
     else:
       def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return _disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
-  raws: dict[str, Any] = {name: window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device) for name, info in infos.items()}
+  raws: dict[str, Any] = {}
+  for name, info in infos.items():
+    raws[name] = window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device)
+    # resident: quantized tensors are kept as their fields apart (nn.quant.split_fields: the same bytes), plain ones as
+    # they are; one tensor at a time, so its raw bytes are freed before the next is read (all read first, the weights
+    # were twice in memory at the peak)
+    if resident: raws[name] = raws[name].realize() if info.ggml_type in _GGUF_PLAIN else split_fields(raws[name], info.ggml_type)
   if resident:
-    # quantized tensors are kept as their fields apart (nn.quant.split_fields: the same bytes), plain ones as they are
-    Tensor.realize_all([r for name, r in raws.items() if infos[name].ggml_type in _GGUF_PLAIN])
-    for name, info in infos.items():
-      if info.ggml_type not in _GGUF_PLAIN: raws[name] = split_fields(raws[name], info.ggml_type)
     if not isinstance(path_or_tensor, Tensor) and device == "CPU": f.close()
+    # the raw bytes' buffers are free now, and no later buffer has their sizes: kept for reuse, they would hold the
+    # file's size again in memory
+    Device[device].allocator.release_cached()
   out = {}
   for name, info in infos.items():
     raw = raws[name]

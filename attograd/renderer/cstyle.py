@@ -59,13 +59,20 @@ EXP2_F32 = """static inline float exp2_f32(float x) {
 # IEEE round-to-nearest-even, double -> half in one rounding (through float would round twice: 1+2**-11+2**-40 -> 1.0).
 # half -> float rebiases the exponent by a multiply by 2**112, exact for subnormals too; float -> half rounds a subnormal
 # result by adding it to 0.5 (float's ulp there is half's subnormal step, 2**-24) and a normal one by adding a rounding bias
-# below the 10 kept mantissa bits (a carry moves into the exponent, as rounding up should)
+# below the 10 kept mantissa bits (a carry moves into the exponent, as rounding up should). half -> float is exact, so
+# where the target has F16C (-march=native on any x86-64 of the last decade) its instruction gives the same float in one
+# step: a quantized matmul converts a float16 scale per block, and the bit version cost it about half its time
 F16_BITS = """static inline float f16_to_f32(unsigned short h) {
+#ifdef __F16C__
+  typedef short f16_v8hi __attribute__((vector_size(16)));
+  return __builtin_ia32_vcvtph2ps((f16_v8hi){(short)h})[0];
+#else
   union { unsigned int u; float f; } v = { .u = (unsigned int)(h & 0x7fff) << 13 };
   v.f *= 0x1p112f;
   if ((h & 0x7fff) >= 0x7c00) v.u |= 0x7f800000u;
   v.u |= (unsigned int)(h & 0x8000) << 16;
   return v.f;
+#endif
 }
 static inline unsigned short f32_to_f16(float f) {
   union { float f; unsigned int u; } v = { .f = f };

@@ -18,6 +18,9 @@ class Allocator:
   def host_view(self, mem: Any) -> memoryview | None:
     """mem's bytes in place, when the device keeps them in host memory; None when they can only be copied out."""
     return None
+  def release_cached(self) -> None:
+    """Give back to the system the freed memory kept for reuse (torch.cuda.empty_cache): after a one-off phase (loading
+    a model through temporary buffers) whose sizes won't come again."""
 
 class Compiler:
   # True when compile_batch builds several sources in one call for less than one by one (CPU: one gcc process)

@@ -31,6 +31,7 @@ class MemoryPool:
     if nbytes < self.MIN_BYTES or self.held + nbytes > self.MAX_BYTES: return  # dropped: unmapped by its own refcount
     self.free.setdefault(nbytes, []).append((mem, addr))
     self.held += nbytes
+  def clear(self) -> None: self.free, self.held = {}, 0  # each block is unmapped by its own refcount
 POOL = MemoryPool()
 
 HUGE_PAGE = 1 << 21
@@ -67,6 +68,7 @@ class CPUMemory:
 
 class CPUAllocator(Allocator):
   def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)
+  def release_cached(self) -> None: POOL.clear()
   def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.data[:src.nbytes] = src.cast("B")
   def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
   def host_view(self, mem: CPUMemory) -> memoryview: return mem.data
