@@ -103,19 +103,17 @@ def exp(x: UOp) -> UOp:
   above_lo = u < _bits(lo, dt)
   u = above_lo.where(u, u.const_like(0)).bitcast(idt)
   c = (u < _bits(hi, dt)).where(u, u.const_like(_bits(hi, dt))).bitcast(dt)
-  # n = round(x/ln2) as floor(x/ln2 + 0.5), a trunc of a positive number (the clamp bounds it), and as an integer from
-  # the low mantissa bits after adding 1.5*2**mbits. Rounding by adding and subtracting that constant would save the
-  # trunc, but shader compilers (WGSL's) fold (y + k) - k to y
-  off = 2.0 ** math.ceil(math.log2(-lo / math.log(2)))
-  m = c.alu(Ops.MULACC, 1 / math.log(2), off + 0.5).alu(Ops.TRUNC)
-  n = m - off
+  # n = round(x/ln2) as an integer: the low mantissa bits of x/ln2 + 1.5*2**mbits (a sum whose last bit is worth 1, so
+  # adding rounds to an integer), then as a float by a conversion: no TRUNC (exp of 1M floats on one core 411 -> 376 us).
+  # Not (y + k) - k, which shader compilers (WGSL's) fold to y
+  magic = 1.5 * 2.0 ** mbits
+  ni = c.alu(Ops.MULACC, 1 / math.log(2), magic).bitcast(idt) - _bits(magic, dt)
+  n = ni.cast(dt)
   # c - n*ln2_hi is exact (n*ln2_hi has few bits and is close to c): a fused multiply-add rounds only its last step
   r = n.alu(Ops.MULACC, -ln2_lo, n.alu(Ops.MULACC, -ln2_hi, c))
   coeffs = _EXP_POLY[dt]
   p = x.const_like(coeffs[-1])
   for k in reversed(coeffs[:-1]): p = p.alu(Ops.MULACC, r, k)
-  magic = 1.5 * 2.0 ** mbits
-  ni = (m + magic).bitcast(idt) - (_bits(magic, dt) + int(off))
   # 2**n in two factors: each stays a normal float where 2**n alone would not, so a subnormal result rounds once
   n1 = ni >> 1
   scale = lambda k: ((k + bias) << mbits).bitcast(dt)
