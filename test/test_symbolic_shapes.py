@@ -214,3 +214,19 @@ def test_slices_at_int_offsets_reuse_kernels():
   x = Tensor(n).realize()
   np.testing.assert_array_equal(x.shrink(((5, 15), None, None)).shrink((None, (1, 8), None)).numpy(), n[5:15, 1:8])
   np.testing.assert_array_equal((x[5:15][2:4, 1:8] * 2).numpy(), n[5:15][2:4, 1:8] * 2)
+
+def test_masked_softmax_over_a_symbolic_length_of_transposed_scores():
+  # 8 queries a thread over a KV cache's symbolic length: gcc 12.2's loop vectorizer miscompiled this kernel (rows of
+  # the softmax summed to 0.7), so kernels with a loop of variable count compile without it (renderer/cstyle.py)
+  import math
+  T, C = 8, 64
+  sb = np.random.default_rng(0).standard_normal((2, C, T)).astype(np.float32)
+  sbase = Tensor(sb).realize()
+  for p in (0, 3):
+    pos = Variable("pos", 0, C - T).bind(p)
+    L = pos + T
+    visible = Tensor.arange(L).reshape(1, 1, L) <= (Tensor.arange(T).reshape(1, T, 1) + pos)
+    out = visible.where(sbase[:, :L].transpose(-1, -2), -math.inf).softmax(-1).numpy()
+    s = np.where(np.arange(p + T)[None, None, :] <= np.arange(T)[None, :, None] + p, sb[:, :p + T].transpose(0, 2, 1), -np.inf)
+    ref = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, ref / ref.sum(-1, keepdims=True), atol=1e-6)
