@@ -693,7 +693,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return q - fix.cast(q.dtype)
   def mod(self, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
-    if not dtypes.is_int(a.dtype): return a - (a / b).floor() * b
+    if not dtypes.is_int(a.dtype):
+      q = (a / b).floor()
+      return (a - q * b)._with_derivative(a, 1.0, b, -q)  # torch's: 1 and -floor(a/b) (the chain rule gave nan at b = 0)
     r = a._alu(Ops.MOD, b)
     return (r.ne(0) & ((r < 0) ^ (b < 0))).where(r + b, r)
   def maximum(self, x) -> Tensor: return _binop(Ops.MAX, self, x)
@@ -701,21 +703,49 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     a, b = self._operands(x)
     return (a < b).where(a, b) if not dtypes.is_float(a.dtype) else -((-a).maximum(-b))
   def pow(self, x, reverse=False) -> Tensor:
+    """torch.pow. Gradients as torch's: d/dself = e * self**(e-1) (0 where e == 0), d/de = self**e * log(self) (0 where
+    self == 0 and e >= 0), written out rather than taken through the branches for the special cases (a chain rule
+    through `where(b == 0, 1, ...)` gave 0 for 2**x at x = 0, and through 1/(x*x) nan at 0)."""
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
       if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
         raise ArgumentError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
-      n, base = int(abs(x)), self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
-      acc = base.ones_like() if n == 0 else base
-      for _ in range(n - 1): acc = acc * base
-      return acc.reciprocal() if x < 0 else acc
+      base = self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
+      out = base._small_int_pow(int(x))
+      if not dtypes.is_float(out.dtype): return out
+      return out._with_derivative(base, base.zeros_like() if x == 0 else base._scalar_pow_value(x - 1) * x)
+    if not reverse and isinstance(x, float) and x in (0.5, -0.5):
+      base = self._float_unary()
+      return base._scalar_pow_value(x)._with_derivative(base, base._scalar_pow_value(x - 1) * x)
     a, b = self._operands(x, reverse)
     if dtypes.is_int(a.dtype): return a._int_pow(b)
     if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    out = a._pow_value(b)
+    scalar_e = not reverse and isinstance(x, (int, float)) and not isinstance(x, bool)  # torch's special cases apply to e - 1
+    da = (b == 0).where(0.0, b * (a._scalar_pow_value(x - 1) if scalar_e else a._pow_value(b - 1)))
+    db = ((a == 0) & (b >= 0)).where(0.0, out * a.log())
+    return out._with_derivative(a, da, b, db)
+  def _small_int_pow(self, n: int) -> Tensor:
+    """self**n by multiplications (and a reciprocal for n < 0), exact as torch's for small integer n"""
+    acc = self.ones_like() if n == 0 else self
+    for _ in range(abs(n) - 1): acc = acc * self
+    return acc.reciprocal() if n < 0 else acc
+  def _scalar_pow_value(self, e: float) -> Tensor:
+    """self**e for a Python exponent with torch's special cases (its derivative x**(e-1) takes them too: sqrt(-0) is -0,
+    rsqrt(-0) is -inf, sqrt(-inf) is nan where C's pow gives inf)"""
+    if float(e).is_integer() and abs(e) <= 8: return self._small_int_pow(int(e))
+    if e == 0.5: return self.sqrt()
+    if e == -0.5: return self.rsqrt()
+    return self._pow_value(Tensor(_broadcast_const(float(e), self.dtype, self.device, self.shape)))
+  def _pow_value(self, b: Tensor) -> Tensor:
+    """self**b for floats, with C's (and torch's) special cases; no derivative of its own (pow gives it)."""
+    a = self
     mag = (b * a.abs().log2()).exp2()
     odd = (b - 2 * (b / 2).floor()).eq(1)
-    neg_ok = (b.trunc() == b)
+    neg_ok = (b.trunc() == b) | (a == -math.inf)  # a negative base needs an integer exponent, except -inf (C's pow)
     out = (a < 0).where(neg_ok.where(odd.where(-mag, mag), math.nan), mag)
-    out = (a == 0).where((b == 0).where(1.0, (b < 0).where(math.inf, 0.0)), out)
+    at_zero = (b < 0).where(math.inf, 0.0)
+    at_zero = (odd & (a.reciprocal() < 0)).where(-at_zero, at_zero)  # -0 to an odd power keeps its sign: (-0)**-1 is -inf
+    out = ((a == 0) & b.isnan().logical_not()).where((b == 0).where(1.0, at_zero), out)
     # as C's pow (and torch): x**0 and 1**y are 1 even for nan, and (-1)**(+-inf) is 1; log2/exp2 would give nan
     return ((b == 0) | (a == 1) | ((a == -1) & b.isinf())).where(1.0, out).cast(a.dtype)
   def _int_pow(self, e: Tensor) -> Tensor:
@@ -857,17 +887,38 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
   def square(self) -> Tensor: return self.pow(2)  # not self * self: a bool squares to int64, as in torch
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
-  def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
+  def sigmoid(self) -> Tensor:
+    # the derivative s*(1-s), as torch: through 1/(1 + exp(-x)) it is 0 * inf = nan for x below -88
+    x = self._float_unary()
+    s = (1 + (-x).exp()).reciprocal()
+    return s._with_derivative(x, s * (1 - s))
   def tanh(self) -> Tensor:
-    """expm1(2x) / (expm1(2x) + 2): 2*sigmoid(2x) - 1 cancels near 0 (tanh(1e-8) was 0). Past |x| = 20 it is +-1."""
-    e = (2.0 * self._float_unary().clip(-20.0, 20.0)).expm1()
-    return e / (e + 2.0)
+    """expm1(2x) / (expm1(2x) + 2): 2*sigmoid(2x) - 1 cancels near 0 (tanh(1e-8) was 0). Past |x| = 20 it is +-1.
+    The derivative is 1 - tanh^2, as torch (not the chain rule through the clip at +-20)."""
+    x = self._float_unary()
+    e = (2.0 * x.clip(-20.0, 20.0)).expm1()
+    t = e / (e + 2.0)
+    return t._with_derivative(x, 1 - t * t)
   def clip(self, min_=None, max_=None, *, min=None, max=None) -> Tensor:
+    """torch.clamp: the gradient reaches self where min <= self <= max (1 at the bounds), min where self < min and max
+    where self > max; NaN stays NaN and passes no gradient. With min > max every element is max."""
     if min is not None: min_ = min
     if max is not None: max_ = max
     if min_ is None and max_ is None: raise ArgumentError("clip needs min or max")
-    t = self if min_ is None else self.maximum(min_)
-    return t if max_ is None else t.minimum(max_)
+    t = self if min_ is None else (self < min_).where(min_, self)
+    t = t if max_ is None else (t > max_).where(max_, t)
+    if not dtypes.is_float(t.dtype): return t
+    for bound in (min_, max_):  # a NaN bound gives NaN (torch's max/min propagate it)
+      if isinstance(bound, Tensor): t = bound.isnan().where(bound, t)
+    # torch's gradients: self where min <= self <= max; min where self < min < max; max where self > max or min > max
+    # (with min == max and self below it, nobody gets one); NaN anywhere passes none
+    x = self.cast(t.dtype)
+    ok_lo, ok_hi = (x >= min_) if min_ is not None else None, (x <= max_) if max_ is not None else None
+    d_self = ok_lo & ok_hi if ok_lo is not None and ok_hi is not None else ok_lo if ok_lo is not None else ok_hi
+    pairs = [x, d_self.where(1.0, 0.0)]
+    if isinstance(min_, Tensor): pairs += [min_, ((x < min_) & (min_ < max_ if max_ is not None else True)).where(1.0, 0.0)]
+    if isinstance(max_, Tensor): pairs += [max_, ((x > max_) | (min_ > max_ if min_ is not None else False)).where(1.0, 0.0)]
+    return t.detach()._with_derivative(*pairs)
   clamp = clip
   def isnan(self) -> Tensor: return self.ne(self)
   def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:

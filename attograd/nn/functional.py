@@ -105,10 +105,15 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor: 
 def l1_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor: return _reduce((input - target).abs(), reduction)
 def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
   d = (input - target).abs()
-  return _reduce(d if beta == 0 else (d < beta).where(0.5 * d.square() / beta, d - 0.5 * beta), reduction)
+  if beta == 0: return _reduce(d, reduction)
+  # the square only sees the small ones: its slope 2d at d = inf would make 0 * inf = nan in the other branch. NaN takes
+  # the square (torch's test is the other way round: a NaN difference gives a NaN gradient)
+  small = (d >= beta).logical_not()
+  return _reduce(small.where(0.5 * small.where(d, 0.0).square() / beta, d - 0.5 * beta), reduction)
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
   d = (input - target).abs()
-  return _reduce((d < delta).where(0.5 * d.square(), delta * (d - 0.5 * delta)), reduction)
+  small = (d >= delta).logical_not()  # as smooth_l1_loss
+  return _reduce(small.where(0.5 * small.where(d, 0.0).square(), delta * (d - 0.5 * delta)), reduction)
 
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, reduction: str = "mean") -> Tensor:
   _check_reduction(reduction)
