@@ -30,7 +30,18 @@ def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
     hit = UOp(Ops.CMPEQ, dtypes.bool, (x, ret.expand(x.shape))).cast(ctx.dtype)
     count = hit.reduce_axis(Ops.ADD, ret.arg[1])
     return ((ctx / count).expand(x.shape) * hit,)
-  if ret.arg[0] is Ops.MUL: return ((ctx * ret).expand(x.shape) / x,)
+  if ret.arg[0] is Ops.MUL:
+    # as torch: the product of the others, where ctx*ret/x is 0/0: with one zero in the group the zero's gradient is the
+    # product of the rest and the others' 0; with two or more every gradient is 0
+    axes = ret.arg[1]
+    zero = UOp(Ops.CMPEQ, dtypes.bool, (x, _c(x, 0)))
+    zeros = zero.cast(x.dtype).reduce_axis(Ops.ADD, axes)
+    rest = zero.where(_c(x, 1), x).reduce_axis(Ops.MUL, axes)  # the product of the nonzero ones
+    one_zero = UOp(Ops.CMPEQ, dtypes.bool, (zeros, _c(zeros, 1))).expand(x.shape)
+    none_zero = UOp(Ops.CMPEQ, dtypes.bool, (zeros, _c(zeros, 0))).expand(x.shape)
+    g = ctx.expand(x.shape)
+    at_zero = one_zero.where(zero.where(g * rest.expand(x.shape), _c(g, 0)), _c(g, 0))
+    return (none_zero.where(g * ret.expand(x.shape) / none_zero.where(x, _c(x, 1)), at_zero),)
   raise NotImplementedError(f"no gradient for reduce {ret.arg[0]}")
 
 def _cos(x: UOp) -> UOp:
