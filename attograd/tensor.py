@@ -972,7 +972,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if axis is not None:
       if dim is not None: raise TypeError("max() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
       return self._reduce(Ops.MAX, axis, keepdim)
-    if _one_dim(dim): return ValuesIndices(self._reduce(Ops.MAX, d := dim.__index__(), keepdim), self.argmax(d, keepdim))
+    if _one_dim(dim):
+      idx = self.argmax(d := dim.__index__(), keepdim)
+      return ValuesIndices(self._picked(d, idx, keepdim) if self._may_need_grad() else self._reduce(Ops.MAX, d, keepdim), idx)
     return self._reduce(Ops.MAX, dim, keepdim)
   def min(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor | ValuesIndices:
     """As max: x.min(axis=1) the tensor, x.min(1) / x.min(dim=1) torch's (values, indices), x.min(t) torch.minimum."""
@@ -980,8 +982,19 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if axis is not None:
       if dim is not None: raise TypeError("min() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
       return self.amin(axis, keepdim)
-    if _one_dim(dim): return ValuesIndices(self.amin(d := dim.__index__(), keepdim), self.argmin(d, keepdim))
+    if _one_dim(dim):
+      idx = self.argmin(d := dim.__index__(), keepdim)
+      return ValuesIndices(self._picked(d, idx, keepdim) if self._may_need_grad() else self.amin(d, keepdim), idx)
     return self.amin(dim, keepdim)
+  def _picked(self, dim: int, idx: Tensor, keepdim: bool) -> Tensor:
+    """The element at idx along dim: torch's max(dim)/min(dim) send the whole gradient to the index they return, where
+    amax shares it among ties (taken only when a gradient may flow: the reduce is cheaper)"""
+    if self.ndim == 0: return self
+    d = _normalize_axis(dim, self.ndim)
+    n = self.shape[d]
+    ar = Tensor.arange(n, device=self.device).reshape((n,) + (1,) * (self.ndim - d - 1))
+    hit = ar == (idx if keepdim else idx.unsqueeze(d))
+    return hit.where(self, 0).sum(d, keepdim)
   def amax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self._reduce(Ops.MAX, dim if axis is None else axis, keepdim)
   def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:
     if axis is not None: dim = axis
@@ -1001,10 +1014,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if dim is not None: axis = dim
     if unbiased is not None: correction = int(unbiased)
     n = sym_prod(self.shape[a] for a in self._axes(axis))
-    sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+    # the mean is detached, as torch's derivative 2(x - mean)/n leaves it: its own term is 0 in exact arithmetic, and with
+    # an infinite element it is nan (inf - inf) spread over the whole row
+    sq = (self - self.mean(axis, keepdim=True).detach()).square().sum(axis, keepdim)
     return sq / (max(n - correction, 0) if isinstance(n, int) else (n - correction).maximum(0))  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
-    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
+    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased)._masked_sqrt()
+  def _masked_sqrt(self) -> Tensor:
+    """sqrt whose derivative is 0 where the value is 0, as torch's std and norm backward (not 1/(2*0) times 0 = nan)"""
+    r = self.sqrt()
+    return r._with_derivative(self, (r == 0).where(0.0, 0.5 / r))
   def any(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
     return self.cast(dtypes.bool).amax(axis if dim is None else dim, keepdim)
@@ -1056,12 +1075,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
     x = (self if dtype is None else self.cast(dtype))._float_unary().abs()
-    if p in ("fro", 2): return x.square().sum(dim, keepdim).sqrt()
+    # the norm of a zero vector has gradient 0, as torch's (the chain rule gave 0 * inf = nan)
+    if p in ("fro", 2): return x.square().sum(dim, keepdim)._masked_sqrt()
     if p == math.inf: return x.amax(dim, keepdim)
     if p == -math.inf: return x.amin(dim, keepdim)
     if p == 0: return x.ne(0).cast(x.dtype).sum(dim, keepdim)
     if p == 1: return x.sum(dim, keepdim)
-    if isinstance(p, (int, float)): return x.pow(p).sum(dim, keepdim).pow(1 / p)
+    if isinstance(p, (int, float)):
+      s = x.pow(p).sum(dim, keepdim)
+      return s._scalar_pow_value(1 / p)._with_derivative(s, (s == 0).where(0.0, s._scalar_pow_value(1 / p - 1) * (1 / p)))
     raise ArgumentError(f"norm: unsupported p={p!r}")
   def isclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
     """|self - other| <= atol + rtol * |other|, as torch.isclose (infinities are close only to themselves)."""

@@ -130,13 +130,14 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
 
 def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
   if log_target: loss = target.exp() * (target - input)
-  else: loss = (target > 0).where(target * ((target > 0).where(target, 1.0).log() - input), 0.0)  # 0 log 0 = 0
+  else:  # torch's xlogy(t, t) - t * input: 0 log 0 is 0, a negative or NaN target gives NaN
+    loss = (target == 0).where(0.0, target * (target == 0).where(1.0, target).log()) - target * input
   if reduction == "batchmean": return loss.sum() / (input.shape[0] if input.ndim else 1)
   return _reduce(loss, reduction)
 
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
-  n1, n2 = x1.square().sum(dim).sqrt().maximum(eps), x2.square().sum(dim).sqrt().maximum(eps)
-  return (x1 * x2).sum(dim) / (n1 * n2)
+  # torch's: each input divided by its norm (at least eps) first; a zero vector's norm passes no gradient
+  return ((x1 / x1.norm(2, dim, True).clamp(min=eps)) * (x2 / x2.norm(2, dim, True).clamp(min=eps))).sum(dim)
 
 # ***** layers as functions *****
 
@@ -275,12 +276,7 @@ def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
   """input / max(||input||_p along dim, eps)."""
-  a = input.abs()
-  if p == math.inf: norm = a.amax(dim, True)
-  elif p == 2: norm = a.square().sum(dim, True).sqrt()
-  elif p == 1: norm = a.sum(dim, True)
-  else: norm = a.pow(p).sum(dim, True).pow(1 / p)
-  return input / norm.maximum(eps)
+  return input / input.norm(p, dim, True).clamp(min=eps)  # Tensor.norm: a zero vector's norm passes no gradient, as torch
 
 def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
   *b, c, h, w = input.shape
