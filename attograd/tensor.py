@@ -1222,7 +1222,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
                 return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    if not return_indices: return self._pool_padded(geometry, lowest, lowest).amax(tuple(range(-n, 0)))
+    if not return_indices:
+      win = self._pool_padded(geometry, lowest, lowest)
+      if not (dtypes.is_float(self.dtype) and self._may_need_grad()): return win.amax(tuple(range(-n, 0)))
+      # torch sends a window's gradient to one element, the first of tied maxima (a NaN is the max), where amax shares it
+      flat = win.reshape(*win.shape[:-n], prod(geometry[0]))
+      hit = (flat == flat.amax(-1, keepdim=True)) | flat.isnan()
+      return flat._picked(-1, hit.argmax(-1), False)
     # torch's indices: each window's max as a flat index into the input's last n dims, the first in window order on
     # ties. The spatial positions are pooled with the same geometry (-1 where padding), so a window's max and its
     # position line up; a padded cell never wins (it is excluded even where the input itself is the lowest value)

@@ -470,7 +470,12 @@ class ElementwiseOps:
       attn_mask = ar(L, device=q.device).unsqueeze(1) >= ar(S, device=q.device).unsqueeze(0)
     if attn_mask is not None:
       attn = attn_mask.where(attn, -math.inf) if attn_mask.dtype == dtypes.bool else attn + attn_mask
-    attn = attn.softmax(-1)
+      # torch's safe softmax: a row with every position masked attends to nothing (0), not NaN; its logits are replaced
+      # before the softmax so no NaN reaches the gradient either
+      none = (attn == -math.inf).all(-1, keepdim=True)
+      attn = none.where(0.0, attn).softmax(-1)
+      attn = none.where(0.0, attn)
+    else: attn = attn.softmax(-1)
     if dropout_p > 0:
       keep = type(self).rand(*attn.shape, device=attn.device, dtype=dtypes.float32) >= dropout_p
       attn = keep.where(attn * (1 / (1 - dropout_p)), 0)
