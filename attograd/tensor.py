@@ -3,7 +3,7 @@ messages live here; composite ops are written in terms of a few primitive UOps (
 from __future__ import annotations
 import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
-from attograd.errors import ArgumentError, IndexOutOfRange
+from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import Switch, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
@@ -759,7 +759,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return neg.where((self.abs() == 1).where(acc, 0), acc)
   def _logic(self, op: Ops, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
-    if dtypes.is_float(a.dtype): raise TypeError(f"{op.name.lower()} needs bool or integer tensors, got {a.dtype}")
+    if dtypes.is_float(a.dtype):
+      raise UnsupportedDtype(f"{_LOGIC_NAMES[op]} is not implemented for {a.dtype} tensors (as in torch, and tinygrad's shifts take "
+                             "integers only): it needs bool or integer tensors" + (", e.g. x * 2**n for a shift" if op in (Ops.SHL, Ops.SHR) else ""))
     return a._alu(op, b)
   def bitwise_and(self, x) -> Tensor: return self._logic(Ops.AND, x)
   def bitwise_or(self, x) -> Tensor: return self._logic(Ops.OR, x)
@@ -769,12 +771,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.dtype == dtypes.bool: return self.logical_not()
     if dtypes.is_float(self.dtype): raise TypeError(f"~ needs bool or integer tensors, got {self.dtype}")
     return self ^ -1 if not dtypes.is_unsigned(self.dtype) else self ^ dtypes.max(self.dtype)
-  def lshift(self, x) -> Tensor: return self._shift(Ops.SHL, x)
-  def rshift(self, x) -> Tensor: return self._shift(Ops.SHR, x)
-  def _shift(self, op: Ops, x) -> Tensor:
+  def lshift(self, x, reverse: bool = False) -> Tensor: return self._shift(Ops.SHL, x, reverse)
+  def rshift(self, x, reverse: bool = False) -> Tensor: return self._shift(Ops.SHR, x, reverse)
+  bitwise_left_shift, bitwise_right_shift = lshift, rshift  # torch's names
+  def _shift(self, op: Ops, x, reverse: bool = False) -> Tensor:
     # C leaves a shift by a negative amount, or by the bit width or more, undefined (CPU and PYTHON disagree);
     # torch gives 0 for << and the sign fill for >>, so only in-range amounts reach the ALU
-    a, s = self._operands(x)
+    a, s = self._operands(x, reverse)
     ok = (s >= 0) & (s < 8 * a.dtype.itemsize)
     out = a._logic(op, ok.where(s, 0))
     return ok.where(out, 0 if op is Ops.SHL else (a < 0).where(-1, 0).cast(a.dtype))
@@ -806,6 +809,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   __or__ = lambda self, x: self.bitwise_or(x); __ror__ = lambda self, x: self.bitwise_or(x)
   __xor__ = lambda self, x: self.bitwise_xor(x); __rxor__ = lambda self, x: self.bitwise_xor(x)
   __lshift__ = lambda self, x: self.lshift(x); __rshift__ = lambda self, x: self.rshift(x)
+  __rlshift__ = lambda self, x: self.lshift(x, True); __rrshift__ = lambda self, x: self.rshift(x, True)
   __invert__ = lambda self: self.bitwise_not()
   __neg__ = lambda self: self.neg()
   __lt__ = lambda self, x: self.lt(x); __gt__ = lambda self, x: self.gt(x)
@@ -816,6 +820,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def __isub__(self, x): return self._write(self._fresh() - x)
   def __imul__(self, x): return self._write(self._fresh() * x)
   def __itruediv__(self, x): return self._write(self._fresh() / x)
+  def __ilshift__(self, x): return self._write(self._fresh() << x)
+  def __irshift__(self, x): return self._write(self._fresh() >> x)
 
   # ***** in place (torch's x.add_(y)...): lazy like assign; the family is generated below the class *****
   def _write(self, value: Tensor | ConstType) -> Tensor:
@@ -1336,13 +1342,16 @@ def _inplace(name: str) -> Callable[..., Tensor]:
 INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
                "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
                "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",
-               "bitwise_or", "bitwise_xor", "logical_not")
+               "bitwise_or", "bitwise_xor", "logical_not", "bitwise_left_shift", "bitwise_right_shift")
 for _name in INPLACE_OPS:
   if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
 
 def _one_dim(dim: Any) -> bool:
   """One dimension (an int, numpy's ints too) rather than None or a tuple of dims: torch's max/min with a dim."""
   return dim is not None and not isinstance(dim, (tuple, list, bool)) and hasattr(dim, "__index__")
+
+_LOGIC_NAMES = {Ops.AND: "bitwise_and (&)", Ops.OR: "bitwise_or (|)", Ops.XOR: "bitwise_xor (^)", Ops.SHL: "lshift (<<)",
+                Ops.SHR: "rshift (>>)"}
 
 _VI_HINT = ("max/min with a positional or dim= dimension returns torch's (values, indices) pair, which can't be {what}: "
             "take .values (x.max(1).values, as in torch), or use x.max(axis=1) / x.amax(1) for the tensor (as in tinygrad)")
