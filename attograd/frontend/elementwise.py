@@ -470,6 +470,7 @@ class ElementwiseOps:
       attn_mask = ar(L, device=q.device).unsqueeze(1) >= ar(S, device=q.device).unsqueeze(0)
     if attn_mask is not None:
       attn = attn_mask.where(attn, -math.inf) if attn_mask.dtype == dtypes.bool else attn + attn_mask
+    if attn_mask is not None and not is_causal:  # a causal mask (top-left aligned) leaves every row position 0
       # torch's safe softmax: a row with every position masked attends to nothing (0), not NaN; its logits are replaced
       # before the softmax so no NaN reaches the gradient either
       none = (attn == -math.inf).all(-1, keepdim=True)
