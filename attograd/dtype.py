@@ -104,6 +104,8 @@ DTYPE_ALIASES: dict[str, DType] = {**DTYPES_BY_NAME, **{k: v for k, v in vars(dt
 def to_dtype(x: DType | str) -> DType:
   if isinstance(x, DType): return x
   if isinstance(x, str) and x in DTYPE_ALIASES: return DTYPE_ALIASES[x]
+  # a torch dtype (torch.float64, torch.long) by its name, so code passing torch's dtypes runs; torch isn't imported
+  if type(x).__module__ == "torch" and (name := str(x).removeprefix("torch.")) in DTYPE_ALIASES: return DTYPE_ALIASES[name]
   raise TypeError(f"unknown dtype {x!r}; expected a DType or one of {sorted(DTYPE_ALIASES)}")
 
 def kind(t: DType) -> int:

@@ -7,3 +7,7 @@ class ArgumentError(ValueError, RuntimeError):
 
 class IndexOutOfRange(IndexError, RuntimeError):
   """An index value outside its axis."""
+
+class UnsupportedDtype(TypeError, NotImplementedError):
+  """An op the tensor's dtype doesn't have (a shift or bitwise op on floats): torch raises NotImplementedError (a
+  RuntimeError), Python conventions a TypeError; this is all three."""

@@ -30,8 +30,25 @@ def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
     hit = UOp(Ops.CMPEQ, dtypes.bool, (x, ret.expand(x.shape))).cast(ctx.dtype)
     count = hit.reduce_axis(Ops.ADD, ret.arg[1])
     return ((ctx / count).expand(x.shape) * hit,)
-  if ret.arg[0] is Ops.MUL: return ((ctx * ret).expand(x.shape) / x,)
+  if ret.arg[0] is Ops.MUL:
+    # as torch: the product of the others, where ctx*ret/x is 0/0: with one zero in the group the zero's gradient is the
+    # product of the rest and the others' 0; with two or more every gradient is 0
+    axes = ret.arg[1]
+    zero = UOp(Ops.CMPEQ, dtypes.bool, (x, _c(x, 0)))
+    zeros = zero.cast(x.dtype).reduce_axis(Ops.ADD, axes)
+    rest = zero.where(_c(x, 1), x).reduce_axis(Ops.MUL, axes)  # the product of the nonzero ones
+    one_zero = UOp(Ops.CMPEQ, dtypes.bool, (zeros, _c(zeros, 1))).expand(x.shape)
+    none_zero = UOp(Ops.CMPEQ, dtypes.bool, (zeros, _c(zeros, 0))).expand(x.shape)
+    g = ctx.expand(x.shape)
+    at_zero = one_zero.where(zero.where(g * rest.expand(x.shape), _c(g, 0)), _c(g, 0))
+    return (none_zero.where(g * ret.expand(x.shape) / none_zero.where(x, _c(x, 1)), at_zero),)
   raise NotImplementedError(f"no gradient for reduce {ret.arg[0]}")
+
+def _cos(x: UOp) -> UOp:
+  # 1 - 2*sin(x/2)^2, as Tensor.cos: x/2 is exact, while sin(pi/2 - x) rounds away the digits of a large x (the gradient
+  # of sin at 1e10 had the wrong sign)
+  s = (x * _c(x, 0.5)).alu(Ops.SIN)
+  return _c(x, 1) - _c(x, 2) * s * s
 
 def _pad_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
   return (ctx.shrink(tuple((b, b + s) for (b, _), s in zip(ret.arg, ret.src[0].shape))),)
@@ -48,7 +65,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.EXP, name="ret"), lambda ctx, ret: (ctx * ret,)),
   (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * ret * _c(ctx, math.log(2)),)),
   (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _c(ctx, math.log(2))),)),
-  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * (_c(ctx, math.pi / 2) - ret.src[0]).alu(Ops.SIN),)),
+  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _cos(ret.src[0]),)),
   (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (ret * _c(ctx, 2)),)),
   (UPat(Ops.RECIP, name="ret"), lambda ctx, ret: (-ctx * ret * ret,)),
   (UPat(Ops.TRUNC, name="ret"), lambda ctx, ret: (_c(ctx, 0),)),
@@ -70,7 +87,7 @@ pm_gradient = PatternMatcher([
   # a copy between devices: the gradient goes back to the device the value came from (contiguous, as a copy's source is)
   (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
                                                                            UOp(Ops.DEVICE, dtypes.void, (), ret.src[0].device))), None)),
-  (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None, ctx * ret.src[2], None)),
+  (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())),
 ])
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:

@@ -3,7 +3,7 @@ messages live here; composite ops are written in terms of a few primitive UOps (
 from __future__ import annotations
 import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
-from attograd.errors import ArgumentError, IndexOutOfRange
+from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import Switch, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
@@ -693,7 +693,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return q - fix.cast(q.dtype)
   def mod(self, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
-    if not dtypes.is_int(a.dtype): return a - (a / b).floor() * b
+    if not dtypes.is_int(a.dtype):
+      q = (a / b).floor()
+      return (a - q * b)._with_derivative(a, 1.0, b, -q)  # torch's: 1 and -floor(a/b) (the chain rule gave nan at b = 0)
     r = a._alu(Ops.MOD, b)
     return (r.ne(0) & ((r < 0) ^ (b < 0))).where(r + b, r)
   def maximum(self, x) -> Tensor: return _binop(Ops.MAX, self, x)
@@ -701,21 +703,49 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     a, b = self._operands(x)
     return (a < b).where(a, b) if not dtypes.is_float(a.dtype) else -((-a).maximum(-b))
   def pow(self, x, reverse=False) -> Tensor:
+    """torch.pow. Gradients as torch's: d/dself = e * self**(e-1) (0 where e == 0), d/de = self**e * log(self) (0 where
+    self == 0 and e >= 0), written out rather than taken through the branches for the special cases (a chain rule
+    through `where(b == 0, 1, ...)` gave 0 for 2**x at x = 0, and through 1/(x*x) nan at 0)."""
     if not reverse and isinstance(x, (int, float)) and float(x).is_integer() and abs(x) <= 8 and not isinstance(x, bool):
       if isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
         raise ArgumentError(f"integer tensor ({self.dtype}) to a negative integer power ({x}) is not allowed, as in PyTorch; use a float")
-      n, base = int(abs(x)), self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
-      acc = base.ones_like() if n == 0 else base
-      for _ in range(n - 1): acc = acc * base
-      return acc.reciprocal() if x < 0 else acc
+      base = self.cast(_weak_promote(self.dtype, dtypes.from_py(x)))  # torch's dtype: a float exponent makes ints float, an int makes bools int
+      out = base._small_int_pow(int(x))
+      if not dtypes.is_float(out.dtype): return out
+      return out._with_derivative(base, base.zeros_like() if x == 0 else base._scalar_pow_value(x - 1) * x)
+    if not reverse and isinstance(x, float) and x in (0.5, -0.5):
+      base = self._float_unary()
+      return base._scalar_pow_value(x)._with_derivative(base, base._scalar_pow_value(x - 1) * x)
     a, b = self._operands(x, reverse)
     if dtypes.is_int(a.dtype): return a._int_pow(b)
     if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    out = a._pow_value(b)
+    scalar_e = not reverse and isinstance(x, (int, float)) and not isinstance(x, bool)  # torch's special cases apply to e - 1
+    da = (b == 0).where(0.0, b * (a._scalar_pow_value(x - 1) if scalar_e else a._pow_value(b - 1)))
+    db = ((a == 0) & (b >= 0)).where(0.0, out * a.log())
+    return out._with_derivative(a, da, b, db)
+  def _small_int_pow(self, n: int) -> Tensor:
+    """self**n by multiplications (and a reciprocal for n < 0), exact as torch's for small integer n"""
+    acc = self.ones_like() if n == 0 else self
+    for _ in range(abs(n) - 1): acc = acc * self
+    return acc.reciprocal() if n < 0 else acc
+  def _scalar_pow_value(self, e: float) -> Tensor:
+    """self**e for a Python exponent with torch's special cases (its derivative x**(e-1) takes them too: sqrt(-0) is -0,
+    rsqrt(-0) is -inf, sqrt(-inf) is nan where C's pow gives inf)"""
+    if float(e).is_integer() and abs(e) <= 8: return self._small_int_pow(int(e))
+    if e == 0.5: return self.sqrt()
+    if e == -0.5: return self.rsqrt()
+    return self._pow_value(Tensor(_broadcast_const(float(e), self.dtype, self.device, self.shape)))
+  def _pow_value(self, b: Tensor) -> Tensor:
+    """self**b for floats, with C's (and torch's) special cases; no derivative of its own (pow gives it)."""
+    a = self
     mag = (b * a.abs().log2()).exp2()
     odd = (b - 2 * (b / 2).floor()).eq(1)
-    neg_ok = (b.trunc() == b)
+    neg_ok = (b.trunc() == b) | (a == -math.inf)  # a negative base needs an integer exponent, except -inf (C's pow)
     out = (a < 0).where(neg_ok.where(odd.where(-mag, mag), math.nan), mag)
-    out = (a == 0).where((b == 0).where(1.0, (b < 0).where(math.inf, 0.0)), out)
+    at_zero = (b < 0).where(math.inf, 0.0)
+    at_zero = (odd & (a.reciprocal() < 0)).where(-at_zero, at_zero)  # -0 to an odd power keeps its sign: (-0)**-1 is -inf
+    out = ((a == 0) & b.isnan().logical_not()).where((b == 0).where(1.0, at_zero), out)
     # as C's pow (and torch): x**0 and 1**y are 1 even for nan, and (-1)**(+-inf) is 1; log2/exp2 would give nan
     return ((b == 0) | (a == 1) | ((a == -1) & b.isinf())).where(1.0, out).cast(a.dtype)
   def _int_pow(self, e: Tensor) -> Tensor:
@@ -729,7 +759,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return neg.where((self.abs() == 1).where(acc, 0), acc)
   def _logic(self, op: Ops, x, reverse=False) -> Tensor:
     a, b = self._operands(x, reverse)
-    if dtypes.is_float(a.dtype): raise TypeError(f"{op.name.lower()} needs bool or integer tensors, got {a.dtype}")
+    if dtypes.is_float(a.dtype):
+      raise UnsupportedDtype(f"{_LOGIC_NAMES[op]} is not implemented for {a.dtype} tensors (as in torch, and tinygrad's shifts take "
+                             "integers only): it needs bool or integer tensors" + (", e.g. x * 2**n for a shift" if op in (Ops.SHL, Ops.SHR) else ""))
     return a._alu(op, b)
   def bitwise_and(self, x) -> Tensor: return self._logic(Ops.AND, x)
   def bitwise_or(self, x) -> Tensor: return self._logic(Ops.OR, x)
@@ -739,12 +771,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.dtype == dtypes.bool: return self.logical_not()
     if dtypes.is_float(self.dtype): raise TypeError(f"~ needs bool or integer tensors, got {self.dtype}")
     return self ^ -1 if not dtypes.is_unsigned(self.dtype) else self ^ dtypes.max(self.dtype)
-  def lshift(self, x) -> Tensor: return self._shift(Ops.SHL, x)
-  def rshift(self, x) -> Tensor: return self._shift(Ops.SHR, x)
-  def _shift(self, op: Ops, x) -> Tensor:
+  def lshift(self, x, reverse: bool = False) -> Tensor: return self._shift(Ops.SHL, x, reverse)
+  def rshift(self, x, reverse: bool = False) -> Tensor: return self._shift(Ops.SHR, x, reverse)
+  bitwise_left_shift, bitwise_right_shift = lshift, rshift  # torch's names
+  def _shift(self, op: Ops, x, reverse: bool = False) -> Tensor:
     # C leaves a shift by a negative amount, or by the bit width or more, undefined (CPU and PYTHON disagree);
     # torch gives 0 for << and the sign fill for >>, so only in-range amounts reach the ALU
-    a, s = self._operands(x)
+    a, s = self._operands(x, reverse)
     ok = (s >= 0) & (s < 8 * a.dtype.itemsize)
     out = a._logic(op, ok.where(s, 0))
     return ok.where(out, 0 if op is Ops.SHL else (a < 0).where(-1, 0).cast(a.dtype))
@@ -776,6 +809,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   __or__ = lambda self, x: self.bitwise_or(x); __ror__ = lambda self, x: self.bitwise_or(x)
   __xor__ = lambda self, x: self.bitwise_xor(x); __rxor__ = lambda self, x: self.bitwise_xor(x)
   __lshift__ = lambda self, x: self.lshift(x); __rshift__ = lambda self, x: self.rshift(x)
+  __rlshift__ = lambda self, x: self.lshift(x, True); __rrshift__ = lambda self, x: self.rshift(x, True)
   __invert__ = lambda self: self.bitwise_not()
   __neg__ = lambda self: self.neg()
   __lt__ = lambda self, x: self.lt(x); __gt__ = lambda self, x: self.gt(x)
@@ -786,6 +820,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def __isub__(self, x): return self._write(self._fresh() - x)
   def __imul__(self, x): return self._write(self._fresh() * x)
   def __itruediv__(self, x): return self._write(self._fresh() / x)
+  def __ilshift__(self, x): return self._write(self._fresh() << x)
+  def __irshift__(self, x): return self._write(self._fresh() >> x)
 
   # ***** in place (torch's x.add_(y)...): lazy like assign; the family is generated below the class *****
   def _write(self, value: Tensor | ConstType) -> Tensor:
@@ -857,17 +893,38 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
   def square(self) -> Tensor: return self.pow(2)  # not self * self: a bool squares to int64, as in torch
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
-  def sigmoid(self) -> Tensor: return (1 + (-self._float_unary()).exp()).reciprocal()
+  def sigmoid(self) -> Tensor:
+    # the derivative s*(1-s), as torch: through 1/(1 + exp(-x)) it is 0 * inf = nan for x below -88
+    x = self._float_unary()
+    s = (1 + (-x).exp()).reciprocal()
+    return s._with_derivative(x, s * (1 - s))
   def tanh(self) -> Tensor:
-    """expm1(2x) / (expm1(2x) + 2): 2*sigmoid(2x) - 1 cancels near 0 (tanh(1e-8) was 0). Past |x| = 20 it is +-1."""
-    e = (2.0 * self._float_unary().clip(-20.0, 20.0)).expm1()
-    return e / (e + 2.0)
+    """expm1(2x) / (expm1(2x) + 2): 2*sigmoid(2x) - 1 cancels near 0 (tanh(1e-8) was 0). Past |x| = 20 it is +-1.
+    The derivative is 1 - tanh^2, as torch (not the chain rule through the clip at +-20)."""
+    x = self._float_unary()
+    e = (2.0 * x.clip(-20.0, 20.0)).expm1()
+    t = e / (e + 2.0)
+    return t._with_derivative(x, 1 - t * t)
   def clip(self, min_=None, max_=None, *, min=None, max=None) -> Tensor:
+    """torch.clamp: the gradient reaches self where min <= self <= max (1 at the bounds), min where self < min and max
+    where self > max; NaN stays NaN and passes no gradient. With min > max every element is max."""
     if min is not None: min_ = min
     if max is not None: max_ = max
     if min_ is None and max_ is None: raise ArgumentError("clip needs min or max")
-    t = self if min_ is None else self.maximum(min_)
-    return t if max_ is None else t.minimum(max_)
+    t = self if min_ is None else (self < min_).where(min_, self)
+    t = t if max_ is None else (t > max_).where(max_, t)
+    if not dtypes.is_float(t.dtype): return t
+    for bound in (min_, max_):  # a NaN bound gives NaN (torch's max/min propagate it)
+      if isinstance(bound, Tensor): t = bound.isnan().where(bound, t)
+    # torch's gradients: self where min <= self <= max; min where self < min < max; max where self > max or min > max
+    # (with min == max and self below it, nobody gets one); NaN anywhere passes none
+    x = self.cast(t.dtype)
+    ok_lo, ok_hi = (x >= min_) if min_ is not None else None, (x <= max_) if max_ is not None else None
+    d_self = ok_lo & ok_hi if ok_lo is not None and ok_hi is not None else ok_lo if ok_lo is not None else ok_hi
+    pairs = [x, d_self.where(1.0, 0.0)]
+    if isinstance(min_, Tensor): pairs += [min_, ((x < min_) & (min_ < max_ if max_ is not None else True)).where(1.0, 0.0)]
+    if isinstance(max_, Tensor): pairs += [max_, ((x > max_) | (min_ > max_ if min_ is not None else False)).where(1.0, 0.0)]
+    return t.detach()._with_derivative(*pairs)
   clamp = clip
   def isnan(self) -> Tensor: return self.ne(self)
   def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
@@ -921,7 +978,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if axis is not None:
       if dim is not None: raise TypeError("max() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
       return self._reduce(Ops.MAX, axis, keepdim)
-    if _one_dim(dim): return ValuesIndices(self._reduce(Ops.MAX, d := dim.__index__(), keepdim), self.argmax(d, keepdim))
+    if _one_dim(dim):
+      idx = self.argmax(d := dim.__index__(), keepdim)
+      return ValuesIndices(self._picked(d, idx, keepdim) if self._may_need_grad() else self._reduce(Ops.MAX, d, keepdim), idx)
     return self._reduce(Ops.MAX, dim, keepdim)
   def min(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor | ValuesIndices:
     """As max: x.min(axis=1) the tensor, x.min(1) / x.min(dim=1) torch's (values, indices), x.min(t) torch.minimum."""
@@ -929,8 +988,19 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if axis is not None:
       if dim is not None: raise TypeError("min() takes dim= (torch's values and indices) or axis= (tinygrad's tensor), not both")
       return self.amin(axis, keepdim)
-    if _one_dim(dim): return ValuesIndices(self.amin(d := dim.__index__(), keepdim), self.argmin(d, keepdim))
+    if _one_dim(dim):
+      idx = self.argmin(d := dim.__index__(), keepdim)
+      return ValuesIndices(self._picked(d, idx, keepdim) if self._may_need_grad() else self.amin(d, keepdim), idx)
     return self.amin(dim, keepdim)
+  def _picked(self, dim: int, idx: Tensor, keepdim: bool) -> Tensor:
+    """The element at idx along dim: torch's max(dim)/min(dim) send the whole gradient to the index they return, where
+    amax shares it among ties (taken only when a gradient may flow: the reduce is cheaper)"""
+    if self.ndim == 0: return self
+    d = _normalize_axis(dim, self.ndim)
+    n = self.shape[d]
+    ar = Tensor.arange(n, device=self.device).reshape((n,) + (1,) * (self.ndim - d - 1))
+    hit = ar == (idx if keepdim else idx.unsqueeze(d))
+    return hit.where(self, 0).sum(d, keepdim)
   def amax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return self._reduce(Ops.MAX, dim if axis is None else axis, keepdim)
   def amin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:
     if axis is not None: dim = axis
@@ -950,10 +1020,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if dim is not None: axis = dim
     if unbiased is not None: correction = int(unbiased)
     n = sym_prod(self.shape[a] for a in self._axes(axis))
-    sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+    # the mean is detached, as torch's derivative 2(x - mean)/n leaves it: its own term is 0 in exact arithmetic, and with
+    # an infinite element it is nan (inf - inf) spread over the whole row
+    sq = (self - self.mean(axis, keepdim=True).detach()).square().sum(axis, keepdim)
     return sq / (max(n - correction, 0) if isinstance(n, int) else (n - correction).maximum(0))  # as torch: no degrees of freedom left divides by 0 (inf, or nan for 0/0)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
-    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
+    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased)._masked_sqrt()
+  def _masked_sqrt(self) -> Tensor:
+    """sqrt whose derivative is 0 where the value is 0, as torch's std and norm backward (not 1/(2*0) times 0 = nan)"""
+    r = self.sqrt()
+    return r._with_derivative(self, (r == 0).where(0.0, 0.5 / r))
   def any(self, axis=None, keepdim: bool = False, *, dim=None) -> Tensor:
     """Always bool: PyTorch returns uint8 for uint8 input (a legacy quirk), attograd doesn't copy it. So does all()."""
     return self.cast(dtypes.bool).amax(axis if dim is None else dim, keepdim)
@@ -1005,12 +1081,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
     x = (self if dtype is None else self.cast(dtype))._float_unary().abs()
-    if p in ("fro", 2): return x.square().sum(dim, keepdim).sqrt()
+    # the norm of a zero vector has gradient 0, as torch's (the chain rule gave 0 * inf = nan)
+    if p in ("fro", 2): return x.square().sum(dim, keepdim)._masked_sqrt()
     if p == math.inf: return x.amax(dim, keepdim)
     if p == -math.inf: return x.amin(dim, keepdim)
     if p == 0: return x.ne(0).cast(x.dtype).sum(dim, keepdim)
     if p == 1: return x.sum(dim, keepdim)
-    if isinstance(p, (int, float)): return x.pow(p).sum(dim, keepdim).pow(1 / p)
+    if isinstance(p, (int, float)):
+      s = x.pow(p).sum(dim, keepdim)
+      return s._scalar_pow_value(1 / p)._with_derivative(s, (s == 0).where(0.0, s._scalar_pow_value(1 / p - 1) * (1 / p)))
     raise ArgumentError(f"norm: unsupported p={p!r}")
   def isclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
     """|self - other| <= atol + rtol * |other|, as torch.isclose (infinities are close only to themselves)."""
@@ -1149,7 +1228,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
                 return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     geometry = self._pool_pads(n, kernel_size, stride, dilation, padding, ceil_mode)
     lowest = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    if not return_indices: return self._pool_padded(geometry, lowest, lowest).amax(tuple(range(-n, 0)))
+    if not return_indices:
+      win = self._pool_padded(geometry, lowest, lowest)
+      if not (dtypes.is_float(self.dtype) and self._may_need_grad()): return win.amax(tuple(range(-n, 0)))
+      # torch sends a window's gradient to one element, the first of tied maxima (a NaN is the max), where amax shares it
+      flat = win.reshape(*win.shape[:-n], prod(geometry[0]))
+      hit = (flat == flat.amax(-1, keepdim=True)) | flat.isnan()
+      return flat._picked(-1, hit.argmax(-1), False)
     # torch's indices: each window's max as a flat index into the input's last n dims, the first in window order on
     # ties. The spatial positions are pooled with the same geometry (-1 where padding), so a window's max and its
     # position line up; a padded cell never wins (it is excluded even where the input itself is the lowest value)
@@ -1257,13 +1342,16 @@ def _inplace(name: str) -> Callable[..., Tensor]:
 INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
                "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
                "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",
-               "bitwise_or", "bitwise_xor", "logical_not")
+               "bitwise_or", "bitwise_xor", "logical_not", "bitwise_left_shift", "bitwise_right_shift")
 for _name in INPLACE_OPS:
   if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
 
 def _one_dim(dim: Any) -> bool:
   """One dimension (an int, numpy's ints too) rather than None or a tuple of dims: torch's max/min with a dim."""
   return dim is not None and not isinstance(dim, (tuple, list, bool)) and hasattr(dim, "__index__")
+
+_LOGIC_NAMES = {Ops.AND: "bitwise_and (&)", Ops.OR: "bitwise_or (|)", Ops.XOR: "bitwise_xor (^)", Ops.SHL: "lshift (<<)",
+                Ops.SHR: "rshift (>>)"}
 
 _VI_HINT = ("max/min with a positional or dim= dimension returns torch's (values, indices) pair, which can't be {what}: "
             "take .values (x.max(1).values, as in torch), or use x.max(axis=1) / x.amax(1) for the tensor (as in tinygrad)")

@@ -408,3 +408,39 @@ def test_jit_of_a_fresh_layer_matches_eager():
   eager = [layer(Tensor.ones(1, 3) * i).tolist() for i in range(4)]
   jitted = TinyJit(lambda x: layer(x).realize())
   assert [jitted(Tensor.ones(1, 3) * i).tolist() for i in range(4)] == eager
+
+# ***** shifts: torch's integer semantics (negative and too-wide amounts), floats refused with torch's exception type *****
+_SHIFT_DTYPES = [(dtypes.int8, torch.int8), (dtypes.uint8, torch.uint8), (dtypes.int16, torch.int16), (dtypes.int32, torch.int32),
+                 (dtypes.int64, torch.int64)]
+@pytest.mark.parametrize("dt,tdt", _SHIFT_DTYPES)
+def test_integer_shifts_match_torch(dt, tdt):
+  vals = [1, 3, 100, 127, 0] if dt == dtypes.uint8 else [1, -3, 100, -128, 0]
+  amounts = [-1, 0, 7, 8, 70]
+  x, s = Tensor(vals, dtype=dt), Tensor(amounts, dtype=dt)
+  tx, ts = torch.tensor(vals, dtype=tdt), torch.tensor(amounts, dtype=tdt)
+  for f in (lambda a, b: a << b, lambda a, b: a >> b, lambda a, b: a << 3, lambda a, b: a >> 9, lambda a, b: 5 << b,
+            lambda a, b: 64 >> b, lambda a, b: a.bitwise_left_shift(b), lambda a, b: a.bitwise_right_shift(b)):
+    ours, theirs = f(x, s), f(tx, ts)
+    assert ours.tolist() == theirs.tolist() and ours.dtype.name == str(theirs.dtype).split(".")[1], (ours.tolist(), theirs.tolist())
+  y, ty = Tensor(vals, dtype=dt), torch.tensor(vals, dtype=tdt)
+  y <<= 2; ty <<= 2
+  y.bitwise_right_shift_(1); ty.bitwise_right_shift_(1)
+  assert y.tolist() == ty.tolist()
+  assert (Tensor([True, False]) << 1).tolist() == (torch.tensor([True, False]) << 1).tolist()
+
+@pytest.mark.parametrize("f", [lambda m: m.tensor([1.5, -2.0]) << 1, lambda m: m.tensor([1.5]) >> m.tensor([1]),
+                               lambda m: m.tensor([1, 2]) << 1.5, lambda m: m.tensor([2.0]) & 1, lambda m: 1 << m.tensor([1.0])])
+def test_float_shifts_raise_torch_exception_type(f):
+  class T:  # attograd's spelling of torch.tensor
+    tensor = staticmethod(lambda v: Tensor(v))
+  with pytest.raises(NotImplementedError): f(torch)
+  with pytest.raises(NotImplementedError, match="not implemented for"): f(T)
+  with pytest.raises(TypeError): f(T)  # tinygrad-style code catching TypeError keeps working
+
+def test_torch_dtypes_by_name():
+  # torch's dtype objects where a dtype is taken (sum(dtype=torch.float64), prod(dtype=torch.long), cast, the constructor)
+  x = Tensor([1.5, 2.0])
+  assert x.sum(dtype=torch.float64).dtype == dtypes.float64 and x.prod(dtype=torch.long).dtype == dtypes.int64
+  assert x.sum(dtype=torch.float64).item() == torch.tensor([1.5, 2.0]).sum(dtype=torch.float64).item()
+  assert x.cast(torch.half).dtype == dtypes.float16 and Tensor([1, 2], dtype=torch.int16).dtype == dtypes.int16
+  with pytest.raises(TypeError, match="unknown dtype"): x.cast(torch.complex64)

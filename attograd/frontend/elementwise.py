@@ -61,11 +61,16 @@ class ElementwiseOps:
     the polynomials run in float32 for float16/bfloat16 and round once at the end."""
     x = self._float_unary()
     return (x.cast(dtypes.float32) if x.dtype.itemsize < 4 else x), x.dtype
-  def _with_derivative(self, x, d):
+  def _with_derivative(self, x, d, *more):
     """self, a function of x elementwise, whose derivative autograd takes to be d (uop/ops.py, WITH_DERIVATIVE): the
     gradient of a polynomial approximation is then d, one expression, not the chain rule through every step of the
-    polynomial (a GELU's backward was 8 kernels of partial sums per layer)."""
-    return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, x._broadcast_to(self.shape).uop, d._broadcast_to(self.shape).uop)))
+    polynomial (a GELU's backward was 8 kernels of partial sums per layer); and a function built with branches for its
+    special points (0, the ends of its domain, overflow) has torch's derivative there, not the chain rule through the
+    branches (abs has slope 0 at 0; 0 * inf is nan). `more` gives further (x, d) pairs for functions of two tensors."""
+    pairs = (x, d, *more)
+    srcs = tuple(t._broadcast_to(self.shape).uop if isinstance(t, type(self)) else self._const_like(t) for t in pairs)
+    return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *srcs)))
+  def _const_like(self, v: float) -> UOp: return type(self).full(self.shape, v, dtype=self.dtype, device=self.device).uop
   def _keep_nan(self, r):
     return self.isnan().where(self, r)
 
@@ -97,8 +102,9 @@ class ElementwiseOps:
     erfc = small.where(1 - erf_small, neg.where(2 - c_big, c_big))
     return self._keep_nan(erf), self._keep_nan(erfc)
   def _erf_slope(self):
-    """d erf(x)/dx = 2/sqrt(pi) exp(-x*x)"""
-    return self._exp_neg_square() * (2 / math.sqrt(math.pi))
+    """d erf(x)/dx = 2/sqrt(pi) exp(-x*x); past |x| = 16 it is 0 in float64 too (there, and at +-inf, x - h was nan)"""
+    small = (self.abs() >= 16).logical_not()  # NaN stays in: its slope is NaN, as torch's
+    return _in_range(small, self, 16.0)._exp_neg_square() * small.where(2 / math.sqrt(math.pi), 0.0)
   def erf(self):
     """The error function; abs error <= ~1.5e-7 against float64 erf (see the tables above)."""
     x, dt = self._math_dtype()
@@ -117,7 +123,7 @@ class ElementwiseOps:
     return small.where(r_small, (self < 0).where(-r_big, r_big))
   def asin(self):
     x, dt = self._math_dtype()
-    return x._keep_nan(x._asin_f()).cast(dt)
+    return x._keep_nan(x._asin_f())._with_derivative(x, (1 - x * x).rsqrt()).cast(dt)
   def acos(self):
     x, dt = self._math_dtype()
     a = x.abs()
@@ -125,7 +131,7 @@ class ElementwiseOps:
     s = _in_range(mid, 0.25, ((1 - a) * 0.5)).sqrt()  # near +-1, through asin of a small argument: no cancellation
     tail = 2 * (s * _poly(s * s, _ASIN))
     r = mid.where(math.pi / 2 - _in_range(mid, x, 0.0)._asin_f(), (x < 0).where(math.pi - tail, tail))
-    return x._keep_nan(r).cast(dt)
+    return x._keep_nan(r)._with_derivative(x, -(1 - x * x).rsqrt()).cast(dt)
   def atan(self):
     x, dt = self._math_dtype()
     a = x.abs()
@@ -135,7 +141,7 @@ class ElementwiseOps:
     z = shift.where((b - 1) / (b + 1), b)  # in [-tan(pi/8), tan(pi/8)]
     r = z * _poly(z * z, _ATAN) + shift.where(math.pi / 4, 0.0)
     r = inv.where(math.pi / 2 - r, r)
-    return x._keep_nan((x < 0).where(-r, r)).cast(dt)
+    return x._keep_nan((x < 0).where(-r, r))._with_derivative(x, (1 + x * x).reciprocal()).cast(dt)
   arcsin, arccos, arctan = asin, acos, atan
   def expm1(self):
     """exp(x) - 1 without cancellation: a Taylor polynomial for |x| <= 0.5 (error < 2e-11)."""
@@ -143,7 +149,7 @@ class ElementwiseOps:
     small = x.abs() <= 0.5
     xs = _in_range(small, x, 0.0)
     p = _poly(xs, [1 / math.factorial(k) for k in range(10, 0, -1)]) * xs
-    return small.where(p, x.exp() - 1).cast(dt)
+    return small.where(p, x.exp() - 1)._with_derivative(x, x.exp()).cast(dt)
   def log1p(self):
     """log(1 + x) without cancellation: 2*atanh(x / (2 + x)) as a series for |x| <= 0.5."""
     x, dt = self._math_dtype()
@@ -152,7 +158,7 @@ class ElementwiseOps:
     z = xs / (xs + 2)  # in [-1/3, 0.2]
     zz = z * z
     p = 2 * z * _poly(zz, [1 / (2 * k + 1) for k in range(9, -1, -1)])
-    return small.where(p, (x + 1).log()).cast(dt)
+    return small.where(p, (x + 1).log())._with_derivative(x, (x + 1).reciprocal()).cast(dt)
   def log10(self):
     x, dt = self._math_dtype()
     return (x.log2() * math.log10(2)).cast(dt)
@@ -162,31 +168,39 @@ class ElementwiseOps:
     huge = a > 20  # exp(-a) no longer matters
     e = _in_range(huge, 0.0, a).expm1()
     r = huge.where((a - math.log(2)).exp(), 0.5 * (e + e / (e + 1)))
-    return (x < 0).where(-r, r).cast(dt)
+    return (x < 0).where(-r, r)._with_derivative(x, x.cosh()).cast(dt)
   def cosh(self):
     x, dt = self._math_dtype()
     a = x.abs()
     e = (a - math.log(2)).exp()  # e^|x| / 2: finite up to cosh's own overflow
-    return (e + 0.25 / e).cast(dt)
+    return (e + 0.25 / e)._with_derivative(x, x._sinh_value()).cast(dt)
+  def _sinh_value(self):
+    """sinh without a derivative of its own (cosh's derivative; sinh's is cosh, which would recurse)"""
+    a = self.abs()
+    huge = a > 20
+    e = _in_range(huge, 0.0, a).expm1()
+    r = huge.where((a - math.log(2)).exp(), 0.5 * (e + e / (e + 1)))
+    return (self < 0).where(-r, r)
   def asinh(self):
     x, dt = self._math_dtype()
     a = x.abs()
     huge = a > 1e4  # sqrt(1 + x*x) == |x| to float precision, and x*x may overflow
     s = _in_range(huge, 0.0, a)
     r = huge.where(a.log() + math.log(2), (s + s * s / (1 + (1 + s * s).sqrt())).log1p())
-    return x._keep_nan((x < 0).where(-r, r)).cast(dt)
+    return x._keep_nan((x < 0).where(-r, r))._with_derivative(x, (x * x + 1).rsqrt()).cast(dt)
   def acosh(self):
     x, dt = self._math_dtype()
     huge = x > 1e4
     s = _in_range(huge, 1.0, x)
     d = s - 1
     r = huge.where(x.log() + math.log(2), (d + (d * (s + 1)).sqrt()).log1p())
-    return (x < 1).where(math.nan, x._keep_nan(r)).cast(dt)
+    # torch's derivative 1/sqrt(x*x - 1) is finite below -1 too, where the value is nan
+    return (x < 1).where(math.nan, x._keep_nan(r))._with_derivative(x, (x * x - 1).rsqrt()).cast(dt)
   def atanh(self):
     x, dt = self._math_dtype()
     a = x.abs()  # odd: on |x|, where 1 - |x| is exact near 1
     r = 0.5 * (2 * a / (1 - a)).log1p()
-    return x._keep_nan((x < 0).where(-r, r)).cast(dt)
+    return x._keep_nan((x < 0).where(-r, r))._with_derivative(x, (1 - x * x).reciprocal()).cast(dt)
   arcsinh, arccosh, arctanh = asinh, acosh, atanh
   def softplus(self, beta: float = 1.0, threshold: float = 20.0):
     """log(1 + exp(beta*x)) / beta, and x itself where beta*x > threshold, as torch."""
@@ -208,18 +222,19 @@ class ElementwiseOps:
   # the composite activations run in float32 for float16/bfloat16 inputs and round once, as torch does
   def hardsigmoid(self):
     x, dt = self._math_dtype()
-    return ((x + 3).hardtanh(0.0, 6.0) * (1 / 6)).cast(dt)
+    return ((x + 3).hardtanh(0.0, 6.0) * (1 / 6))._with_derivative(x, ((x > -3) & (x < 3)).where(1 / 6, 0.0)).cast(dt)
   def hardswish(self):
     x, dt = self._math_dtype()
-    return (x * (x + 3).hardtanh(0.0, 6.0) * (1 / 6)).cast(dt)
+    d = (x <= -3).where(0.0, (x < 3).where(x * (1 / 3) + 0.5, 1.0))  # torch's: NaN takes the last branch
+    return (x * (x + 3).hardtanh(0.0, 6.0) * (1 / 6))._with_derivative(x, d).cast(dt)
   def elu(self, alpha: float = 1.0):
     x, dt = self._math_dtype()
-    pos = x > 0
-    return pos.where(x, alpha * _in_range(pos, 0.0, x).expm1()).cast(dt)
+    neg = x <= 0  # torch's test: NaN takes the identity's branch (and its slope 1)
+    return neg.where(alpha * _in_range(neg, x, 0.0).expm1(), x).cast(dt)
   def celu(self, alpha: float = 1.0):
     x, dt = self._math_dtype()
-    pos = x > 0
-    return pos.where(x, alpha * (_in_range(pos, 0.0, x) / alpha).expm1()).cast(dt)
+    neg = x <= 0
+    return neg.where(alpha * (_in_range(neg, x, 0.0) / alpha).expm1(), x).cast(dt)
   def selu(self):
     x, dt = self._math_dtype()
     return (_SELU_SCALE * x.elu(_SELU_ALPHA)).cast(dt)
@@ -247,7 +262,8 @@ class ElementwiseOps:
     return (x > 0).where(x, x * neg_slope)
   def mish(self):
     x, dt = self._math_dtype()
-    return (x * x.softplus().tanh()).cast(dt)
+    t = x.softplus().tanh()
+    return (x * t)._with_derivative(x, t + x * x.sigmoid() * (1 - t * t)).cast(dt)  # torch's form: 0 * inf is its nan too
   def softsign(self):
     x, dt = self._math_dtype()
     return (x / (1 + x.abs())).cast(dt)
@@ -390,18 +406,26 @@ class ElementwiseOps:
     x = self._float_unary()
     o = other if isinstance(other, type(self)) else type(self).full((), float(other), device=self.device)
     neg = (o < 0) | ((o == 0) & ((1 / o.cast(x.dtype)) < 0)) if dtypes.is_float(o.dtype) else o < 0
-    return neg.where(-x.abs(), x.abs())
+    r = neg.where(-x.abs(), x.abs())
+    return r._with_derivative(x, (x == 0).where(0.0, r / x))  # torch's result/self, 0 at 0 (nan at +-inf)
   def fmod(self, other):
     """C's fmod: the remainder with the sign of the dividend (torch.fmod), unlike % (Python's, the divisor's sign)."""
     if not dtypes.is_float(self.dtype) and not (isinstance(other, type(self)) and dtypes.is_float(other.dtype)) and not isinstance(other, float):
       r = self % other
       return ((r != 0) & ((r < 0) != (self < 0))).where(r - other, r)
-    return self - (self / other).trunc() * other
+    a, b = self._operands(other)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    q = (a / b).trunc()
+    return (a - q * b)._with_derivative(a, 1.0, b, -q)  # torch's: 1 and -trunc(a/b), not the chain rule's 0 * (1/0) at b = 0
   def logaddexp(self, other):
     """log(exp(a) + exp(b)) without overflow: max + log1p(exp(-|a - b|)); equal infinities give that infinity, as torch."""
-    m = self.maximum(other)
-    d = (self - other).abs()
-    return (m == -math.inf).where(m, m + (-(d.isnan().where(0, d))).exp().log1p())
+    a, b = self._operands(other)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+    m = a.maximum(b)
+    d = (a - b).abs()
+    out = (m == -math.inf).where(m, m + (-(d.isnan().where(0, d))).exp().log1p())
+    # torch's derivatives 1/(1 + exp(b - a)) and 1/(1 + exp(a - b)): the max's slope splits ties, and NaN must give NaN
+    return out.detach()._with_derivative(a, (1 + (b - a).exp()).reciprocal(), b, (1 + (a - b).exp()).reciprocal())
   def softmin(self, axis: int = -1, dtype=None, *, dim=None):
     return (-self).softmax(axis if dim is None else dim, dtype)
   def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1):
@@ -446,7 +470,13 @@ class ElementwiseOps:
       attn_mask = ar(L, device=q.device).unsqueeze(1) >= ar(S, device=q.device).unsqueeze(0)
     if attn_mask is not None:
       attn = attn_mask.where(attn, -math.inf) if attn_mask.dtype == dtypes.bool else attn + attn_mask
-    attn = attn.softmax(-1)
+    if attn_mask is not None and not is_causal:  # a causal mask (top-left aligned) leaves every row position 0
+      # torch's safe softmax: a row with every position masked attends to nothing (0), not NaN; its logits are replaced
+      # before the softmax so no NaN reaches the gradient either
+      none = (attn == -math.inf).all(-1, keepdim=True)
+      attn = none.where(0.0, attn).softmax(-1)
+      attn = none.where(0.0, attn)
+    else: attn = attn.softmax(-1)
     if dropout_p > 0:
       keep = type(self).rand(*attn.shape, device=attn.device, dtype=dtypes.float32) >= dropout_p
       attn = keep.where(attn * (1 / (1 - dropout_p)), 0)

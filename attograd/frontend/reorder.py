@@ -458,6 +458,8 @@ class ReorderOps:
       out = lambda t: t.reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
       return out(take.where(bv, v)), out(take.where(bi, i))
     v, i = scan(x, None)
+    # torch's gradient goes to the index it returns (the latest of tied maxima); through the reductions above it was shared
+    if isf and self._may_need_grad(): v = x.gather(-1, i)
     if self.ndim == 0: return v.reshape(()), i.reshape(())
     return v.transpose(d, -1), i.transpose(d, -1)
   def cummin(self, axis: int = 0, *, dim=None) -> tuple:

@@ -105,10 +105,15 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor: 
 def l1_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor: return _reduce((input - target).abs(), reduction)
 def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
   d = (input - target).abs()
-  return _reduce(d if beta == 0 else (d < beta).where(0.5 * d.square() / beta, d - 0.5 * beta), reduction)
+  if beta == 0: return _reduce(d, reduction)
+  # the square only sees the small ones: its slope 2d at d = inf would make 0 * inf = nan in the other branch. NaN takes
+  # the square (torch's test is the other way round: a NaN difference gives a NaN gradient)
+  small = (d >= beta).logical_not()
+  return _reduce(small.where(0.5 * small.where(d, 0.0).square() / beta, d - 0.5 * beta), reduction)
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
   d = (input - target).abs()
-  return _reduce((d < delta).where(0.5 * d.square(), delta * (d - 0.5 * delta)), reduction)
+  small = (d >= delta).logical_not()  # as smooth_l1_loss
+  return _reduce(small.where(0.5 * small.where(d, 0.0).square(), delta * (d - 0.5 * delta)), reduction)
 
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, reduction: str = "mean") -> Tensor:
   _check_reduction(reduction)
@@ -125,13 +130,14 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
 
 def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
   if log_target: loss = target.exp() * (target - input)
-  else: loss = (target > 0).where(target * ((target > 0).where(target, 1.0).log() - input), 0.0)  # 0 log 0 = 0
+  else:  # torch's xlogy(t, t) - t * input: 0 log 0 is 0, a negative or NaN target gives NaN
+    loss = (target == 0).where(0.0, target * (target == 0).where(1.0, target).log()) - target * input
   if reduction == "batchmean": return loss.sum() / (input.shape[0] if input.ndim else 1)
   return _reduce(loss, reduction)
 
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
-  n1, n2 = x1.square().sum(dim).sqrt().maximum(eps), x2.square().sum(dim).sqrt().maximum(eps)
-  return (x1 * x2).sum(dim) / (n1 * n2)
+  # torch's: each input divided by its norm (at least eps) first; a zero vector's norm passes no gradient
+  return ((x1 / x1.norm(2, dim, True).clamp(min=eps)) * (x2 / x2.norm(2, dim, True).clamp(min=eps))).sum(dim)
 
 # ***** layers as functions *****
 
@@ -270,12 +276,7 @@ def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
   """input / max(||input||_p along dim, eps)."""
-  a = input.abs()
-  if p == math.inf: norm = a.amax(dim, True)
-  elif p == 2: norm = a.square().sum(dim, True).sqrt()
-  elif p == 1: norm = a.sum(dim, True)
-  else: norm = a.pow(p).sum(dim, True).pow(1 / p)
-  return input / norm.maximum(eps)
+  return input / input.norm(p, dim, True).clamp(min=eps)  # Tensor.norm: a zero vector's norm passes no gradient, as torch
 
 def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
   *b, c, h, w = input.shape

@@ -13,9 +13,9 @@ class Ops(Enum):
   BUFFER = auto(); DEVICE = auto(); CONST = auto(); IOTA = auto()  # IOTA(n): 0..n-1, arange's primitive
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
   REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
-  # WITH_DERIVATIVE(value, x, d): value, whose derivative with respect to x (elementwise, same shape) autograd takes to be
-  # d: a function written as a polynomial approximation differentiates as the function itself, in one expression.
-  # Scheduling keeps only the value
+  # WITH_DERIVATIVE(value, x, d, [x2, d2, ...]): value, whose derivative with respect to x (elementwise, same shape) autograd
+  # takes to be d (and to x2 d2...): a function written as a polynomial approximation, or with branches for its special
+  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value
   WITH_DERIVATIVE = auto()
   BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
