@@ -147,18 +147,39 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
   if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: p.first(Opt(OptOps.UPCAST, inner, 2))
   tile_rows(p, i, min(36, TILE_REGISTERS * p.simd))
 
+# ops computed from a tile's sums that send it to a SIMD loop first (widest_tile). Written out, a compare or select
+# after the sums (a relu, a hardswish, a clip) or a division leaves gcc's copies of the whole tile scalar, its
+# accumulators in memory: one core, AVX-512, the tile written out vs a SIMD loop of 16 by 8 rows, in one process:
+#   1024^3 matmul + relu 5.0 -> 93 GFLOPS; 512^3 + relu 4.3 -> 69; 1x1 conv 64->128 at 24x80 + relu 4.6 -> 77,
+#   + hardswish 4.9 -> 102; PP-OCR cls's 1x1 convs + hardswish (16->104, 32->200 channels at 6x48) 4-6 -> 36-55;
+#   5x5 conv 32->32 at 24x24 (batch 32) + relu 5.6 -> 52 (its 20 wide rows padded to 32)
+# while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped
+LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
+
+def epilogue(ast: UOp, red: UOp) -> list[UOp]:
+  """What the kernel computes from the reduce's result (in topological order, so one pass finds every user)."""
+  after = {red}
+  for u in ast.toposort:
+    if u not in after and any(s in after for s in u.src): after.add(u)
+  return [u for u in after if u is not red]
+
 def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
   costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
-  outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental computed from them goes in
-  a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile with a GELU's gradient after it, 4.9 ms; a SIMD
-  loop of 16 by 8 rows, 0.69)."""
+  outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental, compare, select or division
+  computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
+  with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
-  looped = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
-  after = set(p.ast.toposort) - set(red.toposort) - {red}
+  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
-  for choice in (looped + written if any(u.op in GroupOp.Transcendental for u in after) else written + looped):
+  if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)):
+    # a width neither divides (a 5x5 conv's 20) is padded to 16s for the loop: (20 -> 32, with a relu after it: 52
+    # GFLOPS, written out 5.6)
+    if not looped and width is not None and width > 8: looped = [(Opt(OptOps.PADTO, j, -(-width // 16) * 16), Opt(OptOps.SIMD, j, 16))]
+    choices = [*looped, *written]
+  else: choices = [*written, *looped]
+  for choice in choices:
     trial = Plan.__new__(Plan)
     trial.__dict__.update(p.__dict__, opts=list(p.opts))
     if not trial.first(choice): continue
