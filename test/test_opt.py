@@ -129,6 +129,25 @@ def test_heuristics_pick_tiles_and_accumulators():
   # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
   assert cpu_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
 
+def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
+  # a compare, select or division after a tile's sums (relu, hardswish) left gcc's written-out copies scalar (5 GFLOPS):
+  # the width goes in a SIMD loop of 16 by 8 rows (50-115); a bias add stays written out (vectorized as it was)
+  a, b = Tensor.empty(256, 256), Tensor.empty(256, 256)
+  looped = [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
+  for simd in (8, 16):
+    assert cpu_opts(_ast((a @ b).relu()), 1, simd) == looped
+    assert cpu_opts(_ast(Tensor.empty(1, 64, 24, 80).conv2d(Tensor.empty(128, 64, 1, 1)).hardswish()), 1, simd) == looped
+    assert cpu_opts(_ast(a @ b + Tensor.empty(256)), 1, simd)[0] == Opt(OptOps.UPCAST, 1, 2 * simd)
+    # beautiful_mnist's 5x5 conv: its 20-wide output rows, which no SIMD loop divides, padded to 32
+    conv = _ast(Tensor.empty(8, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5)).relu())
+    assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)]
+  # and the padded loop computes the same as torch
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(0)
+  x, w = rng.standard_normal((2, 32, 24, 24), dtype=np.float32), rng.standard_normal((32, 32, 5, 5), dtype=np.float32)
+  want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).relu().numpy()
+  np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w)).relu().numpy(), want, rtol=1e-4, atol=1e-4)
+
 def test_tile_with_a_costly_epilogue_keeps_its_rows():
   # a GELU's gradient computed from each output of x @ w.T is ~100 nodes: written out for every output of a 16x6 tile
   # it is over the budget, so the width is a SIMD loop and the rows stay written out (not a 16x1 tile, 12x slower)
