@@ -148,6 +148,19 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
   want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).relu().numpy()
   np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w)).relu().numpy(), want, rtol=1e-4, atol=1e-4)
 
+def test_heuristics_loop_a_depthwise_conv_along_its_width():
+  # a 5x5 depthwise conv (PP-OCR's, padded: every read gated): the contiguous output width is a SIMD loop inside the
+  # window's loops (2.5-5.5 -> 21-47 GFLOPS); a column sum (no sliding window) and an ungated 3x3 written out keep theirs
+  x, w = Tensor.empty(1, 88, 6, 96), Tensor.empty(88, 1, 5, 5)
+  assert cpu_opts(_ast(x.conv2d(w, padding=2, groups=88)), 1) == [Opt(OptOps.SIMD, 2, 32)]
+  assert cpu_opts(_ast(Tensor.empty(8, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  assert all(o.op is OptOps.UNROLL for o in cpu_opts(_ast(Tensor.empty(1, 64, 26, 66).conv2d(Tensor.empty(64, 1, 3, 3), groups=64)), 1))
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(0)
+  xn, wn = rng.standard_normal((1, 88, 6, 96), dtype=np.float32), rng.standard_normal((88, 1, 5, 5), dtype=np.float32)
+  want = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn), padding=2, groups=88).numpy()
+  np.testing.assert_allclose(Tensor(xn).conv2d(Tensor(wn), padding=2, groups=88).numpy(), want, rtol=1e-4, atol=1e-4)
+
 def test_tile_with_a_costly_epilogue_keeps_its_rows():
   # a GELU's gradient computed from each output of x @ w.T is ~100 nodes: written out for every output of a 16x6 tile
   # it is over the budget, so the width is a SIMD loop and the rows stay written out (not a 16x1 tile, 12x slower)

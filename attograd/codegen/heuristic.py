@@ -230,7 +230,12 @@ def window_loop(p: Plan) -> None:
   stores = [u.src[0].src[1] for u in p.ast.toposort if u.op is Ops.STORE]
   along = [ix for ix in reads + stores if cur[j] in ix.toposort]
   if not along or not all(unit_stride(ix, cur[j]) for ix in along): return
-  if p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16, 8)))): p.tiled = True
+  # a window slides along j: a read steps along the innermost window axis as it does along j (not a column sum, x.sum(0),
+  # which column_sum writes out); and its loop is still there: an ungated 3x3 window unroll_small_windows wrote out
+  # vectorizes as it is (3x3 on 24x64: 66 us; with a SIMD loop of 32 too, 84); a loop of 8 gained nothing (3x3, 40 wide)
+  inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
+  if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
+  if p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16)))): p.tiled = True
 
 def reduce_accumulators(p: Plan) -> None:
   """Any other float sum or max: independent accumulators, so the adds don't wait on each other."""
