@@ -141,6 +141,9 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
     # beautiful_mnist's 5x5 conv: its 20-wide output rows, which no SIMD loop divides, padded to 32
     conv = _ast(Tensor.empty(8, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5)).relu())
     assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)]
+  # reads gated along the width (a 1x3 conv padded along it) are masked loads in the loop, a select per copy written out
+  gated = _ast(Tensor.empty(1, 960, 1, 40).conv2d(Tensor.empty(60, 960, 1, 3), padding=(0, 1)))
+  assert cpu_opts(gated, 1, 16) == [Opt(OptOps.SIMD, 1, 8), Opt(OptOps.UPCAST, 0, 6)]
   # and the padded loop computes the same as torch
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(0)

@@ -173,19 +173,22 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
   looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
-  if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)):
+  # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
+  # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
+  if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
     # a width neither divides (a 5x5 conv's 20) is padded to 16s for the loop: (20 -> 32, with a relu after it: 52
     # GFLOPS, written out 5.6)
     if not looped and width is not None and width > 8: looped = [(Opt(OptOps.PADTO, j, -(-width // 16) * 16), Opt(OptOps.SIMD, j, 16))]
-    choices = [*looped, *written]
-  else: choices = [*written, *looped]
+    # the first loop the kernel takes, even with fewer accumulators than a written-out tile (40 wide, 60 rows: 8 by 6)
+    choices, enough = [*looped, *written], 1
+  else: choices, enough = [*written, *looped], FULL_TILE * p.simd
   for choice in choices:
     trial = Plan.__new__(Plan)
     trial.__dict__.update(p.__dict__, opts=list(p.opts))
     if not trial.first(choice): continue
     tile_rows(trial, i, TILE_REGISTERS * p.simd)
     if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
-    if best[0] >= FULL_TILE * p.simd: break
+    if best[0] >= enough: break
   p.ast, p.opts = best[1], best[2]
 
 def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
