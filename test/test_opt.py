@@ -144,12 +144,18 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
   # reads gated along the width (a 1x3 conv padded along it) are masked loads in the loop, a select per copy written out
   gated = _ast(Tensor.empty(1, 960, 1, 40).conv2d(Tensor.empty(60, 960, 1, 3), padding=(0, 1)))
   assert cpu_opts(gated, 1, 16) == [Opt(OptOps.SIMD, 1, 8), Opt(OptOps.UPCAST, 0, 6)]
-  # and the padded loop computes the same as torch
+  # a 6-wide output row (beautiful_mnist's last 3x3 conv) had no tile at all (1.3 GFLOPS): padded to a loop of 8 (49)
+  six = Tensor.empty(8, 64, 8, 8).conv2d(Tensor.empty(64, 64, 3, 3))
+  for t in (six, six.relu()): assert cpu_opts(_ast(t), 1, 16)[:3] == [Opt(OptOps.PADTO, 3, 8), Opt(OptOps.SIMD, 3, 8), Opt(OptOps.UPCAST, 1, 8)]
+  # and the padded loops compute the same as torch
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(0)
   x, w = rng.standard_normal((2, 32, 24, 24), dtype=np.float32), rng.standard_normal((32, 32, 5, 5), dtype=np.float32)
   want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).relu().numpy()
   np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w)).relu().numpy(), want, rtol=1e-4, atol=1e-4)
+  x6, w6 = rng.standard_normal((2, 16, 8, 8), dtype=np.float32), rng.standard_normal((64, 16, 3, 3), dtype=np.float32)
+  want6 = torch.nn.functional.conv2d(torch.from_numpy(x6), torch.from_numpy(w6)).numpy()
+  np.testing.assert_allclose(Tensor(x6).conv2d(Tensor(w6)).numpy(), want6, rtol=1e-4, atol=1e-4)
 
 def test_heuristics_loop_a_depthwise_conv_along_its_width():
   # a 5x5 depthwise conv (PP-OCR's, padded: every read gated): the contiguous output width is a SIMD loop inside the

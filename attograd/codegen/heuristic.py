@@ -172,16 +172,19 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   width = const_size(p.ax[j])
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
   looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
+  # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
+  # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
+  # of 8 by 8 rows)
+  a = 16 if (width or 0) > 8 else 8
+  padded = [(Opt(OptOps.PADTO, j, -(-width // a) * a), Opt(OptOps.SIMD, j, a))] if not looped and width is not None and width > 4 else []
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
   if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
-    # a width neither divides (a 5x5 conv's 20) is padded to 16s for the loop: (20 -> 32, with a relu after it: 52
-    # GFLOPS, written out 5.6)
-    if not looped and width is not None and width > 8: looped = [(Opt(OptOps.PADTO, j, -(-width // 16) * 16), Opt(OptOps.SIMD, j, 16))]
     # the first loop the kernel takes, even with fewer accumulators than a written-out tile (40 wide, 60 rows: 8 by 6)
-    choices, enough = [*looped, *written], 1
-  else: choices, enough = [*written, *looped], FULL_TILE * p.simd
+    choices, enough = [*looped, *padded, *written], 1
+  # else the padded loop only where no width is written out (no tile at all ran the 3x3 conv above at 1.3 GFLOPS)
+  else: choices, enough = [*written, *looped, *(padded if not written else [])], FULL_TILE * p.simd
   for choice in choices:
     trial = Plan.__new__(Plan)
     trial.__dict__.update(p.__dict__, opts=list(p.opts))
