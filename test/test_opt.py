@@ -129,6 +129,47 @@ def test_heuristics_pick_tiles_and_accumulators():
   # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
   assert cpu_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
 
+def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
+  # a compare, select or division after a tile's sums (relu, hardswish) left gcc's written-out copies scalar (5 GFLOPS):
+  # the width goes in a SIMD loop of 16 by 8 rows (50-115); a bias add stays written out (vectorized as it was)
+  a, b = Tensor.empty(256, 256), Tensor.empty(256, 256)
+  looped = [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
+  for simd in (8, 16):
+    assert cpu_opts(_ast((a @ b).relu()), 1, simd) == looped
+    assert cpu_opts(_ast(Tensor.empty(1, 64, 24, 80).conv2d(Tensor.empty(128, 64, 1, 1)).hardswish()), 1, simd) == looped
+    assert cpu_opts(_ast(a @ b + Tensor.empty(256)), 1, simd)[0] == Opt(OptOps.UPCAST, 1, 2 * simd)
+    # beautiful_mnist's 5x5 conv: its 20-wide output rows, which no SIMD loop divides, padded to 32
+    conv = _ast(Tensor.empty(8, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5)).relu())
+    assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)]
+  # reads gated along the width (a 1x3 conv padded along it) are masked loads in the loop, a select per copy written out
+  gated = _ast(Tensor.empty(1, 960, 1, 40).conv2d(Tensor.empty(60, 960, 1, 3), padding=(0, 1)))
+  assert cpu_opts(gated, 1, 16) == [Opt(OptOps.SIMD, 1, 8), Opt(OptOps.UPCAST, 0, 6)]
+  # a 6-wide output row (beautiful_mnist's last 3x3 conv) had no tile at all (1.3 GFLOPS): padded to a loop of 8 (49)
+  six = Tensor.empty(8, 64, 8, 8).conv2d(Tensor.empty(64, 64, 3, 3))
+  for t in (six, six.relu()): assert cpu_opts(_ast(t), 1, 16)[:3] == [Opt(OptOps.PADTO, 3, 8), Opt(OptOps.SIMD, 3, 8), Opt(OptOps.UPCAST, 1, 8)]
+  # and the padded loops compute the same as torch
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(0)
+  x, w = rng.standard_normal((2, 32, 24, 24), dtype=np.float32), rng.standard_normal((32, 32, 5, 5), dtype=np.float32)
+  want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).relu().numpy()
+  np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w)).relu().numpy(), want, rtol=1e-4, atol=1e-4)
+  x6, w6 = rng.standard_normal((2, 16, 8, 8), dtype=np.float32), rng.standard_normal((64, 16, 3, 3), dtype=np.float32)
+  want6 = torch.nn.functional.conv2d(torch.from_numpy(x6), torch.from_numpy(w6)).numpy()
+  np.testing.assert_allclose(Tensor(x6).conv2d(Tensor(w6)).numpy(), want6, rtol=1e-4, atol=1e-4)
+
+def test_heuristics_loop_a_depthwise_conv_along_its_width():
+  # a 5x5 depthwise conv (PP-OCR's, padded: every read gated): the contiguous output width is a SIMD loop inside the
+  # window's loops (2.5-5.5 -> 21-47 GFLOPS); a column sum (no sliding window) and an ungated 3x3 written out keep theirs
+  x, w = Tensor.empty(1, 88, 6, 96), Tensor.empty(88, 1, 5, 5)
+  assert cpu_opts(_ast(x.conv2d(w, padding=2, groups=88)), 1) == [Opt(OptOps.SIMD, 2, 32)]
+  assert cpu_opts(_ast(Tensor.empty(8, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  assert all(o.op is OptOps.UNROLL for o in cpu_opts(_ast(Tensor.empty(1, 64, 26, 66).conv2d(Tensor.empty(64, 1, 3, 3), groups=64)), 1))
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(0)
+  xn, wn = rng.standard_normal((1, 88, 6, 96), dtype=np.float32), rng.standard_normal((88, 1, 5, 5), dtype=np.float32)
+  want = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn), padding=2, groups=88).numpy()
+  np.testing.assert_allclose(Tensor(xn).conv2d(Tensor(wn), padding=2, groups=88).numpy(), want, rtol=1e-4, atol=1e-4)
+
 def test_tile_with_a_costly_epilogue_keeps_its_rows():
   # a GELU's gradient computed from each output of x @ w.T is ~100 nodes: written out for every output of a 16x6 tile
   # it is over the budget, so the width is a SIMD loop and the rows stay written out (not a 16x1 tile, 12x slower)

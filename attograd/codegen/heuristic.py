@@ -147,24 +147,51 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
   if inner is not None and (const_size(ax[inner]) or 0) % 2 == 0: p.first(Opt(OptOps.UPCAST, inner, 2))
   tile_rows(p, i, min(36, TILE_REGISTERS * p.simd))
 
+# ops computed from a tile's sums that send it to a SIMD loop first (widest_tile). Written out, a compare or select
+# after the sums (a relu, a hardswish, a clip) or a division leaves gcc's copies of the whole tile scalar, its
+# accumulators in memory: one core, AVX-512, the tile written out vs a SIMD loop of 16 by 8 rows, in one process:
+#   1024^3 matmul + relu 5.0 -> 93 GFLOPS; 512^3 + relu 4.3 -> 69; 1x1 conv 64->128 at 24x80 + relu 4.6 -> 77,
+#   + hardswish 4.9 -> 102; PP-OCR cls's 1x1 convs + hardswish (16->104, 32->200 channels at 6x48) 4-6 -> 36-55;
+#   5x5 conv 32->32 at 24x24 (batch 32) + relu 5.6 -> 52 (its 20 wide rows padded to 32)
+# while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped
+LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
+
+def epilogue(ast: UOp, red: UOp) -> list[UOp]:
+  """What the kernel computes from the reduce's result (in topological order, so one pass finds every user)."""
+  after = {red}
+  for u in ast.toposort:
+    if u not in after and any(s in after for s in u.src): after.add(u)
+  return [u for u in after if u is not red]
+
 def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
   costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
-  outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental computed from them goes in
-  a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile with a GELU's gradient after it, 4.9 ms; a SIMD
-  loop of 16 by 8 rows, 0.69)."""
+  outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental, compare, select or division
+  computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
+  with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
-  looped = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
-  after = set(p.ast.toposort) - set(red.toposort) - {red}
+  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
+  # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
+  # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
+  # of 8 by 8 rows)
+  a = 16 if (width or 0) > 8 else 8
+  padded = [(Opt(OptOps.PADTO, j, -(-width // a) * a), Opt(OptOps.SIMD, j, a))] if not looped and width is not None and width > 4 else []
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
-  for choice in (looped + written if any(u.op in GroupOp.Transcendental for u in after) else written + looped):
+  # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
+  # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
+  if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
+    # the first loop the kernel takes, even with fewer accumulators than a written-out tile (40 wide, 60 rows: 8 by 6)
+    choices, enough = [*looped, *padded, *written], 1
+  # else the padded loop only where no width is written out (no tile at all ran the 3x3 conv above at 1.3 GFLOPS)
+  else: choices, enough = [*written, *looped, *(padded if not written else [])], FULL_TILE * p.simd
+  for choice in choices:
     trial = Plan.__new__(Plan)
     trial.__dict__.update(p.__dict__, opts=list(p.opts))
     if not trial.first(choice): continue
     tile_rows(trial, i, TILE_REGISTERS * p.simd)
     if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
-    if best[0] >= FULL_TILE * p.simd: break
+    if best[0] >= enough: break
   p.ast, p.opts = best[1], best[2]
 
 def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
@@ -191,6 +218,30 @@ def unroll_small_windows(p: Plan) -> None:
   for k, r in reversed(list(enumerate(axes(p.ast)))):
     if k in innermost and r.arg[1] is AxisKind.REDUCE and (const_size(r) or 99) <= 4 and not any(ax[k] in g for g in p.gates):
       p.first(Opt(OptOps.UNROLL, k, const_size(r)))
+
+WINDOW = 64  # iterations of a sum small enough to be a window (a depthwise conv's 5x5), not a matmul's reduce
+
+def window_loop(p: Plan) -> None:
+  """A depthwise conv (each output sums a small window of its own channel, so no input is re-read along another output
+  axis and no register tile pays): the output's contiguous axis is a SIMD loop inside the window's loops, one
+  accumulator per lane, where every read along it is contiguous. Scalar, each output was one chain of dependent adds
+  with a gate per read; in the loop the gates are masked vector loads. PP-OCR cls's 5x5 depthwise convs (one core,
+  AVX-512): 104 channels at 2x96, 2.5 -> 21 GFLOPS; 88 at 3x96, 5.5 -> 47 (a loop of 32; written-out copies 8.4)."""
+  if p.tiled or len(p.reds) != 1 or p.reds[0].arg is not Ops.ADD or not dtypes.is_float(p.reds[0].dtype) or not p.glob: return
+  red, cur = p.reds[0], axes(p.ast)
+  window = [const_size(r) for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE]
+  if not window or None in window or prod(window) > WINDOW: return
+  j = p.glob[-1]
+  reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD]
+  stores = [u.src[0].src[1] for u in p.ast.toposort if u.op is Ops.STORE]
+  along = [ix for ix in reads + stores if cur[j] in ix.toposort]
+  if not along or not all(unit_stride(ix, cur[j]) for ix in along): return
+  # a window slides along j: a read steps along the innermost window axis as it does along j (not a column sum, x.sum(0),
+  # which column_sum writes out); and its loop is still there: an ungated 3x3 window unroll_small_windows wrote out
+  # vectorizes as it is (3x3 on 24x64: 66 us; with a SIMD loop of 32 too, 84); a loop of 8 gained nothing (3x3, 40 wide)
+  inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
+  if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
+  if p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16)))): p.tiled = True
 
 def reduce_accumulators(p: Plan) -> None:
   """Any other float sum or max: independent accumulators, so the adds don't wait on each other."""
@@ -258,7 +309,7 @@ def split_across_cores(p: Plan) -> None:
       p.first(Opt(OptOps.THREAD, k, n)); return
 
 CPU_STEPS = [("stash_transcendentals", stash_transcendentals), ("register_tile", register_tile), ("unroll_small_windows", unroll_small_windows),
-             ("reduce_accumulators", reduce_accumulators), ("divided_axes", divided_axes), ("split_across_cores", split_across_cores)]
+             ("window_loop", window_loop), ("reduce_accumulators", reduce_accumulators), ("divided_axes", divided_axes), ("split_across_cores", split_across_cores)]
 
 def cpu_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   """The CPU steps' Opts for a kernel split across `threads` cores with vectors of `simd` floats (elementwise loops are
