@@ -305,6 +305,12 @@ def test_a_long_sum_into_many_outputs_is_summed_in_chunks():
   check(a.T @ b, na.T.astype(np.float64) @ nb, 2, atol=2e-3)
   check(a[:1024].T @ b[:1024], na[:1024].T.astype(np.float64) @ nb[:1024], 1, atol=1e-3)
   check(b.sum(0), nb.astype(np.float64).sum(0), 1, atol=1e-3)
+  # an embedding lookup over a 4096-row table into 65536 outputs is a gather (no loop over the table), not a long sum
+  from attograd import nn
+  emb, nw = nn.Embedding(4096, 128), rand(4096, 128)
+  emb.weight = Tensor(nw).realize()
+  idx = Tensor(rng.integers(0, 4096, (8, 64)).astype(np.int32)).realize()
+  check(emb(idx), nw[idx.numpy()], 1)
 
 def test_a_concatenation_of_reductions_computes_each_in_its_own_kernel():
   # gradients laid end to end: each matmul keeps its own loops (and register tile), the cat only copies; as one kernel

@@ -568,7 +568,8 @@ def split_long_sum(red: UOp) -> UOp | None:
   the caches once per tile (a (384, 1536) gradient over 4096 tokens ran at 26 GFLOPS a core, 65 over 1024). The partials
   cost one write and read of the output per chunk. The reduced axes (a batch and a sequence) are taken as one."""
   op, axes = red.arg
-  if op is not Ops.ADD or not dtypes.is_float(red.dtype): return None
+  # (a gather's one-hot sum runs no loop over its table, and a scatter-add has its own kernel: neither is split)
+  if op is not Ops.ADD or not dtypes.is_float(red.dtype) or gather_parts(red) is not None or is_scatter(red): return None
   x = red.src[0]
   shape = x.shape
   if not all(isinstance(s, int) for s in shape) or not isinstance(size := sym_prod(red.shape), int) or size < SPLIT_REDUCE_OUTPUTS: return None
