@@ -201,13 +201,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor: return tensor.one_
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
-  """enable_gqa: key/value with fewer heads (dim -3) than the query are repeated to match, each serving a group of query heads."""
-  if enable_gqa and key.ndim >= 3 and key.shape[-3] != query.shape[-3]:
-    hq, hk = query.shape[-3], key.shape[-3]
-    if hq % hk: raise ValueError(f"enable_gqa: {hq} query heads is not a multiple of {hk} key/value heads")
-    rep = lambda t: t.unsqueeze(-3).expand(*t.shape[:-2], hq // hk, *t.shape[-2:]).reshape(*t.shape[:-3], hq, *t.shape[-2:])
-    key, value = rep(key), rep(value)
-  return query.scaled_dot_product_attention(key, value, attn_mask, dropout_p, is_causal, scale)
+  return query.scaled_dot_product_attention(key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
   return input.pad(tuple(pad), 0 if value is None else value, mode)
