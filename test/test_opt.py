@@ -308,6 +308,14 @@ def test_beam_finds_a_kernel_and_caches_it(monkeypatch, tmp_path):
   def no_compile(*a): raise AssertionError("BEAM searched again instead of using its cache")
   assert search.beam_search(ast, "CPU", 1, no_compile) == [Opt(OptOps[op], ax, n) for op, ax, n in winner]
 
+def test_column_operand_past_the_cache_is_packed():
+  # a matmul whose column operand (k x width) outgrows a core's L2 packs its panels (2.4 MB of floats: 46 -> 103 GFLOPS
+  # on one core); one that fits reads them in place (1.2 MB: packing cost 80 -> 59)
+  big = cpu_opts(_ast(Tensor.empty(4096, 1536) @ Tensor.empty(1536, 384)), 1)
+  fits = cpu_opts(_ast(Tensor.empty(4096, 768) @ Tensor.empty(768, 384)), 1)
+  assert big[-2:] == [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
+  assert not any(o.op is OptOps.PACK for o in fits)
+
 def test_big_matmul_packs_each_column_panel_per_call():
   rng = np.random.default_rng(4)
   na, nb = rng.standard_normal((256, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)

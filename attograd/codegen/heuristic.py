@@ -23,6 +23,11 @@ from attograd.renderer import Renderer
 # 16x6 did 66-68 (torch 96), and 32x8 the same
 TILE_REGISTERS = 16
 SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
+# elements of a matmul's column operand (k x width) from which its panels are packed: unpacked, every block of rows
+# reads all of it again, from L3 once it outgrows a core's L2 (2 MiB here). One core, 4096 rows, k x width floats:
+# 1536x384 and 384x1536 (2.4 MB) 46 -> 103 and 29 -> 52 GFLOPS packed; 768x384 (1.2 MB) 80 -> 59, 512x512 77 -> 57
+# (packing costs more than the reads it saves); 1152x384 (1.8 MB) within noise either way, under load
+PACK_MIN_PANELS = 1 << 19
 FULL_TILE = 8  # registers of accumulators: 16x6 written out (of 8-float registers), a SIMD loop of 16 by 6 rows, 8x8
 
 def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
@@ -131,7 +136,7 @@ def register_tile(p: Plan) -> None:
   else: widest_tile(p, i, j, red)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
-  big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
+  big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
 
 def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
