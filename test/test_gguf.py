@@ -96,3 +96,31 @@ def test_bad_files(written, tmp_path):
   w.add_tensor("w", np.zeros((1, 66), np.uint8), raw_dtype=Q.IQ2_XXS)
   w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
   with pytest.raises(ValueError, match=r"iq\.gguf: tensor 'w' has ggml type 16"): gguf_load(p)
+
+def test_quantized_matvec_inner_loop_vectorizes(tmp_path):
+  """A decode step's matvec over Q8_0 weights: gcc vectorizes the loop over a block's bytes (the SIMD loop inside the
+  reduce). With gcc's unroll-and-jam on (-O3's default), two blocks' iterations were fused into it, the second block's
+  scale became a load the vectorizer couldn't analyse, and the loop stayed scalar (4x slower)."""
+  import re, subprocess
+  from attograd.runtime.device import Device
+  from attograd.engine.realize import get_kernel
+  from attograd.nn.quant import split_fields, dequantize
+  from attograd.codegen.opt import Opt, OptOps
+  dev = Device["CPU"]
+  cc = getattr(dev.compiler, "cc", "")
+  if "gcc" not in os.path.basename(os.path.realpath(__import__("shutil").which(cc) or cc)): pytest.skip("the CPU compiler is not gcc")
+  rows, cols = 64, 576
+  w = dequantize(split_fields(Tensor(random_blocks("Q8_0", rows, cols).reshape(-1)), Q.Q8_0.value), Q.Q8_0.value, (rows, cols))
+  x = Tensor(rng.standard_normal((1, cols)).astype(np.float32)).realize()
+  # 16 partial sums (the heuristics' first choice) and nothing else: the reduce loop left runs over half-blocks, the scale
+  # read at r//2
+  src = get_kernel((x @ w.T).schedule()[-1].ast, "CPU", [Opt(OptOps.UPCAST, 1, 16)]).src
+  lines = src.splitlines()
+  # the SIMD loop: a loop the renderer keeps rolled (pragma) that reads the weight bytes
+  loop = next(i + 2 for i, l in enumerate(lines) if "#pragma GCC unroll 1" in l and "unsigned char" in "".join(lines[i + 1:i + 8]))
+  (tmp_path / "k.c").write_text(src)
+  flags = [f for f in dev.compiler.flags if f not in ("-shared", "-lm")]
+  out = subprocess.run([cc, *flags, "-c", str(tmp_path / "k.c"), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
+                       capture_output=True, text=True, check=True)
+  assert re.search(rf"k\.c:{loop}:\d+: optimized: loop vectorized", out.stderr), f"line {loop} not vectorized:\n{out.stderr}\n{src}"
+  np.testing.assert_allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-4, atol=1e-4)

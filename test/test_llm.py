@@ -84,6 +84,13 @@ def test_model_matches_float64_reference(engine):
   engine.cached = []
   scale = np.abs(ref).max()
   assert np.abs(ours - ref).max() / scale < 1e-3
+  # a second chunk at position 8: its queries see the cache (a causal mask and softmax over a symbolic key length)
+  ids16 = engine.tok.encode(PROMPT + "Red, green and blue.")[:16]
+  ref16 = reference_logits(ids16)
+  engine.model(ids16[:8], 0)
+  ours16 = engine.model(ids16[8:], 8, all_logits=True).numpy()
+  engine.cached = []
+  assert np.abs(ours16 - ref16[8:]).max() / np.abs(ref16).max() < 1e-3
   # greedy continuation: ours (chunked prefill + jitted decode) against the reference re-run on the growing sequence
   n_new = 32 if os.getenv("ATTOGRAD_FULL_LLM") else 6  # the reference re-runs the whole sequence per token in float64
   got = [x for x in engine.stream(ids, Sampling(max_new_tokens=n_new)) if isinstance(x, Done)][0]

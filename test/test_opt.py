@@ -528,3 +528,19 @@ def test_loop_invariants_are_named_outside_the_loop():
   src = to_program(ast, Device["CPU"].renderer, cpu_opts(ast, 1))[1]
   loops = src.split("for (")
   assert not any("INFINITY)?" in body.split("}")[0] for body in loops[1:]), src
+
+def test_reduce_axis_an_index_divides_is_written_out():
+  """A matvec over 4-bit weights (two nibbles per byte, 16 bytes a block, as GGUF's Q4_0/Q4_1): after the 16 partial
+  sums, the reduce axis left runs over half-blocks, read by r//2 (the block's scale) and r%2 (which nibble). Written out
+  in 2 copies (UNROLL), each copy reads its own nibble: no select per weight."""
+  rng = np.random.default_rng(0)
+  raw, scale, x = rng.integers(0, 256, (64, 8, 16), dtype=np.uint8), rng.standard_normal((64, 8, 1)).astype(np.float32), rng.standard_normal((1, 256)).astype(np.float32)
+  q = Tensor(raw)
+  w = (Tensor.stack(q & 15, q >> 4, dim=2).reshape(64, 8, 32).cast("float32") * Tensor(scale)).reshape(64, 256)
+  y = Tensor(x) @ w.T
+  opts = cpu_opts(_ast(y), 1)
+  assert opts[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 1, 2)], opts
+  src = to_program(_ast(y), Device["CPU"].renderer, opts)[1]
+  assert "?" not in src[src.index("for ("):], src  # no select between the nibbles
+  ref = x @ (np.stack([raw & 15, raw >> 4], 2).reshape(64, 8, 32).astype(np.float32) * scale).reshape(64, 256).T
+  with Context(THREADS=1): np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-3)

@@ -116,12 +116,24 @@ def timed(engine: Engine, prompt_len: int = 128, new_tokens: int = 100) -> dict[
   """Prefill and decode speed (tokens/s) and time to first token, on a warm engine."""
   ids = [engine.tok.encode(" the")[0]] * prompt_len
   for _ in range(2): engine.cached = []; engine._logits(ids)  # warm: compile, then the TinyJit's capture (timed: a replay)
+  for n in (1, 2): engine._logits(ids + [ids[0]] * n)  # and the decode step's (its first runs schedule and compile)
   engine.cached = []
   t0 = time.perf_counter(); engine._logits(ids); prefill = time.perf_counter() - t0
-  tokens, t0 = list(ids), time.perf_counter()
+  tokens, t0, c0 = list(ids), time.perf_counter(), time.process_time()
   for _ in range(new_tokens): tokens.append(int(engine._logits(tokens).argmax()))
-  decode = time.perf_counter() - t0
+  decode, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
+  rss = resident_mib()  # while generating: the cache full, every decode buffer live
   engine.cached = []
   short = engine.tok.encode("Hi")
   t0 = time.perf_counter(); engine._logits(short); ttft = time.perf_counter() - t0
-  return {"prefill_tok_s": prompt_len / prefill, "decode_tok_s": new_tokens / decode, "ttft_ms": ttft * 1e3}
+  kv = sum(t.nbytes() for kv in engine.model.cache for t in kv) / 2 ** 20
+  return {"prefill_tok_s": prompt_len / prefill, "decode_tok_s": new_tokens / decode, "decode_cpu_ms": decode_cpu / new_tokens * 1e3,
+          "ttft_ms": ttft * 1e3, "rss_mib": rss, "kv_mib": kv}
+
+def resident_mib() -> float:
+  """The process's resident memory now (Linux's /proc; elsewhere its peak so far)."""
+  try:
+    with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+  except OSError:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -2,8 +2,9 @@
 chat template (tokenizer.chat_template) rendered with jinja2.
 
 Byte-level BPE vocabularies (tokenizer.ggml.model "gpt2") are supported with the pre-tokenizer presets below,
-keyed by tokenizer.ggml.pre as llama.cpp names them. Control and user-defined tokens are special: matched whole
-in the text, as llama.cpp does with special=True."""
+keyed by tokenizer.ggml.pre as llama.cpp names them; SentencePiece-style ones ("llama": pieces with scores, spaces
+as ▁, bytes outside the vocabulary as <0xNN> tokens) as a BPE whose merges are ranked by the merged piece's score.
+Control and user-defined tokens are special: matched whole in the text, as llama.cpp does with special=True."""
 from __future__ import annotations
 from typing import Any
 
@@ -16,29 +17,53 @@ PRE_TOKENIZERS: dict[str, tuple[bool, str]] = {
   "default": (False, _GPT2), "gpt2": (False, _GPT2), "smollm": (True, _GPT2),
   "llama-bpe": (False, _LLAMA3), "llama3": (False, _LLAMA3), "qwen2": (False, _QWEN2),
 }
-CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special tokens
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # tokenizer.ggml.token_type values
+SPACE = "\u2581"  # ▁, SentencePiece's space
+
+def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+  """SentencePiece's BPE joins, at each step, the adjacent pair of pieces whose join is the vocabulary piece of highest
+  score (leftmost on a tie). As BPE merges: every split of a normal piece into two normal pieces, ranked by the
+  joined piece's score (then by its id)."""
+  normal = {t: i for i, t in enumerate(tokens) if types[i] in (NORMAL, USER_DEFINED)}
+  ranked = [(-scores[i], i, normal[t[:k]], (t[:k], t[k:])) for t, i in normal.items() for k in range(1, len(t)) if t[:k] in normal and t[k:] in normal]
+  return [m[3] for m in sorted(ranked)]
 
 class GGUFTokenizer:
   def __init__(self, meta: dict[str, Any], path: str = "<gguf>"):
     try: import tokenizers
     except ImportError: raise ImportError("the GGUF tokenizer needs the `tokenizers` package: pip install 'attograd[llm]'") from None
     from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders
+    from tokenizers import normalizers
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-      raise NotImplementedError(f"{path}: tokenizer.ggml.model {kind!r}: only byte-level BPE ('gpt2') vocabularies are supported so far")
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
+    if kind not in ("gpt2", "llama"):
+      raise NotImplementedError(f"{path}: tokenizer.ggml.model {kind!r}: supported are byte-level BPE ('gpt2') and SentencePiece-style ('llama') vocabularies")
+    if "tokenizer.ggml.tokens" not in meta: raise ValueError(f"{path}: metadata tokenizer.ggml.tokens is missing")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    types = meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
     self.vocab = {t: i for i, t in enumerate(tokens)}
-    self.tokens = tokens
-    tok = Tokenizer(models.BPE(self.vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3")))
-    digits, regex = PRE_TOKENIZERS[pre]
-    steps = ([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + [
-      pre_tokenizers.Split(Regex(regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
+    self.tokens, self.kind = tokens, kind
+    if kind == "llama":
+      scores = meta.get("tokenizer.ggml.scores")
+      if scores is None or len(scores) != len(tokens): raise ValueError(f"{path}: a 'llama' vocabulary needs tokenizer.ggml.scores, one per token")
+      unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
+      tok = Tokenizer(models.BPE(self.vocab, spm_merges(tokens, scores, types), unk_token=unk, fuse_unk=True, byte_fallback=True))
+      # llama.cpp: a space before the text and after each special token (tokenizer.ggml.add_space_prefix), spaces as ▁
+      self.space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+      tok.normalizer = normalizers.Sequence(([normalizers.Prepend(SPACE)] if self.space_prefix else []) + [normalizers.Replace(" ", SPACE)])
+      tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()] +
+                                      ([decoders.Strip(" ", 1, 0)] if self.space_prefix else []))
+      self._bytes = [bytes([int(t[3:5], 16)]) if ty == BYTE and len(t) == 6 and t.startswith("<0x") else t.replace(SPACE, " ").encode()
+                     for t, ty in zip(tokens, types)]
+    else:
+      pre = meta.get("tokenizer.ggml.pre", "default")
+      if pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
+      merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+      tok = Tokenizer(models.BPE(self.vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3")))
+      digits, regex = PRE_TOKENIZERS[pre]
+      steps = ([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + [
+        pre_tokenizers.Split(Regex(regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+      tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+      tok.decoder = decoders.ByteLevel()
     self.special_ids = {i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED)}
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(self.special_ids)])
     self._tok = tok
@@ -58,8 +83,10 @@ class GGUFTokenizer:
     return self._tok.decode(ids, skip_special_tokens=skip_special)
 
   def token_bytes(self, i: int) -> bytes:
-    """The bytes of one token (byte-level BPE maps each byte to a printable character)."""
-    return self._tok.decode([i], skip_special_tokens=False).encode("utf-8", "surrogatepass") if i in self.special_ids else bytes(_BYTE_OF[c] for c in self.tokens[i])
+    """The bytes of one token (byte-level BPE maps each byte to a printable character; a SentencePiece piece has ▁ for
+    a space, or is one byte as <0xNN>)."""
+    if i in self.special_ids: return self._tok.decode([i], skip_special_tokens=False).encode("utf-8", "surrogatepass")
+    return self._bytes[i] if self.kind == "llama" else bytes(_BYTE_OF[c] for c in self.tokens[i])
 
   def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """The prompt text for a conversation, from the model's own template (ChatML when the file has none)."""

@@ -122,10 +122,11 @@ class Llama:
     qg = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)          # (kv, g, T, D)
     if T > 1: qg = qg.contiguous()  # stored in this order, the scores kernel reads rows of q, not columns 576 apart
     keys, vals = ck[:L].permute(1, 0, 2).unsqueeze(1), cv[:L].permute(1, 0, 2).unsqueeze(1)  # (kv, 1, L, D)
-    # (kv, g, T, L). keys @ q^T, transposed, would vectorize a prompt's scores over the tokens (the heuristics pack a
-    # key row here and sum its 64 products in one scalar chain, ~10x slower), but the causal mask and softmax over that
-    # transposed product come out wrong with a symbolic L (a core bug, reported), even with the product stored first
-    scores = (qg @ keys.transpose(-1, -2)) * (1 / math.sqrt(c.head_dim))
+    # (kv, g, T, L); several tokens: keys @ q^T, transposed, which the heuristics vectorize over the tokens (q @ keys^T
+    # packs a key row and sums its 64 products in one scalar chain, ~10x slower). (The mask and softmax fused over it
+    # were once wrong: gcc 12.2's loop vectorizer miscompiled the loop of symbolic length, now guarded by the renderer)
+    if T > 1: scores = (keys @ qg.transpose(-1, -2)).transpose(-1, -2) * (1 / math.sqrt(c.head_dim))
+    else: scores = (qg @ keys.transpose(-1, -2)) * (1 / math.sqrt(c.head_dim))
     if T > 1:  # causal: query t sees keys up to start + t
       visible = Tensor.arange(L).reshape(1, 1, 1, L) <= (Tensor.arange(T).reshape(1, 1, T, 1) + start)
       scores = visible.where(scores, -math.inf)

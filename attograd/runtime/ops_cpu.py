@@ -85,7 +85,11 @@ class CPUCompiler(Compiler):
     # gcc's default vectorizer cost model spent seconds on a row of 32 written-out sums (6.8 s for one kernel; a small
     # transformer's first 10 steps 12.6 -> 6.8 s with it cheap), for no measured difference in speed (bench/all.py,
     # bench/transformer.py). clang has no such flag
-    if "gcc" in os.path.basename(os.path.realpath(shutil.which(self.cc) or self.cc)): self.flags.insert(1, "-fvect-cost-model=very-cheap")
+    # and gcc's unroll-and-jam (on at -O3) fuses two iterations of a reduce's outer loop into its inner SIMD loop, where a
+    # value read once per outer iteration (a quantized block's scale, at r>>1) becomes a load the vectorizer can't
+    # analyse: the inner loop stayed scalar (a Q8_0 matvec of 49152 x 576, one core: 38.7 -> 9.7 ms; Q4_1's 1.4x)
+    if "gcc" in os.path.basename(os.path.realpath(shutil.which(self.cc) or self.cc)):
+      self.flags[1:1] = ["-fvect-cost-model=very-cheap", "-fno-loop-unroll-and-jam"]
     # -march=native on an AVX-512 CPU still vectorizes with 256-bit registers (gcc and clang prefer them, for the clock
     # drop of older Xeons), while the heuristics tile for 16-float registers (simd_floats): whole-width vectors took a
     # small transformer's kernels from 35.0 to 33.3 ms a step (one process, each plan run in turn), an erf-GELU 639 -> 438 us
