@@ -5,7 +5,7 @@ import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
-from attograd.helpers import Switch, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import Switch, gc_paused, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
@@ -218,7 +218,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     graph = _graph_for_gradient(self.uop, {t.uop for t in candidates}).toposort
     targets = [t for t in candidates if t.uop in graph]
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
-    for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
+    with gc_paused(): grads = self.gradient(*targets, gradient=gradient)  # a burst of acyclic nodes, as in realize_all
+    for t, g in zip(targets, grads):
       t.grad = g if t.grad is None else (t.grad + g)
     if not is_view_of_buffer(self.uop): _pending_realize[id(self)] = self
     return self
@@ -241,7 +242,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
     keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
-    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
+    with gc_paused():  # graphs hold no cycles: a collection here walks a training step's graphs for nothing (helpers.gc_paused)
+      for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
       reports = [(buffer_of(c.uop.base), what, size) for c, what, size in checks]
       if capturing() is not None: captured_checks.extend(reports)  # the JIT reads them after every replay

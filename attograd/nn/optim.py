@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable, Iterable
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
+from attograd.helpers import gc_paused
 from attograd.nn.module import as_tensor
 import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
 import sys as _sys
@@ -125,7 +126,7 @@ class Optimizer:
       else: p.grad = p.zeros_like().contiguous()
   def step(self, closure: Callable[[], Any] | None = None) -> Any:
     loss = closure() if closure is not None else None
-    Tensor.realize_all(self.schedule_step())
+    with gc_paused(): Tensor.realize_all(self.schedule_step())  # thousands of acyclic nodes: no collection (helpers.gc_paused)
     return loss
   def state_tensors(self) -> list[Tensor]:
     """Every tensor a step writes besides the parameters."""
