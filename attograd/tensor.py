@@ -80,6 +80,11 @@ def _broadcast_const(value: ConstType, dtype: DType, device: str, shape: tuple[s
     u = _broadcast_consts[key] = Tensor(_const(value, dtype, device))._broadcast_to(shape).uop
   return u
 
+def _expand_scalar(u: UOp, shape: tuple[sint, ...]) -> UOp:
+  """A 0-d node broadcast to shape, as Tensor._broadcast_to builds it: reshaped to all 1s, then expanded."""
+  u = UOp(Ops.RESHAPE, u.dtype, (u,), (1,) * len(shape))
+  return u if u.arg == shape else UOp(Ops.EXPAND, u.dtype, (u,), shape)
+
 def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
   if not isinstance(data, (list, tuple)): return [data], ()
   if len(data) == 0: return [], (0,)
@@ -623,6 +628,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     if isinstance(x, Tensor):
+      su, xu = self.uop, x.uop
+      # the common cases, two tensors of one dtype on one device: nothing to promote, and the same shape or a 0-d one
+      # beside the other (an optimizer's hyperparameter): the nodes the general path below builds, without its checks
+      if out_dtype is None and su.dtype == xu.dtype and su.device == xu.device:
+        if (ss := su.shape) == (xs := xu.shape): return (x, self) if reverse else (self, x)
+        if not xs: x = Tensor(_expand_scalar(xu, ss))
+        elif not ss: self = Tensor(_expand_scalar(su, xs))
+        if not xs or not ss: return (x, self) if reverse else (self, x)
       if x.device != self.device: raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
@@ -893,7 +906,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def sign(self) -> Tensor:
     if self.dtype == dtypes.bool: return self
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
-  def square(self) -> Tensor: return self.pow(2)  # not self * self: a bool squares to int64, as in torch
+  def square(self) -> Tensor:
+    # a float squares to x * x with the derivative 2x: the nodes pow(2) builds, without its dispatch (optimizers and
+    # gradient clipping square every parameter's gradient each step). Not self * self in general: a bool squares to int64
+    if dtypes.is_float(self.dtype): return (self * self)._with_derivative(self, self * 2)
+    return self.pow(2)
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor:
     # the derivative s*(1-s), as torch: through 1/(1 + exp(-x)) it is 0 * inf = nan for x below -88
