@@ -16,8 +16,8 @@ from attograd.codegen.opt import Opt, THREADS
 from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
-from attograd.schedule.schedule import ScheduleItem, create_schedule, is_view_of_buffer
-from attograd.engine.memory import planned_buffers
+from attograd.schedule.schedule import ScheduleItem, ScheduleTemplate, schedule_with_template, is_view_of_buffer
+from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
@@ -250,15 +250,20 @@ class Capture:
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 
-def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
+def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None,
+                 template: tuple[ScheduleTemplate, list[UOp]] | None = None) -> None:
   """Compile (or load) the schedule's kernels, then run them in order. With `keep` (the buffers that outlive the
   schedule), the buffers the schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept
-  one may take the memory of one that died before it was written (an MLP's output, that of its second-last layer)."""
+  one may take the memory of one that died before it was written (an MLP's output, that of its second-last layer).
+  With the template the schedule was filled in from (and its buffers by number), the memory plan is made once per
+  template and set of buffers created and kept (schedule.ScheduleTemplate.plans): a plan is a function of those alone."""
   # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
   if keep is not None and not all(si.bufs[0] in keep for si in schedule):
-    internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
-                if si.bufs[0] not in registry.buffers}
-    for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
+    if template is not None: _place_planned(schedule, keep, *template)
+    else:
+      internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
+                  if si.bufs[0] not in registry.buffers}
+      for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
   progress: Progress | None = None
   items: list[ExecItem] = []
   try:
@@ -280,6 +285,26 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
     _captures[-1].nodes.update((id(b), u) for si, ei in zip(schedule, items) for b, u in zip(ei.bufs, si.bufs))
     _captures[-1].var_vals.update(var_vals or {})
   ExecPlan(items)(var_vals)
+
+def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: ScheduleTemplate, numbered: list[UOp]) -> None:
+  """planned_buffers for a schedule filled in from template (its buffers by number in `numbered`), with the plan (slots
+  by buffer number) made once per template and numbers of the buffers created and kept: a training step's 250 buffers
+  are placed without planning again (3 ms a step)."""
+  number = {u: i for i, u in enumerate(numbered)}
+  created = tuple(number[si.bufs[0]] for si in schedule if si.bufs[0] not in registry.buffers)
+  kept = frozenset(number[u] for u in keep if u in number)
+  if (plan := template.plans.get(key := (created, kept))) is None:
+    if len(template.plans) >= 8: template.plans.clear()  # (a template sees one or two sets in practice)
+    sizes = {n: (numbered[n].arg.device, numbered[n].arg.size * numbered[n].dtype.itemsize) for n in created}
+    plan = template.plans[key] = plan_slots([[number[u] for u in si.bufs] for si in schedule], sizes, kept)
+  slot_of, slots = plan
+  if DEBUG >= 2 and created:
+    before = sum(numbered[n].arg.size * numbered[n].dtype.itemsize for n in created)
+    print(f"memory plan: {len(created)} buffers in {len(slots)} allocations, {sum(nb for _, nb in slots) / 1e6:.2f} MB instead of {before / 1e6:.2f} MB")
+  memory = [Buffer(device, nbytes, dtypes.uint8) for device, nbytes in slots]
+  for n in created:
+    u = numbered[n]
+    registry.buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[slot_of[n]])
 
 def _uncompiled(items: list[ScheduleItem]) -> int:
   """How many distinct kernels of items this process hasn't compiled yet."""
@@ -343,9 +368,9 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     # a view runs no kernel: its slices keep their int offsets (a variable one, bound, is no view a later kernel renders)
     elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
-  with trace.group("schedule", "schedule") as rec: schedule, becomes = create_schedule([out[i] for i in todo])
+  with trace.group("schedule", "schedule") as rec: schedule, becomes, template = schedule_with_template([out[i] for i in todo])
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
-  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
+  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER}, template=template)
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
   graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}

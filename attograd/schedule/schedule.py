@@ -2,7 +2,7 @@
 Deciding where buffers must exist is the scheduler's one decision; everything else is indexing."""
 from __future__ import annotations
 import itertools, json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
@@ -518,6 +518,8 @@ class ScheduleTemplate:
   placeholders: tuple[tuple[UOp, int], ...]          # those placeholders and the numbers of the buffers they stand for
   key: int
   why: tuple[str, ...] = ()                          # why each item's output is a buffer (REALIZE_WHY keys; () from disk)
+  # what realize derives from the template alone, kept with it: its memory plans, by (buffers created, buffers kept) numbers
+  plans: dict = field(default_factory=dict, compare=False, repr=False)
 
 def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
 
@@ -593,6 +595,12 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2)."""
+  schedule, becomes, _ = schedule_with_template(targets)
+  return schedule, becomes
+
+def schedule_with_template(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp], tuple[ScheduleTemplate, list[UOp]]]:
+  """create_schedule, and the template it filled in with the buffers by number (inputs, then the ones it creates):
+  realize keeps what depends on the template alone (the memory plan) with it."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
@@ -610,7 +618,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   fill = {p: bufs[i] for p, i in template.placeholders}
   if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
     patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
-  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
+  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}, (template, bufs)
 
 def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list[str]]:
   """One pass over the graph, children first: each realize point becomes a kernel (or a copy)
