@@ -203,13 +203,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: _grad_tensors.pop(id(self), None)
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """Gradients of this tensor with respect to targets, as lazy tensors (nothing is stored)."""
+    return self._gradient_in(None, targets, gradient)
+  def _gradient_in(self, graph: UOp | None, targets: Sequence[Tensor], gradient: Tensor | None) -> list[Tensor]:
+    """gradient(), through `graph` when the caller has already built it: _graph_for_gradient(self.uop, the targets' uops)."""
     if gradient is None:
       if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
     elif gradient.shape != self.shape: raise ArgumentError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
     wanted = {t.uop for t in targets}
-    grads = compute_gradient(_graph_for_gradient(self.uop, wanted), root_grad, wanted)
+    grads = compute_gradient(_graph_for_gradient(self.uop, wanted) if graph is None else graph, root_grad, wanted)
     return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
   def _may_need_grad(self) -> bool:
     """Whether a gradient may flow into this tensor: a tensor that requires grad is in its graph (seen through realized
@@ -220,10 +223,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
     candidates = list(_grad_tensors.values())
-    graph = _graph_for_gradient(self.uop, {t.uop for t in candidates}).toposort
+    root = _graph_for_gradient(self.uop, every := {t.uop for t in candidates})
+    graph = root.toposort
     targets = [t for t in candidates if t.uop in graph]
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
-    with gc_paused(): grads = self.gradient(*targets, gradient=gradient)  # a burst of acyclic nodes, as in realize_all
+    # when every candidate is a target (a training step), root is the graph gradient() would build again for them:
+    # a second walk of the model's graph, ~2 ms a step
+    same = {t.uop for t in targets} == every
+    with gc_paused(): grads = self._gradient_in(root if same else None, targets, gradient)  # a burst of acyclic nodes (realize_all)
     for t, g in zip(targets, grads):
       t.grad = g if t.grad is None else (t.grad + g)
     if not is_view_of_buffer(self.uop): _pending_realize[id(self)] = self

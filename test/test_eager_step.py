@@ -96,3 +96,11 @@ def test_memory_plan_is_kept_with_the_template():
   for _ in range(3): ref = np.maximum(ref @ ref.T, 0) / 32 + 1
   np.testing.assert_allclose(r2.item(), ref.sum(), rtol=1e-5)
   assert r1.item() == v1
+
+def test_changed_schedule_list_is_planned_afresh():
+  # create_schedule's list knows its template; changed afterwards, it is no longer what the template's plans are for
+  a = Tensor.rand(8, 8).realize()
+  sched, _ = S.create_schedule([((a @ a).relu() @ a).sum().uop])
+  assert realize._as_filled_in(sched)
+  sched.pop(0)
+  assert not realize._as_filled_in(sched)

@@ -16,7 +16,7 @@ from attograd.codegen.opt import Opt, THREADS
 from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
-from attograd.schedule.schedule import ScheduleItem, ScheduleTemplate, schedule_with_template, is_view_of_buffer
+from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, is_view_of_buffer
 from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
@@ -250,16 +250,15 @@ class Capture:
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 
-def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None,
-                 template: tuple[ScheduleTemplate, list[UOp]] | None = None) -> None:
+def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
   """Compile (or load) the schedule's kernels, then run them in order. With `keep` (the buffers that outlive the
   schedule), the buffers the schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept
   one may take the memory of one that died before it was written (an MLP's output, that of its second-last layer).
-  With the template the schedule was filled in from (and its buffers by number), the memory plan is made once per
-  template and set of buffers created and kept (schedule.ScheduleTemplate.plans): a plan is a function of those alone."""
+  A schedule filled in from a template (create_schedule's) has its memory plan made once per template and set of
+  buffers created and kept (schedule.ScheduleTemplate.plans): a plan is a function of those alone."""
   # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
   if keep is not None and not all(si.bufs[0] in keep for si in schedule):
-    if template is not None: _place_planned(schedule, keep, *template)
+    if isinstance(schedule, Schedule) and _as_filled_in(schedule): _place_planned(schedule, keep, schedule.template, schedule.numbered)
     else:
       internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
                   if si.bufs[0] not in registry.buffers}
@@ -286,6 +285,13 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
     _captures[-1].var_vals.update(var_vals or {})
   ExecPlan(items)(var_vals)
 
+def _as_filled_in(schedule: Schedule) -> bool:
+  """Is the schedule still the one its template was filled in with (each item its AST over those buffers)? A list can
+  be changed after create_schedule: its plan would then be another's."""
+  t, numbered = schedule.template, schedule.numbered
+  return len(schedule) == len(t.items) and all(si.ast is ast and si.bufs == tuple(numbered[i] for i in numbers)
+                                               for si, (ast, numbers) in zip(schedule, t.items))
+
 def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: ScheduleTemplate, numbered: list[UOp]) -> None:
   """planned_buffers for a schedule filled in from template (its buffers by number in `numbered`), with the plan (slots
   by buffer number) made once per template and numbers of the buffers created and kept: a training step's 250 buffers
@@ -296,7 +302,7 @@ def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: Sched
   if (plan := template.plans.get(key := (created, kept))) is None:
     if len(template.plans) >= 8: template.plans.clear()  # (a template sees one or two sets in practice)
     sizes = {n: (numbered[n].arg.device, numbered[n].arg.size * numbered[n].dtype.itemsize) for n in created}
-    plan = template.plans[key] = plan_slots([[number[u] for u in si.bufs] for si in schedule], sizes, kept)
+    plan = template.plans[key] = plan_slots([numbers for _, numbers in template.items], sizes, kept)
   slot_of, slots = plan
   if DEBUG >= 2 and created:
     before = sum(numbered[n].arg.size * numbered[n].dtype.itemsize for n in created)
@@ -368,9 +374,9 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     # a view runs no kernel: its slices keep their int offsets (a variable one, bound, is no view a later kernel renders)
     elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
-  with trace.group("schedule", "schedule") as rec: schedule, becomes, template = schedule_with_template([out[i] for i in todo])
+  with trace.group("schedule", "schedule") as rec: schedule, becomes = create_schedule([out[i] for i in todo])
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
-  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER}, template=template)
+  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
   graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}

@@ -521,6 +521,12 @@ class ScheduleTemplate:
   # what realize derives from the template alone, kept with it: its memory plans, by (buffers created, buffers kept) numbers
   plans: dict = field(default_factory=dict, compare=False, repr=False)
 
+class Schedule(list):
+  """create_schedule's items (a list of ScheduleItems), with the template they were filled in from and its buffers by
+  number (inputs, then those it creates): realize keeps what depends on the template alone (the memory plan) with it."""
+  template: ScheduleTemplate
+  numbered: list[UOp]
+
 def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
 
 def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
@@ -595,12 +601,6 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2)."""
-  schedule, becomes, _ = schedule_with_template(targets)
-  return schedule, becomes
-
-def schedule_with_template(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp], tuple[ScheduleTemplate, list[UOp]]]:
-  """create_schedule, and the template it filled in with the buffers by number (inputs, then the ones it creates):
-  realize keeps what depends on the template alone (the memory plan) with it."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink)
   if (template := _schedule_cache.get(structure)) is None:
@@ -614,11 +614,12 @@ def schedule_with_template(targets: list[UOp]) -> tuple[list[ScheduleItem], dict
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
-  schedule = [ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items]
+  schedule = Schedule(ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items)
+  schedule.template, schedule.numbered = template, bufs
   fill = {p: bufs[i] for p, i in template.placeholders}
   if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
     patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
-  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}, (template, bufs)
+  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
 
 def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list[str]]:
   """One pass over the graph, children first: each realize point becomes a kernel (or a copy)
