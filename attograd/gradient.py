@@ -93,11 +93,21 @@ pm_gradient = PatternMatcher([
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   """Gradients of root with respect to each target, by reverse-mode accumulation."""
   # only walk nodes that lie on a path from root to some target
+  # (plain loops, no any() over a generator: a model's graph has thousands of nodes, walked twice per backward)
   on_path: dict[UOp, bool] = {}
-  for u in root.toposort: on_path[u] = u in targets or (u.op is not Ops.DETACH and any(on_path[s] for s in u.src))
+  topo = root.toposort
+  for u in topo:
+    if u in targets: on_path[u] = True; continue
+    on_path[u] = False
+    if u.op is Ops.DETACH: continue
+    for s in u.src:
+      if on_path[s]: on_path[u] = True; break
   grads: dict[UOp, UOp] = {root: root_grad}
-  for u in reversed(list(root.toposort)):
-    if u not in grads or not any(on_path[s] for s in u.src): continue
+  for u in reversed(topo):
+    if u not in grads: continue
+    for s in u.src:
+      if on_path[s]: break
+    else: continue
     src_grads = pm_gradient.first_result(u, ctx=grads[u])
     if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
     for s, g in zip(u.src, src_grads):

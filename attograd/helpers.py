@@ -112,18 +112,17 @@ def cache_dir() -> pathlib.Path:
   """The cache's root (made when something is first written there)."""
   return pathlib.Path(os.getenv("ATTOGRAD_CACHE") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attograd"))
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-  """Python's cycle collector off for a burst of allocation (scheduling a graph, lowering its kernels). Graphs hold no
-  cycles (UOp.ancestors), so it finds nothing there, but with a training step's graphs alive each full pass walks all
-  of them: 1.1 s of CPU in a small transformer's first 10 steps, a quarter of its Python time. What a pause leaves
-  behind is collected after it."""
-  if not gc.isenabled():
-    yield
-    return
-  gc.disable()
-  try: yield
-  finally: gc.enable()
+class gc_paused:
+  """`with gc_paused():` Python's cycle collector off for a burst of allocation (scheduling a graph, lowering its kernels,
+  every realize). Graphs hold no cycles (UOp.ancestors), so it finds nothing there, but with a training step's graphs
+  alive each full pass walks all of them: 1.1 s of CPU in a small transformer's first 10 steps, a quarter of its Python
+  time. What a pause leaves behind is collected after it. A class, not a generator: a tiny op's realize enters one."""
+  __slots__ = ("paused",)
+  def __enter__(self) -> None:
+    if (paused := gc.isenabled()): gc.disable()
+    self.paused = paused
+  def __exit__(self, *exc: Any) -> None:
+    if self.paused: gc.enable()
 
 @functools.cache
 def code_version() -> str:

@@ -5,7 +5,7 @@ import math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
-from attograd.helpers import Switch, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
+from attograd.helpers import Switch, gc_paused, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
@@ -79,6 +79,11 @@ def _broadcast_const(value: ConstType, dtype: DType, device: str, shape: tuple[s
     if len(_broadcast_consts) >= 4096: _broadcast_consts.clear()
     u = _broadcast_consts[key] = Tensor(_const(value, dtype, device))._broadcast_to(shape).uop
   return u
+
+def _expand_scalar(u: UOp, shape: tuple[sint, ...]) -> UOp:
+  """A 0-d node broadcast to shape, as Tensor._broadcast_to builds it: reshaped to all 1s, then expanded."""
+  u = UOp(Ops.RESHAPE, u.dtype, (u,), (1,) * len(shape))
+  return u if u.arg == shape else UOp(Ops.EXPAND, u.dtype, (u,), shape)
 
 def _flatten_nested(data: Any) -> tuple[list[Any], tuple[int, ...]]:
   if not isinstance(data, (list, tuple)): return [data], ()
@@ -198,13 +203,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     else: _grad_tensors.pop(id(self), None)
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """Gradients of this tensor with respect to targets, as lazy tensors (nothing is stored)."""
+    return self._gradient_in(None, targets, gradient)
+  def _gradient_in(self, graph: UOp | None, targets: Sequence[Tensor], gradient: Tensor | None) -> list[Tensor]:
+    """gradient(), through `graph` when the caller has already built it: _graph_for_gradient(self.uop, the targets' uops)."""
     if gradient is None:
       if self.numel() != 1: raise RuntimeError(f"gradient can be implied only for a one-element output, this one has shape {self.shape}")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float)
     elif gradient.shape != self.shape: raise ArgumentError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
     wanted = {t.uop for t in targets}
-    grads = compute_gradient(_graph_for_gradient(self.uop, wanted), root_grad, wanted)
+    grads = compute_gradient(_graph_for_gradient(self.uop, wanted) if graph is None else graph, root_grad, wanted)
     return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
   def _may_need_grad(self) -> bool:
     """Whether a gradient may flow into this tensor: a tensor that requires grad is in its graph (seen through realized
@@ -215,10 +223,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t that requires grad and this one depends on."""
     candidates = list(_grad_tensors.values())
-    graph = _graph_for_gradient(self.uop, {t.uop for t in candidates}).toposort
+    root = _graph_for_gradient(self.uop, every := {t.uop for t in candidates})
+    graph = root.toposort
     targets = [t for t in candidates if t.uop in graph]
     if not targets: raise RuntimeError("backward() of a tensor that depends on no tensor requiring grad")
-    for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
+    # when every candidate is a target (a training step), root is the graph gradient() would build again for them:
+    # a second walk of the model's graph, ~2 ms a step
+    same = {t.uop for t in targets} == every
+    with gc_paused(): grads = self._gradient_in(root if same else None, targets, gradient)  # a burst of acyclic nodes (realize_all)
+    for t, g in zip(targets, grads):
       t.grad = g if t.grad is None else (t.grad + g)
     if not is_view_of_buffer(self.uop): _pending_realize[id(self)] = self
     return self
@@ -241,7 +254,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
     keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
-    for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
+    with gc_paused():  # graphs hold no cycles: a collection here walks a training step's graphs for nothing (helpers.gc_paused)
+      for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
       reports = [(buffer_of(c.uop.base), what, size) for c, what, size in checks]
       if capturing() is not None: captured_checks.extend(reports)  # the JIT reads them after every replay
@@ -621,6 +635,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     if isinstance(x, Tensor):
+      su, xu = self.uop, x.uop
+      # the common cases, two tensors of one dtype on one device: nothing to promote, and the same shape or a 0-d one
+      # beside the other (an optimizer's hyperparameter): the nodes the general path below builds, without its checks
+      if out_dtype is None and su.dtype == xu.dtype and su.device == xu.device:
+        if (ss := su.shape) == (xs := xu.shape): return (x, self) if reverse else (self, x)
+        if not xs: x = Tensor(_expand_scalar(xu, ss))
+        elif not ss: self = Tensor(_expand_scalar(su, xs))
+        if not xs or not ss: return (x, self) if reverse else (self, x)
       if x.device != self.device: raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \
@@ -891,7 +913,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def sign(self) -> Tensor:
     if self.dtype == dtypes.bool: return self
     return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)  # as torch: sign(nan) and sign(-0.0) are 0
-  def square(self) -> Tensor: return self.pow(2)  # not self * self: a bool squares to int64, as in torch
+  def square(self) -> Tensor:
+    # a float squares to x * x with the derivative 2x: the nodes pow(2) builds, without its dispatch (optimizers and
+    # gradient clipping square every parameter's gradient each step). Not self * self in general: a bool squares to int64
+    if dtypes.is_float(self.dtype): return (self * self)._with_derivative(self, self * 2)
+    return self.pow(2)
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor:
     # the derivative s*(1-s), as torch: through 1/(1 + exp(-x)) it is 0 * inf = nan for x below -88

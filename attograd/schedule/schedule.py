@@ -2,7 +2,7 @@
 Deciding where buffers must exist is the scheduler's one decision; everything else is indexing."""
 from __future__ import annotations
 import itertools, json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
@@ -518,6 +518,14 @@ class ScheduleTemplate:
   placeholders: tuple[tuple[UOp, int], ...]          # those placeholders and the numbers of the buffers they stand for
   key: int
   why: tuple[str, ...] = ()                          # why each item's output is a buffer (REALIZE_WHY keys; () from disk)
+  # what realize derives from the template alone, kept with it: its memory plans, by (buffers created, buffers kept) numbers
+  plans: dict = field(default_factory=dict, compare=False, repr=False)
+
+class Schedule(list):
+  """create_schedule's items (a list of ScheduleItems), with the template they were filled in from and its buffers by
+  number (inputs, then those it creates): realize keeps what depends on the template alone (the memory plan) with it."""
+  template: ScheduleTemplate
+  numbered: list[UOp]
 
 def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
 
@@ -606,7 +614,8 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
-  schedule = [ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items]
+  schedule = Schedule(ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items)
+  schedule.template, schedule.numbered = template, bufs
   fill = {p: bufs[i] for p, i in template.placeholders}
   if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
     patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])

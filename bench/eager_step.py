@@ -1,0 +1,91 @@
+"""Where a training step without TinyJit spends the main thread's CPU: bench/transformer.py's small model, AdamW and
+clipping by global norm, each phase timed with time.thread_time (CPU of this thread: the machine's other load barely
+moves it, unlike wall time), medians over the steps. Then the same step against torch eager with one thread each, where
+a thread's CPU time is the whole cost of a step: the ratio says how far from torch's speed the step is on an idle core.
+
+  python bench/eager_step.py          STEPS=n (default 15) timed steps
+"""
+from __future__ import annotations
+import collections, os, statistics, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+def phases(steps: int) -> None:
+  import transformer as T
+  from attograd import Tensor
+  from attograd.nn import optim
+  from attograd.nn.state import get_parameters
+  import attograd.engine.realize as R
+  samples: dict[str, list[float]] = collections.defaultdict(list)
+  acc: dict[str, float] = collections.defaultdict(float)
+  def wrap(obj, name: str, label: str) -> None:
+    f = getattr(obj, name)
+    def timed(*a, **k):
+      st = time.thread_time()
+      try: return f(*a, **k)
+      finally: acc[label] += time.thread_time() - st
+    setattr(obj, name, timed)
+  wrap(R, "runnable", "  realize: runnable (bind, read realized nodes)")
+  wrap(R, "create_schedule", "  realize: create_schedule (structure, template)")
+  wrap(R, "run_schedule", "  realize: run_schedule (plan, kernels)")
+  wrap(R.ExecPlan, "__call__", "    of which running the kernels")
+  cfg = T.CONFIGS["small"]
+  Tensor.manual_seed(0)
+  model = T.attograd_model(cfg)
+  params = get_parameters(model)
+  opt = optim.AdamW(params, lr=3e-4, weight_decay=0.1)
+  def ph(label: str, f):
+    st = time.thread_time(); r = f(); acc[label] += time.thread_time() - st; return r
+  def clip() -> None:
+    norm = Tensor.stack(*[p.grad.square().sum() for p in params]).sum().sqrt()
+    scale = (1.0 / (norm + 1e-6)).minimum(1.0)
+    for p in params: p.grad = p.grad * scale
+  def step(x: Tensor, y: Tensor) -> Tensor:
+    with Tensor.train():
+      ph("zero_grad", opt.zero_grad)
+      loss = ph("forward", lambda: model(x).reshape(-1, cfg["vocab"]).cross_entropy(y.reshape(-1)))
+      ph("backward", loss.backward)
+      ph("clip by global norm", clip)
+      ph("opt.step (build the update, realize all)", opt.step)
+      return loss.realize()
+  data = T.batches(cfg, 3 + steps, seed=3)
+  for x, y in data[:3]: step(Tensor(x), Tensor(y)).item()
+  totals = []
+  for x, y in [(Tensor(x), Tensor(y)) for x, y in data[3:]]:
+    before, st = dict(acc), time.thread_time()
+    step(x, y).item()
+    totals.append(time.thread_time() - st)
+    for k in acc: samples[k].append(acc[k] - before.get(k, 0.0))
+  print("main-thread CPU per no-JIT step (medians):")
+  order = ["zero_grad", "forward", "backward", "clip by global norm", "opt.step (build the update, realize all)",
+           "  realize: runnable (bind, read realized nodes)", "  realize: create_schedule (structure, template)",
+           "  realize: run_schedule (plan, kernels)", "    of which running the kernels"]
+  for k in order:
+    print(f"  {k:48s} {statistics.median(samples[k]) * 1e3:7.2f} ms")
+  print(f"  {'whole step':48s} {statistics.median(totals) * 1e3:7.2f} ms (min {min(totals) * 1e3:.2f})")
+
+def one_thread(steps: int) -> None:
+  """torch eager and attograd without JIT, one thread each, interleaved: CPU time per step."""
+  import torch
+  torch.set_num_threads(1)
+  import transformer as T
+  from attograd import Tensor
+  from attograd.codegen.opt import THREADS
+  THREADS.value = 1
+  cfg = T.CONFIGS["small"]
+  ours, theirs = T.attograd_step(cfg, jit=False), T.torch_step(cfg)
+  def run(step, batch, conv) -> list[float]:
+    out = []
+    for x, y in batch:
+      x, y = conv(x), conv(y)
+      st = time.thread_time(); step(x, y).item(); out.append(time.thread_time() - st)
+    return out
+  run(ours, T.batches(cfg, 3, seed=2), Tensor); run(theirs, T.batches(cfg, 3, seed=2), torch.tensor)
+  data, o, t = T.batches(cfg, steps, seed=4), [], []
+  for i in range(0, steps, 4): o += run(ours, data[i:i + 4], Tensor); t += run(theirs, data[i:i + 4], torch.tensor)
+  print(f"one thread each, CPU per step: torch eager {statistics.median(t) * 1e3:.1f} ms, attograd no JIT {statistics.median(o) * 1e3:.1f} ms: "
+        f"{statistics.median(t) / statistics.median(o):.2f}x torch's speed (best steps {min(t) / min(o):.2f}x)")
+
+if __name__ == "__main__":
+  n = int(os.getenv("STEPS", 15))
+  phases(n)
+  one_thread(n)

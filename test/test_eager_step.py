@@ -1,0 +1,106 @@
+"""A training step without TinyJit: from the second step on, nothing is scheduled, rewritten, lowered or memory-planned
+again (the schedule template and its memory plan are reused), and the values stay torch's step after step. A graph
+that differs from an earlier one in anything the scheduler sees (which buffers are the same, a constant, a shape) is
+never served the earlier schedule: the values show it."""
+import numpy as np
+import pytest
+from attograd import Tensor
+from attograd import nn
+from attograd.nn import optim
+from attograd.engine import realize
+from attograd.schedule import schedule as S
+
+torch = pytest.importorskip("torch")
+
+class _Counter:
+  """Counts calls to the named functions of a module while in the with block."""
+  def __init__(self, monkeypatch, **targets):
+    self.calls = {name: 0 for name in targets}
+    for name, mod in targets.items():
+      f = getattr(mod, name)
+      def counted(*a, _f=f, _name=name, **k):
+        self.calls[_name] += 1
+        return _f(*a, **k)
+      monkeypatch.setattr(mod, name, counted)
+
+def _models():
+  torch.manual_seed(0)
+  theirs = [torch.nn.Linear(6, 16), torch.nn.Linear(16, 4)]
+  ours = [nn.Linear(6, 16), nn.Linear(16, 4)]
+  for l, t in zip(ours, theirs): l.weight, l.bias = Tensor(t.weight.detach().numpy().copy()), Tensor(t.bias.detach().numpy().copy())
+  return ours, theirs
+
+def test_second_step_reuses_schedule_and_plan(monkeypatch):
+  ours, theirs = _models()
+  params = [p for l in ours for p in (l.weight, l.bias)]
+  opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+  topt = torch.optim.AdamW([p for l in theirs for p in l.parameters()], lr=1e-2, weight_decay=0.1)
+  rng = np.random.default_rng(0)
+  def step(x: np.ndarray, y: np.ndarray) -> float:
+    with Tensor.train():
+      opt.zero_grad()
+      loss = (ours[1](ours[0](Tensor(x)).gelu()) - Tensor(y)).square().mean().backward()
+      norm = Tensor.stack(*[p.grad.square().sum() for p in params]).sum().sqrt()  # clipping by global norm, by hand
+      scale = (1.0 / (norm + 1e-6)).minimum(1.0)
+      for p in params: p.grad = p.grad * scale
+      opt.step()
+      return loss.item()
+  def torch_step(x: np.ndarray, y: np.ndarray) -> float:
+    topt.zero_grad()
+    loss = (theirs[1](torch.nn.functional.gelu(theirs[0](torch.tensor(x)))) - torch.tensor(y)).square().mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for l in theirs for p in l.parameters()], 1.0)
+    topt.step()
+    return loss.item()
+  data = [(rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)) for _ in range(4)]
+  for x, y in data[:2]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
+  counter = _Counter(monkeypatch, _template=S, graph_rewrite=S, _load_template=S, lower_kernel=realize, plan_slots=realize)
+  for x, y in data[2:]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
+  assert counter.calls == {"_template": 0, "graph_rewrite": 0, "_load_template": 0, "lower_kernel": 0, "plan_slots": 0}
+  for p, t in zip(params, (p for l in theirs for p in l.parameters())):
+    np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+# (first graph, second graph, the second's value): each second graph differs from its first only in what a structure that
+# forgot something would miss, and no constant appears twice (two equal constants are one node: the sharing would tell
+# the graphs apart, whatever the key said about the values)
+CHANGED = {
+  "same buffer twice": (lambda a, b: (a * b * 3.0).sum(1), lambda c, b: (c * c * 3.0).sum(1), [3 * (4 + 9 + 16)]),
+  "other constant": (lambda a, b: (a * b * 3.0).sum(1), lambda c, b: (c * b * 5.0).sum(1), [5 * (8 + 15 + 24)]),
+  "negative zero": (lambda a, b: (1 / (a * 0.0)).sum(1), lambda c, b: (1 / (c * -0.0)).sum(1), [-np.inf]),  # 1 / -0.0 is -inf
+  "other shape": (lambda a, b: (a * b * 3.0).sum(1), lambda c, b: (c[:, :2] * b[:, :2] * 3.0).sum(1), [3 * (8 + 15)]),
+}
+
+@pytest.mark.parametrize("case", list(CHANGED))
+def test_changed_graph_gets_its_own_schedule(case):
+  first, second, want = CHANGED[case]
+  a, b = Tensor([[1.0, 2.0, 3.0]]).realize(), Tensor([[4.0, 5.0, 6.0]]).realize()
+  first(a, b).realize()
+  c = Tensor([[2.0, 3.0, 4.0]]).realize()
+  np.testing.assert_allclose(second(c, b).realize().numpy(), want)
+
+def test_memory_plan_is_kept_with_the_template():
+  # the plan is made once per template (and set of buffers created and kept), and a second graph of the same structure
+  # gets fresh memory laid out the same way: its values are its own, and the first's results are left alone
+  x = Tensor.rand(32, 32).realize()
+  def mlp(x: Tensor) -> Tensor:
+    for _ in range(3): x = (x @ x.T).relu() * (1 / 32) + 1
+    return x.sum()
+  r1 = mlp(x).realize()
+  v1 = r1.item()
+  templates = [id(t) for t in S._schedule_cache.values() if t.plans]
+  y = Tensor.rand(32, 32).realize()
+  r2 = mlp(y).realize()
+  assert [id(t) for t in S._schedule_cache.values() if t.plans] == templates
+  assert all(len(t.plans) == 1 for t in S._schedule_cache.values() if t.plans)
+  ref = y.numpy().astype(np.float64)
+  for _ in range(3): ref = np.maximum(ref @ ref.T, 0) / 32 + 1
+  np.testing.assert_allclose(r2.item(), ref.sum(), rtol=1e-5)
+  assert r1.item() == v1
+
+def test_changed_schedule_list_is_planned_afresh():
+  # create_schedule's list knows its template; changed afterwards, it is no longer what the template's plans are for
+  a = Tensor.rand(8, 8).realize()
+  sched, _ = S.create_schedule([((a @ a).relu() @ a).sum().uop])
+  assert realize._as_filled_in(sched)
+  sched.pop(0)
+  assert not realize._as_filled_in(sched)
