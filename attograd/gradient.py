@@ -22,6 +22,19 @@ def _max_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
   gb = (b < a).where(_c(ctx, 0), UOp(Ops.CMPEQ, dtypes.bool, (a, b)).where(ctx * half, ctx))
   return ga, gb
 
+def _bounds(m: UOp) -> tuple[tuple[int, int], ...] | None:
+  """(start, end) of each part of a MULTI along its split axis (None: replicated)."""
+  if m.arg is None: return None
+  ends = [0]
+  for p in m.src: ends.append(ends[-1] + p.shape[m.arg])
+  return tuple(zip(ends[:-1], ends[1:]))
+
+def _shard_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  (i, axis, bounds, _), x = ret.arg, ret.src[0]
+  g = UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)), UOp(Ops.DEVICE, dtypes.void, (), x.device)))
+  if axis is None: return (g,)
+  return (g.pad(tuple((bounds[i][0], n - bounds[i][1]) if a == axis else (0, 0) for a, n in enumerate(x.shape))),)
+
 def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
   x = ret.src[0]
   if ret.arg[0] is Ops.ADD: return (ctx.expand(x.shape),)
@@ -87,6 +100,10 @@ pm_gradient = PatternMatcher([
   # a copy between devices: the gradient goes back to the device the value came from (contiguous, as a copy's source is)
   (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
                                                                            UOp(Ops.DEVICE, dtypes.void, (), ret.src[0].device))), None)),
+  # a sharded tensor's part i is the gradient's part i, split as the tensor is (schedule/multi.py reshards it if need be)
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: tuple(UOp(Ops.SHARD, ctx.dtype, (ctx,), (i, ret.arg, _bounds(ret), ret.device)) for i in range(len(ret.src)))),
+  # a part of x goes back where x is and into its place along the split axis
+  (UPat(Ops.SHARD, name="ret"), _shard_grad),
   (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())),
 ])
 
