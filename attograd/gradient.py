@@ -7,6 +7,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import Switch, argsort
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
+from attograd.schedule.multi import shard_uop
 
 def _c(like: UOp, v: float) -> UOp: return like.const_shaped(v)
 
@@ -98,10 +99,14 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.DETACH, name="ret"), lambda ctx, ret: (None,)),
   # a copy between devices: the gradient goes back to the device the value came from (contiguous, as a copy's source is)
-  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
+  # (to a sharded tensor's devices: a copy on each, whatever its split; schedule/multi.py reshards where it is used)
+  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (shard_uop(ctx, ret.src[0].device, None) if isinstance(ret.src[0].device, tuple) else
+                                                 UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
                                                                            UOp(Ops.DEVICE, dtypes.void, (), ret.src[0].device))), None)),
-  # a sharded tensor's part i is the gradient's part i, split as the tensor is (schedule/multi.py reshards it if need be)
-  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: tuple(UOp(Ops.SHARD, ctx.dtype, (ctx,), (i, ret.arg, _bounds(ret), ret.device)) for i in range(len(ret.src)))),
+  # a sharded tensor's part i is the gradient's part i, split as the tensor is (schedule/multi.py reshards it if need be).
+  # Replicated, every part is the one logical value: the gradient flows once, through the first
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: tuple(UOp(Ops.SHARD, ctx.dtype, (ctx,), (i, ret.arg, _bounds(ret), ret.device))
+                                                       if ret.arg is not None or i == 0 else None for i in range(len(ret.src)))),
   # a part of x goes back where x is and into its place along the split axis
   (UPat(Ops.SHARD, name="ret"), _shard_grad),
   (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())),

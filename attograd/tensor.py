@@ -244,7 +244,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
     for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
-      reports = [(buffer_of(c.uop.base), what, size) for c, what, size in checks]
+      # (a sharded index's report is reduced over every part, an all-reduce: each device's copy holds all of it)
+      reports = [(buffer_of((c.uop.src[0] if c.uop.op is Ops.MULTI else c.uop).base), what, size) for c, what, size in checks]
       if capturing() is not None: captured_checks.extend(reports)  # the JIT reads them after every replay
       else: raise_index_errors(reports)
   def schedule(self, *lst: Tensor):
@@ -294,6 +295,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     device = Device.canonicalize(device)
     if device == self.device: return self
     # to several devices: a copy on each (replicated); a sharded tensor to one device: its parts gathered there
+    if isinstance(device, tuple) and not isinstance(self.device, tuple): return self._new(shard_uop(self.uop, device, None))
     if isinstance(device, tuple) or isinstance(self.device, tuple): return self._new(UOp(Ops.COPY, self.dtype, (self.uop, _device_node(device))))
     if (is_view_of_buffer(self.uop) and not self._may_need_grad()) or Device[self.device].renderer is None:
       # move the memory and replay the ops on the other side: a view runs no kernel here, and a
@@ -1417,7 +1419,7 @@ _PY_SCALARS = {bool, int, float}
 def _uop_from(data: Any, device: str | tuple[str, ...], dtype: DType | None) -> UOp:
   """The graph node for Tensor(data): a constant, or a buffer filled from Python/numpy data."""
   if isinstance(device, tuple) and not isinstance(data, (bool, int, float, Tensor, UOp)):  # data for several devices: a copy on each
-    return UOp(Ops.COPY, (u := _uop_from(data, device[0], dtype)).dtype, (u, _device_node(device)))
+    return shard_uop(_uop_from(data, device[0], dtype), device, None)
   if isinstance(data, UOp):
     # a bound Variable is a 0-d tensor of its value, on the device it is used on
     if data.op is Ops.BIND and data.src[1].device is None: return data.replace(src=(data.src[0], _const(data.src[1].arg, data.dtype, device)))

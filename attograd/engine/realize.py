@@ -389,7 +389,8 @@ def _realize_sharded(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   out = []
   for g, low, k in zip(graphs, lowered, keep_source):
     view = low.replace(src=tuple(next(views) for _ in low.src)) if low.op is Ops.MULTI else next(views)
-    if is_realized(view) and view is not g:
+    # (a graph lowered to memory that was there already, a replicated tensor gathered, ran nothing: nothing to note)
+    if is_realized(view) and not is_realized(low) and view is not g:
       registry.realized[g] = weakref.ref(view)
       if k and g.op is not Ops.ASSIGN: registry.sources[view] = g
     out.append(view)

@@ -80,7 +80,7 @@ def _lead(srcs: tuple[UOp, ...]) -> UOp:
 def elementwise(u: UOp, lead: UOp | None = None) -> UOp | None:
   """An elementwise op (and contiguous, detach, assign, ...) on each part, its sources sharded as the lead one."""
   if not any(is_multi(s) for s in u.src): return None
-  lead = lead or _lead(u.src)
+  lead = lead if lead is not None else _lead(u.src)
   axis, bounds, devices = lead.arg, bounds_of(lead), lead.device
   cols: list[list[UOp]] = []
   for s in u.src:
