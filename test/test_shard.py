@@ -94,6 +94,7 @@ def test_gather_and_reshard():
 @pytest.mark.parametrize("nbytes", ["direct", "ring"])
 def test_allreduce_algorithms(nbytes, monkeypatch):
   monkeypatch.setattr(allreduce, "RING_MIN_BYTES", 1 << 40 if nbytes == "direct" else 0)
+  monkeypatch.setattr(allreduce, "PARALLEL_MIN_BYTES", 0)  # a ring step's transfers on threads, even for a few bytes
   x = np.random.default_rng(4).standard_normal((6, 11)).astype(np.float32)
   for devs in (D2, D3):
     t = Tensor(x).shard(devs, 0)
@@ -159,3 +160,31 @@ def test_jit_replays_allreduce():
   for _ in range(4):
     x = rng.standard_normal((6, 4)).astype(np.float32)
     np.testing.assert_allclose(f(Tensor(x).shard(D2, 0).realize()).numpy(), (x @ np.ones((4, 3))).sum(0), rtol=1e-5, atol=1e-5)
+
+def test_mnist_convnet_data_parallel_gradients():
+  """examples/mnist.py's ConvNet, one Adam step on a batch of 10 images split over two devices (5 and 5): the gradients
+  and the updated parameters equal one device's (what `examples/mnist.py --devices 2` relies on)."""
+  import importlib.util, pathlib
+  spec = importlib.util.spec_from_file_location("mnist_example", pathlib.Path(__file__).parent.parent / "examples" / "mnist.py")
+  mnist = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mnist)
+  rng = np.random.default_rng(7)
+  x, y = rng.integers(0, 256, (10, 1, 28, 28)).astype(np.uint8), rng.integers(0, 10, 10)
+  def step(devices):
+    Tensor.manual_seed(0)
+    model = mnist.ConvNet()
+    params = get_parameters(model)
+    if devices:
+      for p in params: p.shard_(devices)
+    opt = optim.Adam(params, lr=1e-3)
+    X, Y = mnist.normalize(x), Tensor(y)
+    if devices: X, Y = X.shard(devices, 0), Y.shard(devices, 0)
+    with Tensor.train():
+      opt.zero_grad()
+      model(X).cross_entropy(Y).backward()
+      grads = [p.grad.numpy() for p in params]
+      opt.step()
+    return grads, [p.numpy() for p in params]
+  (g1, p1), (g2, p2) = step(None), step(D2)
+  for a, b in zip(g1, g2): np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+  for a, b in zip(p1, p2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

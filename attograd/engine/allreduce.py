@@ -11,6 +11,7 @@ The reduction is a small C loop over host memory (compiled once); a device whose
 out and back."""
 from __future__ import annotations
 import ctypes, functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from attograd.dtype import DType, dtypes
 from attograd.uop.ops import Ops
@@ -18,6 +19,10 @@ from attograd.runtime.device import Device
 from attograd.runtime.cc import find_c_compiler, compile_c, load_library
 
 RING_MIN_BYTES = 1 << 18  # from here the ring: below, its 2(n-1) steps per chunk cost more calls than the direct one's
+PARALLEL_MIN_BYTES = 1 << 20  # a ring step's transfers on threads of their own from this chunk size (a thread's wakeup ~50 us)
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor: return ThreadPoolExecutor(8, thread_name_prefix="allreduce")
 
 C_TYPES = {dtypes.float32: "float", dtypes.float64: "double", dtypes.int8: "signed char", dtypes.uint8: "unsigned char",
            dtypes.int16: "short", dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
@@ -70,10 +75,16 @@ class AllReduce:
   def _ring(self, views: list[memoryview]) -> None:
     n, b = len(views), self.itemsize
     cuts = [self.size * k // n for k in range(n + 1)]
+    addrs = [_address(v) for v in views]
     def chunk(k: int) -> tuple[int, int]: return cuts[k % n], cuts[k % n + 1]
+    def side_by_side(fns: list) -> None:
+      # a step's n transfers touch different chunks: they run on n threads (ctypes lets go of the GIL in each call)
+      if len(fns) == 1 or (cuts[1] - cuts[0]) * b < PARALLEL_MIN_BYTES:
+        for f in fns: f()
+      else:
+        for fut in [_pool().submit(f) for f in fns]: fut.result()
     for step in range(n - 1):  # reduce-scatter: device d passes chunk d - step to device d + 1
-      for d in range(n): self._reduce(views[(d + 1) % n], views[d], *chunk(d - step))
+      side_by_side([functools.partial(self._reduce, views[(d + 1) % n], views[d], *chunk(d - step)) for d in range(n)])
     for step in range(n - 1):  # all-gather: device d passes the total of chunk d + 1 - step on
-      for d in range(n):
-        s, e = chunk(d + 1 - step)
-        views[(d + 1) % n][s * b:e * b] = views[d][s * b:e * b]
+      side_by_side([functools.partial(ctypes.memmove, addrs[(d + 1) % n] + chunk(d + 1 - step)[0] * b, addrs[d] + chunk(d + 1 - step)[0] * b,
+                                      (chunk(d + 1 - step)[1] - chunk(d + 1 - step)[0]) * b) for d in range(n)])
