@@ -188,3 +188,7 @@ def test_mnist_convnet_data_parallel_gradients():
   (g1, p1), (g2, p2) = step(None), step(D2)
   for a, b in zip(g1, g2): np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
   for a, b in zip(p1, p2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+def test_other_backends():
+  """Parts on different backends (C and the Python reference interpreter): the all-reduce works on any host memory."""
+  check(lambda a, b: (a @ b).softmax(0), [(4, 5), (5, 3)], [0, 0], devices=("CPU", "PYTHON:1"))
