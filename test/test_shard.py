@@ -192,3 +192,33 @@ def test_mnist_convnet_data_parallel_gradients():
 def test_other_backends():
   """Parts on different backends (C and the Python reference interpreter): the all-reduce works on any host memory."""
   check(lambda a, b: (a @ b).softmax(0), [(4, 5), (5, 3)], [0, 0], devices=("CPU", "PYTHON:1"))
+
+def test_jit_data_parallel_training_equals_one_device():
+  """Three TinyJit steps of data-parallel SGD (the assigns to replicated parameters replayed in place on each device)
+  give one device's parameters."""
+  rng = np.random.default_rng(8)
+  batches = [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 6, 8)) for _ in range(3)]
+  def train(devices):
+    Tensor.manual_seed(2)
+    m = MLP(6, 16)
+    params = get_parameters(m)
+    if devices:
+      for p in params: p.shard_(devices)
+    opt = optim.SGD(params, lr=0.1, momentum=0.9)
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+      with Tensor.train():
+        opt.zero_grad()
+        loss = m(x).cross_entropy(y).backward()
+        loss.realize(*opt.schedule_step())
+      return loss
+    for x, y in batches:
+      X, Y = Tensor(x), Tensor(y)
+      step(X.shard(devices, 0) if devices else X, Y.shard(devices, 0) if devices else Y)
+    return [p.numpy() for p in params]
+  for a, b in zip(train(None), train(D2)): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+def test_clear_errors():
+  with pytest.raises(ValueError, match="at least one element"): Tensor.ones(1, 4).shard(D2, 0)
+  with pytest.raises(RuntimeError, match="different devices"): (Tensor.ones(6).shard(D2, 0) + Tensor.ones(6).shard(D3, 0)).numpy()
+  with pytest.raises(ValueError, match="distinct"): Tensor.ones(4).shard(("CPU", "CPU:0"))
