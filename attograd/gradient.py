@@ -7,6 +7,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import Switch, argsort
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher
+from attograd.schedule.multi import shard_uop
 
 def _c(like: UOp, v: float) -> UOp: return like.const_shaped(v)
 
@@ -21,6 +22,19 @@ def _max_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
   ga = (a < b).where(_c(ctx, 0), UOp(Ops.CMPEQ, dtypes.bool, (a, b)).where(ctx * half, ctx))
   gb = (b < a).where(_c(ctx, 0), UOp(Ops.CMPEQ, dtypes.bool, (a, b)).where(ctx * half, ctx))
   return ga, gb
+
+def _bounds(m: UOp) -> tuple[tuple[int, int], ...] | None:
+  """(start, end) of each part of a MULTI along its split axis (None: replicated)."""
+  if m.arg is None: return None
+  ends = [0]
+  for p in m.src: ends.append(ends[-1] + p.shape[m.arg])
+  return tuple(zip(ends[:-1], ends[1:]))
+
+def _shard_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  (i, axis, bounds, _), x = ret.arg, ret.src[0]
+  g = UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)), UOp(Ops.DEVICE, dtypes.void, (), x.device)))
+  if axis is None: return (g,)
+  return (g.pad(tuple((bounds[i][0], n - bounds[i][1]) if a == axis else (0, 0) for a, n in enumerate(x.shape))),)
 
 def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
   x = ret.src[0]
@@ -85,8 +99,16 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.DETACH, name="ret"), lambda ctx, ret: (None,)),
   # a copy between devices: the gradient goes back to the device the value came from (contiguous, as a copy's source is)
-  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
+  # (to a sharded tensor's devices: a copy on each, whatever its split; schedule/multi.py reshards where it is used)
+  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (shard_uop(ctx, ret.src[0].device, None) if isinstance(ret.src[0].device, tuple) else
+                                                 UOp(Ops.COPY, ctx.dtype, (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),
                                                                            UOp(Ops.DEVICE, dtypes.void, (), ret.src[0].device))), None)),
+  # a sharded tensor's part i is the gradient's part i, split as the tensor is (schedule/multi.py reshards it if need be).
+  # Replicated, every part is the one logical value: the gradient flows once, through the first
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: tuple(UOp(Ops.SHARD, ctx.dtype, (ctx,), (i, ret.arg, _bounds(ret), ret.device))
+                                                       if ret.arg is not None or i == 0 else None for i in range(len(ret.src)))),
+  # a part of x goes back where x is and into its place along the split axis
+  (UPat(Ops.SHARD, name="ret"), _shard_grad),
   (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())),
 ])
 

@@ -43,14 +43,20 @@ def _describe(args: tuple, kwargs: dict) -> tuple[list[Tensor], tuple]:
     return ("value", x)
   return tensors, (tuple(sig(a) for a in args), tuple((k, sig(v)) for k, v in kwargs.items()))
 
+def _parts(u: UOp) -> tuple[UOp, ...]:
+  """A tensor's per-device views: a sharded tensor's parts, or the tensor itself."""
+  return u.src if u.op is Ops.MULTI else (u,)
+def _buffers(tensors: list[Tensor]) -> list[Buffer]:
+  """The memory of each tensor's every part, in order: what a replay swaps in."""
+  return [buffer_of(p.base) for t in tensors for p in _parts(t.uop)]
+
 def _as_plain_buffers(tensors: list[Tensor]) -> None:
   """Realize the inputs, each into a whole buffer of its own (a view is copied): a replay swaps
   memory in by buffer, so an input must be exactly one buffer."""
   Tensor.realize_all(tensors)
   for t in tensors:
-    u = t.uop
-    if not (u.op is Ops.BUFFER or is_contiguous_buffer(u)) or u.base.arg.offset:
-      t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (u,))).realize().uop
+    if any(not (u.op is Ops.BUFFER or is_contiguous_buffer(u)) or u.base.arg.offset for u in _parts(t.uop)):
+      t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))).realize().uop
 
 def _mismatch(old: tuple, new: tuple) -> str:
   (oa, ok), (na, nk) = old, new
@@ -190,7 +196,7 @@ class TinyJit(Generic[ReturnType]):
     if self.symbolic:  # Variables can come in the shapes of the inputs too, and outputs' shapes show this call's values
       bound.update((b.src[0], b.src[1].arg) for t in tensors for b in _shape_binds(t))
     var_vals = {**self.var_vals, **bound}
-    self.replay([buffer_of(t.uop.base) for t in tensors], var_vals)
+    self.replay(_buffers(tensors), var_vals)
     if self.checks: tensor_module.raise_index_errors(self.checks)
     if self.symbolic:
       for t, view in self.sym_outputs: t.uop = bind_shapes(view, var_vals)
@@ -199,7 +205,7 @@ class TinyJit(Generic[ReturnType]):
   def _capture(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> ReturnType:
     # the inputs' memory as the call starts: an input assigned inside moves to new memory during the call, and
     # _write_in_place puts its values back in this memory, which is what a replay must swap the next call's input into
-    inputs = [buffer_of(t.uop.base) for t in tensors]
+    inputs = _buffers(tensors)
     capture = Capture()
     _captures.append(capture)
     tensor_module.captured_checks.clear()
@@ -210,13 +216,15 @@ class TinyJit(Generic[ReturnType]):
     finally: _captures.pop()
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
-    kept = kept_inputs | {id(buffer_of(t.uop.base)) for t in outputs if t.uop.base.op is Ops.BUFFER}
+    kept = kept_inputs | {id(buffer_of(p.base)) for t in outputs for p in _parts(t.uop) if p.base.op is Ops.BUFFER}
     # index checks computed inside: the replay reads their reports after running, so their memory is kept
     self.checks = tensor_module.captured_checks[:]
     tensor_module.captured_checks.clear()
     kept |= {id(buf) for buf, _, _ in self.checks}
     tensor_module.raise_index_errors(self.checks)
-    for t, before in capture.assigned.items(): items = self._write_in_place(items, t, before, kept, capture.nodes)
+    for t, before in capture.assigned.items():
+      for b, a in zip(_parts(before), _parts(t.uop)): items = self._write_in_place(items, b, a, kept, capture.nodes)
+      t.uop = before
     # buffers first seen as a kernel's output were made inside: the ones nothing outside keeps share memory
     seen: set[int] = set()
     internal: dict[int, Buffer] = {}
@@ -237,22 +245,23 @@ class TinyJit(Generic[ReturnType]):
     return ret
 
   @staticmethod
-  def _write_in_place(items: list[ExecItem], t: Tensor, before: UOp, kept: set[int], nodes: dict[int, UOp]) -> list[ExecItem]:
-    """t was assigned inside: make the replay leave t's new values in t's old memory, so the next
-    replay reads them. In place when no kernel reads the old values after the one writing the new ones
-    (and that one reads them only where it writes); else by a copy at the end."""
-    old, new = buffer_of(before.base), buffer_of(t.uop.base)
+  def _write_in_place(items: list[ExecItem], before: UOp, after: UOp, kept: set[int], nodes: dict[int, UOp]) -> list[ExecItem]:
+    """A tensor (one device's part of it) was assigned inside, from view `before` to view `after`: make the replay leave
+    the new values in the old memory, so the next replay reads them (the caller points the tensor back at `before`). In
+    place when no kernel reads the old values after the one writing the new ones (and that one reads them only where it
+    writes); else by a copy at the end."""
+    old, new = buffer_of(before.base), buffer_of(after.base)
     if old is new: return items
     if before.base.arg.offset or before.size != old.size:
       raise JitError(f"assign to a view of a tensor (shape {before.shape} of a buffer of {old.size}) inside TinyJit is not supported")
-    writer = max(i for i, ei in enumerate(items) if ei.bufs[0] is new)
+    # (an all-reduce writes every buffer it binds; the new values straight from one are put back by a copy)
+    writer = max(i for i, ei in enumerate(items) if ei.bufs[0] is new or (ei.ast.op is Ops.ALLREDUCE and new in ei.bufs))
     ast, bufs = items[writer].ast, items[writer].bufs
-    in_place = ast.op is not Ops.COPY and not any(old in ei.bufs for ei in items[writer + 1:]) and \
+    in_place = ast.op not in (Ops.COPY, Ops.ALLREDUCE) and not any(old in ei.bufs for ei in items[writer + 1:]) and \
       (old not in bufs or _reads_only_where_it_writes(ast, bufs.index(old)))
     old.ensure_allocated().copyin(new.as_bytes())  # this call's result, where the next call reads it
-    t.uop = before
     kept.add(id(old))
     nodes[id(old)] = before.base
     assigned_to.pop(before.base)  # t stays in its old memory: nothing moved
     if in_place: return [ExecItem(ei.ast, ei.runner, [old if b is new else b for b in ei.bufs]) for ei in items]
-    return [*items, ExecItem(UOp(Ops.COPY, t.dtype, (), t.device), BufferCopy(old.nbytes, old.device, new.device), [old, new])]
+    return [*items, ExecItem(UOp(Ops.COPY, before.dtype, (), before.device), BufferCopy(old.nbytes, old.device, new.device), [old, new])]

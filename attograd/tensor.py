@@ -6,10 +6,11 @@ from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
 from attograd.helpers import Switch, gc_paused, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
-from attograd.uop.ops import UOp, Ops, GroupOp, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
+from attograd.uop.ops import UOp, Ops, GroupOp, device_leaf, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
 from attograd.runtime.device import Device
 from attograd.schedule.schedule import create_schedule, new_buffer, is_view_of_buffer, is_contiguous_buffer, buffer_view
-from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view
+from attograd.engine.realize import buffer_of, capturing, JitError, realize_graphs, realized_view, is_realized
+from attograd.schedule.multi import shard_uop
 from attograd.engine.registry import sources
 from attograd.gradient import compute_gradient, GradMode
 from attograd.frontend.indexing import IndexingOps, full_index, index_checks
@@ -68,7 +69,7 @@ def _check_size(s: Any, what: str) -> sint:
 _UNSET: Any = object()  # an argument not given (None means the default device)
 
 def _device_node(device: str) -> UOp: return UOp(Ops.DEVICE, dtypes.void, (), device)
-def _const(value: ConstType, dtype: DType, device: str) -> UOp: return UOp(Ops.CONST, dtype, (_device_node(device),), truncate(dtype, value))
+def _const(value: ConstType, dtype: DType, device: str) -> UOp: return device_leaf(Ops.CONST, dtype, device, truncate(dtype, value))
 
 # a Python scalar broadcast to a shape, by (type, value's key, dtype, device, shape): the node is the same every time (UOps
 # are unique), and building its four nodes again was half the Python cost of `x * 0.5`. Bounded: cleared when full
@@ -233,7 +234,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     with gc_paused(): grads = self._gradient_in(root if same else None, targets, gradient)  # a burst of acyclic nodes (realize_all)
     for t, g in zip(targets, grads):
       t.grad = g if t.grad is None else (t.grad + g)
-    if not is_view_of_buffer(self.uop): _pending_realize[id(self)] = self
+    if not is_realized(self.uop): _pending_realize[id(self)] = self
     return self
 
   # ***** running *****
@@ -257,7 +258,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     with gc_paused():  # graphs hold no cycles: a collection here walks a training step's graphs for nothing (helpers.gc_paused)
       for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
-      reports = [(buffer_of(c.uop.base), what, size) for c, what, size in checks]
+      # (a sharded index's report is reduced over every part, an all-reduce: each device's copy holds all of it)
+      reports = [(buffer_of((c.uop.src[0] if c.uop.op is Ops.MULTI else c.uop).base), what, size) for c, what, size in checks]
       if capturing() is not None: captured_checks.extend(reports)  # the JIT reads them after every replay
       else: raise_index_errors(reports)
   def schedule(self, *lst: Tensor):
@@ -270,6 +272,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if capturing() is not None:
       raise JitError("reading a tensor's values into Python inside a TinyJit function: the replay would reuse this call's "
                      "value. Return the tensor from the function and read it outside")
+    if isinstance(self.device, tuple): return self.realize().to(self.device[0])._raw()  # a sharded tensor, gathered
     t = self.realize().contiguous().realize()  # realize self first: later reads reuse its buffer
     raw = buffer_of(t.uop.base).as_bytes()
     # a symbolic shape lives in a buffer made for the variable's maximum: the tensor is its prefix
@@ -297,14 +300,17 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     for a in args:
       if isinstance(a, DType): dtype = a
       elif isinstance(a, Tensor): device, dtype = a.device, a.dtype
-      elif a is None or isinstance(a, str): device = a
+      elif a is None or isinstance(a, str) or (isinstance(a, (tuple, list)) and all(isinstance(d, str) for d in a)): device = a
       else: raise TypeError(f"to() takes a device (str), a dtype or a tensor, not {type(a).__name__}")
     t = self if device is _UNSET else self._to_device(device)
     t = t if dtype is None else t.cast(dtype)
     return t.clone() if copy and t is self else t
-  def _to_device(self, device: str | None) -> Tensor:
+  def _to_device(self, device: str | None | tuple[str, ...]) -> Tensor:
     device = Device.canonicalize(device)
     if device == self.device: return self
+    # to several devices: a copy on each (replicated); a sharded tensor to one device: its parts gathered there
+    if isinstance(device, tuple) and not isinstance(self.device, tuple): return self._new(shard_uop(self.uop, device, None))
+    if isinstance(device, tuple) or isinstance(self.device, tuple): return self._new(UOp(Ops.COPY, self.dtype, (self.uop, _device_node(device))))
     if (is_view_of_buffer(self.uop) and not self._may_need_grad()) or Device[self.device].renderer is None:
       # move the memory and replay the ops on the other side: a view runs no kernel here, and a
       # storage-only device (DISK) can't run one at all. Not for a tensor a gradient may flow into: the copy of
@@ -313,6 +319,18 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return self._new(self.uop.substitute({u: UOp(Ops.COPY, u.dtype, (u, _device_node(device))) if u.op is Ops.BUFFER else _device_node(device)
                                             for u in self.uop.toposort if u.op in {Ops.BUFFER, Ops.DEVICE} and u.device == here}))
     return self._new(UOp(Ops.COPY, self.dtype, (self.contiguous().uop, _device_node(device))))
+  def shard(self, devices: Sequence[str], axis: int | None = None) -> Tensor:
+    """This tensor split along axis over devices (the first size % n parts one row longer: 5 rows over 2 devices are
+    3 and 2), or with axis None a copy on each (replicated). The result is one tensor: every op, autograd and the
+    optimizers work on it as on any other; ops run on each device's part, and a reduce or matmul over the split axis
+    combines the parts (an all-reduce). .to(device) gathers it on one device."""
+    devices = Device.canonicalize(tuple(devices))
+    if axis is not None: axis = _normalize_axis(axis, self.ndim)
+    return self._new(shard_uop(self.uop, devices, axis))
+  def shard_(self, devices: Sequence[str], axis: int | None = None) -> Tensor:
+    """shard in place: this tensor (a model's parameter) becomes the sharded one, its requires_grad kept."""
+    self.uop = self.shard(devices, axis).uop
+    return self
   def assign(self, x: Tensor | ConstType) -> Tensor:
     """Give this tensor x's values (broadcast and cast to its shape and dtype), like torch's copy_.
     The write lands at the next realize of anything, in new memory: tensors computed from the old
@@ -322,7 +340,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     x = x.cast(self.dtype)._broadcast_to(self.shape)
     if (vo := self._view_of) is not None and (base := vo[0]()) is not None and base is not self: return self._assign_through(base, vo[1], x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
-    if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
+    if not is_realized(target): self.uop = x.uop; return self  # nothing realized to write over
     if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
     _pending_realize[id(self)] = self
@@ -387,15 +405,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       if not (isinstance(start, int) and start == 0 and step == 1):
         raise ArgumentError(f"arange with a Variable takes only a stop: arange(n), not arange({start}, {stop}, {step})")
       dtype = to_dtype(dtype) if dtype is not None else dtypes.default_int
-      idx = Tensor(UOp(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32, (_device_node(Device.canonicalize(device)),),
-                       _check_size(stop, "arange")), **kw)
+      idx = Tensor(device_leaf(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32, Device.canonicalize(device),
+                               _check_size(stop, "arange")), **kw)
       return idx.cast(dtype)
     if step == 0: raise ArgumentError("arange step must be nonzero")
     if (stop - start) * step < 0: raise ArgumentError(f"arange({start}, {stop}, {step}): the step's sign points away from stop (PyTorch refuses this too)")
     n = max(0, math.ceil((stop - start) / step))
     dtype = to_dtype(dtype) if dtype is not None else dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int
     device = Device.canonicalize(device)
-    idx = Tensor(UOp(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32 if dtype != dtypes.float64 else dtype, (_device_node(device),), n), **kw)
+    idx = Tensor(device_leaf(Ops.IOTA, dtypes.default_int if dtypes.is_int(dtype) else dtypes.float32 if dtype != dtypes.float64 else dtype, device, n), **kw)
     return (idx * step + start).cast(dtype) if (start, step) != (0, 1) else idx.cast(dtype)
   @staticmethod
   def eye(n: int, m: int | None = None, dtype=None, device=None, **kw) -> Tensor:
@@ -1424,8 +1442,10 @@ def _from_numpy_dtype(npdt) -> DType:
 
 _PY_SCALARS = {bool, int, float}
 
-def _uop_from(data: Any, device: str, dtype: DType | None) -> UOp:
+def _uop_from(data: Any, device: str | tuple[str, ...], dtype: DType | None) -> UOp:
   """The graph node for Tensor(data): a constant, or a buffer filled from Python/numpy data."""
+  if isinstance(device, tuple) and not isinstance(data, (bool, int, float, Tensor, UOp)):  # data for several devices: a copy on each
+    return shard_uop(_uop_from(data, device[0], dtype), device, None)
   if isinstance(data, UOp):
     # a bound Variable is a 0-d tensor of its value, on the device it is used on
     if data.op is Ops.BIND and data.src[1].device is None: return data.replace(src=(data.src[0], _const(data.src[1].arg, data.dtype, device)))

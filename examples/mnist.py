@@ -9,7 +9,13 @@ Data parallel over MPI processes (pip install -e '.[mnist,distributed]', OpenMPI
   mpirun -n 2 python examples/mnist.py --distributed     # as root: mpirun --allow-run-as-root ...
 
 each rank trains on its slice of every global batch of BS and the gradients are averaged (all_reduce), so every rank
-holds the same parameters after each step; only rank 0 prints and writes the checkpoint (CKPT=path, safetensors)."""
+holds the same parameters after each step; only rank 0 prints and writes the checkpoint (CKPT=path, safetensors).
+Data parallel over devices of one process:
+
+  python examples/mnist.py --devices 2     # CPU:0 and CPU:1
+
+shards every batch along its rows over the devices (Tensor.shard) and replicates the model: the gradients' sums over
+the batch become all-reduces in the schedule, and the whole step is still one TinyJit."""
 import os, sys, time
 import numpy as np
 from tqdm import trange
@@ -78,6 +84,12 @@ def main() -> float:
   x_test, y_test = X_test.numpy(), Y_test.numpy().astype(np.int64)
   Tensor.manual_seed(0)
   model = ConvNet()
+  devices = None
+  if "--devices" in sys.argv[1:]:
+    n = int(sys.argv[sys.argv.index("--devices") + 1])
+    devices = tuple(f"CPU:{i}" for i in range(n))
+    for p in get_parameters(model): p.shard_(devices)   # the model replicated: a copy on each device
+  def batch(x: Tensor) -> Tensor: return x if devices is None else x.shard(devices, 0)   # each device takes a slice of the rows
   opt = optim.Adam(get_parameters(model), lr=lr)
 
   @TinyJit  # scheduled and compiled once; later steps only launch the recorded kernels
@@ -97,7 +109,7 @@ def main() -> float:
     perm = rng.permutation(len(x_train))
     for i in (bar := trange(min(len(x_train) // bs, int(os.getenv("STEPS", 1 << 30))), desc=f"epoch {epoch + 1}/{epochs}", disable=rank != 0)):
       idx = perm[i * bs:(i + 1) * bs][local]
-      loss = train_step(normalize(x_train[idx]), Tensor(y_train[idx]))
+      loss = train_step(batch(normalize(x_train[idx])), batch(Tensor(y_train[idx])))
       if i % 20 == 0:
         if distributed: dist.all_reduce(loss, dist.ReduceOp.AVG)   # every rank, in step: the global batch's loss
         if rank == 0: bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -105,8 +117,8 @@ def main() -> float:
 
   correct = 0
   for i in range(rank * 1000, len(x_test), world * 1000):   # each rank scores its share of the test set
-    pred = model(normalize(x_test[i:i + 1000])).argmax(1)
-    correct += int((pred == Tensor(y_test[i:i + 1000])).sum().item())
+    pred = model(batch(normalize(x_test[i:i + 1000]))).argmax(1)
+    correct += int((pred == batch(Tensor(y_test[i:i + 1000]))).sum().item())
   if distributed:
     dist.all_reduce(total := Tensor([correct]))
     correct = int(total.item())

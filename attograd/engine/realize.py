@@ -17,9 +17,11 @@ from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
 from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, is_view_of_buffer
+from attograd.schedule.multi import MULTI_MASK, lower_graphs
 from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
+from attograd.engine.allreduce import AllReduce
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
@@ -89,7 +91,7 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   compiler on a worker thread as soon as it is written: the C compiler (another process) compiles one kernel while
   Python lowers the next, on the other core. BEAM compiles its own candidates."""
   global _compiler_pool
-  todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op is not Ops.COPY)
+  todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op not in NOT_KERNELS)
           if k not in _kernel_cache and k not in _ahead]
   if len(todo) < 2 or BEAM >= 1 or DEBUG >= 5: return
   if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
@@ -201,6 +203,11 @@ class BufferCopy:
     if self.nbytes: self.src.copyout(data, raw[1])
     self.dst.copyin(raw[0], data)
 
+# schedule items that aren't kernels, and the runner each becomes (from the item's ast and its buffers)
+NOT_KERNELS: dict[Ops, Callable[[UOp, list[Buffer]], Any]] = {
+  Ops.COPY: lambda ast, bufs: BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device),
+  Ops.ALLREDUCE: lambda ast, bufs: AllReduce(ast.arg[0], bufs[0].dtype, tuple(b.device for b in bufs), bufs[0].size)}
+
 class ExecItem:
   """One step of a run: a kernel or a copy (its runner) with the buffers it binds, and their memory as the runner takes
   it. A new kind of step (an all-reduce) is a new runner: ExecPlan runs every kind the same way."""
@@ -268,7 +275,7 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
   try:
     for i, si in enumerate(schedule):
       bufs = [buffer_of(b) for b in si.bufs]
-      if si.ast.op is Ops.COPY: runner: CompiledKernel | BufferCopy = BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device)
+      if (make := NOT_KERNELS.get(si.ast.op)) is not None: runner: CompiledKernel | BufferCopy | AllReduce = make(si.ast, bufs)
       elif (ck := _kernel_cache.get((si.ast, bufs[0].device))) is not None: runner = ck
       else:  # to compile (or load): a bar shows if this schedule's take long
         if progress is None:
@@ -314,7 +321,7 @@ def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: Sched
 
 def _uncompiled(items: list[ScheduleItem]) -> int:
   """How many distinct kernels of items this process hasn't compiled yet."""
-  return len({k for si in items if si.ast.op is not Ops.COPY and (k := (si.ast, si.bufs[0].arg.device)) not in _kernel_cache})
+  return len({k for si in items if si.ast.op not in NOT_KERNELS and (k := (si.ast, si.bufs[0].arg.device)) not in _kernel_cache})
 
 # ***** lazy graphs to buffer views *****
 # A realized node's buffer view is remembered (registry.realized): lazy graphs built before the realize read that
@@ -366,6 +373,7 @@ def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
 def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   """Run everything these lazy graphs need and return each as a view of device memory (the front end's realize).
   A computed graph whose keep_source is set stays reachable from its view (registry.sources), for backward()."""
+  if any(g.opmask & MULTI_MASK for g in graphs): return _realize_sharded(graphs, keep_source)
   roots = UOp(Ops.SINK, dtypes.void, tuple(graphs))
   bound_graphs = roots.src
   roots, var_vals, sliced = runnable(roots)
@@ -391,4 +399,31 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
     if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
       registry.assigned_to[was.base] = view.base
+  return out
+
+def is_realized(u: UOp) -> bool:
+  """A view of device memory: of one buffer, or a sharded tensor whose every part is one."""
+  return is_view_of_buffer(u) or (u.op is Ops.MULTI and all(is_view_of_buffer(p) for p in u.src))
+
+def _realize_sharded(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
+  """Graphs over sharded tensors: nodes realized before are read from their memory, the sharded ops are written per device
+  (schedule/multi.py), and every device's part is realized as a graph of its own, all in one schedule. A sharded result
+  is the MULTI of its parts' views; the logical node remembers it (registry.realized), as a one-device one does."""
+  swap = {n: v for g in graphs for n in g.toposort if n not in graphs and (v := realized_view(n)) is not None}
+  logical = [g.substitute(swap) for g in graphs] if swap else graphs
+  lowered = lower_graphs(logical)
+  flat, keep = [], []
+  for low, k in zip(lowered, keep_source):
+    parts = low.src if low.op is Ops.MULTI else (low,)
+    flat += parts
+    keep += [False] * len(parts)  # the logical graph is the source backward() sees through, not the per-device ones
+  views = iter(realize_graphs(flat, keep))
+  out = []
+  for g, low, k in zip(graphs, lowered, keep_source):
+    view = low.replace(src=tuple(next(views) for _ in low.src)) if low.op is Ops.MULTI else next(views)
+    # (a graph lowered to memory that was there already, a replicated tensor gathered, ran nothing: nothing to note)
+    if is_realized(view) and not is_realized(low) and view is not g:
+      registry.realized[g] = weakref.ref(view)
+      if k and g.op is not Ops.ASSIGN: registry.sources[view] = g
+    out.append(view)
   return out

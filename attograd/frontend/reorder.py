@@ -32,7 +32,7 @@ import math
 from typing import Sequence
 from attograd.errors import ArgumentError
 from attograd.dtype import dtypes, least_upper_dtype
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp, Ops, device_leaf
 
 # scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
 # cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
@@ -47,12 +47,12 @@ _RANK_INLINE_MAX = 1 << 22  # a pick by rank counts each candidate's rank in pla
 U64, I64 = dtypes.uint64, dtypes.int64
 
 def _full(v: int, dtype, shape: tuple[int, ...], device: str) -> UOp:
-  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), v)
+  c = device_leaf(Ops.CONST, dtype, device, v)
   return c.reshape((1,) * len(shape)).expand(shape)
 
 def _iota(shape: tuple[int, ...], axis: int, device: str) -> UOp:
   """0..shape[axis]-1 along axis (int64), broadcast to shape."""
-  i = UOp(Ops.IOTA, I64, (UOp(Ops.DEVICE, dtypes.void, (), device),), shape[axis])
+  i = device_leaf(Ops.IOTA, I64, device, shape[axis])
   return i.reshape(tuple(s if a == axis else 1 for a, s in enumerate(shape))).expand(shape)
 
 def _bin(op: Ops, a: UOp, b: UOp | int) -> UOp:

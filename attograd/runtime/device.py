@@ -99,8 +99,12 @@ class _Device:
     # nothing until it is used, and says what to install then
     pkg = importlib.import_module(__package__)
     return tuple(sorted(m.name[4:].upper() for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("ops_")))
-  def canonicalize(self, name: str | None) -> str:
+  def canonicalize(self, name: str | None | tuple[str, ...] | list[str]) -> str:
     if name is None: return self.DEFAULT
+    if isinstance(name, (tuple, list)):  # several devices: a sharded tensor's
+      devices = tuple(self.canonicalize(n) for n in name)
+      if len(set(devices)) != len(devices) or not devices: raise ValueError(f"devices {tuple(name)} must be distinct and at least one")
+      return devices  # type: ignore[return-value]
     # only the backend is case-insensitive: what follows the colon may be a file path (DISK:/a/B.bin)
     base, _, rest = name.partition(":")
     base = base.upper()

@@ -208,6 +208,7 @@ REALIZE_WHY = {
   "output": "asked for: a realize() target (realize, numpy, item, tolist, a kernel's result the program reads)",
   "contiguous": "contiguous() asks for its own buffer",
   "copy": "a COPY between devices",
+  "allreduce": "an all-reduce of a sharded reduce's parts (in place, no new buffer)",
   "copy_source": "the source of a COPY: a copy moves memory, so its input is computed first",
   "assign": "an assign's target (the value is written to new memory: graphs built before it read the old)",
   "scatter": "a one-hot sum over tokens (an embedding's gradient): a scatter-add kernel of its own",
@@ -227,10 +228,11 @@ def realize_points(sink: UOp) -> dict[UOp, str]:
   it reached became a realize point. Each point's value says why (a REALIZE_WHY key)."""
   points: dict[UOp, str] = {}
   for t in sink.src:
-    if not is_view_of_buffer(t) and t.base.op is not Ops.CONST: points[t.base] = "output"
+    if not is_view_of_buffer(t) and t.base.op not in (Ops.CONST, Ops.MSELECT): points[t.base] = "output"
   for u in sink.toposort:
     if u.op in {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN} or is_scatter(u): points.setdefault(u, _OP_WHY.get(u.op, "scatter"))
-    if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]): points.setdefault(u.src[0].base, "copy_source")
+    # (an all-reduce's result is its inputs' memory: a copy reads it where it is)
+    if u.op is Ops.COPY and not is_view_of_buffer(u.src[0]) and u.src[0].base.op is not Ops.MSELECT: points.setdefault(u.src[0].base, "copy_source")
   walks: dict[UOp, KernelWalk] = {}
   added: set[UOp] = set()
   while True:
@@ -630,6 +632,14 @@ def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list
   why: list[str] = []
   for u in sink.toposort:
     src = u.replace(src=tuple(rebuilt[s] for s in u.src)) if u.src else u
+    if u.op is Ops.ALLREDUCE:
+      # an item of its own (no kernel): it combines its sources' memory in place (each a contiguous buffer of its own,
+      # made for it by schedule/multi.py), and its parts (MSELECT) are read from there
+      schedule.append(ScheduleItem(UOp(Ops.ALLREDUCE, u.dtype, (), (u.arg, u.device)), tuple(s.base for s in src.src)))
+      why.append("allreduce")
+      rebuilt[u] = src
+      continue
+    if u.op is Ops.MSELECT: rebuilt[u] = rebuilt[u.src[0]].src[u.arg]; continue
     if u not in points: rebuilt[u] = src; continue
     if u.op is Ops.COPY:
       out = new_buffer(u.device, u.size, u.dtype)

@@ -37,6 +37,12 @@ class Ops(Enum):
   # scheduler puts one at a kernel's store and pushes it down the tensor graph until it reaches buffers, where it becomes
   # a kernel's read: LOAD(INDEX(param, idx[, gate])) (schedule/indexing.py). None is left in a kernel
   AT = auto()
+  # sharding (schedule/multi.py lowers these before scheduling). MULTI(part0, part1, ...) is one logical tensor held as
+  # parts on devices (each part's own device): arg is the axis it is split along (the parts laid end to end), or None
+  # when every part holds all of it (replicated). SHARD(x) is part arg[0] of x split as arg[1:] = (axis, bounds, devices),
+  # bounds each part's (start, end) along axis. ALLREDUCE(part0, part1, ...) combines per-device parts of one shape with
+  # the reduce op in arg (in place: each part's buffer then holds the result); MSELECT(x) is part arg of it
+  MULTI = auto(); SHARD = auto(); ALLREDUCE = auto(); MSELECT = auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow Python on the hot path
 
@@ -249,7 +255,7 @@ class UOp(metaclass=UOpMeta):
   def const_shaped(self, value: ConstType, shape: tuple[int, ...] | None = None) -> UOp:
     """A tensor-level constant on this node's device, broadcast to shape (default: this node's)."""
     shape = self.shape if shape is None else shape
-    c = UOp(Ops.CONST, self.dtype, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), truncate(self.dtype, value))
+    c = device_leaf(Ops.CONST, self.dtype, self.device, truncate(self.dtype, value))
     return c.reshape((1,) * len(shape)).expand(shape) if shape else c
 
   # ***** arithmetic (used for symbolic index math and by the front end) *****
@@ -345,6 +351,10 @@ class UOp(metaclass=UOpMeta):
     if self.op is Ops.DEVICE: return self.arg
     if self.op is Ops.BUFFER: return self.arg.device
     if self.op is Ops.COPY: return self.src[1].arg
+    # a sharded node's device is the tuple of its parts' devices
+    if self.op is Ops.MULTI or self.op is Ops.ALLREDUCE: return tuple(s.device for s in self.src)
+    if self.op is Ops.SHARD: return self.arg[3][self.arg[0]]
+    if self.op is Ops.MSELECT: return self.src[0].device[self.arg]
     for s in self.src:
       if (d := s.device) is not None: return d
     return None  # type: ignore[return-value]
@@ -354,6 +364,11 @@ class UOp(metaclass=UOpMeta):
     u = self
     while u.op in GroupOp.Movement: u = u.src[0]
     return u
+
+def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) -> UOp:
+  """A CONST or IOTA on device; on a tuple of devices (a sharded tensor's), one on each: a replicated MULTI."""
+  if isinstance(device, tuple): return UOp(Ops.MULTI, dtype, tuple(device_leaf(op, dtype, d, arg) for d in device), None)
+  return UOp(op, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), arg)
 
 def _shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.BUFFER: return (u.arg.size,)
@@ -365,6 +380,13 @@ def _shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.SHRINK: return tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg)
   if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape))
   if u.op is Ops.ASSIGN: return u.src[0].shape
+  if u.op is Ops.MULTI:  # the logical shape: the parts laid end to end along the axis
+    if u.arg is None: return u.src[0].shape
+    return tuple(sym_sum(*(s.shape[i] for s in u.src)) if i == u.arg else n for i, n in enumerate(u.src[0].shape))
+  if u.op is Ops.SHARD:
+    (i, axis, bounds, _), shape = u.arg, u.src[0].shape
+    return shape if axis is None else tuple(bounds[i][1] - bounds[i][0] if a == axis else n for a, n in enumerate(shape))
+  if u.op is Ops.MSELECT or u.op is Ops.ALLREDUCE: return u.src[0].shape  # a part's shape (an ALLREDUCE's: each part's)
   shape = None
   for s in u.src:  # elementwise: every source has the node's shape (a plain loop: every new node passes here)
     if s.op is Ops.DEVICE: continue

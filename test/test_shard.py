@@ -1,0 +1,224 @@
+"""Sharded tensors (issue 20): Tensor.shard over CPU devices gives the one-device result, forward and backward, for
+elementwise ops, reductions along and across the split axis (an all-reduce), matmuls with either operand split on either
+axis, softmax across the split axis, uneven parts, resharding and gathering; torch is the oracle."""
+import numpy as np
+import pytest
+from attograd import Tensor, TinyJit, nn
+from attograd.engine import allreduce
+from attograd.nn import optim
+from attograd.nn.state import get_parameters
+
+torch = pytest.importorskip("torch")
+D2 = ("CPU", "CPU:1")
+D3 = ("CPU", "CPU:1", "CPU:2")
+
+def check(fn, shapes, shardings, devices=D2, rtol=1e-5, atol=1e-6, seed=0):
+  """fn over inputs split as shardings (axis, None = replicated, "one" = not sharded) equals torch's, and so do the
+  gradients of each input (a sum of the output times a fixed random tensor)."""
+  rng = np.random.default_rng(seed)
+  xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+  ts = [Tensor(x, requires_grad=True) for x in xs]
+  ins = [t if s == "one" else t.shard(devices, s) for t, s in zip(ts, shardings)]
+  out = fn(*ins)
+  tx = [torch.tensor(x, requires_grad=True) for x in xs]
+  ref = fn(*tx)
+  np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=rtol, atol=atol)
+  w = rng.standard_normal(ref.shape).astype(np.float32)
+  (out * Tensor(w).to(out.device)).sum().backward()
+  (ref * torch.tensor(w)).sum().backward()
+  for t, r in zip(ts, tx):
+    assert t.grad.device == "CPU"
+    np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=rtol, atol=atol)
+  return out
+
+@pytest.mark.parametrize("axis", [0, 1, None])
+def test_elementwise(axis):
+  out = check(lambda a, b: (a * b + 1).exp() - a / 3, [(5, 4), (5, 4)], [axis, axis])
+  assert out.device == D2
+
+@pytest.mark.parametrize("sa,sb", [(0, None), (None, 1), (0, 1), (1, "one")])
+def test_elementwise_mixed_shardings(sa, sb):
+  if sb == "one":  # a one-device operand must be moved first: a clear error, not a silent copy
+    with pytest.raises(Exception, match="devices"): (Tensor.ones(5, 4).shard(D2, 0) + Tensor.ones(5, 4)).numpy()
+    return
+  check(lambda a, b: a * b - b, [(5, 4), (5, 4)], [sa, sb])
+
+def test_broadcast_and_scalars():
+  check(lambda a, b: (a + b) * 2, [(5, 4), (4,)], [0, None])
+  check(lambda a, b: a.maximum(b), [(5, 4), (5, 1)], [0, 0])
+
+@pytest.mark.parametrize("op", ["sum", "amax", "mean", "amin"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dim", [0, 1, None])
+def test_reductions(op, axis, dim):
+  check(lambda a: getattr(a, op)(dim) if dim is not None else getattr(a, op)(), [(5, 6)], [axis])
+
+def test_uneven_parts_and_three_devices():
+  t = Tensor(np.arange(5 * 3, dtype=np.float32).reshape(5, 3)).shard(D2, 0)
+  assert [p.shape for p in t.uop.src] == [(3, 3), (2, 3)]
+  check(lambda a: a.sum(0) * a.max(), [(7, 5)], [0], devices=D3)
+  check(lambda a, b: a @ b, [(4, 7), (7, 5)], [1, 0], devices=D3)
+
+@pytest.mark.parametrize("sa", [None, 0, 1])
+@pytest.mark.parametrize("sb", [None, 0, 1])
+def test_matmul(sa, sb):
+  if sa is None and sb is None: return
+  check(lambda a, b: a @ b, [(5, 6), (6, 3)], [sa, sb], rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_softmax(axis):
+  check(lambda a: a.softmax(1), [(4, 7)], [axis])
+  check(lambda a: a.log_softmax(1), [(4, 7)], [axis])
+
+def test_reshape_permute_and_movement():
+  check(lambda a: a.reshape(2, 3, 4).permute(2, 0, 1).reshape(4, 6) * 2, [(6, 4)], [0])
+  check(lambda a: a.reshape(24) + 1, [(6, 4)], [1])  # no per-part reshape: gathered, then reshaped
+  check(lambda a: a[1:4].flip(1).flip(0), [(5, 4)], [0])
+  check(lambda a: Tensor.pad(a, (1, 2)) if isinstance(a, Tensor) else torch.nn.functional.pad(a, (1, 2)), [(5, 4)], [0])
+  check(lambda a: a[:, 1:3], [(5, 4)], [0])
+
+def test_gather_and_reshard():
+  x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+  t = Tensor(x).shard(D2, 0)
+  one = t.to("CPU:1")
+  assert one.device == "CPU:1"
+  np.testing.assert_array_equal(one.numpy(), x)
+  assert t.to(D2) is t  # already there (as torch's to)
+  rep = t.shard(D2)  # resharded: replicated
+  assert rep.device == D2 and rep.uop.arg is None
+  np.testing.assert_array_equal(Tensor(rep.realize().uop.src[1]).numpy(), x)
+  np.testing.assert_array_equal(rep.numpy(), x)
+  np.testing.assert_array_equal(t.shard(D2, 1).numpy(), x)
+  np.testing.assert_array_equal(Tensor(x, device=D2).numpy(), x)
+
+@pytest.mark.parametrize("nbytes", ["direct", "ring"])
+def test_allreduce_algorithms(nbytes, monkeypatch):
+  monkeypatch.setattr(allreduce, "RING_MIN_BYTES", 1 << 40 if nbytes == "direct" else 0)
+  monkeypatch.setattr(allreduce, "PARALLEL_MIN_BYTES", 0)  # a ring step's transfers on threads, even for a few bytes
+  x = np.random.default_rng(4).standard_normal((6, 11)).astype(np.float32)
+  for devs in (D2, D3):
+    t = Tensor(x).shard(devs, 0)
+    np.testing.assert_allclose(t.sum(0).numpy(), x.sum(0), rtol=1e-5, atol=1e-6)
+    values, indices = t.max(0)
+    np.testing.assert_array_equal(values.numpy(), x.max(0))
+    np.testing.assert_array_equal(indices.numpy(), x.argmax(0))  # an argmax across the split axis
+    parts = [p.numpy() for p in (Tensor(t.sum(0).realize().uop.src[i]) for i in range(len(devs)))]
+    for p in parts[1:]: np.testing.assert_array_equal(p, parts[0])  # every device holds the same bits
+
+class MLP:
+  def __init__(self, d: int, h: int):
+    self.up, self.down = nn.Linear(d, h), nn.Linear(h, d)
+  def __call__(self, x: Tensor) -> Tensor: return self.down(self.up(x).gelu())
+
+def test_tensor_parallel_mlp():
+  """A transformer MLP block with its hidden axis split over two devices (the first layer's weight by rows, the second's
+  by columns, Megatron-style): one all-reduce after the second matmul, and the one-device output."""
+  Tensor.manual_seed(1)
+  m = MLP(8, 32)
+  x = Tensor(np.random.default_rng(5).standard_normal((2, 5, 8)).astype(np.float32))
+  ref = m(x).numpy()
+  m.up.weight.shard_(D2, 0); m.up.bias.shard_(D2, 0)
+  m.down.weight.shard_(D2, 1); m.down.bias.shard_(D2, None)
+  out = m(x.to(D2))
+  assert out.device == D2
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+  out.square().mean().backward()  # and it trains: the gradients of the split weights stay split
+  assert m.up.weight.grad.device == D2
+
+def _one_step(devices, opt_cls, seed=0):
+  Tensor.manual_seed(seed)
+  m = MLP(6, 16)
+  params = get_parameters(m)
+  if devices:
+    for p in params: p.shard_(devices)
+  opt = opt_cls(params, lr=0.1)
+  rng = np.random.default_rng(seed)
+  x, y = rng.standard_normal((9, 6)).astype(np.float32), rng.integers(0, 6, 9)
+  X, Y = Tensor(x), Tensor(y)
+  if devices: X, Y = X.shard(devices, 0), Y.shard(devices, 0)
+  with Tensor.train():
+    opt.zero_grad()
+    m(X).cross_entropy(Y).backward()
+    grads = [p.grad.numpy() for p in params]
+    opt.step()
+  return grads, [p.numpy() for p in params]
+
+@pytest.mark.parametrize("opt_cls", [optim.SGD, optim.Adam])
+def test_data_parallel_step_equals_one_device(opt_cls):
+  """The batch (9 rows: 5 and 4) split over two devices, the model replicated: the gradients and the parameters after
+  one step equal one device's."""
+  g1, p1 = _one_step(None, opt_cls)
+  g2, p2 = _one_step(D2, opt_cls)
+  for a, b in zip(g1, g2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  for a, b in zip(p1, p2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+def test_jit_replays_allreduce():
+  w = Tensor(np.ones((4, 3), np.float32)).to(D2).realize()
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return (x @ w).sum(0).realize()
+  rng = np.random.default_rng(6)
+  for _ in range(4):
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    np.testing.assert_allclose(f(Tensor(x).shard(D2, 0).realize()).numpy(), (x @ np.ones((4, 3))).sum(0), rtol=1e-5, atol=1e-5)
+
+def test_mnist_convnet_data_parallel_gradients():
+  """examples/mnist.py's ConvNet, one Adam step on a batch of 10 images split over two devices (5 and 5): the gradients
+  and the updated parameters equal one device's (what `examples/mnist.py --devices 2` relies on)."""
+  import importlib.util, pathlib
+  spec = importlib.util.spec_from_file_location("mnist_example", pathlib.Path(__file__).parent.parent / "examples" / "mnist.py")
+  mnist = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mnist)
+  rng = np.random.default_rng(7)
+  x, y = rng.integers(0, 256, (10, 1, 28, 28)).astype(np.uint8), rng.integers(0, 10, 10)
+  def step(devices):
+    Tensor.manual_seed(0)
+    model = mnist.ConvNet()
+    params = get_parameters(model)
+    if devices:
+      for p in params: p.shard_(devices)
+    opt = optim.Adam(params, lr=1e-3)
+    X, Y = mnist.normalize(x), Tensor(y)
+    if devices: X, Y = X.shard(devices, 0), Y.shard(devices, 0)
+    with Tensor.train():
+      opt.zero_grad()
+      model(X).cross_entropy(Y).backward()
+      grads = [p.grad.numpy() for p in params]
+      opt.step()
+    return grads, [p.numpy() for p in params]
+  (g1, p1), (g2, p2) = step(None), step(D2)
+  for a, b in zip(g1, g2): np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+  for a, b in zip(p1, p2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+def test_other_backends():
+  """Parts on different backends (C and the Python reference interpreter): the all-reduce works on any host memory."""
+  check(lambda a, b: (a @ b).softmax(0), [(4, 5), (5, 3)], [0, 0], devices=("CPU", "PYTHON:1"))
+
+def test_jit_data_parallel_training_equals_one_device():
+  """Three TinyJit steps of data-parallel SGD (the assigns to replicated parameters replayed in place on each device)
+  give one device's parameters."""
+  rng = np.random.default_rng(8)
+  batches = [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 6, 8)) for _ in range(3)]
+  def train(devices):
+    Tensor.manual_seed(2)
+    m = MLP(6, 16)
+    params = get_parameters(m)
+    if devices:
+      for p in params: p.shard_(devices)
+    opt = optim.SGD(params, lr=0.1, momentum=0.9)
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+      with Tensor.train():
+        opt.zero_grad()
+        loss = m(x).cross_entropy(y).backward()
+        loss.realize(*opt.schedule_step())
+      return loss
+    for x, y in batches:
+      X, Y = Tensor(x), Tensor(y)
+      step(X.shard(devices, 0) if devices else X, Y.shard(devices, 0) if devices else Y)
+    return [p.numpy() for p in params]
+  for a, b in zip(train(None), train(D2)): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+def test_clear_errors():
+  with pytest.raises(ValueError, match="at least one element"): Tensor.ones(1, 4).shard(D2, 0)
+  with pytest.raises(RuntimeError, match="different devices"): (Tensor.ones(6).shard(D2, 0) + Tensor.ones(6).shard(D3, 0)).numpy()
+  with pytest.raises(ValueError, match="distinct"): Tensor.ones(4).shard(("CPU", "CPU:0"))
