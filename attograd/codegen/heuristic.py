@@ -170,13 +170,18 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
   with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
-  written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
+  written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
   looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
   a = 16 if (width or 0) > 8 else 8
   padded = [(Opt(OptOps.PADTO, j, -(-width // a) * a), Opt(OptOps.SIMD, j, a))] if not looped and width is not None and width > 4 else []
+  # a width written out that is no whole number of 8-float vectors (12, 10, 9) only where no loop can take it: gcc leaves
+  # such copies mostly scalar, bias add or not (one core, AVX-512, written out vs padded to a SIMD loop of 16 by 8 rows:
+  # 5x5 conv 32->32 at 24x24 4.6 -> 84 GFLOPS; 3x3 64->64 at 12x12 7.9 -> 101, at 14x14 9.2 -> 78; (4096,512) @ (512,N)
+  # + bias: N=20 20 -> 63, N=36 27 -> 75, N=12 4.6 -> 56)
+  if not looped and not padded: written += [Opt(OptOps.UPCAST, j, a) for a in dividing(width, (12, 10, 9, 4))]
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
