@@ -119,7 +119,7 @@ def register_tile(p: Plan) -> None:
   # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
   # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
   contiguous_j = all(unit_stride(u.src[0].src[1], ax[j]) for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort)
-  if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads)
+  if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads, contiguous_j)
   elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or any(ax[j] in g for g in p.gates)) and contiguous_j:
     # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
     # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
@@ -128,17 +128,26 @@ def register_tile(p: Plan) -> None:
     if padded != n: p.first(Opt(OptOps.PADTO, j, padded))
     p.first(Opt(OptOps.SIMD, j, 16))
     tile_rows(p, i, TILE_REGISTERS * p.simd)
-  else: widest_tile(p, i, j, red)
+  else: widest_tile(p, i, j, red, contiguous_j)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
   big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= 1 << 20
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
 
-def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
+def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguous_j: bool) -> None:
   """A small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input doesn't
   read along is written out whole, so each value loaded (and whatever is fused into it, a relu's gradient) feeds all of
-  the window; scalar accumulators, so fewer of the other axis (measured: 4 x 3x3)."""
+  the window. Where the reads along the window's contiguous axis are contiguous, that axis (3 wide, padded to 4) is a
+  SIMD loop of 4 by the other window axis and 8 rows: 24 vector accumulators, where written out gcc kept 36 scalar
+  ones (one core, AVX-512, batch 512: 64->64 channels at 8x8 178 -> 85 ms, 32->64 at 10x10 112 -> 57, with the
+  relu's gradient fused); else scalar accumulators, fewer of the other axis (measured: 4 x 3x3)."""
   ax = p.ax
+  n = const_size(ax[j]) or 0
+  if contiguous_j and n >= 3 and p.first(((Opt(OptOps.PADTO, j, 4),) if n != 4 else ()) + (Opt(OptOps.SIMD, j, 4),)):
+    for g in p.glob:
+      if g != j and (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): p.first(Opt(OptOps.UPCAST, g, const_size(ax[g])))
+    p.first(*(Opt(OptOps.UPCAST, i, a) for a in dividing(const_size(ax[i]), (8, 4, 2))))
+    return
   for g in p.glob:
     if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): p.first(Opt(OptOps.UPCAST, g, const_size(ax[g])))
   # and 2 partial sums along the innermost reduce axis (the image's rows) where it splits, in place of half the
@@ -163,7 +172,7 @@ def epilogue(ast: UOp, red: UOp) -> list[UOp]:
     if u not in after and any(s in after for s in u.src): after.add(u)
   return [u for u in after if u is not red]
 
-def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
+def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) -> None:
   """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
   costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
   outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental, compare, select or division
@@ -180,8 +189,9 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   # a width written out that is no whole number of 8-float vectors (12, 10, 9) only where no loop can take it: gcc leaves
   # such copies mostly scalar, bias add or not (one core, AVX-512, written out vs padded to a SIMD loop of 16 by 8 rows:
   # 5x5 conv 32->32 at 24x24 4.6 -> 84 GFLOPS; 3x3 64->64 at 12x12 7.9 -> 101, at 14x14 9.2 -> 78; (4096,512) @ (512,N)
-  # + bias: N=20 20 -> 63, N=36 27 -> 75, N=12 4.6 -> 56)
-  if not looped and not padded: written += [Opt(OptOps.UPCAST, j, a) for a in dividing(width, (12, 10, 9, 4))]
+  # + bias: N=20 20 -> 63, N=36 27 -> 75, N=12 4.6 -> 56). Not where the reads along the width are strided (x @ w.T):
+  # there the written-out copies get their panels packed, a loop gathers (a (1024, 64) @ (64, 90) head 0.60 -> 4.05 ms)
+  if not contiguous_j or (not looped and not padded): written += [Opt(OptOps.UPCAST, j, a) for a in dividing(width, (12, 10, 9, 4))]
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
