@@ -332,6 +332,19 @@ def test_a_conv_weight_gradient_over_a_batch_is_summed_in_chunks_of_images():
   g = tensors(ng)[0]
   check(g.sum((0, 2, 3)), ng.astype(np.float64).sum((0, 2, 3)), 1, atol=1e-3)
 
+def test_a_conv_under_a_pool_keeps_its_own_kernel():
+  # PP-OCR rec: a 1x1 conv + hardswish under a 3x2 average pool. Fused, the conv's sum over 64 channels was one loop of
+  # the pool's nest, with no register tile (24 ms at 4 GFLOPS a core): the conv gets a buffer, the pool reads it (3
+  # kernels with the pool's count of window elements; 2 fused). A short sum under a reduce (a window) and a row mean under its variance (read through an expand) stay fused
+  torch = pytest.importorskip("torch")
+  nx, nw = rand(1, 64, 3, 16), rand(48, 64, 1, 1)
+  x, w = tensors(nx, nw)
+  want = torch.nn.functional.avg_pool2d(torch.nn.functional.hardswish(torch.nn.functional.conv2d(torch.tensor(nx), torch.tensor(nw))), (3, 2)).numpy()
+  check(x.conv2d(w).hardswish().avg_pool2d((3, 2)), want, 3, atol=1e-4)
+  na = rand(8, 256)
+  a = tensors(na)[0]
+  check(a.layernorm(1), (na - na.mean(1, keepdims=True)) / np.sqrt(na.var(1, keepdims=True) + 1e-5), 1, atol=1e-4)
+
 def test_a_concatenation_of_reductions_computes_each_in_its_own_kernel():
   # gradients laid end to end: each matmul keeps its own loops (and register tile), the cat only copies; as one kernel
   # every piece was a gated reduce over the padded output (an MLP's 4 gradients: 154 ms)

@@ -61,6 +61,7 @@ OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
+NESTED_SUM_MIN = 64  # a sum at least this long inside another reduce's loops gets a buffer (walk_kernel)
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
@@ -196,6 +197,12 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
         # reduce would lose its own schedule (a register tile) and every other piece's reads are gated in it (a cat of
         # an MLP's 4 gradients: 154 ms as one kernel)
         if s.op is Ops.REDUCE_AXIS and below[4]: walk.to_store[s] = "pad"; continue
+        # a long sum (a conv, a matmul) inside another reduce's loops (an average pool of a conv's output): fused, it is
+        # one loop of the nest, where no register tile applies (PP-OCR rec's 480 -> 480 1x1 conv + hardswish under a 3x2
+        # pool: 24 ms at 4 GFLOPS a core); a short one (a conv gradient's window, summed one axis at a time) stays, as does
+        # one read through an expand, the same for the whole outer sum (a layernorm's mean under its variance)
+        if s.op is Ops.REDUCE_AXIS and below[1] and below[3] and s.arg[0] is Ops.ADD and gather_parts(s) is None and \
+            prod(smax(s.src[0].shape[a]) for a in s.arg[1]) >= NESTED_SUM_MIN: walk.to_store[s] = "nested"; continue
       stack.append((s, *below))
   # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
   # each output) is stored, unless it is cheaper to compute twice than to store and load
@@ -213,6 +220,7 @@ REALIZE_WHY = {
   "scatter": "a one-hot sum over tokens (an embedding's gradient): a scatter-add kernel of its own",
   "expand": f"an expand would recompute it per broadcast element (a reduce, or a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element)",
   "pad": "a reduce read through a pad (a piece of a concatenation): computed with its own loops, then copied in",
+  "nested": "a long sum (a conv, a matmul) inside another reduce's loops: computed with its own loops (a register tile)",
   "two_nests": "a reduce one kernel would compute in two loop nests (attention's dP), costlier to redo than to store",
   "shared_reduce": "a reduce that two or more kernels read: computed once",
   "shared_value": f"a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element that several kernels read, where the repeated work "
