@@ -168,23 +168,25 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   # of the loops around it (no expand since the last reduce: not hoisted out of them), and whether a pad of the output's
   # loops was passed (one no reduce is around: a concatenation's, not a conv window's)
   seen: set[tuple] = set()
-  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool]] = [(p, True, frozenset(), False, True, False)]
+  # (and whether arithmetic was passed since the last reduce: a sum computed on, not only moved, as a nested one)
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool]] = [(p, True, frozenset(), False, True, False, False)]
   # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
   nests: dict[UOp, set[frozenset[int]]] = {}
   while stack:
     state = stack.pop()
     if state in seen: continue
     seen.add(state)
-    u, aligned, reduced, expanded, direct, padded = state
+    u, aligned, reduced, expanded, direct, padded, computed = state
     # below an expand, work is repeated per broadcast element unless the loops keep it free
     expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
     keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
     below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
-             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)), (u.op is Ops.PAD and not reduced) or (padded and u.op is not Ops.REDUCE_AXIS))
+             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)), (u.op is Ops.PAD and not reduced) or (padded and u.op is not Ops.REDUCE_AXIS),
+             u.op in GroupOp.ALU or (computed and u.op is not Ops.REDUCE_AXIS))
     srcs = [(s, below) for s in u.src]
     if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
       # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
-      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False)), (picked[1], (False, reduced, False, direct, False))]
+      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False, False)), (picked[1], (False, reduced, False, direct, False, False))]
     for s, below in srcs:
       if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
       walk.reached.add(s)
@@ -200,8 +202,10 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
         # a long sum (a conv, a matmul) inside another reduce's loops (an average pool of a conv's output): fused, it is
         # one loop of the nest, where no register tile applies (PP-OCR rec's 480 -> 480 1x1 conv + hardswish under a 3x2
         # pool: 24 ms at 4 GFLOPS a core); a short one (a conv gradient's window, summed one axis at a time) stays, as does
-        # one read through an expand, the same for the whole outer sum (a layernorm's mean under its variance)
-        if s.op is Ops.REDUCE_AXIS and below[1] and below[3] and s.arg[0] is Ops.ADD and gather_parts(s) is None and \
+        # one read through an expand, the same for the whole outer sum (a layernorm's mean under its variance), and one
+        # the outer sum adds up as it is (a conv's input gradient: a sum over the window of sums over channels, which
+        # lowering merges into one loop nest): only one computed on (a bias, an activation) first
+        if s.op is Ops.REDUCE_AXIS and below[1] and below[3] and below[5] and s.arg[0] is Ops.ADD and gather_parts(s) is None and \
             prod(smax(s.src[0].shape[a]) for a in s.arg[1]) >= NESTED_SUM_MIN: walk.to_store[s] = "nested"; continue
       stack.append((s, *below))
   # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
