@@ -312,6 +312,39 @@ def test_a_long_sum_into_many_outputs_is_summed_in_chunks():
   idx = Tensor(rng.integers(0, 4096, (8, 64)).astype(np.int32)).realize()
   check(emb(idx), nw[idx.numpy()], 1)
 
+def test_a_conv_weight_gradient_over_a_batch_is_summed_in_chunks_of_images():
+  # dW (16, 16, 5, 5) over 96 images of 20x20: partial sums over chunks of 6 images (the image axes whole), then the 16
+  # partials (one kernel more; over the whole batch a tile streamed the batch through the caches once per tile:
+  # beautiful_mnist's 5x5 gradient 611 -> 269 ms a core); a short sum (8 images) or few outputs (a bias gradient) don't
+  torch = pytest.importorskip("torch")
+  nx, ng = rand(96, 16, 24, 24), rand(96, 16, 20, 20)
+  def dw(nx: np.ndarray, ng: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    x, g = tensors(nx, ng)
+    w = Tensor.zeros(16, 16, 5, 5).contiguous().realize().requires_grad_()
+    x.conv2d(w).backward(g)
+    tw = torch.zeros(16, 16, 5, 5, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.conv2d(torch.tensor(nx, dtype=torch.float64), tw).backward(torch.tensor(ng, dtype=torch.float64))
+    return *run(w.grad), tw.grad.numpy()
+  (k96, got96, want96), (k8, got8, want8) = dw(nx, ng), dw(nx[:8], ng[:8])
+  np.testing.assert_allclose(got96, want96, atol=2e-3, rtol=1e-5)
+  np.testing.assert_allclose(got8, want8, atol=1e-3, rtol=1e-5)
+  assert k96 == k8 + 1, (k96, k8)
+  g = tensors(ng)[0]
+  check(g.sum((0, 2, 3)), ng.astype(np.float64).sum((0, 2, 3)), 1, atol=1e-3)
+
+def test_a_conv_under_a_pool_keeps_its_own_kernel():
+  # PP-OCR rec: a 1x1 conv + hardswish under a 3x2 average pool. Fused, the conv's sum over 64 channels was one loop of
+  # the pool's nest, with no register tile (24 ms at 4 GFLOPS a core): the conv gets a buffer, the pool reads it (3
+  # kernels with the pool's count of window elements; 2 fused). A short sum under a reduce (a window) and a row mean under its variance (read through an expand) stay fused
+  torch = pytest.importorskip("torch")
+  nx, nw = rand(1, 64, 3, 16), rand(48, 64, 1, 1)
+  x, w = tensors(nx, nw)
+  want = torch.nn.functional.avg_pool2d(torch.nn.functional.hardswish(torch.nn.functional.conv2d(torch.tensor(nx), torch.tensor(nw))), (3, 2)).numpy()
+  check(x.conv2d(w).hardswish().avg_pool2d((3, 2)), want, 3, atol=1e-4)
+  na = rand(8, 256)
+  a = tensors(na)[0]
+  check(a.layernorm(1), (na - na.mean(1, keepdims=True)) / np.sqrt(na.var(1, keepdims=True) + 1e-5), 1, atol=1e-4)
+
 def test_a_concatenation_of_reductions_computes_each_in_its_own_kernel():
   # gradients laid end to end: each matmul keeps its own loops (and register tile), the cat only copies; as one kernel
   # every piece was a gated reduce over the padded output (an MLP's 4 gradients: 154 ms)

@@ -71,6 +71,12 @@ CONV_T = [
   (2, 3, (3, 2), dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2)), (3, 4)),
   (2, 2, 3, dict(dilation=2, padding=1, output_padding=1, stride=2), (4, 3)),
   (4, 6, (2, 3), dict(groups=2, stride=(1, 2), padding=(0, 2), bias=False), (3, 4)),
+  # strided ones run as one conv per output phase, interleaved (Tensor._conv_transpose_phases): PP-OCR det's 2x2 stride
+  # 2, kernels that the stride doesn't divide (taps padded with zeros), groups, output padding past the last input
+  (4, 6, 2, dict(stride=2), (7, 5)),
+  (4, 6, 5, dict(stride=3, padding=2, output_padding=2), (4, 3)),
+  (4, 6, 4, dict(stride=2, padding=1, groups=2), (5, 4)),
+  (3, 2, 1, dict(stride=2, output_padding=1), (3, 4)),
 ]
 @pytest.mark.parametrize("cin,cout,k,kw,hw", CONV_T)
 def test_conv_transpose2d(cin, cout, k, kw, hw):

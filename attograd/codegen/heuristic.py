@@ -124,7 +124,7 @@ def register_tile(p: Plan) -> None:
   # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
   # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
   contiguous_j = all(unit_stride(u.src[0].src[1], ax[j]) for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort)
-  if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads)
+  if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads, contiguous_j)
   elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or any(ax[j] in g for g in p.gates)) and contiguous_j:
     # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
     # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
@@ -133,17 +133,26 @@ def register_tile(p: Plan) -> None:
     if padded != n: p.first(Opt(OptOps.PADTO, j, padded))
     p.first(Opt(OptOps.SIMD, j, 16))
     tile_rows(p, i, TILE_REGISTERS * p.simd)
-  else: widest_tile(p, i, j, red)
+  else: widest_tile(p, i, j, red, contiguous_j)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
   big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
 
-def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
+def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguous_j: bool) -> None:
   """A small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input doesn't
   read along is written out whole, so each value loaded (and whatever is fused into it, a relu's gradient) feeds all of
-  the window; scalar accumulators, so fewer of the other axis (measured: 4 x 3x3)."""
+  the window. Where the reads along the window's contiguous axis are contiguous, that axis (3 wide, padded to 4) is a
+  SIMD loop of 4 by the other window axis and 8 rows: 24 vector accumulators, where written out gcc kept 36 scalar
+  ones (one core, AVX-512, batch 512: 64->64 channels at 8x8 178 -> 85 ms, 32->64 at 10x10 112 -> 57, with the
+  relu's gradient fused); else scalar accumulators, fewer of the other axis (measured: 4 x 3x3)."""
   ax = p.ax
+  n = const_size(ax[j]) or 0
+  if contiguous_j and n >= 3 and p.first(((Opt(OptOps.PADTO, j, 4),) if n != 4 else ()) + (Opt(OptOps.SIMD, j, 4),)):
+    for g in p.glob:
+      if g != j and (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): p.first(Opt(OptOps.UPCAST, g, const_size(ax[g])))
+    p.first(*(Opt(OptOps.UPCAST, i, a) for a in dividing(const_size(ax[i]), (8, 4, 2))))
+    return
   for g in p.glob:
     if (const_size(ax[g]) or 99) <= 4 and any(ax[g] not in ld for ld in loads): p.first(Opt(OptOps.UPCAST, g, const_size(ax[g])))
   # and 2 partial sums along the innermost reduce axis (the image's rows) where it splits, in place of half the
@@ -168,20 +177,26 @@ def epilogue(ast: UOp, red: UOp) -> list[UOp]:
     if u not in after and any(s in after for s in u.src): after.add(u)
   return [u for u in after if u is not red]
 
-def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
+def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) -> None:
   """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
   costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
   outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental, compare, select or division
   computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
   with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
-  written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
+  written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
   looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
   a = 16 if (width or 0) > 8 else 8
   padded = [(Opt(OptOps.PADTO, j, -(-width // a) * a), Opt(OptOps.SIMD, j, a))] if not looped and width is not None and width > 4 else []
+  # a width written out that is no whole number of 8-float vectors (12, 10, 9) only where no loop can take it: gcc leaves
+  # such copies mostly scalar, bias add or not (one core, AVX-512, written out vs padded to a SIMD loop of 16 by 8 rows:
+  # 5x5 conv 32->32 at 24x24 4.6 -> 84 GFLOPS; 3x3 64->64 at 12x12 7.9 -> 101, at 14x14 9.2 -> 78; (4096,512) @ (512,N)
+  # + bias: N=20 20 -> 63, N=36 27 -> 75, N=12 4.6 -> 56). Not where the reads along the width are strided (x @ w.T):
+  # there the written-out copies get their panels packed, a loop gathers (a (1024, 64) @ (64, 90) head 0.60 -> 4.05 ms)
+  if not contiguous_j or (not looped and not padded): written += [Opt(OptOps.UPCAST, j, a) for a in dividing(width, (12, 10, 9, 4))]
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
@@ -278,6 +293,10 @@ def column_sum(p: Plan, red: UOp) -> bool:
   cur = axes(p.ast)
   reads = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.PARAM]
   inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg, default=None)
+  # the reads summed (that vary along the reduce): a per-channel parameter read next to them (a batchnorm's scale in a
+  # max-pool's window) is contiguous along its channels, and took a pool's argmax for a column sum (32 copies of its
+  # nested window reduces, 114 ms)
+  reads = [i for i in reads if inner is not None and inner in i.toposort]
   along = [k for k, r in enumerate(cur) if r.arg[1] is AxisKind.GLOBAL and any(unit_stride(i, r) for i in reads)]
   # (reads that don't vary along the row, a layernorm's per-token statistics in its weight's gradient, are one value
   # for all of it)

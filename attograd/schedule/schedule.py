@@ -61,6 +61,7 @@ OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
+NESTED_SUM_MIN = 64  # a sum at least this long inside another reduce's loops gets a buffer (walk_kernel)
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
@@ -167,23 +168,25 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   # of the loops around it (no expand since the last reduce: not hoisted out of them), and whether a pad of the output's
   # loops was passed (one no reduce is around: a concatenation's, not a conv window's)
   seen: set[tuple] = set()
-  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool]] = [(p, True, frozenset(), False, True, False)]
+  # (and whether arithmetic was passed since the last reduce: a sum computed on, not only moved, as a nested one)
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool]] = [(p, True, frozenset(), False, True, False, False)]
   # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
   nests: dict[UOp, set[frozenset[int]]] = {}
   while stack:
     state = stack.pop()
     if state in seen: continue
     seen.add(state)
-    u, aligned, reduced, expanded, direct, padded = state
+    u, aligned, reduced, expanded, direct, padded, computed = state
     # below an expand, work is repeated per broadcast element unless the loops keep it free
     expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
     keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
     below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
-             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)), (u.op is Ops.PAD and not reduced) or (padded and u.op is not Ops.REDUCE_AXIS))
+             u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)), (u.op is Ops.PAD and not reduced) or (padded and u.op is not Ops.REDUCE_AXIS),
+             u.op in GroupOp.ALU or (computed and u.op is not Ops.REDUCE_AXIS))
     srcs = [(s, below) for s in u.src]
     if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
       # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
-      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False)), (picked[1], (False, reduced, False, direct, False))]
+      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False, False)), (picked[1], (False, reduced, False, direct, False, False))]
     for s, below in srcs:
       if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
       walk.reached.add(s)
@@ -196,6 +199,14 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
         # reduce would lose its own schedule (a register tile) and every other piece's reads are gated in it (a cat of
         # an MLP's 4 gradients: 154 ms as one kernel)
         if s.op is Ops.REDUCE_AXIS and below[4]: walk.to_store[s] = "pad"; continue
+        # a long sum (a conv, a matmul) inside another reduce's loops (an average pool of a conv's output): fused, it is
+        # one loop of the nest, where no register tile applies (PP-OCR rec's 480 -> 480 1x1 conv + hardswish under a 3x2
+        # pool: 24 ms at 4 GFLOPS a core); a short one (a conv gradient's window, summed one axis at a time) stays, as does
+        # one read through an expand, the same for the whole outer sum (a layernorm's mean under its variance), and one
+        # the outer sum adds up as it is (a conv's input gradient: a sum over the window of sums over channels, which
+        # lowering merges into one loop nest): only one computed on (a bias, an activation) first
+        if s.op is Ops.REDUCE_AXIS and below[1] and below[3] and below[5] and s.arg[0] is Ops.ADD and gather_parts(s) is None and \
+            prod(smax(s.src[0].shape[a]) for a in s.arg[1]) >= NESTED_SUM_MIN: walk.to_store[s] = "nested"; continue
       stack.append((s, *below))
   # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
   # each output) is stored, unless it is cheaper to compute twice than to store and load
@@ -214,6 +225,7 @@ REALIZE_WHY = {
   "scatter": "a one-hot sum over tokens (an embedding's gradient): a scatter-add kernel of its own",
   "expand": f"an expand would recompute it per broadcast element (a reduce, or a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element)",
   "pad": "a reduce read through a pad (a piece of a concatenation): computed with its own loops, then copied in",
+  "nested": "a long sum (a conv, a matmul) inside another reduce's loops: computed with its own loops (a register tile)",
   "two_nests": "a reduce one kernel would compute in two loop nests (attention's dP), costlier to redo than to store",
   "shared_reduce": "a reduce that two or more kernels read: computed once",
   "shared_value": f"a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element that several kernels read, where the repeated work "
@@ -582,7 +594,8 @@ def split_long_sum(red: UOp) -> UOp | None:
   if op is not Ops.ADD or not dtypes.is_float(red.dtype) or gather_parts(red) is not None or is_scatter(red): return None
   x = red.src[0]
   shape = x.shape
-  if not all(isinstance(s, int) for s in shape) or not isinstance(size := sym_prod(red.shape), int) or size < SPLIT_REDUCE_OUTPUTS: return None
+  if not all(isinstance(s, int) for s in shape) or not isinstance(size := sym_prod(red.shape), int): return None
+  if size < SPLIT_REDUCE_OUTPUTS: return split_batch_sum(red) if size >= SPLIT_BATCH_OUTPUTS else None
   n = prod(shape[a] for a in axes)
   if n < SPLIT_REDUCE_LENGTH or n % SPLIT_REDUCE_CHUNK: return None
   kept = [i for i in range(len(shape)) if i not in axes]
@@ -591,6 +604,31 @@ def split_long_sum(red: UOp) -> UOp | None:
   # out as the sum's own outputs, one copy per chunk
   rows = x.permute((*kept, *axes)).reshape((*(shape[i] for i in kept), parts, SPLIT_REDUCE_CHUNK)).permute((k, *range(k), k + 1))
   partials = UOp(Ops.CONTIGUOUS, red.dtype, (rows.reduce_axis(Ops.ADD, (k + 1,)),))
+  return partials.reduce_axis(Ops.ADD, (0,)).reshape(red.shape)
+
+SPLIT_BATCH_OUTPUTS, SPLIT_BATCH_LENGTH = 4096, 1 << 14
+
+def split_batch_sum(red: UOp) -> UOp | None:
+  """A long sum into fewer outputs, whose reduced axes are more than one (a conv's weight gradient: 32x32x5x5 outputs
+  over batch x 20 x 20) is summed in chunks of its outermost reduced axis (8 images: the sum over the rest at least
+  SPLIT_REDUCE_LENGTH), then the partials. A tile's pass over the whole batch streamed the output gradient and the input
+  (63 MB at batch 512) through the caches once per tile; a chunk's stay in them (one core, 5x5 32->32 at 24px: 30 ->
+  43 GFLOPS at batch 8). The image axes stay whole, so the chunk's reads index as before, with no division."""
+  op, axes = red.arg
+  x = red.src[0]
+  shape = x.shape
+  a0 = min(axes)
+  batch, rest = shape[a0], prod(shape[a] for a in axes if a != a0)
+  if len(axes) < 2 or batch * rest < SPLIT_BATCH_LENGTH: return None
+  chunk = next((c for c in range(1, batch + 1) if batch % c == 0 and c * rest >= SPLIT_REDUCE_LENGTH), batch)
+  if chunk == batch: return None
+  parts = batch // chunk
+  # (..., batch, ...) -> (..., parts, chunk, ...): the chunk and the other reduced axes are summed, the parts kept, then
+  # moved in front (the partials are laid out as the sum's outputs, one copy per part) and summed
+  rows = x.reshape((*shape[:a0], parts, chunk, *shape[a0 + 1:]))
+  part = rows.reduce_axis(Ops.ADD, (a0 + 1, *(a + 1 for a in axes if a != a0)))
+  order = (a0, *(i for i in range(len(shape) + 1) if i != a0))
+  partials = UOp(Ops.CONTIGUOUS, red.dtype, (part.permute(order),))
   return partials.reduce_axis(Ops.ADD, (0,)).reshape(red.shape)
 
 # each WITH_DERIVATIVE node becomes its value: the derivative it carries is autograd's (a graph without one is left as it
