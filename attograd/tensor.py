@@ -14,6 +14,7 @@ from attograd.engine.registry import sources
 from attograd.gradient import compute_gradient, GradMode
 from attograd.frontend.indexing import IndexingOps, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
+from attograd.frontend.pairs import ValuesIndices, _VI_HINT
 from attograd.frontend.elementwise import ElementwiseOps
 
 # tensors that require grad, by id: a WeakSet would compare two entries with ==, which is elementwise for tensors
@@ -387,7 +388,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def eye(n: int, m: int | None = None, dtype=None, device=None, **kw) -> Tensor:
     m = n if m is None else m
     rows, cols = Tensor.arange(n, device=device).reshape(n, 1), Tensor.arange(m, device=device).reshape(1, m)
-    return (rows == cols).cast(dtype or dtypes.default_float)
+    t = (rows == cols).cast(dtype or dtypes.default_float)
+    # requires_grad=True makes a leaf with memory of its own, as full() does
+    return Tensor(t.contiguous().realize().uop, **kw) if kw.get("requires_grad") else Tensor(t.uop, **kw) if kw else t
   def new_full(self, size, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
     return Tensor.full(tuple(size) if isinstance(size, (tuple, list)) else (size,), fill_value, dtype or self.dtype, device or self.device, **kw)
   def new_zeros(self, *size, dtype=None, device=None, **kw) -> Tensor: return self.new_full(Tensor._shape_arg(size), 0, dtype, device, **kw)
@@ -1352,24 +1355,6 @@ def _one_dim(dim: Any) -> bool:
 
 _LOGIC_NAMES = {Ops.AND: "bitwise_and (&)", Ops.OR: "bitwise_or (|)", Ops.XOR: "bitwise_xor (^)", Ops.SHL: "lshift (<<)",
                 Ops.SHR: "rshift (>>)"}
-
-_VI_HINT = ("max/min with a positional or dim= dimension returns torch's (values, indices) pair, which can't be {what}: "
-            "take .values (x.max(1).values, as in torch), or use x.max(axis=1) / x.amax(1) for the tensor (as in tinygrad)")
-
-def _vi_refuse(self: Any, *args: Any) -> Any: raise TypeError(_VI_HINT.format(what="used in arithmetic"))
-
-class ValuesIndices(tuple):
-  """What torch's max/min/sort/topk with a dim return: a pair that also reads as .values and .indices."""
-  __slots__ = ()
-  def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
-  values = property(lambda self: self[0])
-  indices = property(lambda self: self[1])
-  # a tuple would silently concatenate (vi + vi) or repeat (vi * 2): in a numeric program that is always a slip
-  __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = __truediv__ = __rtruediv__ = __neg__ = __pow__ = _vi_refuse
-  __lt__ = __le__ = __gt__ = __ge__ = _vi_refuse
-  def __getattr__(self, name: str) -> Any:  # only reached for names a tuple lacks (x.max(1).exp(), .shape, .numpy()...)
-    if name.startswith("__"): raise AttributeError(name)
-    raise AttributeError(f"'ValuesIndices' has no attribute {name!r}: " + _VI_HINT.format(what="used as a tensor"))
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):
