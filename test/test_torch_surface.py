@@ -84,6 +84,30 @@ def test_jit_raises_when_a_python_float_it_read_changes():
   opt.lr = 0.01
   with pytest.raises(JitError, match="opt.lr"): step(Tensor.ones(3))
 
+@pytest.mark.parametrize("where", ["closure list", "global dict", "attribute list", "argument dict"])
+def test_jit_raises_when_a_float_in_a_container_changes(where):
+  """scale[0] = ... changes no name the function reads: the float inside the list or dict is watched too."""
+  class Cfg: pass
+  cfg, box = Cfg(), [0.5]
+  cfg.scales, _GLOBAL_CFG["lr"] = [0.5], 0.5
+  read = {"closure list": lambda _: box[0], "global dict": lambda _: _GLOBAL_CFG["lr"], "attribute list": lambda _: cfg.scales[0],
+          "argument dict": lambda d: d["lr"]}[where]
+  def set_value(v, d):
+    if where == "closure list": box[0] = v
+    elif where == "global dict": _GLOBAL_CFG["lr"] = v
+    elif where == "attribute list": cfg.scales[0] = v
+    else: d["lr"] = v
+  @TinyJit
+  def f(x: Tensor, d: dict) -> Tensor:
+    return (x * {"closure list": box, "global dict": _GLOBAL_CFG, "attribute list": cfg.scales, "argument dict": d}[where]
+            [0 if where in ("closure list", "attribute list") else "lr"]).realize()
+  d = {"lr": 0.5}
+  for _ in range(3): assert f(Tensor.ones(2), d).tolist() == [0.5, 0.5]
+  set_value(0.25, d)
+  assert read(d) == 0.25
+  with pytest.raises(JitError, match="0.5"): f(Tensor.ones(2), d)
+_GLOBAL_CFG: dict = {}
+
 def test_jit_raises_when_training_mode_changes():
   @TinyJit
   def f(x: Tensor) -> Tensor: return x.dropout(0.5).realize()
@@ -103,7 +127,7 @@ def test_jit_allows_constant_data_made_inside():
   def f(x: Tensor) -> Tensor: return (x + Tensor([1., 2., 3.]) + Tensor.rand(3) * 0).realize()
   for _ in range(4): assert f(Tensor.ones(3)).tolist() == [2., 3., 4.]
 
-@pytest.mark.parametrize("make", [Tensor.zeros, Tensor.ones, lambda *s, **kw: Tensor.full(s, 2.0, **kw)])
+@pytest.mark.parametrize("make", [Tensor.zeros, Tensor.ones, lambda *s, **kw: Tensor.full(s, 2.0, **kw), Tensor.eye])
 def test_creation_keeps_requires_grad(make):
   a, b = make(2, 3, requires_grad=True), make(2, 3, requires_grad=True)
   assert a.requires_grad and b.requires_grad
@@ -214,6 +238,23 @@ def test_no_grad_allows_leaf_updates_and_cuts_the_graph(ctx):
   (w * ema).sum().backward()  # ema was computed under no_grad: no gradient flows through it
   assert w.grad.tolist() == [1., 2., 3.]
 
+def test_grad_mode_spellings_as_torch():
+  """@no_grad without parentheses, @enable_grad, and set_grad_enabled as a call, a context manager and a decorator."""
+  for mod in (torch, attograd):
+    @mod.no_grad
+    def f(): return mod.is_grad_enabled()
+    @mod.enable_grad
+    def g(): return mod.is_grad_enabled()
+    @mod.set_grad_enabled(False)
+    def h(): return mod.is_grad_enabled()
+    assert mod.is_grad_enabled() and f() is False and h() is False and mod.is_grad_enabled()
+    with mod.no_grad(): assert g() is True and not mod.is_grad_enabled()
+    with mod.set_grad_enabled(False): assert not mod.is_grad_enabled()
+    assert mod.is_grad_enabled()
+    mod.set_grad_enabled(False)
+    assert not mod.is_grad_enabled()
+    mod.set_grad_enabled(True)
+
 def test_no_grad_decorator_and_requires_grad_detach():
   @attograd.no_grad()
   def f(): return attograd.is_grad_enabled()
@@ -224,6 +265,16 @@ def test_no_grad_decorator_and_requires_grad_detach():
   y.detach_()
   (y * 2 + x).sum().backward()
   assert x.grad.tolist() == [1., 1.]  # nothing flows through the detached y
+
+@pytest.mark.parametrize("f", [lambda x: x.sort(1), lambda x: x.sort(dim=0, descending=True, stable=True), lambda x: x.topk(2),
+                               lambda x: x.topk(2, dim=0, largest=False), lambda x: x.median(1), lambda x: x.cummax(1), lambda x: x.cummin(0)])
+def test_value_index_pairs_have_values_and_indices(f):
+  """torch.return_types: code reads x.topk(k).indices, x.sort(1).values."""
+  x, r = both(np.array([[3., 1., 2., 1.5], [0., 5., -1., 4.], [2.5, 2., 7., 0.5]], np.float32))  # no ties: which one topk picks differs
+  out, ref = f(x), f(r)
+  same(out.values, ref.values); same(out.indices, ref.indices)
+  v, i = out
+  assert v is out.values and i is out.indices
 
 # ***** methods PyTorch users reach for *****
 def test_methods_against_torch():
