@@ -113,6 +113,21 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
 
+# each base's live views, weakly both ways (by id: Tensor's == is elementwise, so no WeakSet/WeakKeyDictionary): a write
+# to the base refreshes them, so they show it as torch's views do
+_views_of: dict[int, tuple[weakref.ref, dict[int, weakref.ref], list[int]]] = {}
+def _add_view(base: Tensor, view: Tensor) -> None:
+  if (entry := _views_of.get(id(base))) is None or entry[0]() is not base:
+    entry = _views_of[id(base)] = (weakref.ref(base, lambda _, k=id(base): _views_of.pop(k, None)), {}, [64])
+  views = entry[1]
+  views[id(view)] = weakref.ref(view)  # no callback (it costs a closure per view): dead entries are pruned in bulk
+  if len(views) > entry[2][0]:
+    for k in [k for k, r in views.items() if r() is None]: del views[k]
+    entry[2][0] = max(64, 2 * len(views))
+def _live_views(base: Tensor) -> list[Tensor]:
+  if (entry := _views_of.get(id(base))) is None or entry[0]() is not base: return []
+  return [v for r in list(entry[1].values()) if (v := r()) is not None]
+
 def _view_chain(u: UOp, root: UOp) -> list[UOp] | None:
   """The movement ops from root up to u, innermost first, seeing through a realized view to the graph it came from;
   None when u doesn't come from root that way."""
@@ -303,16 +318,20 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def assign(self, x: Tensor | ConstType) -> Tensor:
     """Give this tensor x's values (broadcast and cast to its shape and dtype), like torch's copy_.
     The write lands at the next realize of anything, in new memory: tensors computed from the old
-    values keep them, even if they are still lazy (views made before the write see the old values too)."""
+    values keep them, even if they are still lazy; views of this tensor made before the write see the new ones (torch's aliasing)."""
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
     if x.device != self.device: raise ArgumentError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
     if (vo := self._view_of) is not None and (base := vo[0]()) is not None and base is not self: return self._assign_through(base, vo[1], x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
-    if not is_view_of_buffer(target): self.uop = x.uop; return self  # nothing realized to write over
-    if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
-    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
-    _pending_realize[id(self)] = self
+    if not is_view_of_buffer(target): self.uop = x.uop  # nothing realized to write over
+    else:
+      if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
+      self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
+      _pending_realize[id(self)] = self
+    # views made before the write show it from now on, as torch's share memory (a tensor computed from them keeps
+    # the old values: in torch it was computed before the write too)
+    for v in _live_views(self): v._fresh()
     return self
   def _assign_through(self, base: Tensor, root: UOp, x: Tensor) -> Tensor:
     """The write to a view: the movement ops from the base's node (when the view was made) up to this view, undone on
@@ -337,7 +356,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """t is a view of self (as a PyTorch view shares memory): a write to t becomes an assign to the region of self's
     base it shows. The base is held weakly: once nothing else holds it, no one can see a write to it, and t is on its own."""
     vo = self._view_of
-    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
+    if vo is not None and (base := vo[0]()) is not None: t._view_of = vo
+    else: t._view_of, base = (weakref.ref(self), self.uop), self
+    _add_view(base, t)  # so a later write to the base reaches t (assign)
     return t
   def _fresh(self) -> Tensor:
     """A view whose base was written since it was made shows the base's new values (before an in-place op reads it)."""
@@ -1081,6 +1102,57 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.ndim != 1 or x.ndim != 1: raise ArgumentError(f"outer needs two 1-D tensors, got {self.shape} and {x.shape}")
     return self.reshape(-1, 1) * x.reshape(1, -1)
   ger = outer
+  # ***** more of torch's spellings, each over ops above (issue 16 audit: what a PyTorch program reaches for next) *****
+  def mm(self, x: Tensor) -> Tensor:
+    if self.ndim != 2 or not isinstance(x, Tensor) or x.ndim != 2: raise ArgumentError(f"mm needs two 2-D tensors, got {self.shape} and {getattr(x, 'shape', x)}")
+    return self.matmul(x)
+  def mv(self, x: Tensor) -> Tensor:
+    if self.ndim != 2 or not isinstance(x, Tensor) or x.ndim != 1: raise ArgumentError(f"mv needs a 2-D and a 1-D tensor, got {self.shape} and {getattr(x, 'shape', x)}")
+    return self.matmul(x)
+  def addcmul(self, tensor1: Tensor, tensor2: Tensor, value: ConstType = 1) -> Tensor: return self + value * (tensor1 * tensor2)
+  def addcdiv(self, tensor1: Tensor, tensor2: Tensor, value: ConstType = 1) -> Tensor: return self + value * (tensor1 / tensor2)
+  def clamp_min(self, min: Any) -> Tensor: return self.clamp(min=min)
+  def clamp_max(self, max: Any) -> Tensor: return self.clamp(max=max)
+  def remainder(self, x: Any) -> Tensor: return self.mod(x)  # torch.remainder is Python's %: the divisor's sign
+  def view_as(self, other: Tensor) -> Tensor: return self.view(other.shape)
+  def reshape_as(self, other: Tensor) -> Tensor: return self.reshape(other.shape)
+  def expand_as(self, other: Tensor) -> Tensor: return self.expand(other.shape)
+  def ravel(self) -> Tensor: return self.flatten()
+  def swapaxes(self, axis0: int, axis1: int) -> Tensor: return self.transpose(axis0, axis1)
+  swapdims = swapaxes
+  def movedim(self, source: int | Sequence[int], destination: int | Sequence[int]) -> Tensor:
+    src, dst = ([source], [destination]) if isinstance(source, int) else (list(source), list(destination))
+    if len(src) != len(dst): raise ArgumentError(f"movedim: {len(src)} source dims and {len(dst)} destination dims")
+    src, dst = [_normalize_axis(d, self.ndim) for d in src], [_normalize_axis(d, self.ndim) for d in dst]
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst): raise ArgumentError(f"movedim: repeated dims in {source} or {destination}")
+    rest = iter(d for d in range(self.ndim) if d not in src)
+    where = dict(zip(dst, src))
+    return self.permute(*(where[i] if i in where else next(rest) for i in range(self.ndim)))
+  moveaxis = movedim
+  def narrow(self, dim: int, start: int, length: int) -> Tensor:
+    d = _normalize_axis(dim, self.ndim)
+    start = start + self.shape[d] if start < 0 else start
+    if not 0 <= start <= start + length <= self.shape[d]:
+      raise IndexOutOfRange(f"narrow: start {start} and length {length} don't fit dim {dim} of size {self.shape[d]}")
+    return self.shrink(tuple((start, start + length) if i == d else None for i in range(self.ndim)))
+  def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+    d = _normalize_axis(dim, self.ndim)
+    return tuple(self.narrow(d, i, 1).squeeze(d) for i in range(self.shape[d]))
+  def tile(self, *dims) -> Tensor:
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    return self.reshape((1,) * (len(dims) - self.ndim) + self.shape).repeat(*((1,) * (self.ndim - len(dims)) + dims))
+  def count_nonzero(self, dim=None) -> Tensor: return (self != 0).sum(dim)
+  def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    if not dtypes.is_float(self.dtype): return self
+    big = _FLOAT_MAX[self.dtype.scalar()]  # the largest finite value (dtypes.max of a float is inf)
+    x = self.isnan().where(nan, self)
+    return (x == math.inf).where(big if posinf is None else posinf, (x == -math.inf).where(-big if neginf is None else neginf, x))
+  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
+  def equal(self, other: Tensor) -> bool: return self.shape == other.shape and bool((self == other).all().item())
+  @property
+  def is_leaf(self) -> bool:
+    """torch's: a tensor no gradient flows through to another (made by the user, or computed from nothing that requires grad)."""
+    return self._requires_grad is not None or not self._may_need_grad()
   def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
     x = (self if dtype is None else self.cast(dtype))._float_unary().abs()
@@ -1342,9 +1414,12 @@ def _inplace(name: str) -> Callable[..., Tensor]:
   op.__doc__ = f"In place: x.{name}_(...) is x.assign(x.{name}(...)), lazy like assign (torch's {name}_)."
   return op
 # torch's in-place spellings: each is its out-of-place op written back (one rule, not a method each)
+_FLOAT_MAX = {dtypes.float16: 65504.0, dtypes.bfloat16: 3.3895313892515355e38, dtypes.float32: 3.4028234663852886e38,
+              dtypes.float64: 1.7976931348623157e308}
 INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
                "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
                "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",
+               "addcmul", "addcdiv", "clamp_min", "clamp_max", "nan_to_num",
                "bitwise_or", "bitwise_xor", "logical_not", "bitwise_left_shift", "bitwise_right_shift")
 for _name in INPLACE_OPS:
   if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))

@@ -38,6 +38,22 @@ def test_view_sees_base_written_before_inplace_op():
   v += 10; tv += 10
   same(x, r); same(v, tv)
 
+@pytest.mark.parametrize("write", [
+  lambda x: x.__setitem__((0, 0), 100.),        # the base written by index
+  lambda x: x.add_(1),                          # in place on the base
+  lambda x: x[1].mul_(-1),                      # through another view of the same base
+  lambda x: x.copy_(x * 2),
+])
+def test_views_made_before_a_write_read_it(write):
+  """torch's views share memory: a view made before its base was written reads the new values (and a sibling view's
+  write reaches it), while a tensor computed from the view before the write keeps the old ones."""
+  (x, r) = both(arange(2, 3))
+  views, tviews = [x[0], x[:, 1], x.T, x.reshape(6)[2:]], [r[0], r[:, 1], r.T, r.reshape(6)[2:]]
+  before, tbefore = views[0] * 1, tviews[0] * 1
+  write(x); write(r)
+  for v, tv in zip(views, tviews): same(v, tv)
+  same(before, tbefore)
+
 def test_write_to_expanded_view_raises():
   x = Tensor.ones(1, 3).contiguous().realize()
   with pytest.raises(RuntimeError, match="expanded"): x.expand(2, 3)[0] = 1.0
@@ -277,6 +293,39 @@ def test_value_index_pairs_have_values_and_indices(f):
   assert v is out.values and i is out.indices
 
 # ***** methods PyTorch users reach for *****
+MORE_METHODS = [  # (name, f(x, other, module)) on x of shape (2, 3, 4) with NaN/inf, other a positive (2, 3, 4) tensor
+  ("mm", lambda x, o, m: x[0].mm(o[0].transpose(0, 1))), ("mv", lambda x, o, m: o[0].mv(o[1][0])),
+  ("addcmul", lambda x, o, m: o.addcmul(o, o * 2, value=0.5)), ("addcdiv", lambda x, o, m: o.addcdiv(o, o + 1, value=-2)),
+  ("clamp_min", lambda x, o, m: o.clamp_min(0.5)), ("clamp_max", lambda x, o, m: o.clamp_max(0.5)),
+  ("remainder", lambda x, o, m: (o * 7 - 3).remainder(2)), ("view_as", lambda x, o, m: o.view_as(o.reshape(6, 4))),
+  ("reshape_as", lambda x, o, m: o.reshape_as(o.transpose(0, 2))), ("expand_as", lambda x, o, m: o[:, :1].expand_as(o)),
+  ("ravel", lambda x, o, m: o.ravel()), ("swapaxes", lambda x, o, m: o.swapaxes(0, 2)), ("swapdims", lambda x, o, m: o.swapdims(-1, 1)),
+  ("movedim", lambda x, o, m: o.movedim(0, -1)), ("movedim-seq", lambda x, o, m: o.movedim((0, 1), (2, 0))), ("moveaxis", lambda x, o, m: o.moveaxis(2, 0)),
+  ("narrow", lambda x, o, m: o.narrow(2, 1, 2)), ("narrow-neg", lambda x, o, m: o.narrow(-1, -3, 2)),
+  ("unbind", lambda x, o, m: m.stack(o.unbind(1), 0)), ("cat-list-dim", lambda x, o, m: m.cat([o, o * 2], 1)),
+  ("cat-tuple-neg-dim", lambda x, o, m: m.cat((o, o), -1)), ("stack-list-dim", lambda x, o, m: m.stack([o, o + 1], 2)), ("tile", lambda x, o, m: o[0].tile((2, 1, 2))), ("tile-short", lambda x, o, m: o.tile(2)),
+  ("count_nonzero", lambda x, o, m: (o > 1).float().count_nonzero(dim=1)), ("nan_to_num", lambda x, o, m: x.nan_to_num()),
+  ("nan_to_num-args", lambda x, o, m: x.nan_to_num(nan=1.5, posinf=9.0, neginf=-9.0)),
+]
+@pytest.mark.parametrize("name,f", MORE_METHODS, ids=[n for n, _ in MORE_METHODS])
+def test_more_torch_methods(name, f):
+  a = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+  a[0, 0, :3] = [np.nan, np.inf, -np.inf]
+  o = np.abs(a[::-1].copy()) + 0.5
+  o[~np.isfinite(o)] = 1.0
+  (x, r), (ox, orr) = both(a), both(o)
+  same(f(x, ox, Tensor), f(r, orr, torch), rtol=1e-5, atol=1e-6)
+
+def test_more_torch_methods_in_place_predicates_and_errors():
+  (x, r) = both(arange(3, 4))
+  x.addcmul_(x, x, value=0.1).clamp_min_(1.0).addcdiv_(x, x + 1); r.addcmul_(r, r, value=0.1).clamp_min_(1.0).addcdiv_(r, r + 1)
+  same(x, r, rtol=1e-6)
+  assert x.is_floating_point() and not Tensor([1]).is_floating_point() and Tensor([1, 2]).equal(Tensor([1, 2])) and not Tensor([1, 2]).equal(Tensor([1, 3]))
+  w = Tensor([1., 2.], requires_grad=True)
+  assert w.is_leaf and not (w * 2).is_leaf and Tensor([1.]).is_leaf and (Tensor([1.]) * 2).is_leaf
+  with pytest.raises(IndexError): x.narrow(1, 3, 2)
+  with pytest.raises(RuntimeError): x.mm(x)
+
 def test_methods_against_torch():
   x, r = both(arange(2, 3) - 2)
   assert x.dim() == r.dim() == 2 and x.type() == r.type() == "torch.FloatTensor"

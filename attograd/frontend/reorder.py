@@ -221,6 +221,7 @@ class ReorderOps:
   # ***** combining and splitting *****
   def cat(self, *args, dim: int = 0):
     """torch.cat: Tensor.cat(a, b, dim=0) or a.cat(b, dim=0); a list/tuple of tensors works as well."""
+    if isinstance(self, (list, tuple)) and len(args) == 1 and isinstance(args[0], int): dim, args = args[0], ()  # torch.cat(xs, 1)
     tensors = [self, *args]
     if len(tensors) == 1 and isinstance(self, (list, tuple)): tensors = list(self)
     if not tensors: raise ArgumentError("cat needs at least one tensor")
@@ -251,6 +252,7 @@ class ReorderOps:
 
   def stack(self, *args, dim: int = 0):
     """torch.stack: Tensor.stack(a, b, dim=0) or a.stack(b, dim=0)."""
+    if isinstance(self, (list, tuple)) and len(args) == 1 and isinstance(args[0], int): dim, args = args[0], ()  # torch.stack(xs, 1)
     tensors = list(self) if isinstance(self, (list, tuple)) and not args else [self, *args]
     if not tensors: raise ArgumentError("stack needs at least one tensor")
     for t in tensors:
