@@ -134,7 +134,7 @@ def _view_chain(u: UOp, root: UOp) -> list[UOp] | None:
   chain = []
   while u is not root:
     if (src := sources.get(u)) is not None: u = src
-    elif u.op in GroupOp.Movement: chain.append(u); u = u.src[0]
+    elif u.op in GroupOp.Movement or u.op is Ops.DETACH: chain.append(u); u = u.src[0]  # detach() is a view too (torch)
     else: return None
   return chain[::-1]
 
@@ -145,6 +145,7 @@ def _redo_views(chain: list[UOp], u: UOp) -> UOp:
 def _undo_view(m: UOp, t: Tensor) -> Tensor:
   """t, shaped like the movement op m's output, laid back out in m's source's shape (elements m drops are 0/False)."""
   shape = m.src[0].shape
+  if m.op is Ops.DETACH: return t
   if m.op is Ops.RESHAPE or m.op is Ops.EXPAND: return t.reshape(shape)  # an EXPAND here adds no elements (checked)
   if m.op is Ops.PERMUTE: return t.permute(argsort(m.arg))
   if m.op is Ops.FLIP: return t.flip(*(i for i, f in enumerate(m.arg) if f))
@@ -277,7 +278,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     # a symbolic shape lives in a buffer made for the variable's maximum: the tensor is its prefix
     return raw if isinstance(n := self.numel(), int) else raw[:sym_value(n) * self.dtype.itemsize]
   def _value_shape(self) -> tuple[int, ...]: return tuple(sym_value(s) for s in self.shape) if self.uop.symbolic_shape else self.shape
-  def data(self) -> memoryview: return self._raw()
+  @property
+  def data(self) -> Tensor:
+    """torch's x.data: x detached, sharing its values (m.weight.data.normal_(0, 0.02) writes the weight, outside autograd).
+    Called, x.data() is tinygrad's memoryview of the values."""
+    return self._mark_view(_Data(UOp(Ops.DETACH, self.dtype, (self.uop,))))
+  @data.setter
+  def data(self, value: Tensor) -> None:  # torch's x.data = t: x takes t's values (and shape), its grad settings stay
+    value = value.detach()
+    if value.shape == self.shape and value.device == self.device: self.assign(value)
+    else: self.uop = value.cast(self.dtype).uop
   def tolist(self) -> Any:
     if self.dtype == dtypes.bool: flat = [bool(b) for b in self._raw().cast("B")]
     else: flat = _unpack(self._raw(), self.dtype)
@@ -348,7 +358,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     base.assign(mask.where(value, base))
     self.uop, self._view_of = _redo_views(chain, base.uop), (self._view_of[0], base.uop)
     return self
-  def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+  def detach(self) -> Tensor:
+    """The values without the graph; as torch's, it shares them: an in-place write to it reaches this tensor."""
+    return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def _new(self, u: UOp) -> Tensor: return Tensor(u)
   def _view(self, u: UOp) -> Tensor: return self._mark_view(Tensor(u))
@@ -1147,6 +1159,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     big = _FLOAT_MAX[self.dtype.scalar()]  # the largest finite value (dtypes.max of a float is inf)
     x = self.isnan().where(nan, self)
     return (x == math.inf).where(big if posinf is None else posinf, (x == -math.inf).where(-big if neginf is None else neginf, x))
+  # torch's in-place random fills (model init code: m.weight.data.normal_(0, 0.02)); generator= is accepted, the numbers
+  # come from Tensor.manual_seed's stream
+  def uniform_(self, a: float = 0.0, b: float = 1.0, *, generator: Any = None) -> Tensor:
+    return self._write(Tensor.uniform(*self.shape, low=a, high=b, dtype=self.dtype, device=self.device))
+  def normal_(self, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
+    return self._write(Tensor.normal(*self.shape, mean=mean, std=std, dtype=self.dtype, device=self.device))
+  def bernoulli_(self, p: float = 0.5, *, generator: Any = None) -> Tensor:
+    return self._write((Tensor.rand(*self.shape, device=self.device) < p).cast(self.dtype))
   def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
   def equal(self, other: Tensor) -> bool: return self.shape == other.shape and bool((self == other).all().item())
   @property
@@ -1416,6 +1436,11 @@ def _inplace(name: str) -> Callable[..., Tensor]:
 # torch's in-place spellings: each is its out-of-place op written back (one rule, not a method each)
 _FLOAT_MAX = {dtypes.float16: 65504.0, dtypes.bfloat16: 3.3895313892515355e38, dtypes.float32: 3.4028234663852886e38,
               dtypes.float64: 1.7976931348623157e308}
+class _Data(Tensor):
+  """What x.data gives: a detached view of x (torch), callable for tinygrad's x.data() memoryview."""
+  __slots__ = ()
+  def __call__(self) -> memoryview: return self._raw()
+
 INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
                "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
                "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",

@@ -544,3 +544,26 @@ def test_torch_dtypes_by_name():
   assert x.sum(dtype=torch.float64).item() == torch.tensor([1.5, 2.0]).sum(dtype=torch.float64).item()
   assert x.cast(torch.half).dtype == dtypes.float16 and Tensor([1, 2], dtype=torch.int16).dtype == dtypes.int16
   with pytest.raises(TypeError, match="unknown dtype"): x.cast(torch.complex64)
+
+
+def test_data_and_detach_share_values_as_torch():
+  """x.data and x.detach() are views without the graph: in-place writes to them reach x (init code, manual updates),
+  and tinygrad's x.data() memoryview keeps working."""
+  for mod, make in ((torch, lambda v: torch.tensor(v, requires_grad=True)), (None, lambda v: Tensor(v, requires_grad=True))):
+    p = make([1., 2., 3.])
+    p.data.mul_(2)
+    p.detach().add_(1)
+    p.data.copy_(p.data * 10) if mod is None else p.data.copy_(p.data * 10)
+    assert p.tolist() == [30., 50., 70.] and p.requires_grad
+    (p * p).sum().backward()
+    p.grad.data.zero_()
+    assert p.grad.tolist() == [0., 0., 0.]
+  assert bytes(Tensor([1., 2.]).data()) == np.array([1., 2.], np.float32).tobytes()
+  w = Tensor.zeros(200, 100).contiguous().realize()
+  w.data.normal_(0.5, 0.02)
+  assert abs(w.numpy().mean() - 0.5) < 0.01 and abs(w.numpy().std() - 0.02) < 0.002
+  w[0].data.uniform_(-1, 1)
+  assert w.numpy()[0].min() >= -1 and w.numpy()[0].max() <= 1 and abs(w.numpy()[0].mean()) < 0.2 and abs(w.numpy()[1].mean() - 0.5) < 0.01
+  w.bernoulli_(0.25)
+  assert set(np.unique(w.numpy())) <= {0., 1.} and abs(w.numpy().mean() - 0.25) < 0.02
+  with pytest.raises(RuntimeError): Tensor([1., 2.], requires_grad=True).normal_()  # a leaf requiring grad, outside no_grad
