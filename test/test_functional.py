@@ -60,6 +60,7 @@ CASES = {
   "interpolate-bilinear": ([r(1, 2, 4, 5)], dict(size=(7, 3), mode="bilinear", align_corners=False)),
   "normalize": ([r(3, 4)], {}), "normalize-p1": ([r(3, 4)], dict(p=1, dim=0)), "normalize-inf": ([r(3, 4)], dict(p=math.inf, dim=-1)),
   "pixel_shuffle": ([r(2, 8, 3, 3), 2], {}),
+  "unfold": ([r(2, 3, 7, 6)], dict(kernel_size=3)), "unfold-strided": ([r(2, 3, 7, 6)], dict(kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=2)),
 }
 
 NO_GRAD_ARGS = {"nll_loss": {2}, "cross_entropy": {2}, "binary_cross_entropy": {2}, "batch_norm": {1, 2}}  # torch refuses their gradients

@@ -279,6 +279,17 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
   """input / max(||input||_p along dim, eps)."""
   return input / input.norm(p, dim, True).clamp(min=eps)  # Tensor.norm: a zero vector's norm passes no gradient, as torch
 
+def unfold(input: Tensor, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+  """torch's im2col: (N, C, H, W) -> (N, C*kh*kw, L), each column one window (channel-major, then kernel row, column),
+  the windows in row-major order; an unbatched (C, H, W) gives (C*kh*kw, L)."""
+  if input.ndim == 3: return unfold(input.unsqueeze(0), kernel_size, dilation, padding, stride).squeeze(0)
+  if input.ndim != 4: raise ArgumentError(f"unfold takes a 3-D or 4-D input, got shape {input.shape}")
+  kernel, dil, st = Tensor._tuple(kernel_size, 2, "kernel_size"), Tensor._tuple(dilation, 2, "dilation"), Tensor._tuple(stride, 2, "stride")
+  pad = Tensor._tuple(padding, 2, "padding")
+  w = input.pad(((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))._pool(kernel, st, dil)  # (N, C, oh, ow, kh, kw)
+  n, c, oh, ow = w.shape[:4]
+  return w.permute(0, 1, 4, 5, 2, 3).reshape(n, c * kernel[0] * kernel[1], oh * ow)
+
 def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
   *b, c, h, w = input.shape
   r = upscale_factor
