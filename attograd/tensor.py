@@ -206,7 +206,19 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
 
   # ***** autograd *****
   @property
-  def requires_grad(self) -> bool | None: return self._requires_grad
+  def requires_grad(self) -> bool | None:
+    """A leaf's flag as set (None: never set, tinygrad's "undecided", which an optimizer turns into True). A computed
+    tensor's is True, as torch's, when a gradient can flow into it from a tensor that requires grad (its graph is walked
+    only when asked); else None."""
+    if self._requires_grad is not None: return self._requires_grad
+    if not _grad_tensors: return None
+    targets = {t.uop for t in _grad_tensors.values()}
+    seen, stack = set(), [_graph_for_gradient(self.uop, targets)]
+    while stack:  # a target reached other than through a DETACH (detach(), .data)
+      u = stack.pop()
+      if u in targets: return True
+      if u not in seen and u.op is not Ops.DETACH: seen.add(u); stack.extend(u.src)
+    return None
   @requires_grad.setter
   def requires_grad(self, value: bool | None) -> None:
     if value and not (dtypes.is_float(self.dtype)): raise TypeError(f"only floating point tensors can require gradients, not {self.dtype}")
@@ -257,7 +269,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       tensors = [*tensors, *(c[0] for c in checks)]
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
-    keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
+    keep = [not t._requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
     for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
       reports = [(buffer_of(c.uop.base), what, size) for c, what, size in checks]
@@ -1172,7 +1184,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   @property
   def is_leaf(self) -> bool:
     """torch's: a tensor no gradient flows through to another (made by the user, or computed from nothing that requires grad)."""
-    return self._requires_grad is not None or not self._may_need_grad()
+    return self._requires_grad is not None or not self.requires_grad
   def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
     x = (self if dtype is None else self.cast(dtype))._float_unary().abs()

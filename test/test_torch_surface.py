@@ -322,7 +322,7 @@ def test_more_torch_methods_in_place_predicates_and_errors():
   same(x, r, rtol=1e-6)
   assert x.is_floating_point() and not Tensor([1]).is_floating_point() and Tensor([1, 2]).equal(Tensor([1, 2])) and not Tensor([1, 2]).equal(Tensor([1, 3]))
   w = Tensor([1., 2.], requires_grad=True)
-  assert w.is_leaf and not (w * 2).is_leaf and Tensor([1.]).is_leaf and (Tensor([1.]) * 2).is_leaf
+  assert w.is_leaf and not (w * 2).is_leaf and Tensor([1.]).is_leaf and (Tensor([1.]) * 2).is_leaf and (w * 2).detach().is_leaf
   with pytest.raises(IndexError): x.narrow(1, 3, 2)
   with pytest.raises(RuntimeError): x.mm(x)
 
@@ -567,3 +567,20 @@ def test_data_and_detach_share_values_as_torch():
   w.bernoulli_(0.25)
   assert set(np.unique(w.numpy())) <= {0., 1.} and abs(w.numpy().mean() - 0.25) < 0.02
   with pytest.raises(RuntimeError): Tensor([1., 2.], requires_grad=True).normal_()  # a leaf requiring grad, outside no_grad
+
+
+def test_requires_grad_of_computed_tensors():
+  """torch code checks y.requires_grad on results: True when it depends on a tensor requiring grad; a leaf never set
+  stays None (tinygrad), which reads as False."""
+  w, c = Tensor([1., 2.], requires_grad=True), Tensor([3., 4.])
+  tw = torch.tensor([1., 2.], requires_grad=True)
+  y, ty = (w * c).sum(), (tw * torch.tensor([3., 4.])).sum()
+  assert y.requires_grad is ty.requires_grad is True and (w[0] + 1).requires_grad and w.T.requires_grad
+  assert not (c * 2).requires_grad and c.requires_grad is None and w.detach().requires_grad is not True
+  y.item()  # realized: still connected, and backward still works
+  assert y.requires_grad
+  y.backward()
+  assert w.grad.tolist() == [3., 4.]
+  with attograd.no_grad():
+    z = (w * 2).realize()  # realized under no_grad: it forgot its graph
+  assert not z.requires_grad
