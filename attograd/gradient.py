@@ -3,6 +3,7 @@ the gradient flowing into it) to the gradients of its sources. Gradients are laz
 fuse like any other graph."""
 from __future__ import annotations
 import math
+from typing import Any, Callable
 from attograd.dtype import dtypes
 from attograd.helpers import Switch, argsort
 from attograd.uop.ops import UOp, Ops, GroupOp
@@ -145,13 +146,31 @@ class GradMode:
   enabled: bool = True
 
 class no_grad(Switch):
-  """`with attograd.no_grad():` or `@attograd.no_grad()`: autograd doesn't record (see GradMode)."""
-  def __init__(self) -> None: super().__init__(GradMode, "enabled", False)
+  """`with attograd.no_grad():`, `@attograd.no_grad()` or `@attograd.no_grad` (as torch): autograd doesn't record (see GradMode)."""
+  def __new__(cls, fn: Callable | None = None) -> Any:
+    if fn is None: return super().__new__(cls)
+    return cls()(fn)  # the bare decorator: no_grad(fn) is no_grad()(fn)
+  def __init__(self, fn: Callable | None = None) -> None: super().__init__(GradMode, "enabled", False)
 class enable_grad(Switch):
-  """Autograd records again inside a no_grad block."""
-  def __init__(self) -> None: super().__init__(GradMode, "enabled", True)
+  """Autograd records again inside a no_grad block (also a bare decorator, as no_grad)."""
+  def __new__(cls, fn: Callable | None = None) -> Any:
+    if fn is None: return super().__new__(cls)
+    return cls()(fn)
+  def __init__(self, fn: Callable | None = None) -> None: super().__init__(GradMode, "enabled", True)
 class inference_mode(Switch):
   """torch.inference_mode: here the same as no_grad. inference_mode(False) records as usual."""
   def __init__(self, mode: bool = True) -> None: super().__init__(GradMode, "enabled", not mode)
 def is_grad_enabled() -> bool: return GradMode.enabled
-def set_grad_enabled(mode: bool) -> None: GradMode.enabled = bool(mode)
+class set_grad_enabled(Switch):
+  """torch.set_grad_enabled(mode): sets grad mode at the call (a plain function call keeps it set), and as a context
+  manager or decorator restores the previous mode afterwards."""
+  def __init__(self, mode: bool) -> None:
+    super().__init__(GradMode, "enabled", bool(mode))
+    self.prev.append(GradMode.enabled)  # what __exit__ of the `with` restores: the mode before this call
+    GradMode.enabled = bool(mode)
+  def __enter__(self) -> Switch:
+    if self.prev: return self  # entered right after the call, which already set the mode
+    return super().__enter__()
+  def __call__(self, fn: Callable) -> Callable:
+    GradMode.enabled = self.prev.pop()  # as a decorator the mode is set per call, not by making it (as torch)
+    return super().__call__(fn)

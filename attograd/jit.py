@@ -88,6 +88,15 @@ def _changed_data(first: list, second: list) -> tuple[str, int] | None:
     if n < len(olds := by_site.get(site, [])) and olds[n] != raw: return site
   return None
 
+def _current(owner: Any, key: Any) -> Any:
+  """A watched float's value now: an entry of a dict or list (gone: None, which differs), else an attribute."""
+  if isinstance(owner, (dict, list)):
+    try: return owner[key]
+    except (KeyError, IndexError): return None
+  return getattr(owner, key)
+
+_WATCH_ITEMS = 64  # entries of a container compared per replay: bounded, a replay costs a few microseconds
+
 def _watch_list(fxn: Callable, args: tuple, kwargs: dict) -> list[tuple[Any, Any, Any, str]]:
   """The Python floats a function's kernels may have baked in, to compare on every replay: (owner, key, value, name) for
   Tensor.training, floats among the globals and closure variables it names and its arguments, and the float attributes
@@ -104,14 +113,23 @@ def _watch_list(fxn: Callable, args: tuple, kwargs: dict) -> list[tuple[Any, Any
   roots += [(f"argument {i}", None, None, a) for i, a in enumerate(args)] + [(k, None, None, v) for k, v in kwargs.items()]
   watch: list[tuple[Any, Any, Any, str]] = [(Tensor, "training", Tensor.training, "Tensor.training")]
   def is_float(v: Any) -> bool: return type(v) is float
+  def items(c: Any) -> list[tuple[Any, Any]]:
+    """A list's or dict's entries (the first _WATCH_ITEMS): a float kept in a mutable container (scale[0], cfg["lr"])
+    changes without rebinding any name."""
+    if isinstance(c, list): return list(enumerate(c[:_WATCH_ITEMS]))
+    live = getattr(c, "tensor_backed", ())  # an optimizer's param group keeps lr in a Tensor: it may change
+    if isinstance(c, dict): return [(k, v) for _, (k, v) in zip(range(_WATCH_ITEMS), c.items()) if k not in live]
+    return []
   for name, owner, key, obj in roots:
     if is_float(obj):
       if owner is not None: watch.append((owner, key, obj, name))
       continue
+    watch += [(obj, k, v, f"{name}[{k!r}]") for k, v in items(obj) if is_float(v)]
     if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)) or not hasattr(obj, "__dict__"): continue
     backed = getattr(obj, "tensor_backed", ())
     for k, v in vars(obj).items():
       if is_float(v) and k not in backed: watch.append((obj, k, v, f"{name}.{k}"))
+      if k not in backed: watch += [(v, i, f, f"{name}.{k}[{i!r}]") for i, f in items(v) if is_float(f)]
       for i, d in enumerate(v if isinstance(v, (list, tuple)) else [v] if isinstance(v, dict) else []):
         if isinstance(d, dict):
           live = getattr(d, "tensor_backed", ())
@@ -188,7 +206,7 @@ class TinyJit(Generic[ReturnType]):
       return ret
     assert self.replay is not None
     for owner, key, value, name in self.watch:
-      if [now := owner[key] if isinstance(owner, dict) else getattr(owner, key)] != [value]:  # (a list: a NaN equals itself)
+      if [now := _current(owner, key)] != [value]:  # (a list: a NaN equals itself)
         raise JitError(f"{name} was {value} when {self.fxn.__name__} was captured and is now {now}: a replay would use the old "
                        "value, baked into its kernels. Hold a value that changes in a Tensor (and assign to it), or call .reset() "
                        "to capture again")

@@ -15,6 +15,7 @@ from attograd.engine.registry import sources
 from attograd.gradient import compute_gradient, GradMode
 from attograd.frontend.indexing import IndexingOps, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
+from attograd.frontend.pairs import ValuesIndices, _VI_HINT
 from attograd.frontend.elementwise import ElementwiseOps
 
 # tensors that require grad, by id: a WeakSet would compare two entries with ==, which is elementwise for tensors
@@ -118,13 +119,28 @@ def _normalize_axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not -max(n, 1) <= axis < max(n, 1): raise IndexError(f"axis {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % max(n, 1)
 
+# each base's live views, weakly both ways (by id: Tensor's == is elementwise, so no WeakSet/WeakKeyDictionary): a write
+# to the base refreshes them, so they show it as torch's views do
+_views_of: dict[int, tuple[weakref.ref, dict[int, weakref.ref], list[int]]] = {}
+def _add_view(base: Tensor, view: Tensor) -> None:
+  if (entry := _views_of.get(id(base))) is None or entry[0]() is not base:
+    entry = _views_of[id(base)] = (weakref.ref(base, lambda _, k=id(base): _views_of.pop(k, None)), {}, [64])
+  views = entry[1]
+  views[id(view)] = weakref.ref(view)  # no callback (it costs a closure per view): dead entries are pruned in bulk
+  if len(views) > entry[2][0]:
+    for k in [k for k, r in views.items() if r() is None]: del views[k]
+    entry[2][0] = max(64, 2 * len(views))
+def _live_views(base: Tensor) -> list[Tensor]:
+  if (entry := _views_of.get(id(base))) is None or entry[0]() is not base: return []
+  return [v for r in list(entry[1].values()) if (v := r()) is not None]
+
 def _view_chain(u: UOp, root: UOp) -> list[UOp] | None:
   """The movement ops from root up to u, innermost first, seeing through a realized view to the graph it came from;
   None when u doesn't come from root that way."""
   chain = []
   while u is not root:
     if (src := sources.get(u)) is not None: u = src
-    elif u.op in GroupOp.Movement: chain.append(u); u = u.src[0]
+    elif u.op in GroupOp.Movement or u.op is Ops.DETACH: chain.append(u); u = u.src[0]  # detach() is a view too (torch)
     else: return None
   return chain[::-1]
 
@@ -135,6 +151,7 @@ def _redo_views(chain: list[UOp], u: UOp) -> UOp:
 def _undo_view(m: UOp, t: Tensor) -> Tensor:
   """t, shaped like the movement op m's output, laid back out in m's source's shape (elements m drops are 0/False)."""
   shape = m.src[0].shape
+  if m.op is Ops.DETACH: return t
   if m.op is Ops.RESHAPE or m.op is Ops.EXPAND: return t.reshape(shape)  # an EXPAND here adds no elements (checked)
   if m.op is Ops.PERMUTE: return t.permute(argsort(m.arg))
   if m.op is Ops.FLIP: return t.flip(*(i for i, f in enumerate(m.arg) if f))
@@ -195,7 +212,19 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
 
   # ***** autograd *****
   @property
-  def requires_grad(self) -> bool | None: return self._requires_grad
+  def requires_grad(self) -> bool | None:
+    """A leaf's flag as set (None: never set, tinygrad's "undecided", which an optimizer turns into True). A computed
+    tensor's is True, as torch's, when a gradient can flow into it from a tensor that requires grad (its graph is walked
+    only when asked); else None."""
+    if self._requires_grad is not None: return self._requires_grad
+    if not _grad_tensors: return None
+    targets = {t.uop for t in _grad_tensors.values()}
+    seen, stack = set(), [_graph_for_gradient(self.uop, targets)]
+    while stack:  # a target reached other than through a DETACH (detach(), .data)
+      u = stack.pop()
+      if u in targets: return True
+      if u not in seen and u.op is not Ops.DETACH: seen.add(u); stack.extend(u.src)
+    return None
   @requires_grad.setter
   def requires_grad(self, value: bool | None) -> None:
     if value and not (dtypes.is_float(self.dtype)): raise TypeError(f"only floating point tensors can require gradients, not {self.dtype}")
@@ -254,7 +283,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       tensors = [*tensors, *(c[0] for c in checks)]
     tensors = list({id(t): t for t in tensors}.values())
     # a computed tensor keeps the graph it came from, so backward() still works after item(); a leaf of the gradient doesn't
-    keep = [not t.requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
+    keep = [not t._requires_grad and GradMode.enabled for t in tensors]  # under no_grad a result forgets its graph
     with gc_paused():  # graphs hold no cycles: a collection here walks a training step's graphs for nothing (helpers.gc_paused)
       for t, u in zip(tensors, realize_graphs([t.uop for t in tensors], keep)): t.uop = u
     if checks:
@@ -278,7 +307,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     # a symbolic shape lives in a buffer made for the variable's maximum: the tensor is its prefix
     return raw if isinstance(n := self.numel(), int) else raw[:sym_value(n) * self.dtype.itemsize]
   def _value_shape(self) -> tuple[int, ...]: return tuple(sym_value(s) for s in self.shape) if self.uop.symbolic_shape else self.shape
-  def data(self) -> memoryview: return self._raw()
+  @property
+  def data(self) -> Tensor:
+    """torch's x.data: x detached, sharing its values (m.weight.data.normal_(0, 0.02) writes the weight, outside autograd).
+    Called, x.data() is tinygrad's memoryview of the values."""
+    return self._mark_view(_Data(UOp(Ops.DETACH, self.dtype, (self.uop,))))
+  @data.setter
+  def data(self, value: Tensor) -> None:  # torch's x.data = t: x takes t's values (and shape), its grad settings stay
+    value = value.detach()
+    if value.shape == self.shape and value.device == self.device: self.assign(value)
+    else: self.uop = value.cast(self.dtype).uop
   def tolist(self) -> Any:
     if self.dtype == dtypes.bool: flat = [bool(b) for b in self._raw().cast("B")]
     else: flat = _unpack(self._raw(), self.dtype)
@@ -334,16 +372,20 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def assign(self, x: Tensor | ConstType) -> Tensor:
     """Give this tensor x's values (broadcast and cast to its shape and dtype), like torch's copy_.
     The write lands at the next realize of anything, in new memory: tensors computed from the old
-    values keep them, even if they are still lazy (views made before the write see the old values too)."""
+    values keep them, even if they are still lazy; views of this tensor made before the write see the new ones (torch's aliasing)."""
     x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
     if x.device != self.device: raise ArgumentError(f"assign from device {x.device} to a tensor on {self.device}")
     x = x.cast(self.dtype)._broadcast_to(self.shape)
     if (vo := self._view_of) is not None and (base := vo[0]()) is not None and base is not self: return self._assign_through(base, vo[1], x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
-    if not is_realized(target): self.uop = x.uop; return self  # nothing realized to write over
-    if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
-    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
-    _pending_realize[id(self)] = self
+    if not is_realized(target): self.uop = x.uop  # nothing realized to write over
+    else:
+      if (capture := capturing()) is not None: capture.assigned.setdefault(self, target)
+      self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
+      _pending_realize[id(self)] = self
+    # views made before the write show it from now on, as torch's share memory (a tensor computed from them keeps
+    # the old values: in torch it was computed before the write too)
+    for v in _live_views(self): v._fresh()
     return self
   def _assign_through(self, base: Tensor, root: UOp, x: Tensor) -> Tensor:
     """The write to a view: the movement ops from the base's node (when the view was made) up to this view, undone on
@@ -360,7 +402,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     base.assign(mask.where(value, base))
     self.uop, self._view_of = _redo_views(chain, base.uop), (self._view_of[0], base.uop)
     return self
-  def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+  def detach(self) -> Tensor:
+    """The values without the graph; as torch's, it shares them: an in-place write to it reaches this tensor."""
+    return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def _new(self, u: UOp) -> Tensor: return Tensor(u)
   def _view(self, u: UOp) -> Tensor: return self._mark_view(Tensor(u))
@@ -368,7 +412,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """t is a view of self (as a PyTorch view shares memory): a write to t becomes an assign to the region of self's
     base it shows. The base is held weakly: once nothing else holds it, no one can see a write to it, and t is on its own."""
     vo = self._view_of
-    t._view_of = vo if vo is not None and vo[0]() is not None else (weakref.ref(self), self.uop)
+    if vo is not None and (base := vo[0]()) is not None: t._view_of = vo
+    else: t._view_of, base = (weakref.ref(self), self.uop), self
+    _add_view(base, t)  # so a later write to the base reaches t (assign)
     return t
   def _fresh(self) -> Tensor:
     """A view whose base was written since it was made shows the base's new values (before an in-place op reads it)."""
@@ -419,7 +465,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def eye(n: int, m: int | None = None, dtype=None, device=None, **kw) -> Tensor:
     m = n if m is None else m
     rows, cols = Tensor.arange(n, device=device).reshape(n, 1), Tensor.arange(m, device=device).reshape(1, m)
-    return (rows == cols).cast(dtype or dtypes.default_float)
+    t = (rows == cols).cast(dtype or dtypes.default_float)
+    # requires_grad=True makes a leaf with memory of its own, as full() does
+    return Tensor(t.contiguous().realize().uop, **kw) if kw.get("requires_grad") else Tensor(t.uop, **kw) if kw else t
   def new_full(self, size, fill_value: ConstType, dtype=None, device=None, **kw) -> Tensor:
     return Tensor.full(tuple(size) if isinstance(size, (tuple, list)) else (size,), fill_value, dtype or self.dtype, device or self.device, **kw)
   def new_zeros(self, *size, dtype=None, device=None, **kw) -> Tensor: return self.new_full(Tensor._shape_arg(size), 0, dtype, device, **kw)
@@ -1122,6 +1170,65 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if self.ndim != 1 or x.ndim != 1: raise ArgumentError(f"outer needs two 1-D tensors, got {self.shape} and {x.shape}")
     return self.reshape(-1, 1) * x.reshape(1, -1)
   ger = outer
+  # ***** more of torch's spellings, each over ops above (issue 16 audit: what a PyTorch program reaches for next) *****
+  def mm(self, x: Tensor) -> Tensor:
+    if self.ndim != 2 or not isinstance(x, Tensor) or x.ndim != 2: raise ArgumentError(f"mm needs two 2-D tensors, got {self.shape} and {getattr(x, 'shape', x)}")
+    return self.matmul(x)
+  def mv(self, x: Tensor) -> Tensor:
+    if self.ndim != 2 or not isinstance(x, Tensor) or x.ndim != 1: raise ArgumentError(f"mv needs a 2-D and a 1-D tensor, got {self.shape} and {getattr(x, 'shape', x)}")
+    return self.matmul(x)
+  def addcmul(self, tensor1: Tensor, tensor2: Tensor, value: ConstType = 1) -> Tensor: return self + value * (tensor1 * tensor2)
+  def addcdiv(self, tensor1: Tensor, tensor2: Tensor, value: ConstType = 1) -> Tensor: return self + value * (tensor1 / tensor2)
+  def clamp_min(self, min: Any) -> Tensor: return self.clamp(min=min)
+  def clamp_max(self, max: Any) -> Tensor: return self.clamp(max=max)
+  def remainder(self, x: Any) -> Tensor: return self.mod(x)  # torch.remainder is Python's %: the divisor's sign
+  def view_as(self, other: Tensor) -> Tensor: return self.view(other.shape)
+  def reshape_as(self, other: Tensor) -> Tensor: return self.reshape(other.shape)
+  def expand_as(self, other: Tensor) -> Tensor: return self.expand(other.shape)
+  def ravel(self) -> Tensor: return self.flatten()
+  def swapaxes(self, axis0: int, axis1: int) -> Tensor: return self.transpose(axis0, axis1)
+  swapdims = swapaxes
+  def movedim(self, source: int | Sequence[int], destination: int | Sequence[int]) -> Tensor:
+    src, dst = ([source], [destination]) if isinstance(source, int) else (list(source), list(destination))
+    if len(src) != len(dst): raise ArgumentError(f"movedim: {len(src)} source dims and {len(dst)} destination dims")
+    src, dst = [_normalize_axis(d, self.ndim) for d in src], [_normalize_axis(d, self.ndim) for d in dst]
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst): raise ArgumentError(f"movedim: repeated dims in {source} or {destination}")
+    rest = iter(d for d in range(self.ndim) if d not in src)
+    where = dict(zip(dst, src))
+    return self.permute(*(where[i] if i in where else next(rest) for i in range(self.ndim)))
+  moveaxis = movedim
+  def narrow(self, dim: int, start: int, length: int) -> Tensor:
+    d = _normalize_axis(dim, self.ndim)
+    start = start + self.shape[d] if start < 0 else start
+    if not 0 <= start <= start + length <= self.shape[d]:
+      raise IndexOutOfRange(f"narrow: start {start} and length {length} don't fit dim {dim} of size {self.shape[d]}")
+    return self.shrink(tuple((start, start + length) if i == d else None for i in range(self.ndim)))
+  def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+    d = _normalize_axis(dim, self.ndim)
+    return tuple(self.narrow(d, i, 1).squeeze(d) for i in range(self.shape[d]))
+  def tile(self, *dims) -> Tensor:
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    return self.reshape((1,) * (len(dims) - self.ndim) + self.shape).repeat(*((1,) * (self.ndim - len(dims)) + dims))
+  def count_nonzero(self, dim=None) -> Tensor: return (self != 0).sum(dim)
+  def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    if not dtypes.is_float(self.dtype): return self
+    big = _FLOAT_MAX[self.dtype.scalar()]  # the largest finite value (dtypes.max of a float is inf)
+    x = self.isnan().where(nan, self)
+    return (x == math.inf).where(big if posinf is None else posinf, (x == -math.inf).where(-big if neginf is None else neginf, x))
+  # torch's in-place random fills (model init code: m.weight.data.normal_(0, 0.02)); generator= is accepted, the numbers
+  # come from Tensor.manual_seed's stream
+  def uniform_(self, a: float = 0.0, b: float = 1.0, *, generator: Any = None) -> Tensor:
+    return self._write(Tensor.uniform(*self.shape, low=a, high=b, dtype=self.dtype, device=self.device))
+  def normal_(self, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
+    return self._write(Tensor.normal(*self.shape, mean=mean, std=std, dtype=self.dtype, device=self.device))
+  def bernoulli_(self, p: float = 0.5, *, generator: Any = None) -> Tensor:
+    return self._write((Tensor.rand(*self.shape, device=self.device) < p).cast(self.dtype))
+  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
+  def equal(self, other: Tensor) -> bool: return self.shape == other.shape and bool((self == other).all().item())
+  @property
+  def is_leaf(self) -> bool:
+    """torch's: a tensor no gradient flows through to another (made by the user, or computed from nothing that requires grad)."""
+    return self._requires_grad is not None or not self.requires_grad
   def norm(self, p: Any = "fro", dim=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """torch.norm: the vector p-norm over dim (all elements by default); 'fro' is 2, inf/-inf the largest/smallest |x|."""
     x = (self if dtype is None else self.cast(dtype))._float_unary().abs()
@@ -1410,9 +1517,17 @@ def _inplace(name: str) -> Callable[..., Tensor]:
   op.__doc__ = f"In place: x.{name}_(...) is x.assign(x.{name}(...)), lazy like assign (torch's {name}_)."
   return op
 # torch's in-place spellings: each is its out-of-place op written back (one rule, not a method each)
+_FLOAT_MAX = {dtypes.float16: 65504.0, dtypes.bfloat16: 3.3895313892515355e38, dtypes.float32: 3.4028234663852886e38,
+              dtypes.float64: 1.7976931348623157e308}
+class _Data(Tensor):
+  """What x.data gives: a detached view of x (torch), callable for tinygrad's x.data() memoryview."""
+  __slots__ = ()
+  def __call__(self) -> memoryview: return self._raw()
+
 INPLACE_OPS = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "clamp", "clip", "masked_fill", "scatter",
                "scatter_reduce", "index_add", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos",
                "relu", "sigmoid", "tanh", "floor", "ceil", "round", "trunc", "sign", "lerp", "maximum", "minimum", "bitwise_and",
+               "addcmul", "addcdiv", "clamp_min", "clamp_max", "nan_to_num",
                "bitwise_or", "bitwise_xor", "logical_not", "bitwise_left_shift", "bitwise_right_shift")
 for _name in INPLACE_OPS:
   if hasattr(Tensor, _name): setattr(Tensor, f"{_name}_", _inplace(_name))
@@ -1423,24 +1538,6 @@ def _one_dim(dim: Any) -> bool:
 
 _LOGIC_NAMES = {Ops.AND: "bitwise_and (&)", Ops.OR: "bitwise_or (|)", Ops.XOR: "bitwise_xor (^)", Ops.SHL: "lshift (<<)",
                 Ops.SHR: "rshift (>>)"}
-
-_VI_HINT = ("max/min with a positional or dim= dimension returns torch's (values, indices) pair, which can't be {what}: "
-            "take .values (x.max(1).values, as in torch), or use x.max(axis=1) / x.amax(1) for the tensor (as in tinygrad)")
-
-def _vi_refuse(self: Any, *args: Any) -> Any: raise TypeError(_VI_HINT.format(what="used in arithmetic"))
-
-class ValuesIndices(tuple):
-  """What torch's max/min/sort/topk with a dim return: a pair that also reads as .values and .indices."""
-  __slots__ = ()
-  def __new__(cls, values: Tensor, indices: Tensor) -> ValuesIndices: return tuple.__new__(cls, (values, indices))
-  values = property(lambda self: self[0])
-  indices = property(lambda self: self[1])
-  # a tuple would silently concatenate (vi + vi) or repeat (vi * 2): in a numeric program that is always a slip
-  __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = __truediv__ = __rtruediv__ = __neg__ = __pow__ = _vi_refuse
-  __lt__ = __le__ = __gt__ = __ge__ = _vi_refuse
-  def __getattr__(self, name: str) -> Any:  # only reached for names a tuple lacks (x.max(1).exp(), .shape, .numpy()...)
-    if name.startswith("__"): raise AttributeError(name)
-    raise AttributeError(f"'ValuesIndices' has no attribute {name!r}: " + _VI_HINT.format(what="used as a tensor"))
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):

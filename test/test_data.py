@@ -106,3 +106,20 @@ def test_torch_generator_seeds_the_order():
   ds = data.TensorDataset(X, Y)
   order = lambda g: next(iter(data.DataLoader(ds, batch_size=46, shuffle=True, generator=g)))[1].tolist()
   assert order(torch.Generator().manual_seed(5)) == order(torch.Generator().manual_seed(5)) != order(torch.Generator().manual_seed(6))
+
+@pytest.mark.parametrize("batch_size,drop_last,prefetch", [(4, False, None), (4, True, 0), (None, False, None)])
+def test_iterable_dataset_matches_torch(batch_size, drop_last, prefetch):
+  """An IterableDataset (a stream, no indices) is batched in its order, as torch's DataLoader does, len() from its own."""
+  def stream(base):
+    class Stream(base):
+      def __iter__(self):
+        for i in range(10): yield np.full(2, i, np.float32), i
+      def __len__(self): return 10
+    return Stream()
+  ours = data.DataLoader(stream(data.IterableDataset), batch_size=batch_size, drop_last=drop_last, prefetch_factor=prefetch)
+  theirs = tud.DataLoader(stream(tud.IterableDataset), batch_size=batch_size, drop_last=drop_last)
+  assert len(ours) == len(theirs)
+  got, want = list(ours), list(theirs)
+  assert len(got) == len(want)
+  for (ox, oy), (tx, ty) in zip(got, want): np.testing.assert_array_equal(np.asarray(ox.numpy() if hasattr(ox, "numpy") else ox), tx.numpy()); assert np.asarray(oy.tolist() if hasattr(oy, "tolist") else oy).tolist() == np.asarray(ty).tolist()
+  with pytest.raises(ValueError): data.DataLoader(stream(data.IterableDataset), shuffle=True)

@@ -60,6 +60,7 @@ CASES = {
   "interpolate-bilinear": ([r(1, 2, 4, 5)], dict(size=(7, 3), mode="bilinear", align_corners=False)),
   "normalize": ([r(3, 4)], {}), "normalize-p1": ([r(3, 4)], dict(p=1, dim=0)), "normalize-inf": ([r(3, 4)], dict(p=math.inf, dim=-1)),
   "pixel_shuffle": ([r(2, 8, 3, 3), 2], {}),
+  "unfold": ([r(2, 3, 7, 6)], dict(kernel_size=3)), "unfold-strided": ([r(2, 3, 7, 6)], dict(kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=2)),
 }
 
 NO_GRAD_ARGS = {"nll_loss": {2}, "cross_entropy": {2}, "binary_cross_entropy": {2}, "batch_norm": {1, 2}}  # torch refuses their gradients
@@ -113,6 +114,24 @@ def test_errors_at_the_call():
   with pytest.raises(TypeError): F.nll_loss(Tensor.ones(2, 3), Tensor([0.0, 1.0]))
   with pytest.raises(ValueError): F.nll_loss(Tensor.ones(2, 3), Tensor([0, 1, 2]))
   with pytest.raises(ValueError): F.layer_norm(Tensor.ones(2, 3), (4,))
+
+ARG_ERRORS = [  # (attograd call, the same call in torch): torch raises ValueError or RuntimeError; ours is both
+  (lambda: F.nll_loss(Tensor.ones(2, 3), Tensor([0, 1, 2])), lambda: TF.nll_loss(torch.ones(2, 3), torch.tensor([0, 1, 2]))),
+  (lambda: F.layer_norm(Tensor.ones(2, 3), (4,)), lambda: TF.layer_norm(torch.ones(2, 3), (4,))),
+  (lambda: nn.LayerNorm(4)(Tensor.ones(2, 3)), lambda: torch.nn.LayerNorm(4)(torch.ones(2, 3))),
+  (lambda: F.glu(Tensor.ones(2, 3)), lambda: TF.glu(torch.ones(2, 3))),
+  (lambda: F.group_norm(Tensor.ones(2, 3, 4), 2), lambda: TF.group_norm(torch.ones(2, 3, 4), 2)),
+  (lambda: F.pixel_shuffle(Tensor.ones(1, 3, 2, 2), 2), lambda: TF.pixel_shuffle(torch.ones(1, 3, 2, 2), 2)),
+  (lambda: nn.GroupNorm(2, 3), lambda: torch.nn.GroupNorm(2, 3)),
+  (lambda: F.mse_loss(Tensor.ones(2), Tensor.ones(2), reduction="avg"), lambda: TF.mse_loss(torch.ones(2), torch.ones(2), reduction="avg")),
+]
+@pytest.mark.parametrize("ours,theirs", ARG_ERRORS)
+def test_argument_errors_are_runtime_and_value_errors(ours, theirs):
+  """Code written against torch catches RuntimeError (or ValueError, where torch raises that): ours is both, at the call."""
+  with pytest.raises((RuntimeError, ValueError)) as tinfo: theirs()
+  with pytest.raises(tinfo.type): ours()
+  with pytest.raises(RuntimeError): ours()
+  with pytest.raises(ValueError): ours()
 
 def test_softmax_without_dim_picks_torchs_dim():
   for shape in [(4,), (3, 4), (2, 3, 4), (2, 3, 4, 5)]:

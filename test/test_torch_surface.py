@@ -38,6 +38,22 @@ def test_view_sees_base_written_before_inplace_op():
   v += 10; tv += 10
   same(x, r); same(v, tv)
 
+@pytest.mark.parametrize("write", [
+  lambda x: x.__setitem__((0, 0), 100.),        # the base written by index
+  lambda x: x.add_(1),                          # in place on the base
+  lambda x: x[1].mul_(-1),                      # through another view of the same base
+  lambda x: x.copy_(x * 2),
+])
+def test_views_made_before_a_write_read_it(write):
+  """torch's views share memory: a view made before its base was written reads the new values (and a sibling view's
+  write reaches it), while a tensor computed from the view before the write keeps the old ones."""
+  (x, r) = both(arange(2, 3))
+  views, tviews = [x[0], x[:, 1], x.T, x.reshape(6)[2:]], [r[0], r[:, 1], r.T, r.reshape(6)[2:]]
+  before, tbefore = views[0] * 1, tviews[0] * 1
+  write(x); write(r)
+  for v, tv in zip(views, tviews): same(v, tv)
+  same(before, tbefore)
+
 def test_write_to_expanded_view_raises():
   x = Tensor.ones(1, 3).contiguous().realize()
   with pytest.raises(RuntimeError, match="expanded"): x.expand(2, 3)[0] = 1.0
@@ -84,6 +100,30 @@ def test_jit_raises_when_a_python_float_it_read_changes():
   opt.lr = 0.01
   with pytest.raises(JitError, match="opt.lr"): step(Tensor.ones(3))
 
+@pytest.mark.parametrize("where", ["closure list", "global dict", "attribute list", "argument dict"])
+def test_jit_raises_when_a_float_in_a_container_changes(where):
+  """scale[0] = ... changes no name the function reads: the float inside the list or dict is watched too."""
+  class Cfg: pass
+  cfg, box = Cfg(), [0.5]
+  cfg.scales, _GLOBAL_CFG["lr"] = [0.5], 0.5
+  read = {"closure list": lambda _: box[0], "global dict": lambda _: _GLOBAL_CFG["lr"], "attribute list": lambda _: cfg.scales[0],
+          "argument dict": lambda d: d["lr"]}[where]
+  def set_value(v, d):
+    if where == "closure list": box[0] = v
+    elif where == "global dict": _GLOBAL_CFG["lr"] = v
+    elif where == "attribute list": cfg.scales[0] = v
+    else: d["lr"] = v
+  @TinyJit
+  def f(x: Tensor, d: dict) -> Tensor:
+    return (x * {"closure list": box, "global dict": _GLOBAL_CFG, "attribute list": cfg.scales, "argument dict": d}[where]
+            [0 if where in ("closure list", "attribute list") else "lr"]).realize()
+  d = {"lr": 0.5}
+  for _ in range(3): assert f(Tensor.ones(2), d).tolist() == [0.5, 0.5]
+  set_value(0.25, d)
+  assert read(d) == 0.25
+  with pytest.raises(JitError, match="0.5"): f(Tensor.ones(2), d)
+_GLOBAL_CFG: dict = {}
+
 def test_jit_raises_when_training_mode_changes():
   @TinyJit
   def f(x: Tensor) -> Tensor: return x.dropout(0.5).realize()
@@ -103,7 +143,7 @@ def test_jit_allows_constant_data_made_inside():
   def f(x: Tensor) -> Tensor: return (x + Tensor([1., 2., 3.]) + Tensor.rand(3) * 0).realize()
   for _ in range(4): assert f(Tensor.ones(3)).tolist() == [2., 3., 4.]
 
-@pytest.mark.parametrize("make", [Tensor.zeros, Tensor.ones, lambda *s, **kw: Tensor.full(s, 2.0, **kw)])
+@pytest.mark.parametrize("make", [Tensor.zeros, Tensor.ones, lambda *s, **kw: Tensor.full(s, 2.0, **kw), Tensor.eye])
 def test_creation_keeps_requires_grad(make):
   a, b = make(2, 3, requires_grad=True), make(2, 3, requires_grad=True)
   assert a.requires_grad and b.requires_grad
@@ -214,6 +254,23 @@ def test_no_grad_allows_leaf_updates_and_cuts_the_graph(ctx):
   (w * ema).sum().backward()  # ema was computed under no_grad: no gradient flows through it
   assert w.grad.tolist() == [1., 2., 3.]
 
+def test_grad_mode_spellings_as_torch():
+  """@no_grad without parentheses, @enable_grad, and set_grad_enabled as a call, a context manager and a decorator."""
+  for mod in (torch, attograd):
+    @mod.no_grad
+    def f(): return mod.is_grad_enabled()
+    @mod.enable_grad
+    def g(): return mod.is_grad_enabled()
+    @mod.set_grad_enabled(False)
+    def h(): return mod.is_grad_enabled()
+    assert mod.is_grad_enabled() and f() is False and h() is False and mod.is_grad_enabled()
+    with mod.no_grad(): assert g() is True and not mod.is_grad_enabled()
+    with mod.set_grad_enabled(False): assert not mod.is_grad_enabled()
+    assert mod.is_grad_enabled()
+    mod.set_grad_enabled(False)
+    assert not mod.is_grad_enabled()
+    mod.set_grad_enabled(True)
+
 def test_no_grad_decorator_and_requires_grad_detach():
   @attograd.no_grad()
   def f(): return attograd.is_grad_enabled()
@@ -225,7 +282,50 @@ def test_no_grad_decorator_and_requires_grad_detach():
   (y * 2 + x).sum().backward()
   assert x.grad.tolist() == [1., 1.]  # nothing flows through the detached y
 
+@pytest.mark.parametrize("f", [lambda x: x.sort(1), lambda x: x.sort(dim=0, descending=True, stable=True), lambda x: x.topk(2),
+                               lambda x: x.topk(2, dim=0, largest=False), lambda x: x.median(1), lambda x: x.cummax(1), lambda x: x.cummin(0)])
+def test_value_index_pairs_have_values_and_indices(f):
+  """torch.return_types: code reads x.topk(k).indices, x.sort(1).values."""
+  x, r = both(np.array([[3., 1., 2., 1.5], [0., 5., -1., 4.], [2.5, 2., 7., 0.5]], np.float32))  # no ties: which one topk picks differs
+  out, ref = f(x), f(r)
+  same(out.values, ref.values); same(out.indices, ref.indices)
+  v, i = out
+  assert v is out.values and i is out.indices
+
 # ***** methods PyTorch users reach for *****
+MORE_METHODS = [  # (name, f(x, other, module)) on x of shape (2, 3, 4) with NaN/inf, other a positive (2, 3, 4) tensor
+  ("mm", lambda x, o, m: x[0].mm(o[0].transpose(0, 1))), ("mv", lambda x, o, m: o[0].mv(o[1][0])),
+  ("addcmul", lambda x, o, m: o.addcmul(o, o * 2, value=0.5)), ("addcdiv", lambda x, o, m: o.addcdiv(o, o + 1, value=-2)),
+  ("clamp_min", lambda x, o, m: o.clamp_min(0.5)), ("clamp_max", lambda x, o, m: o.clamp_max(0.5)),
+  ("remainder", lambda x, o, m: (o * 7 - 3).remainder(2)), ("view_as", lambda x, o, m: o.view_as(o.reshape(6, 4))),
+  ("reshape_as", lambda x, o, m: o.reshape_as(o.transpose(0, 2))), ("expand_as", lambda x, o, m: o[:, :1].expand_as(o)),
+  ("ravel", lambda x, o, m: o.ravel()), ("swapaxes", lambda x, o, m: o.swapaxes(0, 2)), ("swapdims", lambda x, o, m: o.swapdims(-1, 1)),
+  ("movedim", lambda x, o, m: o.movedim(0, -1)), ("movedim-seq", lambda x, o, m: o.movedim((0, 1), (2, 0))), ("moveaxis", lambda x, o, m: o.moveaxis(2, 0)),
+  ("narrow", lambda x, o, m: o.narrow(2, 1, 2)), ("narrow-neg", lambda x, o, m: o.narrow(-1, -3, 2)),
+  ("unbind", lambda x, o, m: m.stack(o.unbind(1), 0)), ("cat-list-dim", lambda x, o, m: m.cat([o, o * 2], 1)),
+  ("cat-tuple-neg-dim", lambda x, o, m: m.cat((o, o), -1)), ("stack-list-dim", lambda x, o, m: m.stack([o, o + 1], 2)), ("tile", lambda x, o, m: o[0].tile((2, 1, 2))), ("tile-short", lambda x, o, m: o.tile(2)),
+  ("count_nonzero", lambda x, o, m: (o > 1).float().count_nonzero(dim=1)), ("nan_to_num", lambda x, o, m: x.nan_to_num()),
+  ("nan_to_num-args", lambda x, o, m: x.nan_to_num(nan=1.5, posinf=9.0, neginf=-9.0)),
+]
+@pytest.mark.parametrize("name,f", MORE_METHODS, ids=[n for n, _ in MORE_METHODS])
+def test_more_torch_methods(name, f):
+  a = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+  a[0, 0, :3] = [np.nan, np.inf, -np.inf]
+  o = np.abs(a[::-1].copy()) + 0.5
+  o[~np.isfinite(o)] = 1.0
+  (x, r), (ox, orr) = both(a), both(o)
+  same(f(x, ox, Tensor), f(r, orr, torch), rtol=1e-5, atol=1e-6)
+
+def test_more_torch_methods_in_place_predicates_and_errors():
+  (x, r) = both(arange(3, 4))
+  x.addcmul_(x, x, value=0.1).clamp_min_(1.0).addcdiv_(x, x + 1); r.addcmul_(r, r, value=0.1).clamp_min_(1.0).addcdiv_(r, r + 1)
+  same(x, r, rtol=1e-6)
+  assert x.is_floating_point() and not Tensor([1]).is_floating_point() and Tensor([1, 2]).equal(Tensor([1, 2])) and not Tensor([1, 2]).equal(Tensor([1, 3]))
+  w = Tensor([1., 2.], requires_grad=True)
+  assert w.is_leaf and not (w * 2).is_leaf and Tensor([1.]).is_leaf and (Tensor([1.]) * 2).is_leaf and (w * 2).detach().is_leaf
+  with pytest.raises(IndexError): x.narrow(1, 3, 2)
+  with pytest.raises(RuntimeError): x.mm(x)
+
 def test_methods_against_torch():
   x, r = both(arange(2, 3) - 2)
   assert x.dim() == r.dim() == 2 and x.type() == r.type() == "torch.FloatTensor"
@@ -444,3 +544,43 @@ def test_torch_dtypes_by_name():
   assert x.sum(dtype=torch.float64).item() == torch.tensor([1.5, 2.0]).sum(dtype=torch.float64).item()
   assert x.cast(torch.half).dtype == dtypes.float16 and Tensor([1, 2], dtype=torch.int16).dtype == dtypes.int16
   with pytest.raises(TypeError, match="unknown dtype"): x.cast(torch.complex64)
+
+
+def test_data_and_detach_share_values_as_torch():
+  """x.data and x.detach() are views without the graph: in-place writes to them reach x (init code, manual updates),
+  and tinygrad's x.data() memoryview keeps working."""
+  for mod, make in ((torch, lambda v: torch.tensor(v, requires_grad=True)), (None, lambda v: Tensor(v, requires_grad=True))):
+    p = make([1., 2., 3.])
+    p.data.mul_(2)
+    p.detach().add_(1)
+    p.data.copy_(p.data * 10) if mod is None else p.data.copy_(p.data * 10)
+    assert p.tolist() == [30., 50., 70.] and p.requires_grad
+    (p * p).sum().backward()
+    p.grad.data.zero_()
+    assert p.grad.tolist() == [0., 0., 0.]
+  assert bytes(Tensor([1., 2.]).data()) == np.array([1., 2.], np.float32).tobytes()
+  w = Tensor.zeros(200, 100).contiguous().realize()
+  w.data.normal_(0.5, 0.02)
+  assert abs(w.numpy().mean() - 0.5) < 0.01 and abs(w.numpy().std() - 0.02) < 0.002
+  w[0].data.uniform_(-1, 1)
+  assert w.numpy()[0].min() >= -1 and w.numpy()[0].max() <= 1 and abs(w.numpy()[0].mean()) < 0.2 and abs(w.numpy()[1].mean() - 0.5) < 0.01
+  w.bernoulli_(0.25)
+  assert set(np.unique(w.numpy())) <= {0., 1.} and abs(w.numpy().mean() - 0.25) < 0.02
+  with pytest.raises(RuntimeError): Tensor([1., 2.], requires_grad=True).normal_()  # a leaf requiring grad, outside no_grad
+
+
+def test_requires_grad_of_computed_tensors():
+  """torch code checks y.requires_grad on results: True when it depends on a tensor requiring grad; a leaf never set
+  stays None (tinygrad), which reads as False."""
+  w, c = Tensor([1., 2.], requires_grad=True), Tensor([3., 4.])
+  tw = torch.tensor([1., 2.], requires_grad=True)
+  y, ty = (w * c).sum(), (tw * torch.tensor([3., 4.])).sum()
+  assert y.requires_grad is ty.requires_grad is True and (w[0] + 1).requires_grad and w.T.requires_grad
+  assert not (c * 2).requires_grad and c.requires_grad is None and w.detach().requires_grad is not True
+  y.item()  # realized: still connected, and backward still works
+  assert y.requires_grad
+  y.backward()
+  assert w.grad.tolist() == [3., 4.]
+  with attograd.no_grad():
+    z = (w * 2).realize()  # realized under no_grad: it forgot its graph
+  assert not z.requires_grad

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 from attograd.errors import ArgumentError
+from attograd.frontend.pairs import ValuesIndices
 from attograd.dtype import dtypes, least_upper_dtype
 from attograd.uop.ops import UOp, Ops, device_leaf
 
@@ -220,6 +221,7 @@ class ReorderOps:
   # ***** combining and splitting *****
   def cat(self, *args, dim: int = 0):
     """torch.cat: Tensor.cat(a, b, dim=0) or a.cat(b, dim=0); a list/tuple of tensors works as well."""
+    if isinstance(self, (list, tuple)) and len(args) == 1 and isinstance(args[0], int): dim, args = args[0], ()  # torch.cat(xs, 1)
     tensors = [self, *args]
     if len(tensors) == 1 and isinstance(self, (list, tuple)): tensors = list(self)
     if not tensors: raise ArgumentError("cat needs at least one tensor")
@@ -253,6 +255,7 @@ class ReorderOps:
 
   def stack(self, *args, dim: int = 0):
     """torch.stack: Tensor.stack(a, b, dim=0) or a.stack(b, dim=0)."""
+    if isinstance(self, (list, tuple)) and len(args) == 1 and isinstance(args[0], int): dim, args = args[0], ()  # torch.stack(xs, 1)
     tensors = list(self) if isinstance(self, (list, tuple)) and not args else [self, *args]
     if not tensors: raise ArgumentError("stack needs at least one tensor")
     for t in tensors:
@@ -427,7 +430,7 @@ class ReorderOps:
     if dim is not None: axis = dim
     d = _axis(axis, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
-    if x.numel() == 0: return self, self.zeros_like(dtype=dtypes.int64)
+    if x.numel() == 0: return ValuesIndices(self, self.zeros_like(dtype=dtypes.int64))
     T, isf = type(self), dtypes.is_float(self.dtype)
     low = -math.inf if isf else dtypes.min(self.dtype)
     def tri(x, where_from):
@@ -463,15 +466,15 @@ class ReorderOps:
     v, i = scan(x, None)
     # torch's gradient goes to the index it returns (the latest of tied maxima); through the reductions above it was shared
     if isf and self._may_need_grad(): v = x.gather(-1, i)
-    if self.ndim == 0: return v.reshape(()), i.reshape(())
-    return v.transpose(d, -1), i.transpose(d, -1)
+    if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))
+    return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
   def cummin(self, axis: int = 0, *, dim=None) -> tuple:
     """torch.cummin, through cummax of the order-reversed values."""
     if dim is not None: axis = dim
-    if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return v.logical_not(), i
-    if dtypes.is_float(self.dtype): v, i = (-self).cummax(axis); return -v, i
+    if self.dtype == dtypes.bool: v, i = self.logical_not().cummax(axis); return ValuesIndices(v.logical_not(), i)
+    if dtypes.is_float(self.dtype): v, i = (-self).cummax(axis); return ValuesIndices(-v, i)
     v, i = (~self).cummax(axis)
-    return ~v, i
+    return ValuesIndices(~v, i)
   def logcumsumexp(self, axis: int = 0, *, dim=None):
     """torch.logcumsumexp: a stable logsumexp over each prefix (masked entries are -inf)."""
     if dim is not None: axis = dim
@@ -572,13 +575,13 @@ class ReorderOps:
     idx = onehot.where(type(self).arange(n, device=self.device, dtype=dtypes.int64), 0).sum(-1)
     return vals, idx
 
-  def sort(self, dim: int = -1, descending: bool = False) -> tuple:
-    """torch.sort (stable): (values, int64 indices). O(n^2) per row, see the module docstring."""
+  def sort(self, dim: int = -1, descending: bool = False, *, stable: bool = False) -> tuple:
+    """torch.sort: (values, int64 indices); always stable (so stable= changes nothing). See the module docstring."""
     d = _axis(dim, self.ndim)
     x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
     v, i = x._by_rank(x.shape[-1], descending) if x.shape[-1] <= _RANK_SORT_MAX else x._long_sort(descending)
-    if self.ndim == 0: return v.reshape(()), i.reshape(())
-    return v.transpose(d, -1), i.transpose(d, -1)
+    if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))
+    return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
   def argsort(self, dim: int = -1, descending: bool = False): return self.sort(dim, descending)[1]
   def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
     """torch.topk: the k largest (or smallest) along dim, always in sorted order, with int64 indices."""
@@ -589,8 +592,8 @@ class ReorderOps:
     if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
     elif x.dtype.itemsize <= 4 and k * _TOPK_CHUNK < n and n < 1 << 32: v, i = x._topk_small(k, largest)
     else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._long_sort(largest))
-    if self.ndim == 0: return v.reshape(()), i.reshape(())
-    return v.transpose(d, -1), i.transpose(d, -1)
+    if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))
+    return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
 
   # ***** median and unique: through the sort *****
   def median(self, dim: int | None = None, keepdim: bool = False):
@@ -615,7 +618,7 @@ class ReorderOps:
     v, i = v._gather(d, pos), i._gather(d, pos)
     if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
     if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
-    return v, i
+    return ValuesIndices(v, i)
 
   def unique(self, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None):
     """torch.unique over all elements (dim=None): the distinct values in ascending order (also when sorted=False, which

@@ -3,6 +3,7 @@ nn.Module (module.py); nn.state's get_parameters/get_state_dict still work on pl
 from __future__ import annotations
 import math
 from typing import Any, Sequence
+from attograd.errors import ArgumentError  # a ValueError and a RuntimeError: code written for torch catches it
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
 from attograd.nn.module import Module, Parameter, own_memory
@@ -107,7 +108,7 @@ class LayerNorm(Module):
     self.bias = _zeros(*self.normalized_shape) if elementwise_affine and bias else None
   def forward(self, x: Tensor) -> Tensor:
     if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
-      raise ValueError(f"LayerNorm over {self.normalized_shape} got input of shape {x.shape}")
+      raise ArgumentError(f"LayerNorm over {self.normalized_shape} got input of shape {x.shape}")
     y = x.layernorm(tuple(range(-len(self.normalized_shape), 0)), self.eps)
     if self.weight is not None: y = y * self.weight
     return y if self.bias is None else y + self.bias
@@ -115,7 +116,7 @@ class LayerNorm(Module):
 class GroupNorm(Module):
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
     super().__init__()
-    if num_channels % num_groups: raise ValueError(f"{num_channels} channels can't be split into {num_groups} groups")
+    if num_channels % num_groups: raise ArgumentError(f"{num_channels} channels can't be split into {num_groups} groups")
     self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
     self.weight = _ones(num_channels) if affine else None
     self.bias = _zeros(num_channels) if affine else None
@@ -136,7 +137,7 @@ class RMSNorm(Module):
     self.weight = _ones(*self.normalized_shape) if elementwise_affine else None
   def forward(self, x: Tensor) -> Tensor:
     if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
-      raise ValueError(f"RMSNorm over {self.normalized_shape} got input of shape {x.shape}")
+      raise ArgumentError(f"RMSNorm over {self.normalized_shape} got input of shape {x.shape}")
     eps = self.eps if self.eps is not None else _FLOAT_EPS.get(x.dtype, _FLOAT_EPS[dtypes.float32])
     y = x * (x.square().mean(tuple(range(-len(self.normalized_shape), 0)), keepdim=True) + eps).rsqrt()
     return y if self.weight is None else y * self.weight
@@ -146,7 +147,7 @@ class Embedding(Module):
   def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, _weight: Tensor | None = None):
     super().__init__()
     if padding_idx is not None and not -num_embeddings <= padding_idx < num_embeddings:
-      raise ValueError(f"padding_idx {padding_idx} is out of range for {num_embeddings} embeddings")
+      raise ArgumentError(f"padding_idx {padding_idx} is out of range for {num_embeddings} embeddings")
     self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
     self.padding_idx = None if padding_idx is None else padding_idx % num_embeddings
     w = Tensor.randn(num_embeddings, embedding_dim) if _weight is None else _weight
@@ -155,7 +156,7 @@ class Embedding(Module):
   def forward(self, idx: Tensor) -> Tensor: return functional.embedding(idx, self.weight, self.padding_idx)
   @classmethod
   def from_pretrained(cls, embeddings: Tensor, freeze: bool = True, padding_idx: int | None = None) -> Embedding:
-    if embeddings.ndim != 2: raise ValueError(f"from_pretrained needs a 2-D weight, got shape {embeddings.shape}")
+    if embeddings.ndim != 2: raise ArgumentError(f"from_pretrained needs a 2-D weight, got shape {embeddings.shape}")
     m = cls(*embeddings.shape, padding_idx=padding_idx, _weight=embeddings)
     m.weight.requires_grad = not freeze
     return m
@@ -170,7 +171,7 @@ class MultiheadAttention(Module):
   def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, add_bias_kv: bool = False,
                add_zero_attn: bool = False, kdim: int | None = None, vdim: int | None = None, batch_first: bool = False):
     super().__init__()
-    if embed_dim % num_heads: raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+    if embed_dim % num_heads: raise ArgumentError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
     if add_bias_kv or add_zero_attn: raise NotImplementedError("MultiheadAttention: add_bias_kv and add_zero_attn")
     self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
     self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
@@ -191,7 +192,7 @@ class MultiheadAttention(Module):
     elif not self.batch_first: query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
     B, L, E = query.shape
     S, H, D = key.shape[1], self.num_heads, self.head_dim
-    if E != self.embed_dim: raise ValueError(f"MultiheadAttention of embed_dim {self.embed_dim} got a query of shape {query.shape}")
+    if E != self.embed_dim: raise ArgumentError(f"MultiheadAttention of embed_dim {self.embed_dim} got a query of shape {query.shape}")
     if self._qkv_same_embed_dim: wq, wk, wv = self.in_proj_weight.chunk(3, 0)
     else: wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
     bq, bk, bv = self.in_proj_bias.chunk(3, 0) if self.in_proj_bias is not None else (None, None, None)

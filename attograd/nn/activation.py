@@ -1,6 +1,7 @@
 """Stateless layers (activations, dropout, pooling, reshaping) as Modules over nn.functional, torch's names and arguments."""
 from __future__ import annotations
 from typing import Any, Sequence
+from attograd.errors import ArgumentError  # a ValueError and a RuntimeError: code written for torch catches it
 from attograd.tensor import Tensor
 from attograd.nn.module import Module
 import attograd.nn.functional as F
@@ -74,7 +75,7 @@ class Dropout(Module):
   """Drops in training mode: the module's own (after train()/eval()), else Tensor.training."""
   def __init__(self, p: float = 0.5, inplace: bool = False):
     super().__init__()
-    if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} must be in [0, 1]")
+    if not 0 <= p <= 1: raise ArgumentError(f"dropout probability {p} must be in [0, 1]")
     self.p = p
   def forward(self, x: Tensor) -> Tensor: return F.dropout(x, self.p, self.training)
   def extra_repr(self) -> str: return f"p={self.p}"

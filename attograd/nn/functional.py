@@ -3,6 +3,7 @@ Axes are passed to Tensor methods by position, so these work whatever the method
 from __future__ import annotations
 import math
 from typing import Any, Sequence
+from attograd.errors import ArgumentError  # a ValueError and a RuntimeError: code written for torch catches it
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
 
@@ -32,7 +33,7 @@ def sigmoid(input: Tensor) -> Tensor: return input.sigmoid()
 def tanh(input: Tensor) -> Tensor: return input.tanh()
 def logsigmoid(input: Tensor) -> Tensor: return input.logsigmoid()
 def glu(input: Tensor, dim: int = -1) -> Tensor:
-  if input.shape[dim] % 2: raise ValueError(f"glu halves dim {dim}, of odd size {input.shape[dim]}")
+  if input.shape[dim] % 2: raise ArgumentError(f"glu halves dim {dim}, of odd size {input.shape[dim]}")
   a, b = input.chunk(2, dim)
   return a * b.sigmoid()
 
@@ -52,10 +53,10 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
   if reduction == "mean": return loss.mean()
   if reduction == "sum": return loss.sum()
   if reduction == "none": return loss
-  raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+  raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 def _check_reduction(reduction: str) -> None:
-  if reduction not in ("mean", "sum", "none"): raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+  if reduction not in ("mean", "sum", "none"): raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 def _class_view(v: Tensor, ndim: int) -> Tensor:
   """A (C,) per-class vector shaped to broadcast along axis 1 of an (N, C, ...) input (or axis 0 of a (C,) one)."""
@@ -67,7 +68,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore
   if dtypes.is_float(target.dtype): raise TypeError(f"nll_loss needs integer class indices, got {target.dtype}")
   cdim = 1 if input.ndim > 1 else 0
   if target.shape != input.shape[:cdim] + input.shape[cdim + 1:]:
-    raise ValueError(f"nll_loss: target of shape {target.shape} doesn't match input of shape {input.shape}")
+    raise ArgumentError(f"nll_loss: target of shape {target.shape} doesn't match input of shape {input.shape}")
   n = input.shape[cdim]
   _check_range(target, n, "target", ignore_index)
   hit = target.unsqueeze(cdim) == _class_view(Tensor.arange(n, device=input.device), input.ndim)
@@ -81,13 +82,13 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
                   reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
   """torch's cross_entropy of logits (N, C, ...) or (C,) against class indices or class probabilities."""
   _check_reduction(reduction)
-  if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+  if not 0.0 <= label_smoothing <= 1.0: raise ArgumentError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
   cdim = 1 if input.ndim > 1 else 0
   n = input.shape[cdim]
   logp = input.log_softmax(cdim)
   wlogp = logp * _class_view(weight, input.ndim) if weight is not None else logp
   if dtypes.is_float(target.dtype):  # class probabilities: a mean is over the batch elements, whatever the weights
-    if target.shape != input.shape: raise ValueError(f"cross_entropy: probabilities of shape {target.shape} for input of shape {input.shape}")
+    if target.shape != input.shape: raise ArgumentError(f"cross_entropy: probabilities of shape {target.shape} for input of shape {input.shape}")
     loss = -(wlogp * (target * (1 - label_smoothing) + label_smoothing / n)).sum(cdim)
     return _reduce(loss, reduction)
   nll = nll_loss(logp, target, weight, ignore_index, "none")
@@ -144,7 +145,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor: return input.linear(weight, bias)
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
   """torch's F.dropout: drops whenever training is True (its default), whatever Tensor.training says."""
-  if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} must be in [0, 1]")
+  if not 0 <= p <= 1: raise ArgumentError(f"dropout probability {p} must be in [0, 1]")
   if not training or p == 0: return input
   if p == 1: return input * 0
   keep = Tensor.rand(*input.shape, device=input.device, dtype=dtypes.float32) >= p
@@ -152,7 +153,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 
 def layer_norm(input: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
   shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-  if input.shape[input.ndim - len(shape):] != shape: raise ValueError(f"layer_norm over {shape} got input of shape {input.shape}")
+  if input.shape[input.ndim - len(shape):] != shape: raise ArgumentError(f"layer_norm over {shape} got input of shape {input.shape}")
   y = input.layernorm(tuple(range(-len(shape), 0)), eps)
   if weight is not None: y = y * weight
   return y + bias if bias is not None else y
@@ -164,7 +165,7 @@ def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int, weight: Tenso
   return y * weight if weight is not None else y
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-  if input.shape[1] % num_groups: raise ValueError(f"{input.shape[1]} channels can't be split into {num_groups} groups")
+  if input.shape[1] % num_groups: raise ArgumentError(f"{input.shape[1]} channels can't be split into {num_groups} groups")
   y = input.reshape(input.shape[0], num_groups, -1).layernorm(-1, eps).reshape(input.shape)
   shape = (1, -1) + (1,) * (input.ndim - 2)
   if weight is not None: y = y * weight.reshape(shape)
@@ -181,7 +182,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     if running_mean is not None: running_mean.assign((1 - momentum) * running_mean + momentum * mean.detach())
     if running_var is not None: running_var.assign((1 - momentum) * running_var + momentum * (n / max(n - 1, 1)) * var.detach())
   else:
-    if running_mean is None or running_var is None: raise ValueError("batch_norm outside training needs running_mean and running_var")
+    if running_mean is None or running_var is None: raise ArgumentError("batch_norm outside training needs running_mean and running_var")
     mean, var = running_mean, running_var
   return input.batchnorm(weight, bias, mean, (var + eps).rsqrt())
 
@@ -272,10 +273,21 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
   """input / max(||input||_p along dim, eps)."""
   return input / input.norm(p, dim, True).clamp(min=eps)  # Tensor.norm: a zero vector's norm passes no gradient, as torch
 
+def unfold(input: Tensor, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+  """torch's im2col: (N, C, H, W) -> (N, C*kh*kw, L), each column one window (channel-major, then kernel row, column),
+  the windows in row-major order; an unbatched (C, H, W) gives (C*kh*kw, L)."""
+  if input.ndim == 3: return unfold(input.unsqueeze(0), kernel_size, dilation, padding, stride).squeeze(0)
+  if input.ndim != 4: raise ArgumentError(f"unfold takes a 3-D or 4-D input, got shape {input.shape}")
+  kernel, dil, st = Tensor._tuple(kernel_size, 2, "kernel_size"), Tensor._tuple(dilation, 2, "dilation"), Tensor._tuple(stride, 2, "stride")
+  pad = Tensor._tuple(padding, 2, "padding")
+  w = input.pad(((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))._pool(kernel, st, dil)  # (N, C, oh, ow, kh, kw)
+  n, c, oh, ow = w.shape[:4]
+  return w.permute(0, 1, 4, 5, 2, 3).reshape(n, c * kernel[0] * kernel[1], oh * ow)
+
 def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
   *b, c, h, w = input.shape
   r = upscale_factor
-  if c % (r * r): raise ValueError(f"pixel_shuffle: {c} channels is not divisible by {r}^2")
+  if c % (r * r): raise ArgumentError(f"pixel_shuffle: {c} channels is not divisible by {r}^2")
   x = input.reshape(*b, c // (r * r), r, r, h, w)
   n = len(b)
   return x.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2).reshape(*b, c // (r * r), h * r, w * r)

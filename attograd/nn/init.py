@@ -1,6 +1,7 @@
 """torch.nn.init: fill a tensor in place (by assign, so Parameters keep their identity) and return it."""
 from __future__ import annotations
 import math
+from attograd.errors import ArgumentError  # a ValueError and a RuntimeError: code written for torch catches it
 from attograd.tensor import Tensor
 from attograd.dtype import dtypes
 
@@ -9,7 +10,7 @@ _GAINS = {"linear": 1.0, "identity": 1.0, "conv1d": 1.0, "conv2d": 1.0, "conv3d"
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
   if nonlinearity == "leaky_relu": return math.sqrt(2.0 / (1 + (0.01 if param is None else param) ** 2))
-  if nonlinearity not in _GAINS: raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
+  if nonlinearity not in _GAINS: raise ArgumentError(f"unsupported nonlinearity {nonlinearity!r}")
   return _GAINS[nonlinearity]
 
 def _fill(t: Tensor, values: Tensor) -> Tensor:
@@ -18,12 +19,12 @@ def _fill(t: Tensor, values: Tensor) -> Tensor:
   return t
 
 def _fans(t: Tensor) -> tuple[int, int]:
-  if t.ndim < 2: raise ValueError(f"fan in and fan out can't be computed for a tensor of shape {t.shape} (fewer than 2 dims)")
+  if t.ndim < 2: raise ArgumentError(f"fan in and fan out can't be computed for a tensor of shape {t.shape} (fewer than 2 dims)")
   rf = math.prod(t.shape[2:])
   return t.shape[1] * rf, t.shape[0] * rf
 
 def _fan(t: Tensor, mode: str) -> int:
-  if mode not in ("fan_in", "fan_out"): raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
+  if mode not in ("fan_in", "fan_out"): raise ArgumentError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
   return _fans(t)[0 if mode == "fan_in" else 1]
 
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
@@ -34,10 +35,10 @@ def constant_(tensor: Tensor, val: float) -> Tensor: return _fill(tensor, Tensor
 def zeros_(tensor: Tensor) -> Tensor: return constant_(tensor, 0)
 def ones_(tensor: Tensor) -> Tensor: return constant_(tensor, 1)
 def eye_(tensor: Tensor) -> Tensor:
-  if tensor.ndim != 2: raise ValueError(f"eye_ needs a 2-D tensor, got shape {tensor.shape}")
+  if tensor.ndim != 2: raise ArgumentError(f"eye_ needs a 2-D tensor, got shape {tensor.shape}")
   return _fill(tensor, Tensor.eye(*tensor.shape, device=tensor.device))
 def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
-  if tensor.ndim not in (3, 4, 5): raise ValueError(f"dirac_ needs a 3-, 4- or 5-D tensor, got shape {tensor.shape}")
+  if tensor.ndim not in (3, 4, 5): raise ArgumentError(f"dirac_ needs a 3-, 4- or 5-D tensor, got shape {tensor.shape}")
   out_g, cin = tensor.shape[0] // groups, tensor.shape[1]
   o = Tensor.arange(tensor.shape[0]).reshape(-1, 1, *(1,) * (tensor.ndim - 2))
   i = Tensor.arange(cin).reshape(1, -1, *(1,) * (tensor.ndim - 2))
@@ -64,7 +65,7 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
   """N(mean, std) conditioned on [a, b], by rejection: each element takes the first of k draws inside [a, b], k chosen so
   that all k missing has probability < 1e-12 (such an element, or any element when [a, b] holds almost no mass, is
   drawn uniformly in [a, b] instead)."""
-  if not a < b: raise ValueError(f"trunc_normal_ needs a < b, got a={a}, b={b}")
+  if not a < b: raise ArgumentError(f"trunc_normal_ needs a < b, got a={a}, b={b}")
   cdf = lambda x: 0.5 * (1 + math.erf((x - mean) / (std * math.sqrt(2))))
   p_in = cdf(b) - cdf(a)
   k = 0 if p_in < 1e-3 else 1 if p_in >= 1 else min(64, math.ceil(math.log(1e-12) / math.log1p(-p_in)))
@@ -77,7 +78,7 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
 def orthogonal_(tensor: Tensor, gain: float = 1.0, generator=None) -> Tensor:
   """A (semi-)orthogonal matrix from the QR of a Gaussian one (numpy's QR, once at init), signs fixed as torch's."""
   import numpy as np
-  if tensor.ndim < 2: raise ValueError(f"orthogonal_ needs at least 2 dims, got shape {tensor.shape}")
+  if tensor.ndim < 2: raise ArgumentError(f"orthogonal_ needs at least 2 dims, got shape {tensor.shape}")
   rows, cols = tensor.shape[0], math.prod(tensor.shape[1:])
   flat = Tensor.randn(rows, cols).numpy().astype(np.float64)
   if rows < cols: flat = flat.T

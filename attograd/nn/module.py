@@ -34,7 +34,7 @@ class Parameter(Tensor):
   def __deepcopy__(self, memo: dict) -> Parameter:
     # a copy in memory of its own: gradients find their targets by graph node, so sharing this one's node would
     # send the copy's gradients here too (copy.deepcopy(model) for an EMA model, a frozen teacher...)
-    out = Parameter(self.detach().clone().realize(), requires_grad=bool(self.requires_grad))
+    out = Parameter(self.detach().clone().realize(), requires_grad=bool(self._requires_grad))
     memo[id(self)] = out
     return out
 
@@ -104,7 +104,7 @@ class Module:
     object.__delattr__(self, name)
   def register_parameter(self, name: str, param: Tensor | None) -> None:
     self._check_name(name)
-    if param is not None and not isinstance(param, Parameter): param = Parameter(param, requires_grad=bool(param.requires_grad is not False))
+    if param is not None and not isinstance(param, Parameter): param = Parameter(param, requires_grad=bool(param._requires_grad is not False))
     self._forget(name)
     self._parameters[name] = None
     object.__setattr__(self, name, param)

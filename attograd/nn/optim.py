@@ -88,8 +88,8 @@ class Optimizer:
     out = []
     for p in params:
       if not isinstance(p, Tensor): raise TypeError(f"optimizer params must be Tensors, got {type(p).__name__}")
-      if not dtypes.is_float(p.dtype) or p.requires_grad is False: continue
-      if p.requires_grad is None: p.requires_grad = True
+      if not dtypes.is_float(p.dtype) or p._requires_grad is False: continue
+      if p._requires_grad is None: p.requires_grad = True
       out.append(p)
     return list(dict.fromkeys(out))
   def add_param_group(self, group: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 import math
 from typing import Iterable
+from attograd.errors import ArgumentError  # a ValueError and a RuntimeError: code written for torch catches it
 from attograd.tensor import Tensor
 
 def _tensors(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
@@ -31,13 +32,13 @@ def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float, f
 
 def parameters_to_vector(parameters: Iterable[Tensor]) -> Tensor:
   ps = _tensors(parameters)
-  if not ps: raise ValueError("parameters_to_vector of no parameters")
+  if not ps: raise ArgumentError("parameters_to_vector of no parameters")
   return Tensor.cat(*[p.flatten() for p in ps])
 
 def vector_to_parameters(vec: Tensor, parameters: Iterable[Tensor]) -> None:
   ps = _tensors(parameters)
   n = sum(p.numel() for p in ps)
-  if vec.ndim != 1 or vec.shape[0] != n: raise ValueError(f"vector_to_parameters: a vector of shape {vec.shape} for parameters of {n} elements")
+  if vec.ndim != 1 or vec.shape[0] != n: raise ArgumentError(f"vector_to_parameters: a vector of shape {vec.shape} for parameters of {n} elements")
   i = 0
   for p in ps:
     p.assign(vec[i:i + p.numel()].reshape(p.shape))

@@ -1,4 +1,4 @@
-"""torch.utils.data's Dataset, TensorDataset, Subset, random_split, samplers and DataLoader.
+"""torch.utils.data's Dataset, IterableDataset, TensorDataset, Subset, random_split, samplers and DataLoader.
 
 A DataLoader's background thread fetches and collates the next batches as numpy arrays (prefetch_factor of them ahead);
 the Tensors are made in the calling thread, the one that runs kernels, so nothing in the graph is touched by two threads.
@@ -6,6 +6,7 @@ Shuffling draws each epoch's order from a seeded generator: the same seed gives 
 from __future__ import annotations
 import bisect, queue, random, threading
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from attograd.errors import ArgumentError
 from attograd.tensor import Tensor
 
 T = TypeVar("T")
@@ -13,6 +14,10 @@ T = TypeVar("T")
 class Dataset(Generic[T]):
   def __getitem__(self, index: int) -> T: raise NotImplementedError(f"{type(self).__name__} has no __getitem__")
   def __add__(self, other: Dataset) -> ConcatDataset: return ConcatDataset([self, other])
+
+class IterableDataset(Dataset):
+  """torch's: a stream of samples, read by iterating it rather than by index; a DataLoader batches them in order."""
+  def __iter__(self) -> Iterator[Any]: raise NotImplementedError
 
 class TensorDataset(Dataset):
   """Samples are the i-th rows of each tensor (attograd Tensors or numpy arrays, all of the same length)."""
@@ -147,17 +152,37 @@ class DataLoader:
                batch_sampler: Iterable[list[int]] | None = None, num_workers: int = 0, collate_fn: Callable[[list[Any]], Any] | None = None,
                pin_memory: bool = False, drop_last: bool = False, timeout: float = 0, worker_init_fn: Any = None, generator: Any = None,
                prefetch_factor: int | None = None, persistent_workers: bool = False):
+    self.iterable = isinstance(dataset, IterableDataset)
+    if self.iterable and (shuffle or sampler is not None or batch_sampler is not None):
+      raise ArgumentError("DataLoader over an IterableDataset takes no shuffle, sampler or batch_sampler (the stream sets the order)")
     if sampler is not None and shuffle: raise ValueError("sampler and shuffle=True are exclusive")
     if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None or drop_last):
       raise ValueError("batch_sampler is exclusive with batch_size, shuffle, sampler and drop_last")
     self.dataset, self.batch_size, self.drop_last, self.collate_fn = dataset, batch_size, drop_last, collate_fn
-    self.sampler = sampler if sampler is not None else RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-    self.batch_sampler = batch_sampler if batch_sampler is not None else \
-      BatchSampler(self.sampler, batch_size, drop_last) if batch_size is not None else None
+    if self.iterable: self.sampler, self.batch_sampler = None, None
+    else:
+      self.sampler = sampler if sampler is not None else RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+      self.batch_sampler = batch_sampler if batch_sampler is not None else \
+        BatchSampler(self.sampler, batch_size, drop_last) if batch_size is not None else None
     self.prefetch = 2 if prefetch_factor is None else prefetch_factor  # batches made ahead by the background thread (0: none)
-  def __len__(self) -> int: return len(self.batch_sampler if self.batch_sampler is not None else self.sampler)  # type: ignore[arg-type]
+  def __len__(self) -> int:
+    if self.iterable:  # as torch: from the dataset's own __len__, if it has one
+      n = len(self.dataset)
+      return n if self.batch_size is None else n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+    return len(self.batch_sampler if self.batch_sampler is not None else self.sampler)  # type: ignore[arg-type]
+  def _stream(self) -> Iterator[Any]:
+    """An IterableDataset's samples in batches of batch_size (each a list), or one by one with batch_size=None."""
+    if self.batch_size is None: yield from iter(self.dataset); return
+    batch: list[Any] = []
+    for sample in self.dataset:
+      batch.append(sample)
+      if len(batch) == self.batch_size: yield batch; batch = []
+    if batch and not self.drop_last: yield batch
   def _fetch(self, indices: Any) -> Any:
     """One batch, before it becomes Tensors: numpy arrays when collated here (or the samples, for a collate_fn)."""
+    if self.iterable:  # the samples themselves, from _stream
+      if self.collate_fn is not None: return indices
+      return _stack(indices) if self.batch_size is not None else indices
     if self.batch_sampler is None: samples = self.dataset[indices]  # batch_size=None: single samples
     elif hasattr(self.dataset, "__getitems__") and self.collate_fn is None: samples = [self.dataset.__getitems__(indices)]
     else: samples = [self.dataset[i] for i in indices]
@@ -166,7 +191,7 @@ class DataLoader:
   def _finish(self, fetched: Any) -> Any:
     return self.collate_fn(fetched) if self.collate_fn is not None else _to_tensors(fetched)
   def __iter__(self) -> Iterator[Any]:
-    order = iter(self.batch_sampler if self.batch_sampler is not None else self.sampler)
+    order = self._stream() if self.iterable else iter(self.batch_sampler if self.batch_sampler is not None else self.sampler)
     if self.prefetch <= 0:
       for idx in order: yield self._finish(self._fetch(idx))
       return
