@@ -1,5 +1,6 @@
-"""Causal attention forward + backward (realized together, as a training step does), attograd against torch in the same
-run: kernels per step and the time of a step, for the small and the large transformer of bench/transformer.py.
+"""Causal attention forward + backward (realized together, as a training step does, under TinyJit), attograd against
+torch eager in the same run: kernels per step and the time of a step, for the small and the large transformer of
+bench/transformer.py.
 
   python bench/attention.py            both shapes (B, heads, T, head dim): small (16, 4, 64, 16), large (16, 6, 256, 64)
   SHAPES=small python bench/attention.py
@@ -15,21 +16,22 @@ SHAPES = {"small": (16, 4, 64, 16), "large": (16, 6, 256, 64)}
 def clock() -> float: return time.thread_time() if os.getenv("THREADS") == "1" else time.perf_counter()
 
 def attograd_step(shape: tuple[int, ...], hand: bool = False):
+  """One step under TinyJit (the kernels replayed, as a training step runs), inputs fixed."""
   import math
-  from attograd import Tensor
+  from attograd import Tensor, TinyJit
   rng = np.random.default_rng(0)
   q, k, v, g = (Tensor(rng.standard_normal(shape).astype(np.float32)).realize() for _ in range(4))
-  for t in (q, k, v): t.requires_grad = True
   T, D = shape[-2], shape[-1]
-  def step():
-    for t in (q, k, v): t.grad = None
+  @TinyJit
+  def step(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> list[Tensor]:
     if hand:  # the pattern written out: softmax(q @ k^T / sqrt(d) + causal mask) @ v
       mask = Tensor.arange(T).unsqueeze(1) >= Tensor.arange(T).unsqueeze(0)
       o = mask.where(q @ k.transpose(-2, -1) / math.sqrt(D), -math.inf).softmax(-1) @ v
     else: o = q.scaled_dot_product_attention(k, v, is_causal=True)
-    (o * g).sum().backward()
-    Tensor.realize(o, q.grad, k.grad, v.grad)
-  return step
+    out = [o, *(o * g).sum().gradient(q, k, v)]
+    Tensor.realize_all(out)
+    return out
+  return lambda: step(q, k, v, g)
 
 def torch_step(shape: tuple[int, ...]):
   import torch
@@ -55,7 +57,7 @@ def main() -> None:
   for name in os.getenv("SHAPES", "small,large").split(","):
     shape = SHAPES[name]
     ours, hand, theirs = attograd_step(shape), attograd_step(shape, hand=True), torch_step(shape)
-    for s in (ours, hand, theirs): s(); s()  # compile, warm up
+    for s in (ours, hand, theirs): s(); s(); s()  # compile, capture, warm up
     GlobalCounters.reset(); ours(); kernels = GlobalCounters.kernel_count
     GlobalCounters.reset(); hand(); kernels_hand = GlobalCounters.kernel_count
     r_ours, r_hand, r_torch = [], [], []
