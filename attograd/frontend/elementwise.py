@@ -85,6 +85,9 @@ class ElementwiseOps:
     output, where the chain rule through its exp and row sum recomputed both in the backward pass; attention's reads
     its probabilities and output once each."""
     if not GradMode.enabled: return self  # no_grad (inference, decoding): no backward to write
+    # a symbolic size lives in the placeholder's arg, where binding a Variable (a KV cache's length) doesn't reach: the
+    # chain rule stays correct there
+    if any(not isinstance(n, int) for n in self.shape): return self
     hole = next(_grad_in_ids)
     g = type(self)(UOp(Ops.GRAD_IN, self.dtype, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), (hole, self.shape)))
     srcs = tuple(u for x, vjp in zip(pairs[::2], pairs[1::2]) for u in (x.uop, vjp(g).uop))
