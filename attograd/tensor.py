@@ -1260,7 +1260,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     # the shift by the row's max changes nothing mathematically, so no gradient flows into it (as in torch): through
     # the max it would be a sum of terms that cancel, at the cost of two more reductions in the backward pass
     e = (x - x.amax(axis, keepdim=True).detach()).exp()
-    return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
+    p = e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
+    # the backward reads p itself, P * (g - sum(g * P)): the chain rule through e and its sum made a backward pass recompute
+    # the row max, the sum and the exps in kernels of their own (attention's backward: 10 kernels)
+    return p._with_vjp(x, lambda g: p * (g - (g * p).sum(axis, keepdim=True)))
   def log_softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self._float_unary() if dtype is None else self.cast(dtype)

@@ -272,6 +272,32 @@ def realize_points(sink: UOp) -> dict[UOp, str]:
     if not new: break
     added = set(new)
     points.update(new)
+  return store_epilogues(sink, points)
+
+def store_epilogues(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
+  """A stored reduce whose one use is a cheap elementwise op of the same shape (a scale, a mask: attention's
+  where(i >= j, q @ k^T * scale, -inf)) is stored after it, and so on up such a chain: the epilogue is computed once per
+  element in the reduce's kernel, not in each loop nest of the kernels that read it (a softmax reads its scores in
+  three), and a mask is then where the sum is. The other operands must cost little and read no reduce a kernel doesn't
+  already store."""
+  users: dict[UOp, list[UOp]] = {}
+  for u in sink.toposort:
+    for x in u.src: users.setdefault(x, []).append(u)
+  cost: dict[UOp, int] = {}
+  def cheap(x: UOp) -> bool:
+    return elementwise_cost(x, points, cost, RECOMPUTE_MAX) <= RECOMPUTE_MAX and \
+      not any(y.op is Ops.REDUCE_AXIS and y not in points for y in x.toposort)
+  for p, why in list(points.items()):
+    if p.op is not Ops.REDUCE_AXIS or why not in ("two_nests", "shared_reduce") or p not in points: continue
+    top = p
+    # (a reshape moves nothing: the matmul's (..., 1) sum is read as (...))
+    while len(us := users.get(top, [])) == 1 and (u := us[0]) not in points and u.src.count(top) == 1 and \
+        ((u.op is Ops.RESHAPE and not u.symbolic_shape) or (u.op in GroupOp.ALU and u.shape == top.shape and all(cheap(x) for x in u.src if x is not top))):
+      top = u
+    while top.op is Ops.RESHAPE: top = top.src[0]  # a point is a value; the reshape is its readers'
+    if top is not p:
+      del points[p]
+      points[top] = why
   return points
 
 def merge_nested_reduce(outer: UOp) -> UOp | None:

@@ -15,8 +15,14 @@ class Ops(Enum):
   REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
   # WITH_DERIVATIVE(value, x, d, [x2, d2, ...]): value, whose derivative with respect to x (elementwise, same shape) autograd
   # takes to be d (and to x2 d2...): a function written as a polynomial approximation, or with branches for its special
-  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value
+  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value. With an arg (an
+  # id), each d is instead x's whole gradient (any shape x has), written over the GRAD_IN node of that id, which autograd
+  # replaces by the gradient flowing into value: a vector-Jacobian product
   WITH_DERIVATIVE = auto()
+  # GRAD_IN (arg: (id, shape), src: (DEVICE,)): that placeholder. Softmax's backward P * (g - sum(g * P)) reads P, its
+  # own output, where the chain rule through its exp and row sum made a backward pass recompute both; attention's reads
+  # its probabilities and its output. Only autograd sees it
+  GRAD_IN = auto()
   BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
   # EXP (e**x) is a primitive so the graph holds one node and its derivative is itself; codegen expands it (uop/mathlib.py)
@@ -373,6 +379,8 @@ def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) 
 def _shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.BUFFER: return (u.arg.size,)
   if u.op is Ops.IOTA: return (u.arg,)
+  if u.op is Ops.GRAD_IN: return u.arg[1]
+  if u.op is Ops.WITH_DERIVATIVE: return u.src[0].shape
   if u.op in {Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND}: return ()
   if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
   if u.op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in u.arg)
