@@ -23,6 +23,13 @@ from attograd.renderer import Renderer
 # 16x6 did 66-68 (torch 96), and 32x8 the same
 TILE_REGISTERS = 16
 SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over column panels can re-read from cache
+# a tile whose width a SIMD loop divides is that loop (two registers wide) by rows, not written out: a 32x8 tile written
+# out was ~3600 uops, 250-350 ms of lowering and 400-700 ms of gcc; the loop ~180 uops, 15-30 ms and 100-180 ms, and ran
+# as fast or faster (one core, AVX-512, both in one process): 1024^3 20.7 -> 19.1 ms, 2048^3 148 -> 146, 512^3 3.9 ->
+# 2.5, 4096x384 @ (1152x384)^T 60 -> 52, a small transformer's 17 tiled matmuls 5.25 -> 4.23 ms in all. (False: the
+# written-out tiles first again, for comparisons.) A width no loop divides (a vocabulary of 90) stays written out: padded
+# to a loop of 16s it ran 6x slower
+LOOP_TILES = True
 FULL_TILE = 8  # registers of accumulators: 16x6 written out (of 8-float registers), a SIMD loop of 16 by 6 rows, 8x8
 
 def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
@@ -153,7 +160,8 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]]) -> None:
 #   1024^3 matmul + relu 5.0 -> 93 GFLOPS; 512^3 + relu 4.3 -> 69; 1x1 conv 64->128 at 24x80 + relu 4.6 -> 77,
 #   + hardswish 4.9 -> 102; PP-OCR cls's 1x1 convs + hardswish (16->104, 32->200 channels at 6x48) 4-6 -> 36-55;
 #   5x5 conv 32->32 at 24x24 (batch 32) + relu 5.6 -> 52 (its 20 wide rows padded to 32)
-# while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped
+# while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped (a loop of
+# 16; one of 32, LOOP_TILES, is as fast as written out)
 LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
 
 def epilogue(ast: UOp, red: UOp) -> list[UOp]:
@@ -164,14 +172,15 @@ def epilogue(ast: UOp, red: UOp) -> list[UOp]:
   return [u for u in after if u is not red]
 
 def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
-  """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
+  """A SIMD loop over the width where one divides it (LOOP_TILES), with its rows. Else the first width written out whose
+  tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
   costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
   outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental, compare, select or division
   computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
   with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8, 12, 10, 9, 4))))]
-  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
+  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 8))) if LOOP_TILES else (16, 8))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
@@ -180,7 +189,7 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp) -> None:
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
-  if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
+  if (LOOP_TILES and looped) or any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
     # the first loop the kernel takes, even with fewer accumulators than a written-out tile (40 wide, 60 rows: 8 by 6)
     choices, enough = [*looped, *padded, *written], 1
   # else the padded loop only where no width is written out (no tile at all ran the 3x3 conv above at 1.3 GFLOPS)
