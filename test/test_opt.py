@@ -182,7 +182,9 @@ def test_heuristics_loop_a_depthwise_conv_along_its_width():
   # window's loops (2.5-5.5 -> 21-47 GFLOPS); a column sum (no sliding window) and an ungated 3x3 written out keep theirs
   x, w = Tensor.empty(1, 88, 6, 96), Tensor.empty(88, 1, 5, 5)
   assert cpu_opts(_ast(x.conv2d(w, padding=2, groups=88)), 1) == [Opt(OptOps.SIMD, 2, 32)]
-  assert cpu_opts(_ast(Tensor.empty(8, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  assert cpu_opts(_ast(Tensor.empty(16, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  # a small one (a bias gradient, 1024 x 192) 64 wide: as fast, half the code (WIDE_COLUMN_SUM)
+  assert cpu_opts(_ast(Tensor.empty(1024, 192).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 64)]
   assert all(o.op is OptOps.UNROLL for o in cpu_opts(_ast(Tensor.empty(1, 64, 26, 66).conv2d(Tensor.empty(64, 1, 3, 3), groups=64)), 1))
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(0)
@@ -522,13 +524,13 @@ def test_stash_replaces_the_reduce_everywhere():
   assert count(stashed) == count(ast)
 
 def test_heuristics_sum_columns_along_the_contiguous_axis():
-  # x.sum(0) of a row-major matrix reads along the output axis: a row of 128 outputs is written out (each row read is a
-  # contiguous run), not 16 partial sums down a column (one float per cache line: 20x slower)
+  # x.sum(0) of a row-major matrix reads along the output axis: a row of 64 outputs is written out (each row read is a
+  # contiguous run; 128 from WIDE_COLUMN_SUM elements), not 16 partial sums down a column (one float per cache line: 20x slower)
   rng = np.random.default_rng(8)
   x = Tensor(rng.standard_normal((256, 512), dtype=np.float32)).realize()
   for t, want in ((x.sum(0), x.numpy().sum(0)), (x.max(axis=0), x.numpy().max(0))):
     opts = cpu_opts(_ast(t), 2)
-    assert opts[0] == Opt(OptOps.UPCAST, 0, 128), opts
+    assert opts[0] == Opt(OptOps.UPCAST, 0, 64), opts
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, atol=1e-4)
   assert Opt(OptOps.UPCAST, 1, 16) in cpu_opts(_ast(x.sum(1)), 2)  # along the reduce: partial sums, as before
 

@@ -274,6 +274,8 @@ def reduce_accumulators(p: Plan) -> None:
       if (a := largest(const_size(axes(p.ast)[k]), tuple(a for a in (8, 4, 2) if lanes * a <= 8))) is None: continue
       if p.first(Opt(OptOps.UPCAST, k, a)): lanes *= a
 
+WIDE_COLUMN_SUM = 1 << 20  # elements summed from which a column sum's row is written out 128 wide (else at most 64)
+
 def column_sum(p: Plan, red: UOp) -> bool:
   """Reads contiguous along an output axis, not along the reduce (a column sum, x.sum(0) of a row-major matrix): a row
   of outputs is written out, up to 128 wide (as many independent accumulators, each row read is a contiguous run),
@@ -287,7 +289,10 @@ def column_sum(p: Plan, red: UOp) -> bool:
   # for all of it)
   if not along or inner is None or any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort): return False
   size = const_size(cur[along[-1]]) or 0
-  widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
+  # 128 wide only where the sum is big: written out, 128 columns were ~2000 uops, 100-170 ms of lowering and 170-430 ms of
+  # gcc, 64 half that; one core: sum(0) of (4096, 1024) 269 us at 128, 297 at 64; of a small transformer's (1024, 192)
+  # bias gradient 9.2 and 8.6 us, of (8, 65536) 24.0 and 24.5
+  widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0 and (w < 128 or p.work >= WIDE_COLUMN_SUM)]
   if (w := next((w for w in widths if size // w >= p.threads), widths[0] if widths else None)) is None: return False
   # narrower where a costly value summed (a GELU's gradient) would write out too much; then a SIMD loop
   return p.first(*(Opt(OptOps.UPCAST, along[-1], x) for x in widths if x <= w), *(Opt(OptOps.SIMD, along[-1], x) for x in (16, 8) if size % x == 0))
