@@ -7,6 +7,7 @@ from attograd import Tensor, Context, GlobalCounters, dtypes
 from attograd.uop.ops import AxisKind, Ops
 from attograd.codegen import to_program
 from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes
+from attograd.codegen import heuristic
 from attograd.codegen.heuristic import cpu_opts
 from attograd.engine import realize, search
 from attograd.runtime.device import Device, Buffer
@@ -113,31 +114,50 @@ def test_random_opts_keep_results(kernels, name, picks):
 
 def test_heuristics_pick_tiles_and_accumulators():
   mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
-  # a 16x6 register tile (12 AVX registers of accumulators; the rows padded to 258, whose reads stay in the spare page
-  # after the buffer), 4 slices per core of the axis that splits: cores take them as they come free
+  # a register tile: a SIMD loop two registers wide by 8 written-out rows (heuristic.LOOP_TILES), 4 slices per core
+  # of the axis that splits: cores take them as they come free
+  tile = [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
+  assert cpu_opts(mm, 2) == tile + [Opt(OptOps.THREAD, 0, 8)]
+  # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
+  linear = cpu_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
+  assert linear == tile + [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
+  assert cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
+  s = _ast(Tensor.empty(1 << 16).sum())
+  assert Opt(OptOps.UPCAST, 0, 16) in cpu_opts(s, 2)
+  # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
+  assert cpu_opts(mm, 1, simd=16) == [Opt(OptOps.SIMD, 1, 32), Opt(OptOps.UPCAST, 0, 8)]
+
+def test_heuristics_written_out_tiles(monkeypatch):
+  # the tiles written out (what a width no SIMD loop divides gets, and all of them with LOOP_TILES off): 16x6 (12 AVX
+  # registers of accumulators; the rows padded to 258, whose reads stay in the spare page after the buffer)
+  monkeypatch.setattr(heuristic, "LOOP_TILES", False)
+  mm = _ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
   tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
   assert cpu_opts(mm, 2) == tile + [Opt(OptOps.THREAD, 1, 8)]
-  # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
   linear = cpu_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
   assert linear == tile + [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
   # rows that 6 divides need no padding; a long reduce (the padding's reads would leave the spare page) takes 8 rows
   assert cpu_opts(_ast(Tensor.empty(96, 64) @ Tensor.empty(64, 64)), 1) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 6)]
   assert cpu_opts(_ast(Tensor.empty(64, 2048) @ Tensor.empty(2048, 64)), 1)[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
-  assert cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 1, 2)
-  s = _ast(Tensor.empty(1 << 16).sum())
-  assert Opt(OptOps.UPCAST, 0, 16) in cpu_opts(s, 2)
-  # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
   assert cpu_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
+  # a vocabulary of 90 (a transformer's head) is written out with LOOP_TILES on too: padded to a loop it ran 6x slower
+  monkeypatch.setattr(heuristic, "LOOP_TILES", True)
+  head = cpu_opts(_ast(Tensor.empty(1024, 64) @ Tensor.empty(90, 64).T), 1, simd=16)
+  assert head[0] == Opt(OptOps.UPCAST, 1, 10), head
 
 def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
   # a compare, select or division after a tile's sums (relu, hardswish) left gcc's written-out copies scalar (5 GFLOPS):
-  # the width goes in a SIMD loop of 16 by 8 rows (50-115); a bias add stays written out (vectorized as it was)
+  # the width goes in a SIMD loop two registers wide by 8 rows (50-115); so does a bias add's tile (LOOP_TILES), which
+  # stays written out without LOOP_TILES (vectorized as it was)
   a, b = Tensor.empty(256, 256), Tensor.empty(256, 256)
-  looped = [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
   for simd in (8, 16):
+    looped = [Opt(OptOps.SIMD, 1, 2 * simd), Opt(OptOps.UPCAST, 0, 8)]
     assert cpu_opts(_ast((a @ b).relu()), 1, simd) == looped
     assert cpu_opts(_ast(Tensor.empty(1, 64, 24, 80).conv2d(Tensor.empty(128, 64, 1, 1)).hardswish()), 1, simd) == looped
-    assert cpu_opts(_ast(a @ b + Tensor.empty(256)), 1, simd)[0] == Opt(OptOps.UPCAST, 1, 2 * simd)
+    assert cpu_opts(_ast(a @ b + Tensor.empty(256)), 1, simd)[0] == Opt(OptOps.SIMD, 1, 2 * simd)
+    heuristic.LOOP_TILES = False
+    try: assert cpu_opts(_ast(a @ b + Tensor.empty(256)), 1, simd)[0] == Opt(OptOps.UPCAST, 1, 2 * simd)
+    finally: heuristic.LOOP_TILES = True
     # beautiful_mnist's 5x5 conv: its 20-wide output rows, which no SIMD loop divides, padded to 32
     conv = _ast(Tensor.empty(8, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5)).relu())
     assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 16), Opt(OptOps.UPCAST, 1, 8)]
@@ -162,7 +182,9 @@ def test_heuristics_loop_a_depthwise_conv_along_its_width():
   # window's loops (2.5-5.5 -> 21-47 GFLOPS); a column sum (no sliding window) and an ungated 3x3 written out keep theirs
   x, w = Tensor.empty(1, 88, 6, 96), Tensor.empty(88, 1, 5, 5)
   assert cpu_opts(_ast(x.conv2d(w, padding=2, groups=88)), 1) == [Opt(OptOps.SIMD, 2, 32)]
-  assert cpu_opts(_ast(Tensor.empty(8, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  assert cpu_opts(_ast(Tensor.empty(16, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  # a small one (a bias gradient, 1024 x 192) 64 wide: as fast, half the code (WIDE_COLUMN_SUM)
+  assert cpu_opts(_ast(Tensor.empty(1024, 192).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 64)]
   assert all(o.op is OptOps.UNROLL for o in cpu_opts(_ast(Tensor.empty(1, 64, 26, 66).conv2d(Tensor.empty(64, 1, 3, 3), groups=64)), 1))
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(0)
@@ -539,13 +561,13 @@ def test_stash_replaces_the_reduce_everywhere():
   assert count(stashed) == count(ast)
 
 def test_heuristics_sum_columns_along_the_contiguous_axis():
-  # x.sum(0) of a row-major matrix reads along the output axis: a row of 128 outputs is written out (each row read is a
-  # contiguous run), not 16 partial sums down a column (one float per cache line: 20x slower)
+  # x.sum(0) of a row-major matrix reads along the output axis: a row of 64 outputs is written out (each row read is a
+  # contiguous run; 128 from WIDE_COLUMN_SUM elements), not 16 partial sums down a column (one float per cache line: 20x slower)
   rng = np.random.default_rng(8)
   x = Tensor(rng.standard_normal((256, 512), dtype=np.float32)).realize()
   for t, want in ((x.sum(0), x.numpy().sum(0)), (x.max(axis=0), x.numpy().max(0))):
     opts = cpu_opts(_ast(t), 2)
-    assert opts[0] == Opt(OptOps.UPCAST, 0, 128), opts
+    assert opts[0] == Opt(OptOps.UPCAST, 0, 64), opts
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, atol=1e-4)
   assert Opt(OptOps.UPCAST, 1, 16) in cpu_opts(_ast(x.sum(1)), 2)  # along the reduce: partial sums, as before
 

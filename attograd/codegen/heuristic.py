@@ -28,6 +28,13 @@ SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over c
 # 1536x384 and 384x1536 (2.4 MB) 46 -> 103 and 29 -> 52 GFLOPS packed; 768x384 (1.2 MB) 80 -> 59, 512x512 77 -> 57
 # (packing costs more than the reads it saves); 1152x384 (1.8 MB) within noise either way, under load
 PACK_MIN_PANELS = 1 << 19
+# a tile whose width a SIMD loop divides is that loop (two registers wide) by rows, not written out: a 32x8 tile written
+# out was ~3600 uops, 250-350 ms of lowering and 400-700 ms of gcc; the loop ~180 uops, 15-30 ms and 100-180 ms, and ran
+# as fast or faster (one core, AVX-512, both in one process): 1024^3 20.7 -> 19.1 ms, 2048^3 148 -> 146, 512^3 3.9 ->
+# 2.5, 4096x384 @ (1152x384)^T 60 -> 52, a small transformer's 17 tiled matmuls 5.25 -> 4.23 ms in all. (False: the
+# written-out tiles first again, for comparisons.) A width no loop divides (a vocabulary of 90) stays written out: padded
+# to a loop of 16s it ran 6x slower
+LOOP_TILES = True
 FULL_TILE = 8  # registers of accumulators: 16x6 written out (of 8-float registers), a SIMD loop of 16 by 6 rows, 8x8
 
 def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
@@ -180,7 +187,8 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguou
 #   1024^3 matmul + relu 5.0 -> 93 GFLOPS; 512^3 + relu 4.3 -> 69; 1x1 conv 64->128 at 24x80 + relu 4.6 -> 77,
 #   + hardswish 4.9 -> 102; PP-OCR cls's 1x1 convs + hardswish (16->104, 32->200 channels at 6x48) 4-6 -> 36-55;
 #   5x5 conv 32->32 at 24x24 (batch 32) + relu 5.6 -> 52 (its 20 wide rows padded to 32)
-# while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped
+# while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped (a loop of
+# 16; one of 32, LOOP_TILES, is as fast as written out)
 LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
 
 def epilogue(ast: UOp, red: UOp) -> list[UOp]:
@@ -191,14 +199,15 @@ def epilogue(ast: UOp, red: UOp) -> list[UOp]:
   return [u for u in after if u is not red]
 
 def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) -> None:
-  """The first width written out whose tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
+  """A SIMD loop over the width where one divides it (LOOP_TILES), with its rows. Else the first width written out whose
+  tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
   costly value computed from the tile's sums (a GELU's gradient, ~100 nodes) written out for each of a 16x6 tile's
   outputs is over the budget, and a SIMD loop over the width keeps 6 of it. A transcendental, compare, select or division
   computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
   with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
-  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, (16, 8))]
+  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 8))) if LOOP_TILES else (16, 8))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
@@ -213,7 +222,7 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
-  if any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
+  if (LOOP_TILES and looped) or any(u.op in LOOPED_EPILOGUE for u in epilogue(p.ast, red)) or any(p.ax[j] in g for g in p.gates):
     # the first loop the kernel takes, even with fewer accumulators than a written-out tile (40 wide, 60 rows: 8 by 6)
     choices, enough = [*looped, *padded, *written], 1
   # else the padded loop only where no width is written out (no tile at all ran the 3x3 conv above at 1.3 GFLOPS)
@@ -298,6 +307,8 @@ def reduce_accumulators(p: Plan) -> None:
       if (a := largest(const_size(axes(p.ast)[k]), tuple(a for a in (8, 4, 2) if lanes * a <= 8))) is None: continue
       if p.first(Opt(OptOps.UPCAST, k, a)): lanes *= a
 
+WIDE_COLUMN_SUM = 1 << 20  # elements summed from which a column sum's row is written out 128 wide (else at most 64)
+
 def column_sum(p: Plan, red: UOp) -> bool:
   """Reads contiguous along an output axis, not along the reduce (a column sum, x.sum(0) of a row-major matrix): a row
   of outputs is written out, up to 128 wide (as many independent accumulators, each row read is a contiguous run),
@@ -315,7 +326,10 @@ def column_sum(p: Plan, red: UOp) -> bool:
   # for all of it)
   if not along or inner is None or any(unit_stride(i, inner) for i in reads if cur[along[-1]] in i.toposort): return False
   size = const_size(cur[along[-1]]) or 0
-  widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0]
+  # 128 wide only where the sum is big: written out, 128 columns were ~2000 uops, 100-170 ms of lowering and 170-430 ms of
+  # gcc, 64 half that; one core: sum(0) of (4096, 1024) 269 us at 128, 297 at 64; of a small transformer's (1024, 192)
+  # bias gradient 9.2 and 8.6 us, of (8, 65536) 24.0 and 24.5
+  widths = [w for w in (128, 64, 32, 16, 8) if size % w == 0 and (w < 128 or p.work >= WIDE_COLUMN_SUM)]
   if (w := next((w for w in widths if size // w >= p.threads), widths[0] if widths else None)) is None: return False
   # narrower where a costly value summed (a GELU's gradient) would write out too much; then a SIMD loop
   return p.first(*(Opt(OptOps.UPCAST, along[-1], x) for x in widths if x <= w), *(Opt(OptOps.SIMD, along[-1], x) for x in (16, 8) if size % x == 0))

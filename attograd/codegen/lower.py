@@ -91,6 +91,8 @@ lowerer = PatternMatcher([
   (UPat(GroupOp.ALU, name="a"), compute_in_float32),
 ])
 
+INIT_WRITTEN_OUT = 16  # accumulator slots a reduce's init writes out; more are set by a loop (lower_reduce_group)
+
 @dataclass
 class Fresh:
   """The next unused accumulator and loop ids of a kernel being lowered."""
@@ -124,9 +126,15 @@ def lower_reduce_group(group: list[UOp], fresh: Fresh) -> dict[UOp, UOp]:
   inits = []
   for (dt, op), members in regs.items():
     acc = UOp(Ops.DEFINE_REG, dt.ptr(len(members) * n_lanes, "reg"), (), fresh.reg); fresh.reg += 1
-    for i, red in enumerate(members):
-      slot[red] = (acc, i * n_lanes)
-      inits += [acc.after(*outer).index(UOp.const(dtypes.int32, i * n_lanes + c)).store(UOp.const(dt, reduce_identity(op, dt))) for c in range(n_lanes)]
+    for i, red in enumerate(members): slot[red] = (acc, i * n_lanes)
+    ident, n = UOp.const(dt, reduce_identity(op, dt)), len(members) * n_lanes
+    if n_lanes > 1 and n > INIT_WRITTEN_OUT:
+      # a loop: 256 stores written out (a SIMD loop of 32 by 8 rows) took gcc 150 ms of a kernel's 280. Only where the
+      # slots are lanes, which the reduce's loop indexes by its counter anyway: a written-out tile's accumulators must
+      # stay constant-indexed for gcc to keep them in registers
+      r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, n),), (fresh.loop, AxisKind.FOLD)); fresh.loop += 1
+      inits.append(acc.after(*outer).index(r).store(ident).end(r))
+    else: inits += [acc.after(*outer).index(UOp.const(dtypes.int32, c)).store(ident) for c in range(n)]
   init = inits[0] if len(inits) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(inits))
   updates = []
   for red in group:

@@ -90,8 +90,21 @@ def apply_opts(ast: UOp, opts: list[Opt], has_local: bool = False) -> UOp:
   for opt in opts: ast = apply_opt(ast, opt, has_local)
   return ast
 
+# (ast, opt, has_local) -> the AST with opt applied: the heuristics apply each Opt as they choose it, and lowering applies
+# the list again from the kernel's AST (a third of a small transformer's lowering time was this second time)
+_applied: dict[tuple[UOp, Opt, bool], UOp] = {}
+APPLIED_MEMO = 1024  # entries kept (the oldest go first): a few kernels' steps
+
 def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
-  """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel."""
+  """One Opt as a rewrite of the AST; KernelOptError when it doesn't apply to this kernel. A pure function of its
+  arguments (UOps are hash-consed): remembered for the kernels lowered last."""
+  if (out := _applied.get(key := (ast, opt, has_local))) is not None: return out
+  out = _apply_opt(ast, opt, has_local)
+  if len(_applied) >= APPLIED_MEMO: del _applied[next(iter(_applied))]
+  _applied[key] = out
+  return out
+
+def _apply_opt(ast: UOp, opt: Opt, has_local: bool) -> UOp:
   if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
     raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
   if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK for u in ast.toposort):

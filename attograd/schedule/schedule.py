@@ -65,13 +65,15 @@ NESTED_SUM_MIN = 64  # a sum at least this long inside another reduce's loops ge
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
-def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int], stop: int | None = None) -> int:
+def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict, stop: int | None = None) -> int:
   """Ops per element that computing u inside a kernel takes, down to the buffers, realize points and reduces it reads
   (each shared node once, as the kernel computes it once). A scalar broadcast to every element is computed once, before
   the loops: it costs nothing per element. With `stop`, a cost over it is returned as soon as the walk has seen that
   much (a part of the cost, not kept): the walk of a kernel asks this of every value it passes, and a long chain of
   them made whole walks quadratic."""
   if (hit := memo.get(u)) is not None: return hit
+  # a cost over `stop` is kept under (u, stop): the walk of a kernel asks again for every path that reaches u
+  if stop is not None and (hit := memo.get((u, stop))) is not None: return hit
   seen: set[UOp] = set()
   stack, cost = [u], 0
   while stack:
@@ -81,7 +83,9 @@ def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict[UOp, int], stop
     if x.op is Ops.BUFFER or (x is not u and x in points): cost += 1; continue  # a load
     if x.op is Ops.REDUCE_AXIS: continue  # a loop of its own, which the rules for reduces decide about
     cost += OP_COST.get(x.op, 1 if x.op in GroupOp.ALU else 0)
-    if stop is not None and cost > stop: return cost
+    if stop is not None and cost > stop:
+      memo[(u, stop)] = cost
+      return cost
     stack.extend(x.src)
   memo[u] = cost
   return cost
