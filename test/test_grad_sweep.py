@@ -92,6 +92,7 @@ UNARY: dict[str, tuple[Callable, Callable | None]] = {
   "isclose_w": (lambda x: x * x.isclose(x * 0 + 1.0).float(), lambda x: x * torch.isclose(x, x * 0 + 1.0).float()),
   "cast_f16": (lambda x: x.half().float(), None), "cast_f64": (lambda x: x.double().float(), None),
   "contiguous": (lambda x: x.contiguous() * 2, None), "clone": (lambda x: x.clone() * 2, None),
+  "nan_to_num": (_m("nan_to_num"), None),
 }
 UNARY_TOL = {"erf": 2e-6, "erfc": 2e-6, "gelu": 2e-6, "tan": 1e-5}
 # known differences in VALUES (not gradients), kept out of the points with the reason: float fmod/mod are x - trunc(x/y)*y,
@@ -118,6 +119,9 @@ BINARY: dict[str, tuple[Callable, Callable | None]] = {
   "div": (lambda a, b: a / b, None), "pow": (lambda a, b: a ** b, None), "maximum": (lambda a, b: a.maximum(b), torch.maximum),
   "minimum": (lambda a, b: a.minimum(b), torch.minimum), "copysign": (lambda a, b: a.copysign(b), torch.copysign),
   "fmod": (lambda a, b: a.fmod(b), torch.fmod), "mod": (lambda a, b: a % b, None),
+  "remainder": (lambda a, b: a.remainder(b), torch.remainder),
+  "addcmul": (lambda a, b: a.addcmul(a, b, value=0.5), lambda a, b: torch.addcmul(a, a, b, value=0.5)),
+  "addcdiv": (lambda a, b: a.addcdiv(a, b, value=0.5), lambda a, b: torch.addcdiv(a, a, b, value=0.5)),
   "logaddexp": (lambda a, b: a.logaddexp(b), torch.logaddexp),
   "lerp": (lambda a, b: a.lerp(b, 0.25), lambda a, b: torch.lerp(a, b, 0.25)),
   "lerp_w": (lambda a, b: (a * 0 + 1).lerp(a * 0 + 3, b), lambda a, b: torch.lerp(a * 0 + 1, a * 0 + 3, b)),
@@ -134,8 +138,8 @@ BINARY: dict[str, tuple[Callable, Callable | None]] = {
   "smooth_l1": (lambda a, b: F.smooth_l1_loss(a, b, reduction="none"), lambda a, b: TF.smooth_l1_loss(a, b, reduction="none")),
   "huber": (lambda a, b: F.huber_loss(a, b, reduction="none"), lambda a, b: TF.huber_loss(a, b, reduction="none")),
 }
-BINARY_MAX_MAGNITUDE = {"fmod": 1e6, "mod": 1e6}  # the values' known limit, as MAX_MAGNITUDE
-SUBNORMAL_FLUSHED = {"fmod", "mod"}  # torch's vectorized fmod flushes a subnormal divisor to 0 (nan); ours divides by it
+BINARY_MAX_MAGNITUDE = {"fmod": 1e6, "mod": 1e6, "remainder": 1e6}  # the values' known limit, as MAX_MAGNITUDE
+SUBNORMAL_FLUSHED = {"fmod", "mod", "remainder"}  # torch's vectorized fmod flushes a subnormal divisor to 0 (nan); ours divides by it
 
 @pytest.mark.parametrize("name", list(BINARY))
 def test_binary(name: str) -> None:
@@ -261,11 +265,11 @@ NOT_DIFFERENTIABLE = {
               "new_ones new_tensor new_zeros from_numpy multinomial",
   "ints and bools": "eq ne lt le gt ge isnan isinf isfinite allclose logical_and logical_or logical_not bitwise_and bitwise_or "
                     "bitwise_xor bitwise_not lshift rshift bitwise_left_shift bitwise_right_shift all any argmax argmin argsort nonzero unique one_hot bool byte char short int long "
-                    "bitcast",
+                    "bitcast count_nonzero equal is_floating_point",
   "reading and running": "item numpy tolist data size numel dim ndimension element_size nbytes is_contiguous type realize "
                          "realize_all schedule backward gradient assign requires_grad_ detach detach_ to cpu train test sequential "
-                         "copy_ fill_ zero_",
-  "random": "dropout",
+                         "copy_ fill_ zero_ shard shard_",
+  "random": "dropout bernoulli_",
 }
 # differentiable, but linear selections or sums of their input (a movement, a gather, a window) or casts: no special point changes
 # their gradient, which test_gradient.py, test_nn.py and test_torch_surface.py check against torch
@@ -273,7 +277,8 @@ LINEAR = ("reshape view permute expand pad shrink flip transpose t flatten unfla
           "cat stack split chunk gather scatter scatter_reduce index_select index_add masked_fill masked_select diag diagonal "
           "tril triu roll unfold meshgrid conv1d conv3d conv_transpose2d max_pool1d max_pool3d avg_pool1d avg_pool3d "
           "max_unpool2d interpolate batchnorm layernorm einsum dot bmm outer ger contiguous_backward sparse_categorical_crossentropy "
-          "std_mean var_mean "
+          "std_mean var_mean mm mv "
+          "expand_as moveaxis movedim narrow ravel reshape_as swapaxes swapdims tile unbind view_as "
           "type_as bfloat16 "  # casts: the gradient is the cast back (swept for half and double)
           # nn.functional's spellings of Tensor methods (swept or linear under their Tensor name)
           "embedding pad pixel_shuffle upsample adaptive_avg_pool1d adaptive_avg_pool2d conv_transpose1d conv_transpose3d "

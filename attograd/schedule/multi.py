@@ -10,7 +10,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops, GroupOp, sint
 from attograd.uop.patterns import PatternMatcher, UPat, graph_rewrite
-from attograd.schedule.schedule import is_contiguous_buffer
+from attograd.schedule.schedule import is_contiguous_buffer, derivatives_dropped
 
 Bounds = tuple[tuple[int, int], ...]
 MULTI_OPS = (Ops.MULTI, Ops.SHARD)
@@ -159,7 +159,7 @@ MOVEMENT: dict[Ops, Callable[[UOp, UOp, int, list[int]], UOp]] = {
   Ops.RESHAPE: _reshape, Ops.PERMUTE: lambda u, x, a, sizes: multi([u.replace(src=(p,)) for p in x.src], u.arg.index(a)),
   Ops.EXPAND: _per_part, Ops.PAD: _per_part, Ops.SHRINK: _per_part, Ops.FLIP: _per_part}
 
-ELEMENTWISE = GroupOp.Elementwise | {Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH, Ops.WITH_DERIVATIVE}
+ELEMENTWISE = GroupOp.Elementwise | {Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH}
 lower_multi = PatternMatcher([
   (UPat(ELEMENTWISE, name="u"), elementwise),
   # an assign writes the target's parts where they are: the value takes the target's sharding
@@ -173,7 +173,10 @@ lower_multi = PatternMatcher([
 
 def lower_graphs(graphs: list[UOp]) -> list[UOp]:
   """Each graph with its sharded ops written per device: a MULTI over per-device graphs, or a one-device graph."""
-  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(graphs)), lower_multi, name="lower_multi")
+  # the derivatives a graph carries are autograd's (which reads the logical graph): a backward written over a placeholder
+  # (softmax's) isn't a value on any device, so they go before the ops are split
+  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(graphs)), derivatives_dropped, name="derivatives_dropped")
+  sink = graph_rewrite(sink, lower_multi, name="lower_multi")
   for g in sink.src:
     if (bad := next((u for u in g.toposort if u.op is Ops.MULTI and u is not g), None)) is not None:
       raise RuntimeError(f"a sharded tensor reached {next(p.op for p in g.toposort if bad in p.src)}, which has no sharding rule")
