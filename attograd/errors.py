@@ -9,5 +9,6 @@ class IndexOutOfRange(IndexError, RuntimeError):
   """An index value outside its axis."""
 
 class UnsupportedDtype(TypeError, NotImplementedError):
-  """An op the tensor's dtype doesn't have (a shift or bitwise op on floats): torch raises NotImplementedError (a
-  RuntimeError), Python conventions a TypeError; this is all three."""
+  """An op the tensor's dtype doesn't have (a shift or bitwise op on floats, a gather by a float index), or data no dtype
+  fits (`Tensor(object())`): torch raises NotImplementedError or RuntimeError (NotImplementedError is one), Python
+  conventions a TypeError; this is all three."""

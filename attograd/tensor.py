@@ -1595,12 +1595,12 @@ def _uop_from(data: Any, device: str | tuple[str, ...], dtype: DType | None) -> 
     # the types present, once: a batch of tokens as a list of lists was a 1.3 ms Tensor element by element
     if not (kinds := set(map(type, flat))) <= _PY_SCALARS:
       for v in flat:
-        if not isinstance(v, (bool, int, float)): raise TypeError(f"can't make a Tensor from a list holding {type(v).__name__}")
+        if not isinstance(v, (bool, int, float)): raise UnsupportedDtype(f"can't make a Tensor from a list holding {type(v).__name__}")
     dtype = dtype or (dtypes.from_py(flat) if not kinds <= _PY_SCALARS else dtypes.default_float if float in kinds or not flat
                       else dtypes.default_int if int in kinds else dtypes.bool)
     return _buffer_from_bytes(_pack(flat, dtype), dtype, shape, device)
   if data is None: return _buffer_from_bytes(b"", dtype or dtypes.default_float, (0,), device)
-  raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+  raise UnsupportedDtype(f"can't make a Tensor from {type(data).__name__}")
 
 # while TinyJit runs a function's first two calls: the data each Tensor made from Python/numpy data got, with the line
 # of user code that made it; jit.py compares the two calls (data that changed would be frozen by the replay)

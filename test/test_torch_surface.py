@@ -584,3 +584,10 @@ def test_requires_grad_of_computed_tensors():
   with attograd.no_grad():
     z = (w * 2).realize()  # realized under no_grad: it forgot its graph
   assert not z.requires_grad
+
+@pytest.mark.parametrize("make", [lambda T: T(object()), lambda T: T([1.0, 2.0]).gather(0, T([0.0, 1.0]))], ids=["object", "float_index"])
+def test_what_no_dtype_takes_raises_torchs_type(make):
+  # torch raises RuntimeError here (code written against it catches that); Python's convention, a TypeError, works too
+  with pytest.raises(RuntimeError): make(torch.tensor)
+  with pytest.raises(RuntimeError): make(Tensor)
+  with pytest.raises(TypeError): make(Tensor)

@@ -15,7 +15,7 @@ A bool mask needs the number of True elements to know the output shape (torch's 
 indexing with a bool mask realizes the mask and reads it back: it syncs."""
 from __future__ import annotations
 from typing import Any
-from attograd.errors import ArgumentError, IndexOutOfRange
+from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
@@ -240,7 +240,7 @@ class IndexingOps:
   # ***** gather / scatter *****
   def _check_dim_index(self, dim: int, index: Any, name: str) -> int:
     if not _is_tensor(index) or not dtypes.is_int(index.dtype):
-      raise TypeError(f"{name}: index must be an integer tensor, got {getattr(index, 'dtype', type(index).__name__)}")
+      raise UnsupportedDtype(f"{name}: index must be an integer tensor, got {getattr(index, 'dtype', type(index).__name__)}")
     d = _axis(dim, self.ndim)
     if index.ndim != max(self.ndim, 1) and not (index.ndim == 0 and self.ndim == 0) and not (index.ndim <= 1 and self.ndim <= 1):
       raise ArgumentError(f"{name}: index has {index.ndim} dimension(s) but the tensor has {self.ndim}; they must match")
