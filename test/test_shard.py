@@ -125,30 +125,33 @@ def test_tensor_parallel_mlp():
   out.square().mean().backward()  # and it trains: the gradients of the split weights stay split
   assert m.up.weight.grad.device == D2
 
-def _one_step(devices, opt_cls, seed=0):
-  Tensor.manual_seed(seed)
-  m = MLP(6, 16)
-  params = get_parameters(m)
+def _one_step(model, make_opt, X: Tensor, Y: Tensor, devices) -> tuple[list, list]:
+  """One training step of model on (X, Y), with its parameters replicated and the batch split over devices (None: one
+  device): the gradients, and the parameters after the step."""
+  params = get_parameters(model)
   if devices:
     for p in params: p.shard_(devices)
-  opt = opt_cls(params, lr=0.1)
-  rng = np.random.default_rng(seed)
-  x, y = rng.standard_normal((9, 6)).astype(np.float32), rng.integers(0, 6, 9)
-  X, Y = Tensor(x), Tensor(y)
+  opt = make_opt(params)
   if devices: X, Y = X.shard(devices, 0), Y.shard(devices, 0)
   with Tensor.train():
     opt.zero_grad()
-    m(X).cross_entropy(Y).backward()
+    model(X).cross_entropy(Y).backward()
     grads = [p.grad.numpy() for p in params]
     opt.step()
   return grads, [p.numpy() for p in params]
+
+def _mlp_step(devices, opt_cls, seed=0):
+  Tensor.manual_seed(seed)
+  rng = np.random.default_rng(seed)
+  x, y = rng.standard_normal((9, 6)).astype(np.float32), rng.integers(0, 6, 9)
+  return _one_step(MLP(6, 16), lambda params: opt_cls(params, lr=0.1), Tensor(x), Tensor(y), devices)
 
 @pytest.mark.parametrize("opt_cls", [optim.SGD, optim.Adam])
 def test_data_parallel_step_equals_one_device(opt_cls):
   """The batch (9 rows: 5 and 4) split over two devices, the model replicated: the gradients and the parameters after
   one step equal one device's."""
-  g1, p1 = _one_step(None, opt_cls)
-  g2, p2 = _one_step(D2, opt_cls)
+  g1, p1 = _mlp_step(None, opt_cls)
+  g2, p2 = _mlp_step(D2, opt_cls)
   for a, b in zip(g1, g2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   for a, b in zip(p1, p2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
@@ -172,19 +175,7 @@ def test_mnist_convnet_data_parallel_gradients():
   x, y = rng.integers(0, 256, (10, 1, 28, 28)).astype(np.uint8), rng.integers(0, 10, 10)
   def step(devices):
     Tensor.manual_seed(0)
-    model = mnist.ConvNet()
-    params = get_parameters(model)
-    if devices:
-      for p in params: p.shard_(devices)
-    opt = optim.Adam(params, lr=1e-3)
-    X, Y = mnist.normalize(x), Tensor(y)
-    if devices: X, Y = X.shard(devices, 0), Y.shard(devices, 0)
-    with Tensor.train():
-      opt.zero_grad()
-      model(X).cross_entropy(Y).backward()
-      grads = [p.grad.numpy() for p in params]
-      opt.step()
-    return grads, [p.numpy() for p in params]
+    return _one_step(mnist.ConvNet(), lambda params: optim.Adam(params, lr=1e-3), mnist.normalize(x), Tensor(y), devices)
   (g1, p1), (g2, p2) = step(None), step(D2)
   for a, b in zip(g1, g2): np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
   for a, b in zip(p1, p2): np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
