@@ -313,3 +313,15 @@ def test_interpolate_grad_and_errors(device):
         [(1, 2, 3, 4)], device=device, atol=1e-5)
   check(lambda x: x.interpolate(size=(6, 5), mode="bicubic", align_corners=True), lambda x: F.interpolate(x, size=(6, 5), mode="bicubic", align_corners=True),
         [(1, 1, 3, 4)], dtype=dtypes.float64, device=device, atol=1e-12)
+
+@pytest.mark.parametrize("dt", [f32, f16, f64])
+def test_abs_clears_the_sign_as_torch(device, dt):
+  """abs(+0.0) is +0.0 (max(x, -x) gave -0.0: 1/abs(0) was -inf), NaN stays NaN; the gradient is sign(x), 0 at 0."""
+  tdt = {f32: torch.float32, f16: torch.float16, f64: torch.float64}[dt]
+  vals = [0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan]
+  x = Tensor(vals, dtype=dt, device=device, requires_grad=True)
+  t = torch.tensor(vals, dtype=tdt, requires_grad=True)
+  y, ty = x.abs(), t.abs()
+  np.testing.assert_array_equal((1 / y).numpy().astype(np.float64), (1 / ty).detach().numpy().astype(np.float64))
+  y.sum().backward(); ty.sum().backward()
+  np.testing.assert_array_equal(x.grad.numpy().astype(np.float64), t.grad.numpy().astype(np.float64))
