@@ -28,6 +28,10 @@ SWAP_MAX_ROWS = 1 << 21  # elements of a matmul's row operand that a loop over c
 # 1536x384 and 384x1536 (2.4 MB) 46 -> 103 and 29 -> 52 GFLOPS packed; 768x384 (1.2 MB) 80 -> 59, 512x512 77 -> 57
 # (packing costs more than the reads it saves); 1152x384 (1.8 MB) within noise either way, under load
 PACK_MIN_PANELS = 1 << 19
+# and rows of the tile's other axis from which it is: a weight gradient of a d=128 model, (2048, 128)^T @ (2048, 512) on
+# one core, both rows' and columns' operand read across their rows, went 11.3 -> 5.0 ms packed ((2048, 128)^T @ (2048,
+# 384): 9.7 -> 4.9), its 16 row blocks each re-reading the 2 MiB column operand from L3 unpacked
+PACK_MIN_ROWS = 128
 # a tile whose width a SIMD loop divides is that loop (two registers wide) by rows, not written out: a 32x8 tile written
 # out was ~3600 uops, 250-350 ms of lowering and 400-700 ms of gcc; the loop ~180 uops, 15-30 ms and 100-180 ms, and ran
 # as fast or faster (one core, AVX-512, both in one process): 1024^3 20.7 -> 19.1 ms, 2048^3 148 -> 146, 512^3 3.9 ->
@@ -143,7 +147,7 @@ def register_tile(p: Plan) -> None:
   else: widest_tile(p, i, j, red, contiguous_j)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
-  big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= 256 and reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS
+  big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= PACK_MIN_ROWS and reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
 
 def tile_reduce(p: Plan) -> UOp | None:
