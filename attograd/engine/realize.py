@@ -22,6 +22,7 @@ from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
 from attograd.engine.allreduce import AllReduce
+from attograd.engine.lanes import LANES, Lanes, lane_cores
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
@@ -50,7 +51,8 @@ class CompiledKernel:
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
     # the CPU runtime's native thread pool: each core takes the next slice when it is done with one
-    self.program.run_slices(bufs, vals, n, min(n, THREADS.value))
+    # (in a lane of devices side by side, the device's share of the cores: engine/lanes.py)
+    self.program.run_slices(bufs, vals, n, min(n, lane_cores()))
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU ops executed, multiplying by the trip count of each enclosing loop."""
@@ -224,10 +226,16 @@ class ExecPlan:
     # a replay prints its kernels from DEBUG=2: at 1 a training loop would print every step's
     self.items, self.print_at = items, print_at
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
+    # items on several devices: a lane each, run side by side (engine/lanes.py); a device a buffer is on never changes
+    self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st = time.perf_counter()
     if DEBUG < self.print_at and trace.current is None:  # nothing to say per item: the counters are the plan's totals
-      for ei in self.items: ei.runner(ei.raw, var_vals)
+      if len(self.lanes) > 1 and LANES:
+        items = self.items
+        self.lanes.run(lambda i: items[i].runner(items[i].raw, var_vals))
+      else:
+        for ei in self.items: ei.runner(ei.raw, var_vals)
     else:
       for i, ei in enumerate(self.items):
         t0 = time.perf_counter()
