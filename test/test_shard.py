@@ -213,3 +213,56 @@ def test_clear_errors():
   with pytest.raises(ValueError, match="at least one element"): Tensor.ones(1, 4).shard(D2, 0)
   with pytest.raises(RuntimeError, match="different devices"): (Tensor.ones(6).shard(D2, 0) + Tensor.ones(6).shard(D3, 0)).numpy()
   with pytest.raises(ValueError, match="distinct"): Tensor.ones(4).shard(("CPU", "CPU:0"))
+
+def _allreduce_bits(op, dtype, parts: list[np.ndarray], devices=D3) -> list[np.ndarray]:
+  """The all-reduce item run on these parts (16-bit patterns, one a device): what each device holds after."""
+  from attograd.runtime.device import Buffer
+  bufs = [Buffer(d, p.size, dtype).ensure_allocated() for d, p in zip(devices, parts)]
+  for b, p in zip(bufs, parts): b.host_view()[:] = p.astype(np.uint16).tobytes()
+  allreduce.AllReduce(op, dtype, devices[:len(parts)], parts[0].size)([b._buf for b in bufs], None)
+  return [np.frombuffer(bytes(b.host_view()), np.uint16) for b in bufs]
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_allreduce_16bit_floats_round_once_like_torch(dtype, monkeypatch):
+  """float16/bfloat16 parts are combined in float32 and rounded once to nearest even, as torch.sum of such a tensor
+  accumulates: every 16-bit pattern survives a max with -inf, and sums of random pairs (normals, subnormals, overflow to inf)
+  round as torch rounds the float32 sum."""
+  from attograd.dtype import dtypes
+  from attograd.uop.ops import Ops
+  monkeypatch.setattr(allreduce, "PARALLEL_MIN_BYTES", 0)  # the chunks on threads, even for a few bytes
+  dt, tdt = getattr(dtypes, dtype), getattr(torch, dtype)
+  def as_torch(bits: np.ndarray) -> "torch.Tensor": return torch.from_numpy(bits.view(np.int16).copy()).view(tdt)
+  every = np.arange(1 << 16, dtype=np.uint16)
+  ninf = torch.full((1 << 16,), -float("inf"), dtype=tdt).view(torch.int16).numpy().view(np.uint16)
+  for got in _allreduce_bits(Ops.MAX, dt, [every, ninf]):
+    nan = torch.isnan(as_torch(every)).numpy()
+    np.testing.assert_array_equal(got[~nan], every[~nan])
+    assert torch.isnan(as_torch(got)[torch.from_numpy(nan)]).all()
+  rng = np.random.default_rng(9)
+  a, b, c = (rng.integers(0, 1 << 16, 100_000).astype(np.uint16) for _ in range(3))
+  want = (as_torch(a).float() + as_torch(b).float() + as_torch(c).float()).to(tdt)
+  for got in _allreduce_bits(Ops.ADD, dt, [a, b, c]):
+    g = as_torch(got)
+    assert torch.equal(torch.isnan(g), torch.isnan(want))
+    np.testing.assert_array_equal(g[~torch.isnan(g)].float().numpy(), want[~torch.isnan(want)].float().numpy())
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sharded_16bit_float_reductions(dtype):
+  """A sum, a max (with its argmax) and a matmul across the split axis of float16/bfloat16 tensors, against torch's on one
+  device: equal where each device holds one row (a part's reduce is the row itself), within the parts' own rounding else."""
+  from attograd.dtype import dtypes
+  x = np.random.default_rng(10).standard_normal((3, 37)).astype(np.float32)
+  tx = torch.tensor(x).to(getattr(torch, dtype))
+  t = Tensor(x).cast(getattr(dtypes, dtype)).shard(D3, 0)
+  np.testing.assert_array_equal(t.sum(0).float().numpy(), tx.sum(0).float().numpy())
+  values, indices = t.max(0)
+  np.testing.assert_array_equal(values.float().numpy(), tx.max(0).values.float().numpy())
+  np.testing.assert_array_equal(indices.numpy(), tx.max(0).indices.numpy())
+  y = np.random.default_rng(11).standard_normal((9, 6)).astype(np.float32)
+  ty = torch.tensor(y).to(getattr(torch, dtype))
+  tol = 1e-2 if dtype == "float16" else 5e-2
+  got = Tensor(y).cast(getattr(dtypes, dtype)).shard(D2, 0).sum(0).float().numpy()
+  np.testing.assert_allclose(got, ty.sum(0).float().numpy(), rtol=tol, atol=tol)
+  w = Tensor(np.ones((6, 2), np.float32)).cast(getattr(dtypes, dtype)).shard(D2, 0)
+  got = (Tensor(y).cast(getattr(dtypes, dtype)).shard(D2, 1) @ w).float().numpy()
+  np.testing.assert_allclose(got, (ty @ torch.ones(6, 2, dtype=ty.dtype)).float().numpy(), rtol=tol, atol=tol)
