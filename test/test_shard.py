@@ -266,3 +266,25 @@ def test_sharded_16bit_float_reductions(dtype):
   w = Tensor(np.ones((6, 2), np.float32)).cast(getattr(dtypes, dtype)).shard(D2, 0)
   got = (Tensor(y).cast(getattr(dtypes, dtype)).shard(D2, 1) @ w).float().numpy()
   np.testing.assert_allclose(got, (ty @ torch.ones(6, 2, dtype=ty.dtype)).float().numpy(), rtol=tol, atol=tol)
+
+@pytest.mark.parametrize("devices,shape,src,dst", [(D2, (5, 4), 0, 1), (D3, (7, 6), 1, 0), (D3, (6, 8), 0, 1)])
+def test_reshard_copies_only_what_each_device_lacks(devices, shape, src, dst, monkeypatch):
+  """Split by rows to split by columns (and back): each device gets from each other only the block it lacks, by copies the
+  schedule holds. Their bytes: the tensor's, less the blocks a device already had; an all-gather moved every part to every device."""
+  from attograd.engine import realize
+  from attograd.schedule.multi import split_bounds
+  copied = []
+  made = realize.NOT_KERNELS[realize.Ops.COPY]
+  monkeypatch.setitem(realize.NOT_KERNELS, realize.Ops.COPY, lambda ast, bufs: copied.append(bufs[0].nbytes) or made(ast, bufs))
+  x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+  t = Tensor(x).shard(devices, src).realize()
+  copied.clear()
+  r = t.shard(devices, dst).realize()
+  # (what device i had already: its rows of m's split times its columns of the new one)
+  had = sum((e - b) * (f - c) for (b, e), (c, f) in zip(split_bounds(shape[src], len(devices)), split_bounds(shape[dst], len(devices))))
+  assert sum(copied) == (x.size - had) * 4, (copied, x.size, had)
+  assert [p.shape for p in r.uop.src] == [tuple(e - b if a == dst else s for a, s in enumerate(shape)) for b, e in split_bounds(shape[dst], len(devices))]
+  for p, (b, e) in zip(r.uop.src, split_bounds(shape[dst], len(devices))):
+    np.testing.assert_array_equal(Tensor(p).numpy(), x[(slice(None),) * dst + (slice(b, e),)])
+  np.testing.assert_array_equal(r.numpy(), x)
+  check(lambda a, b: a * b + a, [shape, shape], [src, dst], devices=devices)  # mixed shardings, forward and backward
