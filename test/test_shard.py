@@ -288,3 +288,46 @@ def test_reshard_copies_only_what_each_device_lacks(devices, shape, src, dst, mo
     np.testing.assert_array_equal(Tensor(p).numpy(), x[(slice(None),) * dst + (slice(b, e),)])
   np.testing.assert_array_equal(r.numpy(), x)
   check(lambda a, b: a * b + a, [shape, shape], [src, dst], devices=devices)  # mixed shardings, forward and backward
+
+def test_lanes_run_devices_side_by_side_in_device_order():
+  """engine/lanes.py: each device's items on a thread of its own, at once (two items of different devices meet at a
+  barrier: run one after another, they would time out), each with its share of THREADS, in program order per device; an
+  item on both devices waits for each one's earlier items, and their later ones wait for it. An error stops every lane."""
+  import threading
+  from attograd import Context
+  from attograd.engine.lanes import Lanes, lane_cores
+  devs = [("A",), ("B",), ("A",), ("B",), ("B", "A"), ("A",), ("B",)]
+  meet, log, lock = threading.Barrier(2, timeout=10), [], threading.Lock()
+  def call(i: int) -> None:
+    if i in (0, 1): meet.wait()  # A's first item and B's first item run at the same time
+    with lock: log.append((i, threading.get_ident(), lane_cores()))
+  lanes = Lanes(devs)
+  with Context(THREADS=4): lanes.run(call)
+  order = [i for i, _, _ in log]
+  assert sorted(order) == list(range(len(devs))) and {c for _, _, c in log} == {2}
+  thread = {i: t for i, t, _ in log}
+  assert thread[0] == thread[2] == thread[5] != thread[1] == thread[3] == thread[4] == thread[6]
+  for before, after in [(0, 2), (2, 5), (1, 3), (3, 4), (4, 6), (2, 4), (4, 5)]: assert order.index(before) < order.index(after)
+  def fails(i: int) -> None:
+    if i == 3: raise ValueError("item 3")
+  with pytest.raises(ValueError, match="item 3"): Lanes(devs).run(fails)
+
+def test_side_by_side_devices_with_their_own_pools():
+  """With 4 THREADS and two devices, each device's threaded kernels run on 2 cores of a pool of its own at once (engine/lanes.py,
+  runtime/threadpool.py), and a data-parallel step still equals one device's; with LANES=0 too."""
+  from attograd import Context
+  with Context(THREADS=4):
+    g1, p1 = _mlp_step(None, optim.SGD, seed=3)
+    g2, p2 = _mlp_step(D2, optim.SGD, seed=3)
+    with Context(LANES=0): g3, p3 = _mlp_step(D2, optim.SGD, seed=3)
+  for a, b, c in zip(g1 + p1, g2 + p2, g3 + p3):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(b, c)
+  from attograd.engine import realize
+  from attograd.runtime import threadpool
+  x = np.random.default_rng(13).standard_normal((256, 256)).astype(np.float32)
+  with Context(THREADS=4):
+    a, b = Tensor(x).shard(D2, 0), Tensor(x).to(D2)
+    for _ in range(3): np.testing.assert_allclose((a @ b).relu().numpy(), np.maximum(x @ x, 0), rtol=1e-4, atol=1e-4)
+  assert any(ck.threads > 1 for (_, dev, *_), ck in realize._kernel_cache.items() if dev == "CPU:1")  # threaded kernels ran
+  assert {"CPU", "CPU:1"} <= set(threadpool._pools)  # ... each device's in its own pool
