@@ -229,30 +229,32 @@ class ExecPlan:
     # items on several devices: a lane each, run side by side (engine/lanes.py); a device a buffer is on never changes
     self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
-    st = time.perf_counter()
-    if DEBUG < self.print_at and trace.current is None:  # nothing to say per item: the counters are the plan's totals
-      if len(self.lanes) > 1 and LANES:
-        items = self.items
-        self.lanes.run(lambda i: items[i].runner(items[i].raw, var_vals))
-      else:
-        for ei in self.items: ei.runner(ei.raw, var_vals)
+    st, items = time.perf_counter(), self.items
+    quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
+    if len(self.lanes) > 1 and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
+      self.lanes.run((lambda i: items[i].runner(items[i].raw, var_vals)) if quiet else (lambda i: self._run_one(i, var_vals)))
+    elif quiet:
+      for ei in items: ei.runner(ei.raw, var_vals)
     else:
-      for i, ei in enumerate(self.items):
-        t0 = time.perf_counter()
-        ei.runner(ei.raw, var_vals)
-        t = time.perf_counter() - t0
-        nbytes = sum(b.nbytes for b in ei.bufs)  # the buffers it binds, as GlobalCounters.global_mem counts them
-        if trace.current is not None:  # VIZ's timeline
-          trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
-                               self.print_at > 1, ei.runner.ops, nbytes)
-        if DEBUG < self.print_at: continue
-        print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
-              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
-              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" + roofline.describe(ei.bufs[0].device, ei.runner.ops, nbytes, t) if DEBUG >= 2 else ""))
+      for i in range(len(items)): self._run_one(i, var_vals)
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.nbytes
+  def _run_one(self, i: int, var_vals: dict[UOp, int] | None) -> None:
+    """Item i, timed: on VIZ's timeline and (from DEBUG=print_at) a line."""
+    ei = self.items[i]
+    t0 = time.perf_counter()
+    ei.runner(ei.raw, var_vals)
+    t = time.perf_counter() - t0
+    nbytes = sum(b.nbytes for b in ei.bufs)  # the buffers it binds, as GlobalCounters.global_mem counts them
+    if trace.current is not None:  # VIZ's timeline
+      trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
+                           self.print_at > 1, ei.runner.ops, nbytes)
+    if DEBUG < self.print_at: return
+    print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
+          f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
+          (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" + roofline.describe(ei.bufs[0].device, ei.runner.ops, nbytes, t) if DEBUG >= 2 else ""))
 
 class Capture:
   """What TinyJit records while a function runs: every kernel and copy with the buffers it bound, and
