@@ -331,3 +331,16 @@ def test_side_by_side_devices_with_their_own_pools():
     for _ in range(3): np.testing.assert_allclose((a @ b).relu().numpy(), np.maximum(x @ x, 0), rtol=1e-4, atol=1e-4)
   assert any(ck.threads > 1 for (_, dev, *_), ck in realize._kernel_cache.items() if dev == "CPU:1")  # threaded kernels ran
   assert {"CPU", "CPU:1"} <= set(threadpool._pools)  # ... each device's in its own pool
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "bool"])
+def test_gather_and_reshard_are_bit_exact(dtype):
+  """Parts laid together keep every value's bits: -0.0 stays -0.0 (an add of zero-padded parts gave 0.0), NaN stays NaN."""
+  from attograd import dtypes
+  x = np.array([[-0.0, 1], [2, -0.0], [-0.0, np.nan], [-3, -0.0], [np.inf, -np.inf]], np.float32)
+  if dtype in ("int32", "bool"): x = np.nan_to_num(x, posinf=7, neginf=-7)
+  want = torch.tensor(x).to(getattr(torch, dtype))
+  t = Tensor(x).cast(getattr(dtypes, dtype)).shard(D2, 0)
+  for got in (t.to("CPU:1"), t.shard(D2, 1), t.shard(D2)):
+    g = torch.tensor(got.float().numpy()).to(want.dtype) if dtype == "bfloat16" else torch.tensor(got.numpy())
+    assert g.dtype == want.dtype and torch.equal(torch.nan_to_num(g), torch.nan_to_num(want))
+    if want.is_floating_point(): assert torch.equal(torch.signbit(g), torch.signbit(want)) and torch.equal(g.isnan(), want.isnan())
