@@ -12,6 +12,13 @@ torch = pytest.importorskip("torch")
 D2 = ("CPU", "CPU:1")
 D3 = ("CPU", "CPU:1", "CPU:2")
 
+@pytest.fixture(autouse=True)
+def side_by_side(monkeypatch):
+  """Every plan here, however small, runs its devices side by side (engine/lanes.py), as a big one does."""
+  from attograd.engine import realize
+  monkeypatch.setattr(realize, "LANES_MIN_OPS", 0)
+  monkeypatch.setattr(realize, "LANES_MIN_BYTES", 0)
+
 def check(fn, shapes, shardings, devices=D2, rtol=1e-5, atol=1e-6, seed=0):
   """fn over inputs split as shardings (axis, None = replicated, "one" = not sharded) equals torch's, and so do the
   gradients of each input (a sum of the output times a fixed random tensor)."""

@@ -219,6 +219,8 @@ class ExecItem:
     self.raw = [b.ensure_allocated()._buf for b in bufs]
   def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
 
+LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
+
 class ExecPlan:
   """Kernels and copies ready to run, in order. An eager schedule runs one once; a TinyJit replays one on every call
   (with new memory rebound into its items). __call__ is the one run loop."""
@@ -228,10 +230,12 @@ class ExecPlan:
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
     # items on several devices: a lane each, run side by side (engine/lanes.py); a device a buffer is on never changes
     self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
+    # ... when there is work enough: handing a lane to a thread costs ~50-100 us, more than a few tiny kernels take
+    self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st, items = time.perf_counter(), self.items
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
-    if len(self.lanes) > 1 and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
+    if self.side_by_side and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
       self.lanes.run((lambda i: items[i].runner(items[i].raw, var_vals)) if quiet else (lambda i: self._run_one(i, var_vals)))
     elif quiet:
       for ei in items: ei.runner(ei.raw, var_vals)
