@@ -74,7 +74,9 @@ def to_sharding(m: UOp, axis: int | None, bounds: Bounds | None, devices: tuple[
   if m.device != devices:
     raise RuntimeError(f"sharded tensors on different devices: {m.device} and {devices}; move one with .to(devices)")
   if m.arg == axis and bounds_of(m) == bounds: return list(m.src)
-  if m.arg is None: return [p.shrink(_along(tuple((0, s) for s in p.shape), axis, bounds[i])) for i, p in enumerate(m.src)] if axis is not None else list(m.src)
+  if m.arg is None:
+    if axis is None: return list(m.src)
+    return [p.shrink(_along(tuple((0, s) for s in p.shape), axis, bounds[i])) for i, p in enumerate(m.src)]
   if axis is None: return [gather(m, d) for d in devices]
   return [_pieces(m, axis, bounds[i], d) for i, d in enumerate(devices)]
 
