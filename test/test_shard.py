@@ -12,6 +12,13 @@ torch = pytest.importorskip("torch")
 D2 = ("CPU", "CPU:1")
 D3 = ("CPU", "CPU:1", "CPU:2")
 
+@pytest.fixture(autouse=True)
+def side_by_side(monkeypatch):
+  """Every plan here, however small, runs its devices side by side (engine/lanes.py), as a big one does."""
+  from attograd.engine import realize
+  monkeypatch.setattr(realize, "LANES_MIN_OPS", 0)
+  monkeypatch.setattr(realize, "LANES_MIN_BYTES", 0)
+
 def check(fn, shapes, shardings, devices=D2, rtol=1e-5, atol=1e-6, seed=0):
   """fn over inputs split as shardings (axis, None = replicated, "one" = not sharded) equals torch's, and so do the
   gradients of each input (a sum of the output times a fixed random tensor)."""
@@ -213,3 +220,134 @@ def test_clear_errors():
   with pytest.raises(ValueError, match="at least one element"): Tensor.ones(1, 4).shard(D2, 0)
   with pytest.raises(RuntimeError, match="different devices"): (Tensor.ones(6).shard(D2, 0) + Tensor.ones(6).shard(D3, 0)).numpy()
   with pytest.raises(ValueError, match="distinct"): Tensor.ones(4).shard(("CPU", "CPU:0"))
+
+def _allreduce_bits(op, dtype, parts: list[np.ndarray], devices=D3) -> list[np.ndarray]:
+  """The all-reduce item run on these parts (16-bit patterns, one a device): what each device holds after."""
+  from attograd.runtime.device import Buffer
+  bufs = [Buffer(d, p.size, dtype).ensure_allocated() for d, p in zip(devices, parts)]
+  for b, p in zip(bufs, parts): b.host_view()[:] = p.astype(np.uint16).tobytes()
+  allreduce.AllReduce(op, dtype, devices[:len(parts)], parts[0].size)([b._buf for b in bufs], None)
+  return [np.frombuffer(bytes(b.host_view()), np.uint16) for b in bufs]
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_allreduce_16bit_floats_round_once_like_torch(dtype, monkeypatch):
+  """float16/bfloat16 parts are combined in float32 and rounded once to nearest even, as torch.sum of such a tensor
+  accumulates: every 16-bit pattern survives a max with -inf, and sums of random pairs (normals, subnormals, overflow to inf)
+  round as torch rounds the float32 sum."""
+  from attograd.dtype import dtypes
+  from attograd.uop.ops import Ops
+  monkeypatch.setattr(allreduce, "PARALLEL_MIN_BYTES", 0)  # the chunks on threads, even for a few bytes
+  dt, tdt = getattr(dtypes, dtype), getattr(torch, dtype)
+  def as_torch(bits: np.ndarray) -> "torch.Tensor": return torch.from_numpy(bits.view(np.int16).copy()).view(tdt)
+  every = np.arange(1 << 16, dtype=np.uint16)
+  ninf = torch.full((1 << 16,), -float("inf"), dtype=tdt).view(torch.int16).numpy().view(np.uint16)
+  for got in _allreduce_bits(Ops.MAX, dt, [every, ninf]):
+    nan = torch.isnan(as_torch(every)).numpy()
+    np.testing.assert_array_equal(got[~nan], every[~nan])
+    assert torch.isnan(as_torch(got)[torch.from_numpy(nan)]).all()
+  rng = np.random.default_rng(9)
+  a, b, c = (rng.integers(0, 1 << 16, 100_000).astype(np.uint16) for _ in range(3))
+  want = (as_torch(a).float() + as_torch(b).float() + as_torch(c).float()).to(tdt)
+  for got in _allreduce_bits(Ops.ADD, dt, [a, b, c]):
+    g = as_torch(got)
+    assert torch.equal(torch.isnan(g), torch.isnan(want))
+    np.testing.assert_array_equal(g[~torch.isnan(g)].float().numpy(), want[~torch.isnan(want)].float().numpy())
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sharded_16bit_float_reductions(dtype):
+  """A sum, a max (with its argmax) and a matmul across the split axis of float16/bfloat16 tensors, against torch's on one
+  device: equal where each device holds one row (a part's reduce is the row itself), within the parts' own rounding else."""
+  from attograd.dtype import dtypes
+  x = np.random.default_rng(10).standard_normal((3, 37)).astype(np.float32)
+  tx = torch.tensor(x).to(getattr(torch, dtype))
+  t = Tensor(x).cast(getattr(dtypes, dtype)).shard(D3, 0)
+  np.testing.assert_array_equal(t.sum(0).float().numpy(), tx.sum(0).float().numpy())
+  values, indices = t.max(0)
+  np.testing.assert_array_equal(values.float().numpy(), tx.max(0).values.float().numpy())
+  np.testing.assert_array_equal(indices.numpy(), tx.max(0).indices.numpy())
+  y = np.random.default_rng(11).standard_normal((9, 6)).astype(np.float32)
+  ty = torch.tensor(y).to(getattr(torch, dtype))
+  tol = 1e-2 if dtype == "float16" else 5e-2
+  got = Tensor(y).cast(getattr(dtypes, dtype)).shard(D2, 0).sum(0).float().numpy()
+  np.testing.assert_allclose(got, ty.sum(0).float().numpy(), rtol=tol, atol=tol)
+  w = Tensor(np.ones((6, 2), np.float32)).cast(getattr(dtypes, dtype)).shard(D2, 0)
+  got = (Tensor(y).cast(getattr(dtypes, dtype)).shard(D2, 1) @ w).float().numpy()
+  np.testing.assert_allclose(got, (ty @ torch.ones(6, 2, dtype=ty.dtype)).float().numpy(), rtol=tol, atol=tol)
+
+@pytest.mark.parametrize("devices,shape,src,dst", [(D2, (5, 4), 0, 1), (D3, (7, 6), 1, 0), (D3, (6, 8), 0, 1)])
+def test_reshard_copies_only_what_each_device_lacks(devices, shape, src, dst, monkeypatch):
+  """Split by rows to split by columns (and back): each device gets from each other only the block it lacks, by copies the
+  schedule holds. Their bytes: the tensor's, less the blocks a device already had; an all-gather moved every part to every device."""
+  from attograd.engine import realize
+  from attograd.schedule.multi import split_bounds
+  copied = []
+  made = realize.NOT_KERNELS[realize.Ops.COPY]
+  monkeypatch.setitem(realize.NOT_KERNELS, realize.Ops.COPY, lambda ast, bufs: copied.append(bufs[0].nbytes) or made(ast, bufs))
+  x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+  t = Tensor(x).shard(devices, src).realize()
+  copied.clear()
+  r = t.shard(devices, dst).realize()
+  # (what device i had already: its rows of m's split times its columns of the new one)
+  had = sum((e - b) * (f - c) for (b, e), (c, f) in zip(split_bounds(shape[src], len(devices)), split_bounds(shape[dst], len(devices))))
+  assert sum(copied) == (x.size - had) * 4, (copied, x.size, had)
+  assert [p.shape for p in r.uop.src] == [tuple(e - b if a == dst else s for a, s in enumerate(shape)) for b, e in split_bounds(shape[dst], len(devices))]
+  for p, (b, e) in zip(r.uop.src, split_bounds(shape[dst], len(devices))):
+    np.testing.assert_array_equal(Tensor(p).numpy(), x[(slice(None),) * dst + (slice(b, e),)])
+  np.testing.assert_array_equal(r.numpy(), x)
+  check(lambda a, b: a * b + a, [shape, shape], [src, dst], devices=devices)  # mixed shardings, forward and backward
+
+def test_lanes_run_devices_side_by_side_in_device_order():
+  """engine/lanes.py: each device's items on a thread of its own, at once (two items of different devices meet at a
+  barrier: run one after another, they would time out), each with its share of THREADS, in program order per device; an
+  item on both devices waits for each one's earlier items, and their later ones wait for it. An error stops every lane."""
+  import threading
+  from attograd import Context
+  from attograd.engine.lanes import Lanes, lane_cores
+  devs = [("A",), ("B",), ("A",), ("B",), ("B", "A"), ("A",), ("B",)]
+  meet, log, lock = threading.Barrier(2, timeout=10), [], threading.Lock()
+  def call(i: int) -> None:
+    if i in (0, 1): meet.wait()  # A's first item and B's first item run at the same time
+    with lock: log.append((i, threading.get_ident(), lane_cores()))
+  lanes = Lanes(devs)
+  with Context(THREADS=4): lanes.run(call)
+  order = [i for i, _, _ in log]
+  assert sorted(order) == list(range(len(devs))) and {c for _, _, c in log} == {2}
+  thread = {i: t for i, t, _ in log}
+  assert thread[0] == thread[2] == thread[5] != thread[1] == thread[3] == thread[4] == thread[6]
+  for before, after in [(0, 2), (2, 5), (1, 3), (3, 4), (4, 6), (2, 4), (4, 5)]: assert order.index(before) < order.index(after)
+  def fails(i: int) -> None:
+    if i == 3: raise ValueError("item 3")
+  with pytest.raises(ValueError, match="item 3"): Lanes(devs).run(fails)
+
+def test_side_by_side_devices_with_their_own_pools():
+  """With 4 THREADS and two devices, each device's threaded kernels run on 2 cores of a pool of its own at once (engine/lanes.py,
+  runtime/threadpool.py), and a data-parallel step still equals one device's; with LANES=0 too."""
+  from attograd import Context
+  with Context(THREADS=4):
+    g1, p1 = _mlp_step(None, optim.SGD, seed=3)
+    g2, p2 = _mlp_step(D2, optim.SGD, seed=3)
+    with Context(LANES=0): g3, p3 = _mlp_step(D2, optim.SGD, seed=3)
+  for a, b, c in zip(g1 + p1, g2 + p2, g3 + p3):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(b, c)
+  from attograd.engine import realize
+  from attograd.runtime import threadpool
+  x = np.random.default_rng(13).standard_normal((256, 256)).astype(np.float32)
+  with Context(THREADS=4):
+    a, b = Tensor(x).shard(D2, 0), Tensor(x).to(D2)
+    for _ in range(3): np.testing.assert_allclose((a @ b).relu().numpy(), np.maximum(x @ x, 0), rtol=1e-4, atol=1e-4)
+  assert any(ck.threads > 1 for (_, dev, *_), ck in realize._kernel_cache.items() if dev == "CPU:1")  # threaded kernels ran
+  assert {"CPU", "CPU:1"} <= set(threadpool._pools)  # ... each device's in its own pool
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "bool"])
+def test_gather_and_reshard_are_bit_exact(dtype):
+  """Parts laid together keep every value's bits: -0.0 stays -0.0 (an add of zero-padded parts gave 0.0), NaN stays NaN."""
+  from attograd import dtypes
+  x = np.array([[-0.0, 1], [2, -0.0], [-0.0, np.nan], [-3, -0.0], [np.inf, -np.inf]], np.float32)
+  if dtype in ("int32", "bool"): x = np.nan_to_num(x, posinf=7, neginf=-7)
+  want = torch.tensor(x).to(getattr(torch, dtype))
+  t = Tensor(x).cast(getattr(dtypes, dtype)).shard(D2, 0)
+  for got in (t.to("CPU:1"), t.shard(D2, 1), t.shard(D2)):
+    g = torch.tensor(got.float().numpy()).to(want.dtype) if dtype == "bfloat16" else torch.tensor(got.numpy())
+    assert g.dtype == want.dtype and torch.equal(torch.nan_to_num(g), torch.nan_to_num(want))
+    if want.is_floating_point(): assert torch.equal(torch.signbit(g), torch.signbit(want)) and torch.equal(g.isnan(), want.isnan())

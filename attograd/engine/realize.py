@@ -22,6 +22,7 @@ from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
 from attograd.engine.allreduce import AllReduce
+from attograd.engine.lanes import LANES, Lanes, lane_cores
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program
 
 @dataclass
@@ -50,7 +51,8 @@ class CompiledKernel:
     if self.launch is not None: return self.program(bufs, vals, eval_dims(self.launch[0], var_vals), self.launch[1])
     if (n := self.threads) == 1: return self.program(bufs, vals)
     # the CPU runtime's native thread pool: each core takes the next slice when it is done with one
-    self.program.run_slices(bufs, vals, n, min(n, THREADS.value))
+    # (in a lane of devices side by side, the device's share of the cores: engine/lanes.py)
+    self.program.run_slices(bufs, vals, n, min(n, lane_cores()))
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU ops executed, multiplying by the trip count of each enclosing loop."""
@@ -217,6 +219,8 @@ class ExecItem:
     self.raw = [b.ensure_allocated()._buf for b in bufs]
   def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
 
+LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
+
 class ExecPlan:
   """Kernels and copies ready to run, in order. An eager schedule runs one once; a TinyJit replays one on every call
   (with new memory rebound into its items). __call__ is the one run loop."""
@@ -224,27 +228,37 @@ class ExecPlan:
     # a replay prints its kernels from DEBUG=2: at 1 a training loop would print every step's
     self.items, self.print_at = items, print_at
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
+    # items on several devices: a lane each, run side by side (engine/lanes.py); a device a buffer is on never changes
+    self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
+    # ... when there is work enough: handing a lane to a thread costs ~50-100 us, more than a few tiny kernels take
+    self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
-    st = time.perf_counter()
-    if DEBUG < self.print_at and trace.current is None:  # nothing to say per item: the counters are the plan's totals
-      for ei in self.items: ei.runner(ei.raw, var_vals)
+    st, items = time.perf_counter(), self.items
+    quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
+    if self.side_by_side and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
+      self.lanes.run((lambda i: items[i].runner(items[i].raw, var_vals)) if quiet else (lambda i: self._run_one(i, var_vals)))
+    elif quiet:
+      for ei in items: ei.runner(ei.raw, var_vals)
     else:
-      for i, ei in enumerate(self.items):
-        t0 = time.perf_counter()
-        ei.runner(ei.raw, var_vals)
-        t = time.perf_counter() - t0
-        nbytes = sum(b.nbytes for b in ei.bufs)  # the buffers it binds, as GlobalCounters.global_mem counts them
-        if trace.current is not None:  # VIZ's timeline
-          trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
-                               self.print_at > 1, ei.runner.ops, nbytes)
-        if DEBUG < self.print_at: continue
-        print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
-              f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
-              (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" + roofline.describe(ei.bufs[0].device, ei.runner.ops, nbytes, t) if DEBUG >= 2 else ""))
+      for i in range(len(items)): self._run_one(i, var_vals)
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.nbytes
+  def _run_one(self, i: int, var_vals: dict[UOp, int] | None) -> None:
+    """Item i, timed: on VIZ's timeline and (from DEBUG=print_at) a line."""
+    ei = self.items[i]
+    t0 = time.perf_counter()
+    ei.runner(ei.raw, var_vals)
+    t = time.perf_counter() - t0
+    nbytes = sum(b.nbytes for b in ei.bufs)  # the buffers it binds, as GlobalCounters.global_mem counts them
+    if trace.current is not None:  # VIZ's timeline
+      trace.current.launch(ei.bufs[0].device, ei.runner.name, t0, t, (ei.ast, ei.bufs[0].device), GlobalCounters.mem_used,
+                           self.print_at > 1, ei.runner.ops, nbytes)
+    if DEBUG < self.print_at: return
+    print(f"*** {ei.bufs[0].device:6s} {GlobalCounters.kernel_count + i + 1:4d} {colored(f'{ei.runner.name:30s}', 'cyan')} "
+          f"arg {len(ei.bufs):2d} tm {t * 1e6:9.2f}us {ei.runner.ops / max(t, 1e-9) * 1e-9:8.2f} GFLOPS" +
+          (f" {nbytes / max(t, 1e-9) * 1e-9:8.2f} GB/s" + roofline.describe(ei.bufs[0].device, ei.runner.ops, nbytes, t) if DEBUG >= 2 else ""))
 
 class Capture:
   """What TinyJit records while a function runs: every kernel and copy with the buffers it bound, and

@@ -99,8 +99,8 @@ class CPUCompiler(Compiler):
 
 class CPUProgram:
   var_type = ctypes.c_int32  # the C renderer declares kernel variables int
-  def __init__(self, name: str, lib: bytes):
-    self.name, self.lib = name, load_library(lib)
+  def __init__(self, name: str, lib: bytes, pool: str = ""):
+    self.name, self.lib, self.pool = name, load_library(lib), pool  # pool: the device's threads (runtime/threadpool.py)
     self.fxn = getattr(self.lib, name)
     self.fxn.restype = None
   def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:
@@ -111,7 +111,7 @@ class CPUProgram:
     return ctypes.cast(getattr(self.lib, f"{self.name}_slice"), ctypes.c_void_p).value
   def run_slices(self, bufs: list[CPUMemory], vals: list[int], n: int, cores: int) -> None:
     """A threaded kernel's n slices (core_id 0..n-1) on up to `cores` cores, results as if run one after another."""
-    threadpool.run_slices(self.slice_entry, [b.addr for b in bufs], vals, n, cores)
+    threadpool.run_slices(self.slice_entry, [b.addr for b in bufs], vals, n, cores, self.pool)
 
 # _Float16 converted from and to float and double: clang before 15 rejects the type on x86-64 ("_Float16 is not supported on
 # this target"), and a compiler could take it and convert wrongly (clang 14's __fp16 from double: 1.0009765625 -> 6e-08,
@@ -165,4 +165,5 @@ class CpuDevice(Compiled):
     compiler = CPUCompiler()
     # without _Float16 (clang before 15), float16 is stored as its bits and converted by functions of the C prelude
     renderer = CStyleRenderer(SPARE_BYTES, simd_floats(), f16_bits=not has_float16(compiler.cc, tuple(compiler.flags)))
-    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude, compiler.cc), CPUProgram)
+    # each device's kernels on threads of its own: CPU:0 and CPU:1 side by side don't share a pool
+    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude, compiler.cc), functools.partial(CPUProgram, pool=name))

@@ -68,4 +68,4 @@ class LLVMProgram(CPUProgram):
 class LlvmDevice(Compiled):
   def __init__(self, name: str):
     _llvm()
-    super().__init__(name, CPUAllocator(), LLVMRenderer(), LLVMCompiler(), LLVMProgram)
+    super().__init__(name, CPUAllocator(), LLVMRenderer(), LLVMCompiler(), functools.partial(LLVMProgram, pool=name))

@@ -1,4 +1,4 @@
-"""The CPU devices' thread pool: one call runs a threaded kernel's slices (the THREAD opt, codegen/opt.py) on
+"""The CPU devices' thread pools (one a device): one call runs a threaded kernel's slices (the THREAD opt, codegen/opt.py) on
 several cores. Native threads, created on the first threaded launch, and one ctypes call per launch: the GIL
 is released for the whole run, and a launch costs a few microseconds instead of a Python thread's wakeup.
 Kernels are called through the entry point the renderers add to threaded kernels, one C type for all:
@@ -13,6 +13,7 @@ SRC = r"""
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 typedef void (*slice_fn)(void *const *bufs, const long long *vals, long long core);
@@ -27,53 +28,83 @@ typedef void (*slice_fn)(void *const *bufs, const long long *vals, long long cor
    and a shared machine gets the core back soon after the last one */
 #define SPIN_NS 50000
 
-static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER, mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND_INITIALIZER;
-static slice_fn job_fn;
-static void *const *job_bufs;
-static const long long *job_vals;
-/* launch number << 32 | slices not taken yet: a slice is taken by a compare-exchange that names its launch,
-   so a worker late from an earlier launch never takes a slice of a later one */
-static _Atomic uint64_t word;
-static atomic_int remaining, helpers, sleepers, caller_waits;
-static int workers;
+/* a pool: its own workers and launches, so two devices (CPU:0, CPU:1) each run their kernels on their own share of the
+   cores at once; a launch into a pool another thread's launch holds runs its slices on the calling thread */
+struct pool {
+  pthread_mutex_t launch_mu, mu;
+  pthread_cond_t work_cv, done_cv;
+  slice_fn job_fn;
+  void *const *job_bufs;
+  const long long *job_vals;
+  /* launch number << 32 | slices not taken yet: a slice is taken by a compare-exchange that names its launch,
+     so a worker late from an earlier launch never takes a slice of a later one */
+  _Atomic uint64_t word;
+  atomic_int remaining, helpers, sleepers, caller_waits;
+  int workers;
+  struct pool *next;
+};
+struct start { struct pool *p; int me; uint32_t seen; };
+static struct pool *pools;  /* every pool made, for after_fork */
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static uint32_t launch_of(uint64_t w) { return (uint32_t)(w >> 32); }
 static int64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
 
+static void pool_init(struct pool *p) {
+  pthread_mutex_init(&p->launch_mu, NULL); pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->work_cv, NULL); pthread_cond_init(&p->done_cv, NULL);
+  p->workers = 0;
+  atomic_store(&p->sleepers, 0); atomic_store(&p->caller_waits, 0);
+}
+
+/* a new pool (never freed: a device lives as long as the process) */
+struct pool *pool_new(void) {
+  struct pool *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  pool_init(p);
+  pthread_mutex_lock(&pools_mu); p->next = pools; pools = p; pthread_mutex_unlock(&pools_mu);
+  return p;
+}
+
 /* the job is stable while a slice of it is taken and not finished: the launch can't end before */
-static void take_slices(uint32_t launch) {
-  for (uint64_t w = atomic_load(&word); launch_of(w) == launch && (uint32_t)w > 0;) {
-    if (!atomic_compare_exchange_weak(&word, &w, w - 1)) continue;
-    job_fn(job_bufs, job_vals, (uint32_t)w - 1);
-    if (atomic_fetch_sub(&remaining, 1) == 1 && atomic_load(&caller_waits)) {
-      pthread_mutex_lock(&mu); pthread_cond_signal(&done_cv); pthread_mutex_unlock(&mu);
+static void take_slices(struct pool *p, uint32_t launch) {
+  for (uint64_t w = atomic_load(&p->word); launch_of(w) == launch && (uint32_t)w > 0;) {
+    if (!atomic_compare_exchange_weak(&p->word, &w, w - 1)) continue;
+    p->job_fn(p->job_bufs, p->job_vals, (uint32_t)w - 1);
+    if (atomic_fetch_sub(&p->remaining, 1) == 1 && atomic_load(&p->caller_waits)) {
+      pthread_mutex_lock(&p->mu); pthread_cond_signal(&p->done_cv); pthread_mutex_unlock(&p->mu);
     }
-    w = atomic_load(&word);
+    w = atomic_load(&p->word);
   }
 }
 
 static void *worker(void *arg) {
-  int me = (int)((uintptr_t)arg & 0xffff), poll = 1;
-  uint32_t seen = (uint32_t)((uintptr_t)arg >> 16);
+  struct start st = *(struct start *)arg;
+  free(arg);
+  struct pool *p = st.p;
+  int me = st.me, poll = 1;
+  uint32_t seen = st.seen;
   for (;;) {
-    uint64_t w = atomic_load(&word);
-    for (int64_t end = poll ? now_ns() + SPIN_NS : 0; launch_of(w) == seen && now_ns() < end; w = atomic_load(&word)) RELAX();
+    uint64_t w = atomic_load(&p->word);
+    for (int64_t end = poll ? now_ns() + SPIN_NS : 0; launch_of(w) == seen && now_ns() < end; w = atomic_load(&p->word)) RELAX();
     if (launch_of(w) == seen) {
-      pthread_mutex_lock(&mu);
-      atomic_fetch_add(&sleepers, 1);  /* before looking again: the caller then sees a sleeper, or we see its launch */
-      while (launch_of(w = atomic_load(&word)) == seen) pthread_cond_wait(&work_cv, &mu);
-      atomic_fetch_sub(&sleepers, 1);
-      pthread_mutex_unlock(&mu);
+      pthread_mutex_lock(&p->mu);
+      atomic_fetch_add(&p->sleepers, 1);  /* before looking again: the caller then sees a sleeper, or we see its launch */
+      while (launch_of(w = atomic_load(&p->word)) == seen) pthread_cond_wait(&p->work_cv, &p->mu);
+      atomic_fetch_sub(&p->sleepers, 1);
+      pthread_mutex_unlock(&p->mu);
     }
     seen = launch_of(w);
-    poll = me < atomic_load(&helpers);  /* a worker that THREADS leaves out sleeps right away */
-    if (poll) take_slices(seen);
+    poll = me < atomic_load(&p->helpers);  /* a worker that THREADS leaves out sleeps right away */
+    if (poll) take_slices(p, seen);
   }
   return NULL;
 }
 
-static void start_worker(uint32_t seen) {
+static void start_worker(struct pool *p, uint32_t seen) {
+  struct start *st = malloc(sizeof *st);
+  if (!st) return;
+  st->p = p; st->me = p->workers; st->seen = seen;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -82,59 +113,68 @@ static void start_worker(uint32_t seen) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   pthread_t t;
-  if (pthread_create(&t, &attr, worker, (void *)((uintptr_t)seen << 16 | (uintptr_t)workers)) == 0) workers++;
+  if (pthread_create(&t, &attr, worker, st) == 0) p->workers++;
+  else free(st);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   pthread_attr_destroy(&attr);
 }
 
 /* a forked child has only the thread that forked: no workers, and no launch in flight */
 static void after_fork(void) {
-  pthread_mutex_init(&launch_mu, NULL); pthread_mutex_init(&mu, NULL);
-  pthread_cond_init(&work_cv, NULL); pthread_cond_init(&done_cv, NULL);
-  workers = 0;
-  atomic_store(&sleepers, 0); atomic_store(&caller_waits, 0);
+  pthread_mutex_init(&pools_mu, NULL);
+  for (struct pool *p = pools; p; p = p->next) pool_init(p);
 }
 __attribute__((constructor)) static void init(void) { pthread_atfork(NULL, NULL, after_fork); }
 
-/* runs fn for core = 0..n-1 on up to `cores` threads, the calling one included; returns when all are done */
-void pool_run(slice_fn fn, void *const *bufs, const long long *vals, int n, int cores) {
+/* runs fn for core = 0..n-1 on up to `cores` threads of pool p, the calling one included; returns when all are done */
+void pool_run(struct pool *p, slice_fn fn, void *const *bufs, const long long *vals, int n, int cores) {
   /* one core, or another thread's launch has the pool: the slices run here, one after another */
-  if (cores <= 1 || n <= 1 || pthread_mutex_trylock(&launch_mu) != 0) {
+  if (cores <= 1 || n <= 1 || pthread_mutex_trylock(&p->launch_mu) != 0) {
     for (int i = 0; i < n; i++) fn(bufs, vals, i);
     return;
   }
-  uint32_t launch = launch_of(atomic_load(&word)) + 1;
-  while (workers < cores - 1 && workers < 0xffff) {
-    int before = workers;
-    start_worker(launch - 1);
-    if (workers == before) break;  /* no more threads to be had: fewer cores help */
+  uint32_t launch = launch_of(atomic_load(&p->word)) + 1;
+  while (p->workers < cores - 1 && p->workers < 0xffff) {
+    int before = p->workers;
+    start_worker(p, launch - 1);
+    if (p->workers == before) break;  /* no more threads to be had: fewer cores help */
   }
-  job_fn = fn; job_bufs = bufs; job_vals = vals;
-  atomic_store(&remaining, n);
-  atomic_store(&helpers, cores - 1);
-  atomic_store(&word, (uint64_t)launch << 32 | (uint32_t)n);
-  if (atomic_load(&sleepers)) { pthread_mutex_lock(&mu); pthread_cond_broadcast(&work_cv); pthread_mutex_unlock(&mu); }
-  take_slices(launch);
+  p->job_fn = fn; p->job_bufs = bufs; p->job_vals = vals;
+  atomic_store(&p->remaining, n);
+  atomic_store(&p->helpers, cores - 1);
+  atomic_store(&p->word, (uint64_t)launch << 32 | (uint32_t)n);
+  if (atomic_load(&p->sleepers)) { pthread_mutex_lock(&p->mu); pthread_cond_broadcast(&p->work_cv); pthread_mutex_unlock(&p->mu); }
+  take_slices(p, launch);
   /* the last slices may still be running on workers */
-  for (int64_t end = now_ns() + SPIN_NS; atomic_load(&remaining) && now_ns() < end;) RELAX();
-  if (atomic_load(&remaining)) {
-    pthread_mutex_lock(&mu);
-    atomic_store(&caller_waits, 1);
-    while (atomic_load(&remaining)) pthread_cond_wait(&done_cv, &mu);
-    atomic_store(&caller_waits, 0);
-    pthread_mutex_unlock(&mu);
+  for (int64_t end = now_ns() + SPIN_NS; atomic_load(&p->remaining) && now_ns() < end;) RELAX();
+  if (atomic_load(&p->remaining)) {
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->caller_waits, 1);
+    while (atomic_load(&p->remaining)) pthread_cond_wait(&p->done_cv, &p->mu);
+    atomic_store(&p->caller_waits, 0);
+    pthread_mutex_unlock(&p->mu);
   }
-  pthread_mutex_unlock(&launch_mu);
+  pthread_mutex_unlock(&p->launch_mu);
 }
 """
 
 @functools.cache
-def _pool_run() -> Callable[..., None]:
-  fn = load_library(compile_c(find_c_compiler(), SRC, ["-O2", "-fPIC", "-shared", "-pthread"], "the thread pool")).pool_run
-  fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int], None
-  return fn
+def _library() -> ctypes.CDLL:
+  lib = load_library(compile_c(find_c_compiler(), SRC, ["-O2", "-fPIC", "-shared", "-pthread"], "the thread pool"))
+  lib.pool_run.argtypes, lib.pool_run.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int], None
+  lib.pool_new.argtypes, lib.pool_new.restype = [], ctypes.c_void_p
+  return lib
 
-def run_slices(entry: int, addrs: list[int], vals: list[int], n: int, cores: int) -> None:
-  """Calls the slice entry point at address `entry` for core = 0..n-1, on up to `cores` cores, and returns when all
-  are done. Each core takes the next slice when it finished one: a core another process holds back does fewer."""
-  _pool_run()(entry, (ctypes.c_void_p * len(addrs))(*addrs), (ctypes.c_int64 * len(vals))(*vals), n, cores)
+_pools: dict[str, int] = {}
+def pool(name: str = "") -> int:
+  """The native pool of this name (a device's; "" the shared one), made on first use: each device's threaded kernels run
+  on workers of its own, so devices side by side (engine/lanes.py) don't queue for one pool."""
+  if (p := _pools.get(name)) is None:
+    if not (p := _library().pool_new()): raise MemoryError("no memory for a thread pool")
+    _pools[name] = p
+  return p
+
+def run_slices(entry: int, addrs: list[int], vals: list[int], n: int, cores: int, pool_name: str = "") -> None:
+  """Calls the slice entry point at address `entry` for core = 0..n-1, on up to `cores` cores of the named pool, and returns
+  when all are done. Each core takes the next slice when it finished one: a core another process holds back does fewer."""
+  _library().pool_run(pool(pool_name), entry, (ctypes.c_void_p * len(addrs))(*addrs), (ctypes.c_int64 * len(vals))(*vals), n, cores)

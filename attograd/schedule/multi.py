@@ -53,21 +53,49 @@ def _along(shape: tuple[sint, ...], axis: int, value) -> tuple: return tuple(val
 def gather(m: UOp, device: str) -> UOp:
   """The whole of sharded m on one device: each part copied there and laid end to end (as Tensor.cat does it)."""
   if m.arg is None: return next((p for p in m.src if p.device == device), _to(m.src[0], device))
-  total, out = m.shape[m.arg], None
-  for p, (b, e) in zip(m.src, bounds_of(m)):
-    piece = _to(p, device).pad(_along(((0, 0),) * len(m.shape), m.arg, (b, total - e)))
-    out = piece if out is None else UOp(Ops.OR if m.dtype == dtypes.bool else Ops.ADD, m.dtype, (out, piece))
-  return out
+  total = m.shape[m.arg]
+  return _lay([_to(p, device).pad(_along(((0, 0),) * len(m.shape), m.arg, (b, total - e))) for p, (b, e) in zip(m.src, bounds_of(m))])
+
+UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+def _lay(pieces: list[UOp]) -> UOp:
+  """Blocks padded with zeros to one shape, no two nonzero at one place, as one tensor: their bits or-ed together (an add
+  of floats would turn a -0.0 next to the padding into 0.0)."""
+  if len(pieces) == 1: return pieces[0]
+  dt = pieces[0].dtype
+  bits = UINT_OF_SIZE[dt.itemsize] if dtypes.is_float(dt) else dt
+  out = pieces[0].bitcast(bits) if bits != dt else pieces[0]
+  for p in pieces[1:]: out = UOp(Ops.OR, bits, (out, p.bitcast(bits) if bits != dt else p))
+  return out.bitcast(dt) if bits != dt else out
 
 def to_sharding(m: UOp, axis: int | None, bounds: Bounds | None, devices: tuple[str, ...]) -> list[UOp]:
   """The parts of m split as (axis, bounds) over devices. Replicated to split is a shrink of each copy (no data moves);
-  split to replicated, or split another way, is an all-gather: each device gets every part by a copy."""
+  split to replicated is an all-gather (each device gets every part by a copy); split another way moves only what each
+  device lacks (_pieces)."""
   if m.device != devices:
     raise RuntimeError(f"sharded tensors on different devices: {m.device} and {devices}; move one with .to(devices)")
   if m.arg == axis and bounds_of(m) == bounds: return list(m.src)
-  full = list(m.src) if m.arg is None else [gather(m, d) for d in devices]
-  if axis is None: return full
-  return [f.shrink(_along(tuple((0, s) for s in f.shape), axis, bounds[i])) for i, f in enumerate(full)]
+  if m.arg is None:
+    if axis is None: return list(m.src)
+    return [p.shrink(_along(tuple((0, s) for s in p.shape), axis, bounds[i])) for i, p in enumerate(m.src)]
+  if axis is None: return [gather(m, d) for d in devices]
+  return [_pieces(m, axis, bounds[i], d) for i, d in enumerate(devices)]
+
+def _pieces(m: UOp, axis: int, want: tuple[int, int], device: str) -> UOp:
+  """The part of split m that spans `want` along axis (all of the other axes), on device: from each of m's parts only the
+  block inside it, copied if it lives elsewhere, laid in place (as gather lays whole parts). Split by rows to split by
+  columns over n devices moves (n-1)/n of the tensor once, where gathering everything moved it n-1 times."""
+  a, nd = m.arg, len(m.shape)
+  shape = _along(m.shape, axis, want[1] - want[0])
+  pieces = []
+  for p, (b, e) in zip(m.src, bounds_of(m)):
+    lo, hi = (max(b, want[0]), min(e, want[1])) if a == axis else (b, e)  # the rows of p along m's split axis it gives
+    if lo >= hi: continue
+    box = _along(tuple((0, s) for s in p.shape), a, (lo - b, hi - b))
+    if a != axis: box = _along(box, axis, want)
+    at = lo - (want[0] if a == axis else 0)  # where the block starts along a, in the part being made
+    pieces.append(_to(p.shrink(box), device).pad(_along(((0, 0),) * nd, a, (at, shape[a] - at - (hi - lo)))))
+  assert pieces, f"no part of {bounds_of(m)} covers {want}"
+  return _lay(pieces)
 
 # ***** the rules: each op over MULTI sources becomes a MULTI of the op over parts *****
 
