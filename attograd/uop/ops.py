@@ -15,14 +15,12 @@ class Ops(Enum):
   REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
   # WITH_DERIVATIVE(value, x, d, [x2, d2, ...]): value, whose derivative with respect to x (elementwise, same shape) autograd
   # takes to be d (and to x2 d2...): a function written as a polynomial approximation, or with branches for its special
-  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value. With an arg (an
-  # id), each d is instead x's whole gradient (any shape x has), written over the GRAD_IN node of that id, which autograd
-  # replaces by the gradient flowing into value: a vector-Jacobian product
+  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value. With a Vjp arg,
+  # WITH_DERIVATIVE(value, x, [x2, ...]) instead: x's whole gradient (any shape x has) is the Vjp's function of the
+  # gradient flowing into value, called by autograd (a vector-Jacobian product). Softmax's backward P * (g - sum(g * P))
+  # reads P, its own output, where the chain rule through its exp and row sum made a backward pass recompute both;
+  # attention's reads its probabilities and its output
   WITH_DERIVATIVE = auto()
-  # GRAD_IN (arg: (id, shape), src: (DEVICE,)): that placeholder. Softmax's backward P * (g - sum(g * P)) reads P, its
-  # own output, where the chain rule through its exp and row sum made a backward pass recompute both; attention's reads
-  # its probabilities and its output. Only autograd sees it
-  GRAD_IN = auto()
   BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
   # EXP (e**x) is a primitive so the graph holds one node and its derivative is itself; codegen expands it (uop/mathlib.py)
@@ -137,6 +135,15 @@ def arg_key(arg: Any) -> Any:
   """arg as a key: a float by its bits, so -0.0 is not 0.0 (1/x differs) and NaN equals itself (a graph holding one finds
   its node, and its schedule, again)."""
   return ("float", arg.hex()) if type(arg) is float else arg
+
+class Vjp:
+  """A WITH_DERIVATIVE's vector-Jacobian products: fns[i](g) is the gradient of its source i+1 for the gradient g of its
+  value. Called by autograd only when a backward pass runs: a forward pass builds none of them (attention's were a third
+  of its nodes), and the backward is built over the gradient itself, with no placeholder to substitute through the
+  graph below. Compared by identity: each function call makes its own node."""
+  __slots__ = ("fns",)
+  def __init__(self, fns: tuple[Callable[[UOp], UOp], ...]): self.fns = fns
+  def __repr__(self) -> str: return f"Vjp({len(self.fns)})"
 
 class UOpMeta(type):
   ucache: dict[tuple, weakref.ReferenceType] = {}
@@ -379,7 +386,6 @@ def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) 
 def _shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.BUFFER: return (u.arg.size,)
   if u.op is Ops.IOTA: return (u.arg,)
-  if u.op is Ops.GRAD_IN: return u.arg[1]
   if u.op is Ops.WITH_DERIVATIVE: return u.src[0].shape
   if u.op in {Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND}: return ()
   if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
