@@ -137,7 +137,9 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
     for s in u.src:
       if on_path[s]: break
     else: continue
-    src_grads = pm_gradient.first_result(u, ctx=grads[u])
+    if u.op is Ops.WITH_DERIVATIVE and isinstance(u.arg, Vjp):  # only the products a target needs are built
+      src_grads = (None, *(f(grads[u]) if on_path[s] else None for f, s in zip(u.arg.fns, u.src[1:])))
+    else: src_grads = pm_gradient.first_result(u, ctx=grads[u])
     if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
     for s, g in zip(u.src, src_grads):
       if g is None or not on_path[s]: continue
