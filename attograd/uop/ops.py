@@ -147,13 +147,12 @@ class Vjp:
 
 _OP_BIT = {op: 1 << op.value for op in Ops}  # (Enum's .value is a Python property: a dict is 5x faster)
 
-def _forget(ref: weakref.KeyedRef) -> None: UOpMeta.ucache.pop(ref.key, None)
-
 class UOpMeta(type):
   ucache: dict[tuple, weakref.ReferenceType] = {}
   def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     # (the hot path of every graph built: arg_key inlined, the node made without type.__call__'s dispatch to __init__,
-    # and its cache entry a KeyedRef with one shared callback rather than a closure per node)
+    # and its cache entry's callback the dict's own pop, called as pop(key, ref): no Python frame runs when one of the
+    # thousands of nodes of a training step dies)
     key = (op, dtype, src, ("float", arg.hex()) if type(arg) is float else arg)
     if (ref := UOpMeta.ucache.get(key)) is not None and (node := ref()) is not None: return node
     node = cls.__new__(cls)
@@ -162,7 +161,7 @@ class UOpMeta(type):
     m = _OP_BIT[op]
     for s in src: m |= s.opmask
     node.opmask = m
-    UOpMeta.ucache[key] = weakref.KeyedRef(node, _forget, key)
+    UOpMeta.ucache[key] = weakref.ref(node, functools.partial(UOpMeta.ucache.pop, key))
     return node
 
 class UOp(metaclass=UOpMeta):
