@@ -74,13 +74,17 @@ class UpdateTemplate:
       new[a] = state[k].uop
     return Tensor(_fill(self.plan, self.out, new))
 
-def template_key(p: Tensor, g: Tensor, group: Any, state: dict[str, Tensor]) -> tuple | None:
-  """What the update's graph depends on besides its inputs' values: the shapes and dtypes of the inputs and the group's
-  settings that aren't tensors (maximize, amsgrad, nesterov, ...). None where no template is made: a sharded or
-  symbolic parameter, a gradient of another shape."""
-  if not isinstance(p.device, str) or g.shape != p.shape or not all(isinstance(s, int) for s in p.shape): return None
+def group_key(group: Any) -> tuple | None:
+  """The part of template_key a group gives (the same for each of its parameters: made once a step): the kinds of its
+  tensors and its settings that aren't tensors (maximize, amsgrad, nesterov, ...). None: no template for this group."""
   settings = tuple(sorted((k, v) for k, v in dict.items(group) if k != "params" and k not in group.tensors))
   try: hash(settings)
   except TypeError: return None  # a setting that is no key (a list): build the update as it is
-  kinds = tuple((t.shape, t.dtype, t.device) for t in (*state.values(), *_flat(group.tensors), *_flat(group.factors)))
-  return (p.shape, p.dtype, p.device, g.dtype, tuple(sorted(state)), tuple(sorted(group.tensors)), tuple(sorted(group.factors)), kinds, settings)
+  kinds = tuple((t.shape, t.dtype, t.device) for t in (*_flat(group.tensors), *_flat(group.factors)))
+  return (tuple(sorted(group.tensors)), tuple(sorted(group.factors)), kinds, settings)
+
+def template_key(p: Tensor, g: Tensor, state: dict[str, Tensor], group: tuple | None) -> tuple | None:
+  """What the update's graph depends on besides its inputs' values: the shapes and dtypes of the inputs, and the group's
+  part (group_key). None where no template is made: a sharded or symbolic parameter, a gradient of another shape."""
+  if group is None or not isinstance(p.device, str) or g.shape != p.shape or not all(isinstance(s, int) for s in p.shape): return None
+  return (p.shape, p.dtype, p.device, g.dtype, tuple((k, t.shape, t.dtype, t.device) for k, t in sorted(state.items())), group)
