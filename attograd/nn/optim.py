@@ -12,7 +12,7 @@ from attograd.dtype import DType, dtypes
 from attograd.helpers import gc_paused
 from attograd.nn.module import as_tensor
 from attograd.nn.update_template import UpdateTemplate, group_key, template_key
-from attograd.engine.realize import capturing
+from attograd.engine.realize import capturing, is_realized
 import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
 import sys as _sys
 # also importable by torch's path (from attograd.nn.optim.lr_scheduler import StepLR), though optim is a module
@@ -92,6 +92,10 @@ class Optimizer:
     if params and isinstance(params[0], tuple): params = [p for _, p in params]  # torch's named parameters: (name, tensor)
     for g in (params if params and isinstance(params[0], dict) else [{"params": params}]): self.add_param_group(g)
     if not self.params: raise ValueError("optimizer got no parameters that require grad")
+    # the parameters' initial values are computed now (in one schedule), as torch's exist once made: left lazy, the first
+    # step computed them fused into its forward pass, in kernels no later step runs (a new process scheduled and
+    # compiled the first step apart from the second)
+    if capturing() is None and (lazy := [p for p in self.params if not is_realized(p.uop)]): Tensor.realize_all(lazy)
   @staticmethod
   def _trainable(params: Iterable[Tensor]) -> list[Tensor]:
     """The tensors the optimizer will train: floating point ones not marked requires_grad=False. Like tinygrad, a
