@@ -6,7 +6,7 @@ import math
 from typing import Any, Callable
 from attograd.dtype import dtypes
 from attograd.helpers import Switch, argsort
-from attograd.uop.ops import UOp, Ops, GroupOp
+from attograd.uop.ops import UOp, Ops, GroupOp, Vjp
 from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.schedule.multi import shard_uop
 
@@ -71,12 +71,11 @@ def _pad_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
 def _shrink_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
   return (ctx.pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, ret.src[0].shape))),)
 
-def _derivative_times(ctx: UOp, d: UOp, hole: int | None) -> UOp:
-  """A WITH_DERIVATIVE's d applied to the incoming gradient: a factor (ctx * d), or a vector-Jacobian product written
-  over its GRAD_IN placeholder (the one whose id the node's arg holds: a template may read other functions' outputs,
-  which carry placeholders of their own), which ctx replaces."""
-  if hole is None: return ctx * d
-  return d.substitute({u: ctx for u in d.toposort if u.op is Ops.GRAD_IN and u.arg[0] == hole})
+def _derivative_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
+  """A WITH_DERIVATIVE's source gradients: its Vjp's functions called on the incoming gradient, or each elementwise d
+  times it."""
+  if isinstance(ret.arg, Vjp): return (None, *(f(ctx) for f in ret.arg.fns))
+  return (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())
 
 pm_gradient = PatternMatcher([
   (UPat(Ops.ADD, name="ret"), lambda ctx, ret: (ctx, ctx)),
@@ -117,7 +116,7 @@ pm_gradient = PatternMatcher([
                                                        if ret.arg is not None or i == 0 else None for i in range(len(ret.src)))),
   # a part of x goes back where x is and into its place along the split axis
   (UPat(Ops.SHARD, name="ret"), _shard_grad),
-  (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((_derivative_times(ctx, d, ret.arg), None) for d in ret.src[2::2]), ())),
+  (UPat(Ops.WITH_DERIVATIVE, name="ret"), _derivative_grad),
 ])
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
@@ -138,7 +137,9 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
     for s in u.src:
       if on_path[s]: break
     else: continue
-    src_grads = pm_gradient.first_result(u, ctx=grads[u])
+    if u.op is Ops.WITH_DERIVATIVE and isinstance(u.arg, Vjp):  # only the products a target needs are built
+      src_grads = (None, *(f(grads[u]) if on_path[s] else None for f, s in zip(u.arg.fns, u.src[1:])))
+    else: src_grads = pm_gradient.first_result(u, ctx=grads[u])
     if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
     for s, g in zip(u.src, src_grads):
       if g is None or not on_path[s]: continue

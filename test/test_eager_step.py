@@ -104,3 +104,77 @@ def test_changed_schedule_list_is_planned_afresh():
   assert realize._as_filled_in(sched)
   sched.pop(0)
   assert not realize._as_filled_in(sched)
+
+def _counted(cls, name: str, calls: list, monkeypatch) -> None:
+  """Count calls to cls.name (wrapped so it keeps its module: the optimizer's template test reads it)."""
+  import functools
+  f = getattr(cls, name)
+  @functools.wraps(f)
+  def counted(*a, **k):
+    calls.append(1)
+    return f(*a, **k)
+  monkeypatch.setattr(cls, name, counted)
+
+def test_optimizer_update_is_built_once_per_kind(monkeypatch):
+  # AdamW's update graph is built with Tensor ops once per kind of parameter (shape, dtype, settings), then only filled in
+  # with each step's tensors: the second step calls no _update, and the values stay torch's (maximize switched on after
+  # two steps is a new kind: built again, as torch's)
+  ours, theirs = _models()
+  params = [p for l in ours for p in (l.weight, l.bias)]
+  opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+  topt = torch.optim.AdamW([p for l in theirs for p in l.parameters()], lr=1e-2, weight_decay=0.1)
+  calls: list = []
+  _counted(optim.Adam, "_update", calls, monkeypatch)
+  rng = np.random.default_rng(1)
+  for i in range(4):
+    if i == 2: opt.param_groups[0]["maximize"] = topt.param_groups[0]["maximize"] = True
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+    with Tensor.train():
+      opt.zero_grad()
+      (ours[1](ours[0](Tensor(x)).relu()) - Tensor(y)).square().mean().backward()
+      opt.step()
+    topt.zero_grad()
+    (theirs[1](theirs[0](torch.tensor(x)).relu()) - torch.tensor(y)).square().mean().backward()
+    topt.step()
+    assert len(calls) == (4 if i in (0, 2) else 0), (i, len(calls))
+    calls.clear()
+    for p, t in zip(params, (p for l in theirs for p in l.parameters())):
+      np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+def test_subclass_update_reading_numbers_is_built_every_step():
+  # a subclass's own _update may read a hyperparameter as a Python number: it is called every step, so a new lr counts
+  class MySGD(optim.SGD):
+    def _update(self, p, g, group, state): return p - float(group["lr"]) * g
+  w = Tensor([1.0, 2.0], requires_grad=True)
+  opt = MySGD([w], lr=0.5)
+  for lr, want in ((0.5, [0.5, 1.5]), (0.25, [0.25, 1.25])):
+    opt.param_groups[0]["lr"] = lr
+    opt.zero_grad(); w.sum().backward(); opt.step()
+    np.testing.assert_allclose(w.numpy(), want)
+
+def test_attention_backward_is_built_only_by_backward(monkeypatch):
+  # attention's vector-Jacobian products are functions autograd calls: a forward pass calls none, and they read the
+  # inputs of the forward call even when the caller's tensor is written in place before backward()
+  from attograd.uop import ops
+  calls = [0]
+  def counting(f):
+    def g(x): calls[0] += 1; return f(x)
+    return g
+  init = ops.Vjp.__init__
+  monkeypatch.setattr(ops.Vjp, "__init__", lambda self, fns: init(self, tuple(counting(f) for f in fns)))
+  rng = np.random.default_rng(2)
+  qn, kn, vn = (rng.standard_normal((1, 2, 5, 4)).astype(np.float32) for _ in range(3))
+  q, k, v = (Tensor(a, requires_grad=True) for a in (qn, kn, vn))
+  out = q.scaled_dot_product_attention(k, v, is_causal=True)
+  assert calls[0] == 0
+  v.assign(Tensor(np.zeros_like(vn)))  # the caller's value changes before backward: the gradient is of the forward's
+  tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (qn, kn, vn))
+  tout = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+  w = rng.standard_normal(out.shape).astype(np.float32)
+  (out * Tensor(w)).sum().backward()
+  (tout * torch.tensor(w)).sum().backward()
+  # q's and k's only: not v's (no gradient is asked for it: its tensor now holds other values), nor the softmax's inside
+  # (attention's own backward reads the probabilities)
+  assert calls[0] == 2
+  for ours, theirs in ((q, tq), (k, tk)):
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-5)

@@ -356,12 +356,12 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
     if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg:
       raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
   offsets = 0
-  memo = registry.realized.get  # (realized_view inlined: one call a node of a training step's thousands)
+  memo = registry.realized.by_id.get  # (realized_view inlined: no Python call a node of a training step's thousands)
   for n in roots.toposort:
     if n.op is Ops.BIND:
       value_of(n)
       swap[n] = n.src[0]
-    elif (r := memo(n)) is not None and (v := r()) is not None and n not in roots.src: swap[n] = v
+    elif (e := memo(id(n))) is not None and (v := e[1]()) is not None and n not in roots.src: swap[n] = v
     elif n.op in GroupOp.Sized and n.sym_args:
       for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
     elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):

@@ -5,12 +5,12 @@ The transcendental functions without a primitive (erf, asin, atan, ...) are poly
 coefficients were fitted for this file (least squares on Chebyshev nodes against float64 references,
 then checked in float32 arithmetic); the maximum errors measured are noted next to each table."""
 from __future__ import annotations
-import itertools, math
+import math
 from typing import Sequence
 from attograd.errors import ArgumentError
 from attograd.dtype import dtypes
 from attograd.helpers import prod
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp, Ops, Vjp
 from attograd.gradient import GradMode
 
 def _sum_to(t, shape: tuple):
@@ -18,8 +18,6 @@ def _sum_to(t, shape: tuple):
   lead = t.ndim - len(shape)
   axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and t.shape[lead + i] != 1)
   return (t.sum(axes, keepdim=True) if axes else t).reshape(shape)
-
-_grad_in_ids = itertools.count()  # each GRAD_IN placeholder its own node (they are hash-consed)
 
 # erf(x)/x as a polynomial in x*x on |x| <= 1 (highest power first); abs error <= 1.5e-7 in float32 (float32 rounding of erf itself: 6e-8)
 _ERF_SMALL = (-9.728409111256566e-06, 0.00011288175038620015, -0.0008487267777738448, 0.005221261499686802, -0.026865517446277343,
@@ -81,17 +79,16 @@ class ElementwiseOps:
     return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *srcs)))
   def _with_vjp(self, *pairs):
     """self, a function of tensors x1, x2, ... given as pairs (x1, vjp1, x2, vjp2, ...): autograd takes the gradient of xi
-    to be vjpi(g) for the gradient g flowing into self (uop/ops.py, GRAD_IN). Softmax's backward then reads its own
-    output, where the chain rule through its exp and row sum recomputed both in the backward pass; attention's reads
-    its probabilities and output once each."""
+    to be vjpi(g) for the gradient g flowing into self (uop/ops.py, Vjp), calling vjpi only when a backward pass runs.
+    Softmax's backward then reads its own output, where the chain rule through its exp and row sum recomputed both in
+    the backward pass; attention's reads its probabilities and output once each. A vjp must read the tensors of this
+    call as they are now (not a user's tensor that may be written in place before the backward pass)."""
     if not GradMode.enabled: return self  # no_grad (inference, decoding): no backward to write
-    # a symbolic size lives in the placeholder's arg, where binding a Variable (a KV cache's length) doesn't reach: the
-    # chain rule stays correct there
+    # a symbolic size: the chain rule, as a Variable's binding must reach every node of the backward
     if any(not isinstance(n, int) for n in self.shape): return self
-    hole = next(_grad_in_ids)
-    g = type(self)(UOp(Ops.GRAD_IN, self.dtype, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), (hole, self.shape)))
-    srcs = tuple(u for x, vjp in zip(pairs[::2], pairs[1::2]) for u in (x.uop, vjp(g).uop))
-    return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *srcs), hole))
+    wrap = type(self)
+    fns = tuple((lambda g, vjp=vjp: vjp(wrap(g)).uop) for vjp in pairs[1::2])
+    return wrap(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *(x.uop for x in pairs[::2])), Vjp(fns)))
   def _const_like(self, v: float) -> UOp: return type(self).full(self.shape, v, dtype=self.dtype, device=self.device).uop
   def _keep_nan(self, r):
     return self.isnan().where(self, r)
@@ -506,6 +503,10 @@ class ElementwiseOps:
     if dropout_p > 0: return out
     # the backward as flash attention's: dS = P * (dO @ V^T - rowsum(dO * O)), whose row sum is over the head dimension
     # (the chain rule's, sum(dP * P), is over the keys, and made the scheduler store dP = dO @ V^T to read it twice)
+    # (the functions read this call's inputs, not the caller's tensors, which an in-place write may change before backward)
+    t = type(self)
+    q, key, value = t(q.uop), t(key.uop), t(value.uop)
+    if attn_mask is not None: attn_mask = t(attn_mask.uop)
     def d_scores(g): return attn * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
     pairs = [q, lambda g: (d_scores(g) @ key) * s, key, lambda g: (d_scores(g).transpose(-2, -1) @ q) * s,
              value, lambda g: attn.transpose(-2, -1) @ g]

@@ -5,18 +5,29 @@ Every numeric hyperparameter of a group (lr, betas, momentum, weight_decay, eps,
 update kernels read, so changing one (`group["lr"] = 0.01`, `opt.lr = 0.01`, a scheduler) compiles nothing and a
 TinyJit replay reads the new value: nothing is baked into a kernel that could go stale."""
 from __future__ import annotations
-import math
+import math, struct
 from typing import Any, Callable, Iterable
-from attograd.tensor import Tensor
-from attograd.dtype import dtypes
+from attograd.tensor import Tensor, _buffer_from_bytes
+from attograd.dtype import DType, dtypes
 from attograd.helpers import gc_paused
 from attograd.nn.module import as_tensor
+from attograd.nn.update_template import UpdateTemplate, group_key, template_key
+from attograd.engine.realize import capturing, is_realized
 import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
 import sys as _sys
 # also importable by torch's path (from attograd.nn.optim.lr_scheduler import StepLR), though optim is a module
 _sys.modules.setdefault(__name__ + ".lr_scheduler", lr_scheduler)
 
-def _scalar(v: float, device: str) -> Tensor: return Tensor.full((), float(v), dtype=dtypes.float32, device=device).contiguous().realize()
+def _filled(raw: bytes, shape: tuple[int, ...], dtype: DType, device: Any) -> Tensor | None:
+  """A tensor of these bytes copied to device memory: optimizer state starts this way, not by a kernel each (a fill
+  kernel bakes its value in: a new process compiled one per hyperparameter value and parameter size before its first
+  step). None where memory can't be written so (a sharded tensor's devices)."""
+  if not isinstance(device, str): return None
+  return Tensor(_buffer_from_bytes(raw, dtype, shape, device))
+
+def _scalar(v: float, device: str) -> Tensor:
+  if (t := _filled(struct.pack("<f", float(v)), (), dtypes.float32, device)) is not None: return t
+  return Tensor.full((), float(v), dtype=dtypes.float32, device=device).contiguous().realize()
 def _is_number(v: Any) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool)
 def _live(v: Any) -> bool: return _is_number(v) or (isinstance(v, tuple) and len(v) > 0 and all(_is_number(x) for x in v))
 
@@ -81,6 +92,10 @@ class Optimizer:
     if params and isinstance(params[0], tuple): params = [p for _, p in params]  # torch's named parameters: (name, tensor)
     for g in (params if params and isinstance(params[0], dict) else [{"params": params}]): self.add_param_group(g)
     if not self.params: raise ValueError("optimizer got no parameters that require grad")
+    # the parameters' initial values are computed now (in one schedule), as torch's exist once made: left lazy, the first
+    # step computed them fused into its forward pass, in kernels no later step runs (a new process scheduled and
+    # compiled the first step apart from the second)
+    if capturing() is None and (lazy := [p for p in self.params if not is_realized(p.uop)]): Tensor.realize_all(lazy)
   @staticmethod
   def _trainable(params: Iterable[Tensor]) -> list[Tensor]:
     """The tensors the optimizer will train: floating point ones not marked requires_grad=False. Like tinygrad, a
@@ -139,11 +154,24 @@ class Optimizer:
       step = g.t("step")
       step.assign(step + 1)
       self._group_step(g)
+      templated = type(self)._update.__module__ == __name__ and capturing() is None
+      gkey = group_key(g) if templated else None
       for p in g["params"]:
         if p.grad is None: continue
         grad = p.grad.detach().cast(p.dtype)
-        p.assign(self._update(p, grad, g, self.state[p]).cast(p.dtype))
+        p.assign(self._update_of(p, grad, g, self.state[p], gkey).cast(p.dtype))
     return [*self.params, *self.state_tensors()]
+  def _update_of(self, p: Tensor, grad: Tensor, group: ParamGroup, state: dict[str, Tensor], gkey: tuple | None) -> Tensor:
+    """self._update(...), from the update built once over placeholders for parameters of this kind (nn/update_template.py).
+    gkey is the group's part of the key, None for no template: only this module's updates get one, whose graph depends
+    on nothing but the key (a subclass's own _update may read a hyperparameter as a number), and not inside a TinyJit
+    capture (the replay builds nothing anyway)."""
+    if (key := template_key(p, grad, state, gkey)) is None: return self._update(p, grad, group, state)
+    templates = self.__dict__.setdefault("_templates", {})
+    if (t := templates.get(key)) is None:
+      if len(templates) >= 256: templates.clear()
+      t = templates[key] = UpdateTemplate(self._update, p, grad, group, state)
+    return t(p, grad, group, state)
   def _init_group(self, group: ParamGroup) -> None: """Make per-group state tensors."""
   def _group_step(self, group: ParamGroup) -> None: """Per-group work before the parameter updates (bias corrections)."""
   def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {}
@@ -187,7 +215,9 @@ class Optimizer:
         if k != "params" and k in g.tensors and k != "step": g[k] = tuple(v) if isinstance(v, list) else v
         elif k != "params" and k not in g.tensors: dict.__setitem__(g, k, v)
 
-def _zeros(p: Tensor) -> Tensor: return Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device).contiguous().realize()
+def _zeros(p: Tensor) -> Tensor:
+  if not p.uop.symbolic_shape and (t := _filled(bytes(p.numel() * p.dtype.itemsize), p.shape, p.dtype, p.device)) is not None: return t
+  return Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device).contiguous().realize()
 
 def _betas(betas: tuple[float, float] | None, b1: float | None, b2: float | None, default: tuple[float, float]) -> tuple[float, float]:
   """torch's betas=(b1, b2) or tinygrad's b1=, b2= (not both)."""

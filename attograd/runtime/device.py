@@ -40,10 +40,9 @@ class Buffer:
   base's memory: the memory planner gives buffers whose lifetimes don't overlap one allocation."""
   def __init__(self, device: str, size: int, dtype: DType, offset: int = 0, base: Buffer | None = None):
     self.device, self.size, self.dtype, self.offset, self.base = device, size, dtype, offset, base
+    self.nbytes = size * dtype.itemsize  # (a field, not a property: a run sums every buffer's bytes for its counters)
     if base is not None: assert base.device == device and base.nbytes >= self.nbytes, f"{self} doesn't fit in {base}"
     self._buf: Any = None
-  @property
-  def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def allocated(self) -> bool: return self._buf is not None
   def ensure_allocated(self) -> Buffer:

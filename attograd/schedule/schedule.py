@@ -548,7 +548,8 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
         bufs.append(u)
       else:
         position[u] = len(parts)
-        parts.append((u.op, u.dtype, arg_key(u.arg), tuple([position[s] for s in u.src])))
+        arg = u.arg  # (arg_key inlined: one call fewer per node of a training step's thousands)
+        parts.append((u.op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple([position[s] for s in u.src])))
   return tuple(parts), bufs
 
 @dataclass(frozen=True)

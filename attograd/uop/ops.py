@@ -15,14 +15,12 @@ class Ops(Enum):
   REDUCE_AXIS = auto(); CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); ASSIGN = auto(); COPY = auto(); DETACH = auto()
   # WITH_DERIVATIVE(value, x, d, [x2, d2, ...]): value, whose derivative with respect to x (elementwise, same shape) autograd
   # takes to be d (and to x2 d2...): a function written as a polynomial approximation, or with branches for its special
-  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value. With an arg (an
-  # id), each d is instead x's whole gradient (any shape x has), written over the GRAD_IN node of that id, which autograd
-  # replaces by the gradient flowing into value: a vector-Jacobian product
+  # points, differentiates as the function itself, in one expression. Scheduling keeps only the value. With a Vjp arg,
+  # WITH_DERIVATIVE(value, x, [x2, ...]) instead: x's whole gradient (any shape x has) is the Vjp's function of the
+  # gradient flowing into value, called by autograd (a vector-Jacobian product). Softmax's backward P * (g - sum(g * P))
+  # reads P, its own output, where the chain rule through its exp and row sum made a backward pass recompute both;
+  # attention's reads its probabilities and its output
   WITH_DERIVATIVE = auto()
-  # GRAD_IN (arg: (id, shape), src: (DEVICE,)): that placeholder. Softmax's backward P * (g - sum(g * P)) reads P, its
-  # own output, where the chain rule through its exp and row sum made a backward pass recompute both; attention's reads
-  # its probabilities and its output. Only autograd sees it
-  GRAD_IN = auto()
   BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
   # EXP (e**x) is a primitive so the graph holds one node and its derivative is itself; codegen expands it (uop/mathlib.py)
@@ -138,24 +136,39 @@ def arg_key(arg: Any) -> Any:
   its node, and its schedule, again)."""
   return ("float", arg.hex()) if type(arg) is float else arg
 
+class Vjp:
+  """A WITH_DERIVATIVE's vector-Jacobian products: fns[i](g) is the gradient of its source i+1 for the gradient g of its
+  value. Called by autograd only when a backward pass runs: a forward pass builds none of them (attention's were a third
+  of its nodes), and the backward is built over the gradient itself, with no placeholder to substitute through the
+  graph below. Compared by identity: each function call makes its own node."""
+  __slots__ = ("fns",)
+  def __init__(self, fns: tuple[Callable[[UOp], UOp], ...]): self.fns = fns
+  def __repr__(self) -> str: return f"Vjp({len(self.fns)})"
+
+_OP_BIT = {op: 1 << op.value for op in Ops}  # (Enum's .value is a Python property: a dict is 5x faster)
+
 class UOpMeta(type):
   ucache: dict[tuple, weakref.ReferenceType] = {}
   def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-    key = (op, dtype, src, arg_key(arg))
+    # (the hot path of every graph built: arg_key inlined, the node made without type.__call__'s dispatch to __init__,
+    # and its cache entry's callback the dict's own pop, called as pop(key, ref): no Python frame runs when one of the
+    # thousands of nodes of a training step dies)
+    key = (op, dtype, src, ("float", arg.hex()) if type(arg) is float else arg)
     if (ref := UOpMeta.ucache.get(key)) is not None and (node := ref()) is not None: return node
-    node = super().__call__(op, dtype, src, arg)
-    UOpMeta.ucache[key] = weakref.ref(node, lambda _, key=key: UOpMeta.ucache.pop(key, None))
+    node = cls.__new__(cls)
+    node.op, node.dtype, node.src, node.arg = op, dtype, src, arg
+    # the ops in this graph, a bit each (1 << op.value): a rewrite skips a graph holding no op its rules are for
+    m = _OP_BIT[op]
+    for s in src: m |= s.opmask
+    node.opmask = m
+    UOpMeta.ucache[key] = weakref.ref(node, functools.partial(UOpMeta.ucache.pop, key))
     return node
 
 class UOp(metaclass=UOpMeta):
   """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
   __slots__ = ("op", "dtype", "src", "arg", "opmask", "__weakref__", "__dict__")
   def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-    self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
-    # the ops in this graph, a bit each (1 << op.value): a rewrite skips a graph holding no op its rules are for
-    m = 1 << op.value
-    for s in src: m |= s.opmask
-    self.opmask = m
+    raise AssertionError("UOpMeta.__call__ makes every node")  # (kept for the signature: UOp(op, dtype, src, arg))
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
   def replace(self, **kwargs: Any) -> UOp:
     new = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
@@ -376,25 +389,29 @@ def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) 
   if isinstance(device, tuple): return UOp(Ops.MULTI, dtype, tuple(device_leaf(op, dtype, d, arg) for d in device), None)
   return UOp(op, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), arg)
 
+def _multi_shape(u: UOp) -> tuple:  # the logical shape: the parts laid end to end along the axis
+  if u.arg is None: return u.src[0].shape
+  return tuple(sym_sum(*(s.shape[i] for s in u.src)) if i == u.arg else n for i, n in enumerate(u.src[0].shape))
+def _shard_shape(u: UOp) -> tuple:
+  (i, axis, bounds, _), shape = u.arg, u.src[0].shape
+  return shape if axis is None else tuple(bounds[i][1] - bounds[i][0] if a == axis else n for a, n in enumerate(shape))
+def _first_src_shape(u: UOp) -> tuple: return u.src[0].shape
+
+# each op's shape but the elementwise ones' (their sources' common shape): one dict lookup, where a chain of tests put
+# the most common nodes, ALU ops, last (every new node's shape is asked for)
+_SHAPE_OF: dict[Ops, Callable[[UOp], tuple]] = {
+  Ops.BUFFER: lambda u: (u.arg.size,), Ops.IOTA: lambda u: (u.arg,), Ops.WITH_DERIVATIVE: _first_src_shape,
+  **{op: lambda u: () for op in (Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND)},
+  Ops.RESHAPE: lambda u: u.arg, Ops.EXPAND: lambda u: u.arg,
+  Ops.PERMUTE: lambda u: tuple(u.src[0].shape[i] for i in u.arg),
+  Ops.PAD: lambda u: tuple(sym_sum(s, b, a) for s, (b, a) in zip(u.src[0].shape, u.arg)),
+  Ops.SHRINK: lambda u: tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg),
+  Ops.REDUCE_AXIS: lambda u: tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape)),
+  Ops.ASSIGN: _first_src_shape, Ops.MULTI: _multi_shape, Ops.SHARD: _shard_shape,
+  Ops.MSELECT: _first_src_shape, Ops.ALLREDUCE: _first_src_shape}  # (an ALLREDUCE's: each part's)
+
 def _shape(u: UOp) -> tuple[int, ...]:
-  if u.op is Ops.BUFFER: return (u.arg.size,)
-  if u.op is Ops.IOTA: return (u.arg,)
-  if u.op is Ops.GRAD_IN: return u.arg[1]
-  if u.op is Ops.WITH_DERIVATIVE: return u.src[0].shape
-  if u.op in {Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND}: return ()
-  if u.op is Ops.RESHAPE or u.op is Ops.EXPAND: return u.arg
-  if u.op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in u.arg)
-  if u.op is Ops.PAD: return tuple(sym_sum(s, b, a) for s, (b, a) in zip(u.src[0].shape, u.arg))
-  if u.op is Ops.SHRINK: return tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg)
-  if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape))
-  if u.op is Ops.ASSIGN: return u.src[0].shape
-  if u.op is Ops.MULTI:  # the logical shape: the parts laid end to end along the axis
-    if u.arg is None: return u.src[0].shape
-    return tuple(sym_sum(*(s.shape[i] for s in u.src)) if i == u.arg else n for i, n in enumerate(u.src[0].shape))
-  if u.op is Ops.SHARD:
-    (i, axis, bounds, _), shape = u.arg, u.src[0].shape
-    return shape if axis is None else tuple(bounds[i][1] - bounds[i][0] if a == axis else n for a, n in enumerate(shape))
-  if u.op is Ops.MSELECT or u.op is Ops.ALLREDUCE: return u.src[0].shape  # a part's shape (an ALLREDUCE's: each part's)
+  if (f := _SHAPE_OF.get(u.op)) is not None: return f(u)
   shape = None
   for s in u.src:  # elementwise: every source has the node's shape (a plain loop: every new node passes here)
     if s.op is Ops.DEVICE: continue
