@@ -105,42 +105,6 @@ def test_changed_schedule_list_is_planned_afresh():
   sched.pop(0)
   assert not realize._as_filled_in(sched)
 
-def _counted(cls, name: str, calls: list, monkeypatch) -> None:
-  """Count calls to cls.name (wrapped so it keeps its module: the optimizer's template test reads it)."""
-  import functools
-  f = getattr(cls, name)
-  @functools.wraps(f)
-  def counted(*a, **k):
-    calls.append(1)
-    return f(*a, **k)
-  monkeypatch.setattr(cls, name, counted)
-
-def test_optimizer_update_is_built_once_per_kind(monkeypatch):
-  # AdamW's update graph is built with Tensor ops once per kind of parameter (shape, dtype, settings), then only filled in
-  # with each step's tensors: the second step calls no _update, and the values stay torch's (maximize switched on after
-  # two steps is a new kind: built again, as torch's)
-  ours, theirs = _models()
-  params = [p for l in ours for p in (l.weight, l.bias)]
-  opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-  topt = torch.optim.AdamW([p for l in theirs for p in l.parameters()], lr=1e-2, weight_decay=0.1)
-  calls: list = []
-  _counted(optim.Adam, "_update", calls, monkeypatch)
-  rng = np.random.default_rng(1)
-  for i in range(4):
-    if i == 2: opt.param_groups[0]["maximize"] = topt.param_groups[0]["maximize"] = True
-    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
-    with Tensor.train():
-      opt.zero_grad()
-      (ours[1](ours[0](Tensor(x)).relu()) - Tensor(y)).square().mean().backward()
-      opt.step()
-    topt.zero_grad()
-    (theirs[1](theirs[0](torch.tensor(x)).relu()) - torch.tensor(y)).square().mean().backward()
-    topt.step()
-    assert len(calls) == (4 if i in (0, 2) else 0), (i, len(calls))
-    calls.clear()
-    for p, t in zip(params, (p for l in theirs for p in l.parameters())):
-      np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-6)
-
 def test_subclass_update_reading_numbers_is_built_every_step():
   # a subclass's own _update may read a hyperparameter as a Python number: it is called every step, so a new lr counts
   class MySGD(optim.SGD):

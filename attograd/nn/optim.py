@@ -11,7 +11,6 @@ from attograd.tensor import Tensor, _buffer_from_bytes
 from attograd.dtype import DType, dtypes
 from attograd.helpers import gc_paused
 from attograd.nn.module import as_tensor
-from attograd.nn.update_template import UpdateTemplate, group_key, template_key
 from attograd.engine.realize import capturing, is_realized
 import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
 import sys as _sys
@@ -154,24 +153,11 @@ class Optimizer:
       step = g.t("step")
       step.assign(step + 1)
       self._group_step(g)
-      templated = type(self)._update.__module__ == __name__ and capturing() is None
-      gkey = group_key(g) if templated else None
       for p in g["params"]:
         if p.grad is None: continue
         grad = p.grad.detach().cast(p.dtype)
-        p.assign(self._update_of(p, grad, g, self.state[p], gkey).cast(p.dtype))
+        p.assign(self._update(p, grad, g, self.state[p]).cast(p.dtype))
     return [*self.params, *self.state_tensors()]
-  def _update_of(self, p: Tensor, grad: Tensor, group: ParamGroup, state: dict[str, Tensor], gkey: tuple | None) -> Tensor:
-    """self._update(...), from the update built once over placeholders for parameters of this kind (nn/update_template.py).
-    gkey is the group's part of the key, None for no template: only this module's updates get one, whose graph depends
-    on nothing but the key (a subclass's own _update may read a hyperparameter as a number), and not inside a TinyJit
-    capture (the replay builds nothing anyway)."""
-    if (key := template_key(p, grad, state, gkey)) is None: return self._update(p, grad, group, state)
-    templates = self.__dict__.setdefault("_templates", {})
-    if (t := templates.get(key)) is None:
-      if len(templates) >= 256: templates.clear()
-      t = templates[key] = UpdateTemplate(self._update, p, grad, group, state)
-    return t(p, grad, group, state)
   def _init_group(self, group: ParamGroup) -> None: """Make per-group state tensors."""
   def _group_step(self, group: ParamGroup) -> None: """Per-group work before the parameter updates (bias corrections)."""
   def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {}
