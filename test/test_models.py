@@ -187,3 +187,5 @@ def test_gpt_resume_is_bit_exact(gpt_example, plays_dir, tmp_path):
   assert first["losses"] + rest["losses"] == whole["losses"]  # bit for bit
   assert rest["val_loss"] == whole["val_loss"]
   with open(tmp_path / "b" / "losses-attograd.jsonl") as f: assert [json.loads(l)["loss"] for l in f] == whole["losses"]
+  with pytest.raises(SystemExit, match="--lr 0.002 \\(now 0.001\\)"):  # a resume with other options is another run
+    gpt_example.main([*common, "--out", str(tmp_path / "b"), "--resume", "--lr", "1e-3"])
