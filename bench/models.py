@@ -7,7 +7,8 @@ the machine's noise hits both alike), both on THREADS threads (default 2):
         LambdaLR, clipping; attograd under TinyJit) on the same batches: steps/s and tokens/s
 
   python bench/models.py              both;  MODELS=bert or MODELS=gpt for one;  REPS=n timed repetitions
-Prints medians with the (min-max) range and the ratio attograd / torch."""
+Prints medians with the (min-max) range and the ratio attograd / torch. With THREADS=1 also the CPU time of the calling
+thread (time.thread_time: both run their kernels there), which a loaded machine inflates far less than wall clock."""
 from __future__ import annotations
 import os, pathlib, random, statistics, sys, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -23,8 +24,18 @@ def sentences(n: int, seed: int) -> list[str]:
   rng = random.Random(seed)
   return [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(5, 13))).capitalize() + "." for _ in range(n)]
 
-def timed(fn) -> float:
-  st = time.perf_counter(); fn(); return time.perf_counter() - st
+CPU: dict[str, list[float]] = {}  # thread_time of each timed call, by label (THREADS=1)
+
+def timed(fn, label: str = "") -> float:
+  st, cpu = time.perf_counter(), time.thread_time()
+  fn()
+  CPU.setdefault(label, []).append(time.thread_time() - cpu)
+  return time.perf_counter() - st
+
+def cpu_line(ours: str, theirs: str, per: str) -> str:
+  if THREADS != 1: return ""
+  a, t = statistics.median(CPU[ours]) * 1e3, statistics.median(CPU[theirs]) * 1e3
+  return f"  one-thread CPU time (thread_time) per {per}: torch {t:.1f} ms, attograd {a:.1f} ms   {t / a:.2f}x torch"
 
 def fmt(xs: list[float], unit: str) -> str: return f"{statistics.median(xs):9.1f} {unit}  ({min(xs):.1f}-{max(xs):.1f})"
 
@@ -41,14 +52,15 @@ def bench_bert(reps: int) -> None:
   for s in batches[:2]: run_ours(s); run_theirs(s)  # warm-up: compiles attograd's kernels for these shapes
   a, t = [], []
   for s in batches[2:]:
-    a.append(64 / timed(lambda: run_ours(s)))
-    t.append(64 / timed(lambda: run_theirs(s)))
+    a.append(64 / timed(lambda: run_ours(s), "bert ours"))
+    t.append(64 / timed(lambda: run_theirs(s), "bert torch"))
   import numpy as np
   e1, e2 = run_ours(batches[-1]), run_theirs(batches[-1])
   cos = float((e1 * e2).sum(1).min())
   print(f"BERT all-MiniLM-L6-v2, batches of 64 short sentences (min cosine to torch {cos:.6f})")
   print(f"  torch eager float32  {fmt(t, 'sentences/s')}")
   print(f"  attograd             {fmt(a, 'sentences/s')}   {statistics.median(a) / statistics.median(t):.2f}x torch")
+  if line := cpu_line("bert ours", "bert torch", "batch of 64"): print(line)
 
 def bench_gpt(reps: int) -> None:
   import torch
@@ -69,13 +81,14 @@ def bench_gpt(reps: int) -> None:
   for _ in range(reps):
     for _ in range(3):
       b = batch()
-      a.append(1 / timed(lambda: ours.train_step(*b)))
-      t.append(1 / timed(lambda: theirs.train_step(*b)))
+      a.append(1 / timed(lambda: ours.train_step(*b), "gpt ours"))
+      t.append(1 / timed(lambda: theirs.train_step(*b), "gpt torch"))
   tok = args.batch * args.ctx
   print(f"GPT {args.layers} layers, {args.heads} heads, d {args.d}, context {args.ctx}, batch {args.batch}: training steps")
   print(f"  torch eager          {fmt(t, 'steps/s')}   {statistics.median(t) * tok:,.0f} tokens/s")
   print(f"  attograd TinyJit     {fmt(a, 'steps/s')}   {statistics.median(a) * tok:,.0f} tokens/s   "
         f"{statistics.median(a) / statistics.median(t):.2f}x torch")
+  if line := cpu_line("gpt ours", "gpt torch", "step"): print(line)
 
 def main() -> None:
   which, reps = os.getenv("MODELS", "bert,gpt").split(","), int(os.getenv("REPS", "10"))

@@ -182,6 +182,10 @@ def torch_gpt(cfg: GPTConfig):
 
 # ***** the loop *****
 
+# the options a resumed run must share with the one that wrote the checkpoint (the model, the data and its batches, the
+# optimizer and the schedule): any other would silently make a different run
+SAME_ON_RESUME = ("steps", "batch", "ctx", "layers", "heads", "d", "lr", "min_lr", "warmup", "weight_decay", "clip", "seed", "data")
+
 def main(argv: list[str] | None = None) -> dict:
   args = get_args(argv)
   data = CharData(shakespeare_plays(args.data), args.ctx, args.batch, args.seed)
@@ -195,7 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
   if args.resume:
     if args.backend != "attograd": raise SystemExit("--resume: checkpoints are written by the attograd backend")
     if not ckpt.exists(): raise SystemExit(f"--resume: no checkpoint at {ckpt}")
-    start = trainer.load(ckpt)["step"]
+    info = trainer.load(ckpt)
+    saved = info.get("config", {})
+    if diff := [k for k in SAME_ON_RESUME if k in saved and saved[k] != getattr(args, k)]:
+      raise SystemExit(f"--resume: {ckpt} was trained with other " + ", ".join(f"--{k.replace('_', '-')} {saved[k]} (now {getattr(args, k)})" for k in diff)
+                       + ": the run would not be the one it continues")
+    start = info["step"]
     print(f"resumed from {ckpt} at step {start}")
     if log_path.exists():  # the log keeps the steps up to the checkpoint: later ones are about to be redone
       with open(log_path) as f: kept = [l for l in f if json.loads(l)["step"] <= start]

@@ -50,6 +50,17 @@ def test_bert_matches_float64_reference(encoder, ref):
   np.testing.assert_allclose(alone, got[:3], atol=2e-6)
   np.testing.assert_allclose(encoder.encode(short[::-1], batch_size=1).numpy()[::-1], alone, atol=0)
 
+def test_packing_layout():
+  # sentences of 2 and 3 tokens packed in 8 rows, attention's layout (2, 4): which row each slot reads and back
+  from attograd.models.bert import Packing
+  p = Packing.of([2, 3], rows=8, T=4)
+  assert p.position.tolist() == [0, 1, 0, 1, 2, 0, 0, 0]
+  assert p.slot_row.tolist() == [0, 1, 0, 0, 2, 3, 4, 0]
+  assert p.row_slot.tolist() == [0, 1, 4, 5, 6, 0, 0, 0]
+  assert p.mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+  with pytest.raises(ValueError, match="more than a layout"): Packing.of([5], rows=8, T=4)
+  with pytest.raises(ValueError, match="more than a layout"): Packing.of([4, 4, 4], rows=8, T=4)
+
 def test_encode_errors(encoder):
   assert encoder.encode([]).shape == (0, 384)
   with pytest.raises(TypeError, match="list of strings"): encoder.encode("one sentence")
@@ -176,3 +187,5 @@ def test_gpt_resume_is_bit_exact(gpt_example, plays_dir, tmp_path):
   assert first["losses"] + rest["losses"] == whole["losses"]  # bit for bit
   assert rest["val_loss"] == whole["val_loss"]
   with open(tmp_path / "b" / "losses-attograd.jsonl") as f: assert [json.loads(l)["loss"] for l in f] == whole["losses"]
+  with pytest.raises(SystemExit, match="--lr 0.002 \\(now 0.001\\)"):  # a resume with other options is another run
+    gpt_example.main([*common, "--out", str(tmp_path / "b"), "--resume", "--lr", "1e-3"])

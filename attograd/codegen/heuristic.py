@@ -251,8 +251,20 @@ def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
   inner = max((r for r in ax if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   rows_read = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] not in u.src[0].src[1].toposort]
   across = any(inner in ix.toposort and not unit_stride(ix, inner) for ix in rows_read)
-  swap = (Opt(OptOps.SWAP, i, j),) if not across or (const_size(ax[i]) or 0) * reduced <= SWAP_MAX_ROWS else ()
-  p.first((*swap, Opt(OptOps.PACK, i, 0)), *swap)
+  # and outside the row axes around the rows' own that the packed panel doesn't vary along (rows split as (sentence,
+  # token) by a reshape that doesn't merge, an attention output's projection): inside them, each sentence's 16 rows
+  # re-packed every panel (one core, 64 x 16 tokens @ 384x384: 11 -> 51 GFLOPS)
+  panel = [u.src[0].src[1].toposort for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort]
+  outer = i
+  while outer > 0 and all(ax[outer - 1] not in ix for ix in panel): outer -= 1
+  fits = lambda k: not across or prod(const_size(ax[x]) or 0 for x in range(k, i + 1)) * reduced <= SWAP_MAX_ROWS
+  outer = next(k for k in range(outer, i + 1) if fits(k) or k == i)
+  if not fits(i):
+    p.first(Opt(OptOps.PACK, i, 0))
+    return
+  # SWAPs exchange neighbouring loops: the panels' loop moves out one row axis at a time
+  swaps = (Opt(OptOps.SWAP, i, j), *(Opt(OptOps.SWAP, k - 1, k) for k in range(i, outer, -1)))
+  p.first((*swaps, Opt(OptOps.PACK, outer, 0)), (swaps[0], Opt(OptOps.PACK, i, 0)), swaps[0])
 
 def unroll_small_windows(p: Plan) -> None:
   """Conv's 3x3, a pool's 2x2: a small innermost reduce window is written out, unless reads along it are gated (a conv's

@@ -6,7 +6,8 @@
   (emb[0] * emb[1]).sum().item()                     # cosine similarity
 
 Padding never changes a result: padded keys get zero attention weight (a bool mask, -inf before the softmax)
-and padded positions are left out of the mean, so a sentence's embedding is the same in any batch."""
+and padded positions are left out of the mean, so a sentence's embedding is the same in any batch. SentenceEncoder
+packs a batch's sentences one after another (Packing): everything but attention runs on real tokens only."""
 from __future__ import annotations
 import dataclasses, importlib.util, json, os, pathlib
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from attograd.dtype import dtypes
 from attograd import nn
 from attograd.models import hf
 
-__all__ = ["BertConfig", "Bert", "SentenceEncoder", "HF_NAMES", "default_model_path"]
+__all__ = ["BertConfig", "Bert", "Packing", "SentenceEncoder", "HF_NAMES", "default_model_path"]
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -61,6 +62,34 @@ HF_NAMES: hf.NameMap = [
   (r"cls\..*", None),     # pre-training heads
 ]
 
+@dataclasses.dataclass(frozen=True)
+class Packing:
+  """B sentences packed one after another in `rows` rows (filler rows at the end make the count a fixed one), and the
+  (B, T) padded layout that attention alone needs: every per-token layer (linear layers, LayerNorm, GELU: nearly all
+  the work) runs on the real tokens only, where padding each sentence to the batch's longest computes up to a third more."""
+  position: Tensor  # (rows,) int: each row's position in its sentence (0 for filler rows)
+  slot_row: Tensor  # (B*T,) int: the row of sentence b's token t at slot b*T+t (padding slots read row 0: masked)
+  row_slot: Tensor  # (rows,) int: the slot of each row (filler rows read slot 0: their results are never used)
+  mask: Tensor      # (B, T) float: 1 for a real token, 0 for padding
+  @property
+  def keep(self) -> Tensor:
+    """(B, heads, queries, keys) bool: padded keys get no attention weight."""
+    B, T = self.mask.shape
+    return self.mask.cast(dtypes.bool).reshape(B, 1, 1, T)
+  @classmethod
+  def of(cls, lengths: list[int], rows: int, T: int) -> Packing:
+    """The packing of sentences of these token counts in `rows` rows, attention's layout (len(lengths), T)."""
+    if max(lengths) > T or sum(lengths) > rows: raise ValueError(f"sentences of {max(lengths)} and {sum(lengths)} tokens in all: "
+                                                               f"more than a layout of {T} tokens or {rows} rows holds")
+    slot_row, row_slot, position = [0] * (len(lengths) * T), [0] * rows, [0] * rows
+    r = 0
+    for b, n in enumerate(lengths):
+      slot_row[b * T:b * T + n], row_slot[r:r + n], position[r:r + n] = range(r, r + n), range(b * T, b * T + n), range(n)
+      r += n
+    i32 = dtypes.int32
+    return cls(Tensor(position, dtype=i32), Tensor(slot_row, dtype=i32), Tensor(row_slot, dtype=i32),
+               Tensor([[1.0] * n + [0.0] * (T - n) for n in lengths]))
+
 class BertLayer(nn.Module):
   def __init__(self, cfg: BertConfig):
     super().__init__()
@@ -72,6 +101,16 @@ class BertLayer(nn.Module):
     B, T, C = x.shape
     q, k, v = (lin(x).reshape(B, T, self.heads, C // self.heads).transpose(1, 2) for lin in (self.query, self.key, self.value))
     a = q.scaled_dot_product_attention(k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, C)
+    return self._rest(x, a)
+  def forward_packed(self, x: Tensor, p: Packing) -> Tensor:
+    """x: (rows, d), the tokens of all sentences one after another; only attention sees them as (B, T) padded."""
+    N, C = x.shape
+    B, T = p.keep.shape[0], p.keep.shape[-1]
+    q, k, v = (lin(x)[p.slot_row].reshape(B, T, self.heads, C // self.heads).transpose(1, 2) for lin in (self.query, self.key, self.value))
+    # back to packed rows, stored: a gather fused into the projection's matmul would read its rows indirectly
+    a = q.scaled_dot_product_attention(k, v, attn_mask=p.keep).transpose(1, 2).reshape(B * T, C)[p.row_slot].contiguous()
+    return self._rest(x, a)
+  def _rest(self, x: Tensor, a: Tensor) -> Tensor:
     x = self.attn_ln(x + self.attn_out(a))
     return self.ffn_ln(x + self.fc2(self.act(self.fc1(x))))
 
@@ -92,6 +131,12 @@ class Bert(nn.Module):
     x = self.ln(self.tok(ids) + self.pos.weight[:T] + typ)
     keep = mask.cast(dtypes.bool).reshape(B, 1, 1, T)  # (B, heads, queries, keys): padded keys get no weight
     for layer in self.layers: x = layer(x, keep)
+    return x
+  def forward_packed(self, ids: Tensor, p: Packing) -> Tensor:
+    """Hidden states (rows, d) of token ids (rows,) packed as `p` says (see Packing): the same states as forward's for
+    the real tokens, with no work spent on padding but inside attention."""
+    x = self.ln(self.tok(ids) + self.pos(p.position) + self.typ.weight[0])
+    for layer in self.layers: x = layer.forward_packed(x, p)
     return x
   @classmethod
   def from_pretrained(cls, path: str | os.PathLike) -> Bert:
@@ -118,15 +163,21 @@ def _json(path: pathlib.Path) -> dict[str, Any] | None:
   with open(path) as f: return json.load(f)
 
 def _bucket(n: int, least: int) -> int: return max(least, 1 << (n - 1).bit_length())
+def _rows(n: int, least: int) -> int:
+  """n packed tokens rounded up to a step of an eighth of the next power of two (at most 1/8 more rows, a few shapes)."""
+  step = max(least, (1 << (n - 1).bit_length()) >> 3)
+  return -(-n // step) * step
 
 class SentenceEncoder:
   """A sentence-transformers model (Transformer -> mean Pooling -> Normalize) on a Bert: `encode` gives one
   embedding per sentence, the mean of the token states over the attention mask, L2-normalized."""
-  MIN_LEN = 8  # batches are padded to a power of two tokens (at least this), so that batches reuse kernels
+  # attention's layout pads sentences to a power of two tokens (at least this), and packed rows are rounded up (_rows), so
+  # that batches reuse kernels
+  MIN_LEN = 8
 
   def __init__(self, model: Bert, tokenizer: Any, max_length: int, normalize: bool = True):
     self.model, self.tokenizer, self.max_length, self.normalize = model, tokenizer, max_length, normalize
-    tokenizer.no_padding()  # padding is ours: to the batch's longest, rounded up to a power of two
+    tokenizer.no_padding()  # padding is ours: sentences are packed (Packing)
     tokenizer.enable_truncation(max_length)
     self.pad_id = tokenizer.token_to_id("[PAD]") or 0
     self._jits: dict[tuple, TinyJit] = {}
@@ -156,17 +207,21 @@ class SentenceEncoder:
 
   def embed_ids(self, ids: list[list[int]]) -> Tensor:
     """Embeddings (len(ids), d) of already tokenized sentences, as one batch."""
-    T = min(_bucket(max(len(s) for s in ids), self.MIN_LEN), self.max_length)
-    tok = Tensor([s + [self.pad_id] * (T - len(s)) for s in ids], dtype=dtypes.int32)
-    mask = Tensor([[1.0] * len(s) + [0.0] * (T - len(s)) for s in ids])
-    # one TinyJit per batch shape: a shape seen again replays its kernels with no graph work. A replay refills the
-    # same output buffer, so the result is copied out before the next batch can overwrite it
-    if (jit := self._jits.get(tok.shape)) is None: jit = self._jits[tok.shape] = TinyJit(lambda t, m: self._embed(t, m).realize())
-    return jit(tok, mask).clone().realize()
+    lengths = [len(s) for s in ids]
+    T = min(_bucket(max(lengths), self.MIN_LEN), self.max_length)
+    rows = _rows(sum(lengths), self.MIN_LEN)
+    p = Packing.of(lengths, rows, T)
+    tok = Tensor([t for s in ids for t in s] + [self.pad_id] * (rows - sum(lengths)), dtype=dtypes.int32)
+    # one TinyJit per (sentences, T, rows): a shape seen again replays its kernels with no graph work. A replay refills
+    # the same output buffer, so the result is copied out before the next batch can overwrite it
+    if (jit := self._jits.get(key := (len(ids), T, rows))) is None:
+      jit = self._jits[key] = TinyJit(lambda tok, *p: self._embed(tok, Packing(*p)).realize())
+    return jit(tok, p.position, p.slot_row, p.row_slot, p.mask).clone().realize()
 
-  def _embed(self, tok: Tensor, mask: Tensor) -> Tensor:
-    h = self.model(tok, mask)
-    emb = (h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).maximum(1e-9)
+  def _embed(self, tok: Tensor, p: Packing) -> Tensor:
+    B, T = p.mask.shape
+    h = self.model.forward_packed(tok, p)[p.slot_row].reshape(B, T, -1)
+    emb = (h * p.mask.unsqueeze(-1)).sum(1) / p.mask.sum(1, keepdim=True).maximum(1e-9)
     # sentence-transformers' Normalize is torch's F.normalize: x / max(|x|, 1e-12)
     return emb / (emb.square().sum(-1, keepdim=True).sqrt().maximum(1e-12)) if self.normalize else emb
 

