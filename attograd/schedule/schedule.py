@@ -61,7 +61,7 @@ OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
-NESTED_SUM_MIN = 64  # a sum at least this long inside another reduce's loops gets a buffer (walk_kernel)
+NESTED_SUM_MIN = 32  # a sum at least this long inside another reduce's loops gets a buffer (walk_kernel)
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
