@@ -299,7 +299,13 @@ def window_loop(p: Plan) -> None:
   # vectorizes as it is (3x3 on 24x64: 66 us; with a SIMD loop of 32 too, 84); a loop of 8 gained nothing (3x3, 40 wide)
   inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
-  if p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16)))): p.tiled = True
+  if not p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16, 8, 4)))): return
+  p.tiled = True
+  # a narrow loop (a width only 8 or 4 divides: PP-OCR det's 5x5 depthwise convs at 40x40 and 20x20) gets rows too, for
+  # as many accumulators in flight: one core, 192 channels at 40x40 12.5 -> 1.3-1.5 ms as 8 by 4 rows (8 alone 2.2; padded
+  # to 48 in loops of 16, 3.3), 384 at 20x20 3.3-5.9 -> 1.0 as 4 by 4 rows (padded to 32 in loops of 16 by 2 rows, 1.5)
+  if (lanes := p.opts[-1].amount) < 16 and len(p.glob) >= 2:
+    p.first(*(Opt(OptOps.UPCAST, p.glob[-2], a) for a in dividing(const_size(cur[p.glob[-2]]), (4, 2)) if lanes * a <= 32))
 
 def reduce_accumulators(p: Plan) -> None:
   """Any other float sum or max: independent accumulators, so the adds don't wait on each other."""
