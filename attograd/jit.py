@@ -147,7 +147,8 @@ class _Replay:
     self.outside = [[node, [(ei, j) for ei in items for j, b in enumerate(ei.bufs) if id(b) == key]] for key, node in outside.items()]
   def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int]) -> None:
     for raw, j, i in self.patches: raw[j] = inputs[i].ensure_allocated()._buf
-    for entry in self.outside:
+    # no forwarding note at all (no realized assign moved a tensor): no weight moved, and the scan of every one is skipped
+    for entry in self.outside if len(assigned_to) else ():
       if (node := _latest(entry[0])) is not entry[0]:
         entry[0], buf = node, buffer_of(node)
         for ei, j in entry[1]: ei.rebind(j, buf)

@@ -3,7 +3,9 @@
 python bench/onnx.py [--runs N] [--models det,rec,cls]
 Both get THREADS (default 2) threads; each is warmed up first (attograd: compile, fold constants, capture the JIT), then
 the runs alternate between the two so machine load hits both alike. Prints median and range per model, and the ratio
-attograd/onnxruntime (below 1 is faster than onnxruntime). Timings include reading the output back to numpy."""
+attograd/onnxruntime (below 1 is faster than onnxruntime). Timings include reading the output back to numpy. The CPU
+columns are the process's CPU time per run (every thread's, both libraries' pools included: spinning counts), a second
+view that other processes on a loaded machine disturb less than the wall clock."""
 from __future__ import annotations
 import argparse, glob, os, statistics, sys, time
 import numpy as np
@@ -24,7 +26,8 @@ def main() -> None:
   mdir = os.path.join(os.path.dirname(rapidocr_onnxruntime.__file__), "models")
   opts = ort.SessionOptions()
   opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-  print(f"{'model':6s} {'input':18s} {'attograd ms (median, range)':30s} {'onnxruntime ms (median, range)':32s} ratio  max|diff|")
+  print(f"{'model':6s} {'input':12s} {'attograd ms (median, range)':30s} {'onnxruntime ms (median, range)':32s} ratio  "
+        f"{'CPU ms ours':12s} {'CPU ms ort':11s} ratio  max|diff|")
   for key in args.models.split(","):
     fname, shape = MODELS[key]
     path = glob.glob(os.path.join(mdir, fname))[0]
@@ -35,14 +38,16 @@ def main() -> None:
     def theirs() -> np.ndarray: return sess.run(None, {"x": x})[0]
     for _ in range(3): got = ours()  # compile + fold, capture, first replay
     want = theirs()
-    t_ours, t_theirs = [], []
+    t_ours, t_theirs, c_ours, c_theirs = [], [], [], []
     for _ in range(args.runs):
-      for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
-        t = time.perf_counter()
+      for fn, acc, cpu in ((ours, t_ours, c_ours), (theirs, t_theirs, c_theirs)):
+        t, c = time.perf_counter(), time.process_time()
         fn()
         acc.append((time.perf_counter() - t) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
     mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
-    print(f"{key:6s} {str(shape[2:]):18s} {mo:9.2f} ({min(t_ours):.2f}-{max(t_ours):.2f}){'':8s} {mt:9.2f} ({min(t_theirs):.2f}-{max(t_theirs):.2f}){'':10s}"
-          f" {mo / mt:5.2f}  {np.abs(got - want).max():.2e}")
+    co, ct = statistics.median(c_ours), statistics.median(c_theirs)
+    print(f"{key:6s} {str(shape[2:]):12s} {mo:9.2f} ({min(t_ours):.2f}-{max(t_ours):.2f}){'':8s} {mt:9.2f} ({min(t_theirs):.2f}-{max(t_theirs):.2f}){'':10s}"
+          f" {mo / mt:5.2f}  {co:11.2f} {ct:11.2f} {co / ct:6.2f}  {np.abs(got - want).max():.2e}")
 
 if __name__ == "__main__": main()

@@ -332,6 +332,37 @@ def test_jit_replays_with_new_inputs():
     want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).reshape(1, -1).relu().numpy()
     np.testing.assert_allclose(runner({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-5)
 
+@pytest.mark.parametrize("hw,kernel,strides,pads,cin", [((13, 17), (3, 3), (2, 2), [1, 1, 1, 1], 3), ((15, 20), (5, 3), (2, 3), [2, 0, 1, 2], 2),
+                                                      ((9, 9), (1, 1), (2, 2), [0, 0, 0, 0], 4), ((10, 11), (2, 4), (3, 2), [0, 1, 0, 0], 1)])
+def test_strided_conv_space_to_depth(hw, kernel, strides, pads, cin):
+  """A strided conv of few channels runs as a stride-1 conv of its input cut in blocks: odd sizes, uneven pads, a kernel
+  smaller than the stride (the input cropped), against torch."""
+  import torch
+  rng = np.random.default_rng(0)
+  x, w = rng.random((2, cin, *hw), dtype=np.float32), rng.random((5, cin, *kernel), dtype=np.float32) - 0.5
+  b = rng.random(5, dtype=np.float32)
+  m = _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=list(kernel), strides=list(strides), pads=pads)],
+             [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+             [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+  xt = torch.nn.functional.pad(torch.tensor(x), (pads[1], pads[3], pads[0], pads[2]))
+  want = torch.nn.functional.conv2d(xt, torch.tensor(w), torch.tensor(b), stride=strides).numpy()
+  np.testing.assert_allclose(OnnxRunner(m)({"x": x})["y"].numpy(), want, rtol=1e-5, atol=1e-5)
+
+def test_jit_without_folding_replays_and_reuses_input_memory():
+  """A model with nothing to fold (no Shape op) is replayed from its third call like any other; each replay's numpy input
+  is copied into the same memory, and a scalar initializer is a constant in the kernel (no buffer of its own)."""
+  nodes = [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+  m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+             [numpy_helper.from_array(np.array(-2.0, np.float32), "k")])
+  runner = OnnxRunner(m, jit=True)
+  for i in range(5):
+    x = np.random.default_rng(i).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(runner({"x": x})["y"].numpy(), np.maximum(x * -2, 0))
+  (jit,) = runner._jits.values()
+  assert jit.cnt == 2 and len(runner._staging) == 1
+  assert len(jit.replay.plan.items) == 1 and len(jit.replay.plan.items[0].bufs) == 2  # output and x: k is a constant
+  np.testing.assert_array_equal(runner({"x": x[:, ::-1]})["y"].numpy(), np.maximum(x[:, ::-1] * -2, 0))  # a view: copied whole
+
 @pytest.mark.parametrize("as_constants", [False, True])
 def test_conv_batchnorm_folded(as_constants: bool):
   """Conv -> BatchNormalization with fixed parameters (initializers, or Constant nodes as exporters often write them)

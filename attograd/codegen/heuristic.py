@@ -149,6 +149,10 @@ def register_tile(p: Plan) -> None:
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
   big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= PACK_MIN_ROWS and reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
+  # a column operand that big read by a few blocks of rows (a classifier over a big vocabulary, PP-OCR rec's 40 x 120 @
+  # 120 x 6625): the loop over column panels outside the rows', so each panel comes from memory once and every block of
+  # rows reads it from cache (one core, 4.0-5.5 -> 2.1-3.2 ms); too few rows to pay for packing
+  elif reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS: p.first(Opt(OptOps.SWAP, i, j))
 
 def tile_reduce(p: Plan) -> UOp | None:
   """The sum a register tile is for: the kernel's one reduce, or the one that varies along the output's innermost axis
@@ -299,7 +303,13 @@ def window_loop(p: Plan) -> None:
   # vectorizes as it is (3x3 on 24x64: 66 us; with a SIMD loop of 32 too, 84); a loop of 8 gained nothing (3x3, 40 wide)
   inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
-  if p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16)))): p.tiled = True
+  if not p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16, 8, 4)))): return
+  p.tiled = True
+  # a narrow loop (a width only 8 or 4 divides: PP-OCR det's 5x5 depthwise convs at 40x40 and 20x20) gets rows too, for
+  # as many accumulators in flight: one core, 192 channels at 40x40 12.5 -> 1.3-1.5 ms as 8 by 4 rows (8 alone 2.2; padded
+  # to 48 in loops of 16, 3.3), 384 at 20x20 3.3-5.9 -> 1.0 as 4 by 4 rows (padded to 32 in loops of 16 by 2 rows, 1.5)
+  if (lanes := p.opts[-1].amount) < 16 and len(p.glob) >= 2:
+    p.first(*(Opt(OptOps.UPCAST, p.glob[-2], a) for a in dividing(const_size(cur[p.glob[-2]]), (4, 2)) if lanes * a <= 32))
 
 def reduce_accumulators(p: Plan) -> None:
   """Any other float sum or max: independent accumulators, so the adds don't wait on each other."""
@@ -393,7 +403,8 @@ def split_across_cores(p: Plan) -> None:
   # no axis splits evenly (a tile of 6 rows over 1024: 171 of them): the fewest slices that the cores share within 15%
   # of evenly (9: 5 and 4 a core), where one core did it all
   for k, size in glob:
-    if (n := next((n for n in range(p.threads + 1, 16 * p.threads + 1) if size % n == 0 and -(-n // p.threads) * p.threads <= 1.15 * n), None)):
+    # (up to 64 a core: 415 column panels of a vocabulary of 6625 split in 83 slices of 5, where none of 32 or fewer do)
+    if (n := next((n for n in range(p.threads + 1, 64 * p.threads + 1) if size % n == 0 and -(-n // p.threads) * p.threads <= 1.15 * n), None)):
       p.first(Opt(OptOps.THREAD, k, n)); return
 
 CPU_STEPS = [("stash_transcendentals", stash_transcendentals), ("register_tile", register_tile), ("unroll_small_windows", unroll_small_windows),

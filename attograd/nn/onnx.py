@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
+from attograd.uop.ops import Ops
+from attograd.engine.realize import buffer_of
 
 __all__ = ["OnnxRunner", "OPS", "ONNX_DTYPES", "NARROW", "narrow_type", "to_numpy"]
 
@@ -156,6 +158,14 @@ def _flat(t: Tensor) -> list:
     while v and isinstance(v[0], list): v = [y for x in v for y in x]
   return v
 def _remember(t: Tensor, values: list) -> None: _HOST[id(t)] = (weakref.ref(t, lambda _, k=id(t): _HOST.pop(k, None)), values)
+def _as_const(t: Tensor) -> Tensor:
+  """A one-element value known on the host (a folded or stored scalar: hardswish's 3 and 6, an epsilon) as a constant
+  node: kernels then see the number (folded, a division by it vectorized) instead of loading a one-element buffer."""
+  ref, v = _HOST.get(id(t), (None, None))
+  if ref is None or ref() is not t or len(v) != 1 or narrow_type(t) is not None or t.dtype == dtypes.bfloat16: return t
+  c = Tensor.full(t.shape, v[0], dtype=t.dtype, device=t.device)
+  _remember(c, v)
+  return c
 def _ints(t: Tensor | Sequence[int] | None) -> list[int] | None:
   """A shape-like input as Python ints."""
   if t is None or isinstance(t, (list, tuple)): return None if t is None else [int(v) for v in t]
@@ -498,7 +508,29 @@ def _conv(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOT
     n, cin, sp = x.shape[0], x.shape[1], x.shape[2:]
     y = (w.reshape(w.shape[0], cin) @ x.reshape(n, cin, _prod(sp))).reshape(n, w.shape[0], *sp)
     return y if b is None else y + _channel(b, y)
+  if group == 1 and n == 2 and any(v > 1 for v in strides) and all(d == 1 for d in dilations) and \
+     all(isinstance(v, int) for v in x.shape) and x.shape[1] * _prod(strides) <= S2D_MAX_CHANNELS:
+    return _strided_conv(x, w, b, kernel, strides, pads)
   return x.conv2d(w, b, groups=group, stride=strides, dilation=dilations, padding=[v for i in range(n) for v in (pads[i], pads[i + n])])
+
+# a strided conv of few input channels (a network's stem: RGB in, stride 2) as a stride-1 conv of its input cut in
+# stride x stride blocks (space to depth): the strided reads kept the kernel's register tile from vectorizing (PP-OCR
+# det's 3 -> 16 channels 3x3 at 640x640, one core: 30 -> 6.4 ms, the input's reshuffle one copy). Up to this many
+# channels after the reshuffle: the zero taps it adds (3x3 -> 2 x 2x2 blocks: 16/9 the multiply-adds) cost more
+# than the strided reads save where the channels are many
+S2D_MAX_CHANNELS = 32
+
+def _strided_conv(x: Tensor, w: Tensor, b: Tensor | None, kernel: list[int], strides: list[int], pads: list[int]) -> Tensor:
+  (sh, sw), (kh, kw), (H, W) = strides, kernel, x.shape[2:]
+  qh, qw = -(-kh // sh), -(-kw // sw)  # the kernel's size in blocks
+  ho, wo = (H + pads[0] + pads[2] - kh) // sh + 1, (W + pads[1] + pads[3] - kw) // sw + 1
+  hs, ws = ho + qh - 1, wo + qw - 1  # blocks the outputs read
+  # padded (or cropped) to exactly those blocks: rows -pads[0] .. sh*hs - pads[0]
+  xp = x.pad(((0, 0), (0, 0), (pads[0], sh * hs - H - pads[0]), (pads[1], sw * ws - W - pads[1])))
+  n, c, o = x.shape[0], x.shape[1], w.shape[0]
+  xs = xp.reshape(n, c, hs, sh, ws, sw).permute(0, 1, 3, 5, 2, 4).reshape(n, c * sh * sw, hs, ws).contiguous()
+  ws_ = w.pad(((0, 0), (0, 0), (0, qh * sh - kh), (0, qw * sw - kw))).reshape(o, c, qh, sh, qw, sw).permute(0, 1, 3, 5, 2, 4)
+  return xs.conv2d(ws_.reshape(o, c * sh * sw, qh, qw), b)
 def _conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1,
                     kernel_shape=None, output_padding=None, output_shape=None, pads=None, strides=None) -> Tensor:
   kernel = list(kernel_shape or w.shape[2:])
@@ -1433,12 +1465,14 @@ class _Graph:
 
   def weight(self, name: str) -> Tensor:
     if name in self.derived and name not in self.weights:
-      self.weights[name] = t = self.derived[name]().realize()
+      t = self.derived[name]().realize()
       if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _remember(t, _flat(t))
+      self.weights[name] = _as_const(t)
     if name not in self.weights:  # initializers are converted on first use (external data read then)
       arr = _onnx().numpy_helper.to_array(self.inits[name], base_dir=self.base_dir)
-      self.weights[name] = t = _from_numpy(arr, self.device).realize()
+      t = _from_numpy(arr, self.device).realize()
       if arr.size <= _HOST_MAX and arr.dtype.kind in "biuf" and arr.dtype.name != "bfloat16": _remember(t, arr.reshape(-1).tolist())
+      self.weights[name] = _as_const(t)
     return self.weights[name]
   def value(self, name: str, env: dict) -> Any: return env[name] if name in env else self.weight(name)
 
@@ -1600,6 +1634,8 @@ class OnnxRunner:
     self.model, self.base_dir = _load_proto(model)
     self.device, self.jit = device, jit
     self._jits: dict[tuple, Any] = {}
+    # (input name, shape, numpy dtype) -> the tensor a replayed shape's numpy input is copied into (see _staged)
+    self._staging: dict[tuple, Tensor] = {}
     g = self.model.graph
     self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in self.model.opset_import}
     self.graph = _Graph(g, self.opsets, self.base_dir, set(), device)
@@ -1623,9 +1659,18 @@ class OnnxRunner:
 
   def _weight(self, name: str) -> Tensor: return self.graph.weight(name)
 
+  def _staged(self, name: str, v: Any) -> Tensor | None:
+    """A numpy input of a shape the JIT replays: its bytes copied into the memory the last call's input had (making a
+    Tensor and a buffer from it each call was a third of the Python time of a small model's run)."""
+    if (t := self._staging.get((name, getattr(v, "shape", None), getattr(getattr(v, "dtype", None), "str", None)))) is None: return None
+    a = v if v.flags.c_contiguous else v.copy()
+    buffer_of(t.uop.base).copyin(memoryview(a.reshape(-1)).cast("B"))
+    return t
+
   def _feed(self, name: str, v: Any) -> Any:
     if v is None or isinstance(v, (list, tuple)):  # an empty optional, a sequence
       return None if v is None else [x if isinstance(x, Tensor) else _from_numpy(x, self.device) for x in v]
+    if not isinstance(v, Tensor) and (t := self._staged(name, v)) is not None: return t
     t = v if isinstance(v, Tensor) else _from_numpy(v, self.device)
     info = self.inputs[name]
     if info.dtype is not None and t.dtype != info.dtype:
@@ -1655,7 +1700,12 @@ class OnnxRunner:
         Tensor.realize_all(list(outs.values()))
         return outs
       self._jits[sig] = TinyJit(run)
-    return self._jits[sig](**env)
+    outs = (jit := self._jits[sig])(**env)
+    if jit.cnt == 2:  # replays from now on, and they refill the outputs: the next call's numpy inputs may reuse this memory
+      for k, t in env.items():
+        if not isinstance(feeds[k], Tensor) and isinstance(t, Tensor) and t.uop.base.op is Ops.BUFFER and narrow_type(t) is None:
+          self._staging.setdefault((k, feeds[k].shape, feeds[k].dtype.str), t)
+    return outs
 
   def _run(self, env: dict[str, Tensor | None], sig: tuple) -> dict[str, Tensor]:
     env = {"": None, **env}
@@ -1665,12 +1715,12 @@ class OnnxRunner:
       if folded is not None and node.outputs and all(o in folded or not o for o in node.outputs): continue
       for o, t in zip(node.outputs, _exec(node, [self.graph.value(i, env) for i in node.inputs], env)):
         if o: env[o] = t
-    if folded is None and self._static_names:
+    if folded is None:  # (also with nothing to fold: the entry says the shape ran once, so the next call captures the JIT)
       keep = {k: env[k] for k in self._static_names if isinstance(env.get(k), Tensor)}
       Tensor.realize_all(list(keep.values()))
       for t in keep.values():
         if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _remember(t, _flat(t))
-      self._folded[sig] = keep
+      self._folded[sig] = {k: _as_const(t) for k, t in keep.items()}
     return {o: env[o] if o in env else self._weight(o) for o in self.outputs}
 
 # ***** python -m attograd.nn.onnx MODEL.onnx [--dim NAME=SIZE ...] [--runs N] *****

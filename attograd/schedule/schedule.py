@@ -61,7 +61,8 @@ OP_COST = {**{op: 16 for op in GroupOp.Transcendental}, Ops.FDIV: 4, Ops.SQRT: 4
 # a kernel's loops don't make free (a matmul re-reads its input once per output tile), or by two kernels. A relu or a
 # scale and shift is cheaper to repeat than to store and load; an erf-GELU (~40 ops) or an exp is not
 RECOMPUTE_MAX = 8
-NESTED_SUM_MIN = 64  # a sum at least this long inside another reduce's loops gets a buffer (walk_kernel)
+NESTED_SUM_MIN = 32  # a sum at least this long inside another reduce's loops gets a buffer (walk_kernel)
+EPILOGUE_NODES = 32  # elementwise ops a stored nested sum's epilogue may span (store_epilogues: a hardswish is 8)
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
 
@@ -283,7 +284,9 @@ def store_epilogues(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
   where(i >= j, q @ k^T * scale, -inf)) is stored after it, and so on up such a chain: the epilogue is computed once per
   element in the reduce's kernel, not in each loop nest of the kernels that read it (a softmax reads its scores in
   three), and a mask is then where the sum is. The other operands must cost little and read no reduce a kernel doesn't
-  already store."""
+  already store. A nested sum's epilogue may also read it more than once (joined): PP-OCR cls's last conv is stored
+  after its hardswish, computed once per element in the conv's register tile, not in the scalar loops of the pools that
+  read it."""
   users: dict[UOp, list[UOp]] = {}
   for u in sink.toposort:
     for x in u.src: users.setdefault(x, []).append(u)
@@ -291,13 +294,31 @@ def store_epilogues(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
   def cheap(x: UOp) -> bool:
     return elementwise_cost(x, points, cost, RECOMPUTE_MAX) <= RECOMPUTE_MAX and \
       not any(y.op is Ops.REDUCE_AXIS and y not in points for y in x.toposort)
+  order = {u: i for i, u in enumerate(sink.toposort)}
+  def joined(top: UOp) -> UOp | None:
+    """The node every use of top flows into through elementwise ops of its shape (a hardswish, x * clip(x + 3, 0, 6) / 6,
+    reads x twice: its last multiply), every other operand of them cheap; None if a use leaves that region first."""
+    pending, seen = {top}, set()
+    while len(pending) > 1 or top in pending:
+      n = min(pending, key=order.__getitem__)  # in order: a node is expanded after every source of it in the region
+      pending.discard(n)
+      seen.add(n)
+      for u in users.get(n, []):
+        if u in points or u.op not in GroupOp.ALU or u.shape != top.shape: return None
+        pending.add(u)
+      if len(seen) > EPILOGUE_NODES or not pending: return None
+    (end,) = pending
+    return end if all(cheap(x) for r in (seen - {top}) | {end} for x in r.src if x not in seen) else None
   for p, why in list(points.items()):
-    if p.op is not Ops.REDUCE_AXIS or why not in ("two_nests", "shared_reduce") or p not in points: continue
+    if p.op is not Ops.REDUCE_AXIS or why not in ("two_nests", "shared_reduce", "nested") or p not in points: continue
     top = p
     # (a reshape moves nothing: the matmul's (..., 1) sum is read as (...))
-    while len(us := users.get(top, [])) == 1 and (u := us[0]) not in points and u.src.count(top) == 1 and \
-        ((u.op is Ops.RESHAPE and not u.symbolic_shape) or (u.op in GroupOp.ALU and u.shape == top.shape and all(cheap(x) for x in u.src if x is not top))):
-      top = u
+    while True:
+      if len(us := users.get(top, [])) == 1 and (u := us[0]) not in points and u.src.count(top) == 1 and \
+          ((u.op is Ops.RESHAPE and not u.symbolic_shape) or (u.op in GroupOp.ALU and u.shape == top.shape and all(cheap(x) for x in u.src if x is not top))):
+        top = u
+      elif why == "nested" and len(users.get(top, [])) > 1 and (u := joined(top)) is not None: top = u
+      else: break
     while top.op is Ops.RESHAPE: top = top.src[0]  # a point is a value; the reshape is its readers'
     if top is not p:
       del points[p]
