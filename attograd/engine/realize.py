@@ -220,11 +220,6 @@ class ExecItem:
   def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
-# a plan of less work than this runs its threaded kernels on the calling core: their slices take tens of microseconds,
-# about what handing half to another core costs, and on a machine shared with other work a worker the OS preempts while
-# it holds a slice stalls the run for a scheduler tick. PP-OCR cls (43 MFLOP, 76 kernels, under load): best of 200
-# replays the same on 1 or 2 cores (1.36 / 1.33 ms), the median 6.3 vs 10.0 ms; replays of PP-OCR rec (1.5 GFLOP) gain
-ONE_CORE_MAX_OPS, ONE_CORE_MAX_BYTES = 1 << 26, 1 << 24
 
 class ExecPlan:
   """Kernels and copies ready to run, in order. An eager schedule runs one once; a TinyJit replays one on every call
@@ -237,13 +232,7 @@ class ExecPlan:
     self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
     # ... when there is work enough: handing a lane to a thread costs ~50-100 us, more than a few tiny kernels take
     self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
-    self.one_core = self.ops < ONE_CORE_MAX_OPS and self.nbytes < ONE_CORE_MAX_BYTES and not self.side_by_side
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
-    if not self.one_core or THREADS.value == 1: return self._run(var_vals)
-    cores, THREADS.value = THREADS.value, 1  # read by each launch (CompiledKernel.__call__): the slices run here in turn
-    try: self._run(var_vals)
-    finally: THREADS.value = cores
-  def _run(self, var_vals: dict[UOp, int] | None) -> None:
     st, items = time.perf_counter(), self.items
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
     if self.side_by_side and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
