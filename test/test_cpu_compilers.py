@@ -119,3 +119,21 @@ def test_math_function_loops_vectorize(name, tmp_path):
   out = subprocess.run([cc, *flags, "-c", str(tmp_path / "k.c"), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
                        capture_output=True, text=True, check=True)
   assert "loop vectorized" in out.stderr, f"{name}: no loop vectorized\n{src}"
+
+@pytest.mark.skipif(bool(os.getenv("CC")) or not shutil.which("gcc") or not (shutil.which("clang-15") or shutil.which("clang")),
+                    reason="the default compiler is gcc, with clang beside it")
+def test_byte_decoding_kernels_are_built_by_clang():
+  # a quantized matvec (bytes -> nibbles -> floats, times a vector): gcc 12 widens the bytes lane by lane, clang in one
+  # instruction, so such a kernel goes to clang; a float kernel stays with gcc. Both in one batch, both right
+  from attograd.engine.realize import get_kernel
+  from attograd.runtime.device import Device
+  rng = np.random.default_rng(0)
+  q, x = rng.integers(0, 256, (96, 32), dtype=np.uint8), rng.standard_normal((1, 96)).astype(np.float32)
+  quant = Tensor(x) @ ((Tensor(q) >> 4).cast(dtypes.float32) * 0.5)
+  plain = Tensor(x) @ Tensor(x.T)
+  comp = Device["CPU"].compiler
+  srcs = [get_kernel(t.schedule()[-1].ast, "CPU").src for t in (quant, plain)]
+  assert comp.compiler_for(srcs[0])[0].startswith("clang") and comp.compiler_for(srcs[1])[0] == comp.cc == "gcc"
+  assert all(isinstance(lib, bytes) and lib for lib in comp.compile_batch(srcs))
+  np.testing.assert_allclose(quant.numpy(), x @ ((q >> 4).astype(np.float32) * 0.5), rtol=1e-5)
+  np.testing.assert_allclose(plain.numpy(), x @ x.T, rtol=1e-5)

@@ -119,6 +119,10 @@ def test_logits_close_to_llama_cpp(engine):
 def test_chat_answers_paris(engine):
   out = list(engine.chat([{"role": "user", "content": "What is the capital of France?"}], Sampling(max_new_tokens=10)))
   assert "Paris" in out[-1].text and "".join(x for x in out if isinstance(x, str)) == out[-1].text
+  # generating keeps no freed buffers for reuse (the decode step's first runs free ones its replays never ask for: ~11
+  # MiB resident), nor the metadata's vocabulary arrays (the tokenizer has what it needs)
+  from attograd.runtime import ops_cpu
+  assert ops_cpu.POOL.held < 2 ** 20 and not any(isinstance(v, list) and len(v) > 1024 for v in engine.meta.values())
 
 @FULL
 def test_sampling_is_seeded_and_stops(engine):

@@ -40,13 +40,13 @@ class GGUFTokenizer:
     if "tokenizer.ggml.tokens" not in meta: raise ValueError(f"{path}: metadata tokenizer.ggml.tokens is missing")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
-    self.vocab = {t: i for i, t in enumerate(tokens)}
+    vocab = {t: i for i, t in enumerate(tokens)}  # not kept: the BPE model has its own copy (49k strings, ~5 MiB)
     self.tokens, self.kind = tokens, kind
     if kind == "llama":
       scores = meta.get("tokenizer.ggml.scores")
       if scores is None or len(scores) != len(tokens): raise ValueError(f"{path}: a 'llama' vocabulary needs tokenizer.ggml.scores, one per token")
       unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
-      tok = Tokenizer(models.BPE(self.vocab, spm_merges(tokens, scores, types), unk_token=unk, fuse_unk=True, byte_fallback=True))
+      tok = Tokenizer(models.BPE(vocab, spm_merges(tokens, scores, types), unk_token=unk, fuse_unk=True, byte_fallback=True))
       # llama.cpp: a space before the text and after each special token (tokenizer.ggml.add_space_prefix), spaces as ▁
       self.space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
       tok.normalizer = normalizers.Sequence(([normalizers.Prepend(SPACE)] if self.space_prefix else []) + [normalizers.Replace(" ", SPACE)])
@@ -58,7 +58,7 @@ class GGUFTokenizer:
       pre = meta.get("tokenizer.ggml.pre", "default")
       if pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
       merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-      tok = Tokenizer(models.BPE(self.vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3")))
+      tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3")))
       digits, regex = PRE_TOKENIZERS[pre]
       steps = ([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + [
         pre_tokenizers.Split(Regex(regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
@@ -71,7 +71,7 @@ class GGUFTokenizer:
     self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     eot = meta.get("tokenizer.ggml.eot_token_id")
     # generation ends at EOS, EOT, and the end-of-turn tokens chat templates use
-    self.stop_ids = {i for i in (self.eos_id, eot) if i is not None} | {self.vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in self.vocab}
+    self.stop_ids = {i for i in (self.eos_id, eot) if i is not None} | {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in vocab}
     self.chat_template: str | None = meta.get("tokenizer.chat_template")
 
   def encode(self, text: str, add_bos: bool | None = None) -> list[int]:

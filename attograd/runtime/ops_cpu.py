@@ -1,7 +1,7 @@
 """CPU device: C source compiled by the system compiler (runtime/cc.py) into a shared library, cached on disk by
 source hash, and called in-process through ctypes."""
 from __future__ import annotations
-import ctypes, functools, math, mmap, os, shutil, struct
+import ctypes, functools, math, mmap, os, re, shutil, struct
 from attograd.helpers import CACHELEVEL, Context, cache_path, cache_read, cache_write, content_hash
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
@@ -73,29 +73,63 @@ class CPUAllocator(Allocator):
   def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
   def host_view(self, mem: CPUMemory) -> memoryview: return mem.data
 
+def _is_gcc(cc: str) -> bool: return "gcc" in os.path.basename(os.path.realpath(shutil.which(cc) or cc))
+
+def c_flags(cc: str) -> list[str]:
+  """The flags kernels are compiled with by cc."""
+  # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0).
+  # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
+  # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
+  flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-lm"]
+  # gcc's default vectorizer cost model spent seconds on a row of 32 written-out sums (6.8 s for one kernel; a small
+  # transformer's first 10 steps 12.6 -> 6.8 s with it cheap), for no measured difference in speed (bench/all.py,
+  # bench/transformer.py). clang has no such flag
+  # and gcc's unroll-and-jam (on at -O3) fuses two iterations of a reduce's outer loop into its inner SIMD loop, where a
+  # value read once per outer iteration (a quantized block's scale, at r>>1) becomes a load the vectorizer can't
+  # analyse: the inner loop stayed scalar (a Q8_0 matvec of 49152 x 576, one core: 38.7 -> 9.7 ms; Q4_1's 1.4x)
+  if _is_gcc(cc): flags[1:1] = ["-fvect-cost-model=very-cheap", "-fno-loop-unroll-and-jam"]
+  # -march=native on an AVX-512 CPU still vectorizes with 256-bit registers (gcc and clang prefer them, for the clock
+  # drop of older Xeons), while the heuristics tile for 16-float registers (simd_floats): whole-width vectors took a
+  # small transformer's kernels from 35.0 to 33.3 ms a step (one process, each plan run in turn), an erf-GELU 639 -> 438 us
+  if simd_floats() == 16: flags.insert(1, "-mprefer-vector-width=512")
+  return flags
+
+# kernels that another compiler than the default (gcc) builds better: (what their source has, the compilers to try in
+# order). gcc 12 widens bytes to 32-bit lanes element by element (a 16-byte vector's __builtin_convertvector to int
+# was 16 scalar moves and inserts), so a kernel that decodes quantized weights from bytes vectorizes poorly; clang uses
+# one vpmovzxbd. One core: SmolLM2's Q4_1 gate+up matvec 1231 -> 531 us, down 293 -> 178 us, its Q8_0 output 8.6 -> 5.9 ms
+BETTER_COMPILER: list[tuple[re.Pattern, tuple[str, ...]]] = [
+  (re.compile(r"\bchar\* restrict data"), ("clang-15", "clang")),
+]
+
 class CPUCompiler(Compiler):
   batches = True
-  def __init__(self, prelude: str = "", cc: str | None = None):
+  def __init__(self, prelude: str = "", cc: str | None = None, f16_bits: bool = True):
     self.prelude = prelude  # what every kernel's source starts with: once in a batch's translation unit
     self.cc = cc or find_c_compiler()
-    # no fast-math family flags: they let the compiler drop NaN and signed-zero semantics (x*0 -> 0).
-    # no -fwrapv either: it stops vectorization of index math; the renderer wraps data math itself.
-    # -fno-trapping-math only says no kernel reads FP exception flags: it lets truncf vectorize (exp needs it)
-    self.flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-lm"]
-    # gcc's default vectorizer cost model spent seconds on a row of 32 written-out sums (6.8 s for one kernel; a small
-    # transformer's first 10 steps 12.6 -> 6.8 s with it cheap), for no measured difference in speed (bench/all.py,
-    # bench/transformer.py). clang has no such flag
-    # and gcc's unroll-and-jam (on at -O3) fuses two iterations of a reduce's outer loop into its inner SIMD loop, where a
-    # value read once per outer iteration (a quantized block's scale, at r>>1) becomes a load the vectorizer can't
-    # analyse: the inner loop stayed scalar (a Q8_0 matvec of 49152 x 576, one core: 38.7 -> 9.7 ms; Q4_1's 1.4x)
-    if "gcc" in os.path.basename(os.path.realpath(shutil.which(self.cc) or self.cc)):
-      self.flags[1:1] = ["-fvect-cost-model=very-cheap", "-fno-loop-unroll-and-jam"]
-    # -march=native on an AVX-512 CPU still vectorizes with 256-bit registers (gcc and clang prefer them, for the clock
-    # drop of older Xeons), while the heuristics tile for 16-float registers (simd_floats): whole-width vectors took a
-    # small transformer's kernels from 35.0 to 33.3 ms a step (one process, each plan run in turn), an erf-GELU 639 -> 438 us
-    if simd_floats() == 16: self.flags.insert(1, "-mprefer-vector-width=512")
-  def compile(self, src: str) -> bytes: return compile_c(self.cc, src, self.flags, "a kernel")
-  def compile_batch(self, srcs: list[str]) -> list[bytes]: return compile_c_batch(self.cc, srcs, self.flags, "kernels", self.prelude)
+    self.flags = c_flags(self.cc)
+    # the compiler each BETTER_COMPILER rule picks here: only when the default is gcc that no one chose (CC chooses for
+    # every kernel), and only one that compiles the renderer's float16 (its bits, or _Float16 where it has that)
+    self.routes: list[tuple[re.Pattern, str, list[str]]] = []
+    if cc is None and not os.getenv("CC") and _is_gcc(self.cc):
+      for pattern, names in BETTER_COMPILER:
+        alt = next((n for n in names if shutil.which(n)), None)
+        if alt is not None and (f16_bits or has_float16(alt, tuple(c_flags(alt)))): self.routes.append((pattern, alt, c_flags(alt)))
+  def compiler_for(self, src: str) -> tuple[str, list[str]]:
+    """The compiler (and its flags) that builds this kernel."""
+    return next(((cc, flags) for pattern, cc, flags in self.routes if pattern.search(src)), (self.cc, self.flags))
+  def compile(self, src: str) -> bytes:
+    cc, flags = self.compiler_for(src)
+    return compile_c(cc, src, flags, "a kernel")
+  def compile_batch(self, srcs: list[str]) -> list[bytes]:
+    # one batch per compiler, each in one translation unit
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(srcs): groups.setdefault(self.compiler_for(s)[0], []).append(i)
+    out: list[bytes] = [b""] * len(srcs)
+    for cc, idx in groups.items():
+      flags = self.flags if cc == self.cc else next(f for _, c, f in self.routes if c == cc)
+      for i, lib in zip(idx, compile_c_batch(cc, [srcs[i] for i in idx], flags, "kernels", self.prelude)): out[i] = lib
+    return out
 
 class CPUProgram:
   var_type = ctypes.c_int32  # the C renderer declares kernel variables int
@@ -165,8 +199,8 @@ def simd_floats() -> int:
 
 class CpuDevice(Compiled):
   def __init__(self, name: str):
-    compiler = CPUCompiler()
+    cc = find_c_compiler()
     # without _Float16 (clang before 15), float16 is stored as its bits and converted by functions of the C prelude
-    renderer = CStyleRenderer(SPARE_BYTES, simd_floats(), f16_bits=not has_float16(compiler.cc, tuple(compiler.flags)))
+    renderer = CStyleRenderer(SPARE_BYTES, simd_floats(), f16_bits=not has_float16(cc, tuple(c_flags(cc))))
     # each device's kernels on threads of its own: CPU:0 and CPU:1 side by side don't share a pool
-    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude, compiler.cc), functools.partial(CPUProgram, pool=name))
+    super().__init__(name, CPUAllocator(), renderer, CPUCompiler(renderer.prelude, f16_bits=renderer.f16_bits), functools.partial(CPUProgram, pool=name))
