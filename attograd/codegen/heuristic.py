@@ -212,6 +212,8 @@ def channel_tile(p: Plan, i: int, j: int, red: UOp) -> bool:
   read = along_i[0].src[0].src[1].toposort
   for g in [j] + [g for g in reversed(p.glob) if g not in (i, j) and ax[g] not in read and (const_size(ax[g]) or 99) <= 8]:
     if regs * (size := const_size(ax[g]) or 1) <= CHANNEL_TILE_REGISTERS and trial.first(Opt(OptOps.UPCAST, g, size)): regs *= size
+  # the tile is the window: a row too wide to write out (a linear layer's 20 outputs by two registers of rows) isn't one
+  if regs < CHANNEL_TILE_REGISTERS // 3 or ranges_of(trial.ast, AxisKind.UPCAST) == []: return False
   # packed once per iteration of the innermost output loop the read moves along (a block of channels, a chunk of images)
   moved = [g for g in p.glob if g != i and ax[g] in read] + ([i] if rows > width else [])
   if not moved or not trial.first(Opt(OptOps.PACK, max(moved), 0)): return False
