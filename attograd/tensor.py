@@ -1415,11 +1415,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       # torch sends a window's gradient to one element, the first of tied maxima (a NaN is the max), where amax shares it
       flat = win.reshape(*win.shape[:-n], prod(geometry[0]))
       hit = (flat == flat.amax(-1, keepdim=True)) | flat.isnan()
-      # the first hit's index in the smallest int that holds it: the pool's gradient reads it back (int64 was 8 bytes an
-      # output, beautiful_mnist's 1.6M pooled values 13 MB written and read again)
-      n, small = flat.shape[-1], dtypes.int8 if flat.shape[-1] <= 127 else dtypes.int32
-      first = n - (hit.cast(small) * Tensor.arange(n, 0, -1, device=self.device, dtype=small)).amax(-1)
-      return flat._picked(-1, first, False)
+      return flat._picked(-1, hit.argmax(-1), False)
     # torch's indices: each window's max as a flat index into the input's last n dims, the first in window order on
     # ties. The spatial positions are pooled with the same geometry (-1 where padding), so a window's max and its
     # position line up; a padded cell never wins (it is excluded even where the input itself is the lowest value)
