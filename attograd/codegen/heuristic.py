@@ -88,6 +88,21 @@ class Plan:
       return True
     return False
 
+PADDED_LOOP_SUM = 256  # terms each output sums from which a loop padded to whole registers beats a narrower one that fits
+
+def loop_width(n: int, simd: int) -> tuple[int, int]:
+  """(a SIMD loop's width, the size its axis is padded to) for an axis of n iterations: the width whose lanes do most useful
+  work, a lane of a register run half full (a loop narrower than a register) counting half as an FMA of a half-register
+  width issues at the full one's rate; of equals, the least padding, then the widest (two registers: more accumulators
+  per row). One core, AVX-512, in one process: a 5x5 conv's 20-wide rows (32 -> 32 channels at 24x24, batch 512) padded
+  to 32, a loop of 32 by 8 rows 179 ms, of 16 232; its input gradient's 24-wide rows a loop of 8 320 ms, padded to a loop
+  of 32 232. A width a register divides keeps its loop: 8 wide stays a loop of 8 (padding to 16 does no more work)."""
+  def score(w: int) -> tuple[float, int, int]:
+    padded = -(-n // w) * w
+    return (n / padded * min(1.0, w / simd), -padded, w)
+  w = max((w for w in (2 * simd, simd, simd // 2) if w >= 4), key=score)
+  return w, -(-n // w) * w
+
 def tile_rows(p: Plan, i: int, cap: int) -> None:
   """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
   row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
@@ -135,14 +150,16 @@ def register_tile(p: Plan) -> None:
   # a SIMD loop over j reads whole vectors only where the reads along j are contiguous (a linear layer's (out, in)
   # weight is read along out with a stride: a loop over it gathers, written-out copies load one value each)
   contiguous_j = all(unit_stride(u.src[0].src[1], ax[j]) for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort)
+  if channel_tile(p, i, j, red): return
   if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads, contiguous_j)
   elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or any(ax[j] in g for g in p.gates)) and contiguous_j:
     # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
     # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
     # gated along it (a padded conv's input gradient, 13 wide) are masked loads in that loop, where written-out
     # copies are a select each: padded even at more cost (3/16 more lanes, measured 2.4x faster)
+    w, padded = loop_width(n, p.simd)
     if padded != n: p.first(Opt(OptOps.PADTO, j, padded))
-    p.first(Opt(OptOps.SIMD, j, 16))
+    p.first(Opt(OptOps.SIMD, j, w))
     tile_rows(p, i, TILE_REGISTERS * p.simd)
   else: widest_tile(p, i, j, red, contiguous_j)
   p.tiled = True
@@ -166,6 +183,58 @@ def tile_reduce(p: Plan) -> UOp | None:
   rest = [r for r in p.reds if r is not along[0]]
   if any(r in along[0].toposort or any(u.op is Ops.REDUCE for u in r.src[0].toposort) for r in rest): return None
   return along[0]
+
+CHANNEL_TILE_REGISTERS = 24  # vector accumulators of a channel tile at most (of 32 AVX-512 registers: the rest load and broadcast)
+
+def channel_tile(p: Plan, i: int, j: int, red: UOp) -> bool:
+  """A conv's weight gradient, summed over images (dW[co, ci, kh, kw] = sum g[n, co, p] x[n, ci, p + (kh, kw)]): its
+  window's width j (3, 5) is too narrow for a SIMD loop (5 padded to a loop of 8 keeps 5 of 16 AVX-512 lanes busy), while
+  the tile's other axis i (the output channels) is wide. The loop goes over i instead, two registers of it, innermost
+  (SWAPs move i inside the other output loops); the window (j and its other small axes no read along i moves) is written
+  out, each of its values loaded once and broadcast; and the read along i, strided (g's channels are a plane apart), is
+  packed (PACK) once per iteration of the innermost loop it moves along (a chunk of images), in the order the sum reads
+  it: one contiguous vector per step. One core, AVX-512, batch 128, in one process: 5x5 32->32 at 24x24 69 -> 23.6 ms
+  (kw padded to a loop of 8 by 8 channels before), and no padding: 111 GFLOPS. Only where each output sums a long
+  stretch (the pack is paid once per chunk) and a lane of the window's loop would idle (loop_width's share below 3/4)."""
+  ax = p.ax
+  n, rows = const_size(ax[j]) or 0, const_size(ax[i]) or 0
+  w, padded = loop_width(n, p.simd)
+  if not n or n / padded * min(1.0, w / p.simd) >= 0.75: return False
+  if (width := next((a for a in (2 * p.simd, p.simd) if rows % a == 0), None)) is None: return False
+  reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
+  if reduced < PADDED_LOOP_SUM: return False
+  # the read along i, the one to pack: it must not move along the window
+  along_i = [u for u in red.src[0].toposort if u.op is Ops.LOAD and ax[i] in u.src[0].src[1].toposort]
+  if len(along_i) != 1 or any(ax[g] in along_i[0].src[0].src[1].toposort for g in p.glob if g > i): return False
+  # the window's values are broadcast one at a time: a value computed on the way (a relu and bias of the previous layer,
+  # fused) is computed again for each, in scalar code. Then only where a loop over the window keeps under a quarter of
+  # the lanes busy (3 of a loop of 4): beautiful_mnist in one process, one core, batch 512: a 3x3 dW with a relu fused
+  # 67 -> 49 ms, while its 6-wide forward conv went 40 -> 50 and the 5x5 dW (5 of a loop of 8) stayed 316 -> 305
+  packed = along_i[0]
+  computed = [u for u in red.src[0].toposort if u.op in GroupOp.ALU and dtypes.is_float(u.dtype) and packed not in u.toposort and
+              any(x.op is Ops.LOAD for x in u.toposort)]
+  if len(computed) > 1 and n / padded * min(1.0, w / p.simd) >= 0.25: return False
+  last = p.glob[-1]
+  # i to the innermost output loop (the others move up one), its loop of `width` split off there, and what is left of i
+  # (64 channels: 2 blocks of 32) moved back out to where i was: the window's loops run inside each block
+  there = [Opt(OptOps.SWAP, k, k + 1) for k in range(i, last)]
+  back = [Opt(OptOps.SWAP, k - 1, k) for k in range(last, i, -1)]
+  trial = Plan.__new__(Plan)
+  trial.__dict__.update(p.__dict__, opts=list(p.opts))
+  if not trial.first((*there, Opt(OptOps.SIMD, last, width), *back)): return False
+  regs = width // p.simd
+  # the window written out: j, then the other small axes the packed read doesn't move (a 3x3 window's rows), while the
+  # accumulators fit
+  read = along_i[0].src[0].src[1].toposort
+  for g in [j] + [g for g in reversed(p.glob) if g not in (i, j) and ax[g] not in read and (const_size(ax[g]) or 99) <= 8]:
+    if regs * (size := const_size(ax[g]) or 1) <= CHANNEL_TILE_REGISTERS and trial.first(Opt(OptOps.UPCAST, g, size)): regs *= size
+  # the tile is the window: a row too wide to write out (a linear layer's 20 outputs by two registers of rows) isn't one
+  if regs < CHANNEL_TILE_REGISTERS // 3 or ranges_of(trial.ast, AxisKind.UPCAST) == []: return False
+  # packed once per iteration of the innermost output loop the read moves along (a block of channels, a chunk of images)
+  moved = [g for g in p.glob if g != i and ax[g] in read] + ([i] if rows > width else [])
+  if not moved or not trial.first(Opt(OptOps.PACK, max(moved), 0)): return False
+  p.ast, p.opts, p.tiled = trial.ast, trial.opts, True
+  return True
 
 def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguous_j: bool) -> None:
   """A small output window (a conv's weight gradient is 3x3 per channel pair): every small axis that an input doesn't
@@ -219,8 +288,15 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
-  a = 16 if (width or 0) > 8 else 8
-  padded = [(Opt(OptOps.PADTO, j, -(-width // a) * a), Opt(OptOps.SIMD, j, a))] if not looped and width is not None and width > 4 else []
+  # (the loop's width by loop_width: padded to two registers, 20 -> 32, where that keeps more lanes busy than a narrower loop)
+  a, to = loop_width(width or 0, p.simd)
+  padded = [(Opt(OptOps.PADTO, j, to), Opt(OptOps.SIMD, j, a))] if not looped and width is not None and width > 4 else []
+  # a width only a loop narrower than a register divides (24: 8s) is padded where that keeps more lanes busy (24 -> 32),
+  # if each output sums enough for the multiply-adds to outweigh its store, gated once padded: a 5x5 conv's input gradient
+  # (800 a sum) 101 -> 71 ms at batch 128, while the first 5x5 conv of one channel (25 a sum) went 2.8 -> 5.5
+  reduced = prod(const_size(r) or 0 for r in p.ax if r.arg[1] is AxisKind.REDUCE)
+  if looped and contiguous_j and width is not None and a != looped[0].amount and to != width and reduced >= PADDED_LOOP_SUM:
+    looped = [(Opt(OptOps.PADTO, j, to), Opt(OptOps.SIMD, j, a)), *looped]
   # a width written out that is no whole number of 8-float vectors (12, 10, 9) only where no loop can take it: gcc leaves
   # such copies mostly scalar, bias add or not (one core, AVX-512, written out vs padded to a SIMD loop of 16 by 8 rows:
   # 5x5 conv 32->32 at 24x24 4.6 -> 84 GFLOPS; 3x3 64->64 at 12x12 7.9 -> 101, at 14x14 9.2 -> 78; (4096,512) @ (512,N)

@@ -284,7 +284,10 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
     return None if any(x.arg[1] is AxisKind.GLOBAL or const_size(x) is None for x in rs) else rs
   reads = [ld for red in ast.toposort if red.op is Ops.REDUCE for ld in red.src[0].toposort
            if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and ld.src[0].gate is None and r in ld.src[0].src[1].toposort]
-  if len(loads := set(reads)) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
+  # of several reads along r, the one no other global axis moves (a conv's weight gradient summed over chunks of images:
+  # the output gradient's chunk, read along the channels of a SIMD loop, not the image read along the window)
+  if len(loads := set(reads)) > 1: loads = {ld for ld in loads if inner_ranges(ld) is not None}
+  if len(loads) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
     raise KernelOptError(f"{opt}: PACK needs one read inside a reduce along axis {opt.axis} that no other global axis moves")
   # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
   rs = sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
