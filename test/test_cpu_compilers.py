@@ -137,3 +137,15 @@ def test_byte_decoding_kernels_are_built_by_clang():
   assert all(isinstance(lib, bytes) and lib for lib in comp.compile_batch(srcs))
   np.testing.assert_allclose(quant.numpy(), x @ ((q >> 4).astype(np.float32) * 0.5), rtol=1e-5)
   np.testing.assert_allclose(plain.numpy(), x @ x.T, rtol=1e-5)
+
+def test_programs_sharing_a_library_take_their_own_arguments():
+  # two kernels of one name gcc compiles to the same bytes (one leaves an argument unread) share the loaded library and
+  # its function object: each program's argument types are its own (argtypes on the shared object refused the other)
+  from attograd.runtime.device import Device
+  comp = Device["CPU"].compiler
+  lib = comp.compile(comp.prelude + "void k(long long* restrict data0, float* restrict data1) { *(data0+0) = 7ll; }\n")
+  two, one = CPUProgram("k", lib), CPUProgram("k", lib)
+  a, b = Buffer("CPU", 1, dtypes.int64).ensure_allocated(), Buffer("CPU", 1, dtypes.float32).ensure_allocated()
+  two([a._buf, b._buf], [])
+  one([a._buf], [])
+  assert np.frombuffer(a.host_view(), np.int64).tolist() == [7]

@@ -2,6 +2,7 @@
 source hash, and called in-process through ctypes."""
 from __future__ import annotations
 import ctypes, functools, math, mmap, os, re, shutil, struct
+from typing import Any
 from attograd.helpers import CACHELEVEL, Context, cache_path, cache_read, cache_write, content_hash
 from attograd.runtime.device import Allocator, Compiler, Compiled
 from attograd.renderer.cstyle import CStyleRenderer
@@ -137,11 +138,17 @@ class CPUProgram:
     self.name, self.lib, self.pool = name, load_library(lib), pool  # pool: the device's threads (runtime/threadpool.py)
     self.fxn = getattr(self.lib, name)
     self.fxn.restype = None
+    self._call: Any = None
   def __call__(self, bufs: list[CPUMemory], vals: list[int]) -> None:
     # argument types declared once: ctypes converts plain ints in C, where making a c_void_p object per buffer in Python
-    # cost more than a small kernel's work (~3x the call; a PP-OCR cls run launches 76 kernels)
-    if self.fxn.argtypes is None: self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [self.var_type] * len(vals)
-    self.fxn(*[b.addr for b in bufs], *vals)
+    # cost more than a small kernel's work (~3x the call; a PP-OCR cls run launches 76 kernels). On a prototype of this
+    # program's own: the library's function object is shared by every program whose library has the same bytes, and two
+    # kernels of one name and different arguments can compile alike (isnan(x) == (x == x) folded to a constant 0 left
+    # x unread: E(out, x) and E(out) both store 0), where argtypes set on the shared object refused the other's call
+    if (fn := self._call) is None:
+      proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(bufs) + [self.var_type] * len(vals)))
+      fn = self._call = proto(ctypes.cast(self.fxn, ctypes.c_void_p).value)
+    fn(*[b.addr for b in bufs], *vals)
   @functools.cached_property
   def slice_entry(self) -> int:
     """The address of the entry point the renderers give a threaded kernel (the core id is its argument)."""
