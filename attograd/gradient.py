@@ -71,12 +71,6 @@ def _pad_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
 def _shrink_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
   return (ctx.pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, ret.src[0].shape))),)
 
-def _derivative_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
-  """A WITH_DERIVATIVE's source gradients: its Vjp's functions called on the incoming gradient, or each elementwise d
-  times it."""
-  if isinstance(ret.arg, Vjp): return (None, *(f(ctx) for f in ret.arg.fns))
-  return (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())
-
 pm_gradient = PatternMatcher([
   (UPat(Ops.ADD, name="ret"), lambda ctx, ret: (ctx, ctx)),
   (UPat(Ops.SUB, name="ret"), lambda ctx, ret: (ctx, -ctx)),
@@ -116,7 +110,8 @@ pm_gradient = PatternMatcher([
                                                        if ret.arg is not None or i == 0 else None for i in range(len(ret.src)))),
   # a part of x goes back where x is and into its place along the split axis
   (UPat(Ops.SHARD, name="ret"), _shard_grad),
-  (UPat(Ops.WITH_DERIVATIVE, name="ret"), _derivative_grad),
+  # (a Vjp's, the functions autograd calls, are called by compute_gradient: only for the sources a target needs)
+  (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())),
 ])
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
