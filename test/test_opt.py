@@ -192,9 +192,10 @@ def test_heuristics_loop_a_depthwise_conv_along_its_width():
   # window's loops (2.5-5.5 -> 21-47 GFLOPS); a column sum (no sliding window) and an ungated 3x3 written out keep theirs
   x, w = Tensor.empty(1, 88, 6, 96), Tensor.empty(88, 1, 5, 5)
   assert cpu_opts(_ast(x.conv2d(w, padding=2, groups=88)), 1) == [Opt(OptOps.SIMD, 2, 32)]
-  assert cpu_opts(_ast(Tensor.empty(16, 1 << 16).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 128)]
+  # a column sum's row of accumulators: SIMD loops of a register written out (128 columns: 16 loops of 8 floats with AVX2)
+  assert cpu_opts(_ast(Tensor.empty(16, 1 << 16).sum(0)), 1) == [Opt(OptOps.SIMD, 0, 8), Opt(OptOps.UPCAST, 0, 16)]
   # a small one (a bias gradient, 1024 x 192) 64 wide: as fast, half the code (WIDE_COLUMN_SUM)
-  assert cpu_opts(_ast(Tensor.empty(1024, 192).sum(0)), 1) == [Opt(OptOps.UPCAST, 0, 64)]
+  assert cpu_opts(_ast(Tensor.empty(1024, 192).sum(0)), 1, simd=16) == [Opt(OptOps.SIMD, 0, 16), Opt(OptOps.UPCAST, 0, 4)]
   # a few partial sums combined (a large model's weight gradient, (4, 1152 * 384).sum(0)) is written out whole, a loop gcc
   # vectorizes: no columns written out for accumulators there is no loop for (128 of them: 360 ms lowering, 810 ms gcc)
   assert cpu_opts(_ast(Tensor.empty(4, 1152 * 384).sum(0)), 1) == [Opt(OptOps.UNROLL, 1, 4)]
@@ -489,7 +490,7 @@ def test_heuristics_dont_take_a_pools_argmax_for_a_column_sum():
   argmax = next(si.ast for si in x.grad.schedule() if si.ast.op is Ops.SINK and si.bufs[0].dtype == dtypes.int64)
   for simd in (8, 16): assert all(o.op is OptOps.UNROLL for o in cpu_opts(argmax, 1, simd)), cpu_opts(argmax, 1, simd)
   # (a real column sum is still one: x.sum(0) writes out a row of outputs)
-  assert cpu_opts(_ast(Tensor.empty(64, 1024).sum(0)), 1)[0].op is OptOps.UPCAST
+  assert cpu_opts(_ast(Tensor.empty(64, 1024).sum(0)), 1) == [Opt(OptOps.SIMD, 0, 8), Opt(OptOps.UPCAST, 0, 8)]
 
 def test_heuristics_write_out_only_whole_vectors_of_a_tiles_width():
   # a width no SIMD loop divides (20, 12, 10) written out left gcc's copies mostly scalar even with only a bias after
@@ -627,13 +628,14 @@ def test_stash_replaces_the_reduce_everywhere():
   assert count(stashed) == count(ast)
 
 def test_heuristics_sum_columns_along_the_contiguous_axis():
-  # x.sum(0) of a row-major matrix reads along the output axis: a row of 64 outputs is written out (each row read is a
-  # contiguous run; 128 from WIDE_COLUMN_SUM elements), not 16 partial sums down a column (one float per cache line: 20x slower)
+  # x.sum(0) of a row-major matrix reads along the output axis: a row of 64 outputs is written out, as SIMD loops of a
+  # register (each row read is a contiguous run; 128 from WIDE_COLUMN_SUM elements), not 16 partial sums down a column
+  # (one float per cache line: 20x slower)
   rng = np.random.default_rng(8)
   x = Tensor(rng.standard_normal((256, 512), dtype=np.float32)).realize()
   for t, want in ((x.sum(0), x.numpy().sum(0)), (x.max(axis=0), x.numpy().max(0))):
     opts = cpu_opts(_ast(t), 2)
-    assert opts[0] == Opt(OptOps.UPCAST, 0, 64), opts
+    assert opts[:2] == [Opt(OptOps.SIMD, 0, 8), Opt(OptOps.UPCAST, 0, 8)], opts
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, atol=1e-4)
   assert Opt(OptOps.UPCAST, 1, 16) in cpu_opts(_ast(x.sum(1)), 2)  # along the reduce: partial sums, as before
 
