@@ -11,6 +11,7 @@ from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatche
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
 from attograd.codegen.lower import reduce_identity, fresh_range_id
+from attograd.schedule.flash import fuse_attention, flash_kernel
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def realize_points(sink: UOp) -> dict[UOp, str]:
     if not new: break
     added = set(new)
     points.update(new)
-  return store_epilogues(sink, points)
+  return fuse_attention(sink, store_epilogues(sink, points))
 
 def store_epilogues(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
   """A stored reduce whose one use is a cheap elementwise op of the same shape (a scale, a mask: attention's
@@ -527,6 +528,7 @@ INDEXING_PASSES: list[Pass] = [
   ("reduce_dedup", lambda sink, ctx: graph_rewrite(sink, reduce_dedup, {}, name="reduce_dedup")),
   ("scatter_cleanup", scatter_cleanup),
   ("merge_loops", lambda sink, ctx: merge_loops(sink)),
+  ("flash_attention", lambda sink, ctx: sink if (f := flash_kernel(sink)) is None else f),
 ]
 
 def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:

@@ -1,0 +1,155 @@
+"""Attention as one kernel (flash attention's forward): `softmax(s) @ v`, where nothing else reads the probabilities,
+is computed row by row with an online softmax instead of three kernels (the scores, the softmax, P @ V).
+
+Two steps, both on the one IR:
+- `fuse_attention` (tensor graph, after realize_points): the scores and the probabilities lose their buffers when the
+  only reader of the probabilities is the sum with v, so the P @ V kernel computes everything;
+- `flash_kernel` (kernel AST, an indexing pass): that kernel, `out[r, c] = sum_j e(r, j) / l(r) * w(j, c)` with
+  `e = exp(x - max_j x)` and `l = sum_j e`, becomes one pass over the keys j per row r with a running max m, a running
+  sum l and the row's outputs acc[c], rescaled by exp(m_old - m_new) when the max grows:
+
+    for r: m = -inf; l = 0; acc[c] = 0 for every c
+      for j < bound(r):   (a causal mask i >= j bounds the loop at i + 1: the keys past it are never visited)
+        s = x(r, j); m' = max(m, s); k = m' == -inf ? 0 : m'   (a row masked so far adds nothing, not NaN)
+        a = exp(m - k); p = exp(s - k); l = l * a + p; acc[c] = acc[c] * a + p * w(j, c) for every c; m = m'
+      out[r, c] = acc[c] * (1 / l)
+
+  The key and output-column loops are SERIAL (no Opt names them); the score's own dot product (a REDUCE inside the
+  key loop) is lowered as any reduce, its lanes chosen by the heuristics (`flash_opts`).
+"""
+from __future__ import annotations
+import math
+from attograd.dtype import dtypes
+from attograd.helpers import prod
+from attograd.uop.ops import AxisKind, UOp, Ops
+from attograd.codegen.lower import fresh_range_id
+
+FLASH_MAX_COLUMNS = 256  # outputs a row keeps in registers (acc[c]): a head dimension; wider rows keep today's kernels
+FLASH_MIN_KEYS = 32      # shorter rows keep today's three kernels: their scores' register tile is faster (a cost rule)
+
+# ***** tensor graph: which softmax @ v to fuse *****
+
+def _through(u: UOp, *ops: Ops) -> UOp:
+  while u.op in ops: u = u.src[0]
+  return u
+
+def softmax_parts(p: UOp) -> tuple[UOp, int] | None:
+  """(x, axis) if p is softmax(x) along its last axis as Tensor.softmax builds it: e * recip(sum(e)), e = exp(x - max(x))."""
+  if p.op is not Ops.MUL or len(p.shape) < 1: return None
+  ax = len(p.shape) - 1
+  for e, r in (p.src, p.src[::-1]):
+    if e.op is not Ops.EXP or (rs := _through(r, Ops.EXPAND, Ops.RESHAPE)).op is not Ops.RECIP: continue
+    if (s := _through(rs.src[0], Ops.RESHAPE)).op is not Ops.REDUCE_AXIS or s.arg != (Ops.ADD, (ax,)) or s.src[0] is not e: continue
+    if (d := e.src[0]).op is not Ops.SUB: continue
+    x, mx = d.src
+    if (m := _through(mx, Ops.EXPAND, Ops.RESHAPE, Ops.DETACH)).op is not Ops.REDUCE_AXIS or m.arg != (Ops.MAX, (ax,)) or m.src[0] is not x: continue
+    return x, ax
+  return None
+
+def _users(sink: UOp) -> dict[UOp, list[UOp]]:
+  users: dict[UOp, list[UOp]] = {}
+  for u in sink.toposort:
+    for s in u.src: users.setdefault(s, []).append(u)
+  return users
+
+def attention_pv(p: UOp, users: dict[UOp, list[UOp]]) -> UOp | None:
+  """The sum over the keys of p * w that is p's only use (P @ V: p reshaped to (..., q, 1, k), expanded along v's
+  columns, multiplied and summed over k), else None."""
+  u = p
+  while len(us := users.get(u, [])) == 1 and us[0].op in (Ops.RESHAPE, Ops.EXPAND): u = us[0]
+  if len(us) != 1 or (mul := us[0]).op is not Ops.MUL or mul.src.count(u) != 1: return None
+  if len(users.get(mul, [])) != 1 or (red := users[mul][0]).op is not Ops.REDUCE_AXIS or red.arg[0] is not Ops.ADD: return None
+  # the reduced axis must be p's key axis: p's shape (..., q, k) read as (..., q, 1, k)
+  if len(red.arg[1]) != 1 or u.shape != (*p.shape[:-1], red.src[0].shape[-2], p.shape[-1]) or red.arg[1][0] != len(u.shape) - 1: return None
+  return red
+
+def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
+  """Drop the buffers of the scores and the probabilities of a softmax @ v that nothing else reads (an inference
+  forward; a training step's backward reads the probabilities, and keeps today's kernels): flash_kernel then makes the
+  sum one pass over the keys."""
+  users = None
+  for p in [p for p, why in points.items() if p.op is Ops.MUL and why == "expand"]:
+    if (parts := softmax_parts(p)) is None: continue
+    x, _ = parts
+    if users is None: users = _users(sink)
+    if (red := attention_pv(p, users)) is None: continue
+    keys, cols = p.shape[-1], red.shape[-2]
+    if not isinstance(keys, int) or keys < FLASH_MIN_KEYS or not isinstance(cols, int) or cols > FLASH_MAX_COLUMNS: continue
+    # the scores (x, or the epilogue store_epilogues put over their reduce) keep their buffer if anything outside the
+    # softmax reads them
+    if x in points and any(v not in p.toposort for v in users.get(x, [])): continue
+    points = {u: w for u, w in points.items() if u is not p and u is not x}
+  return points
+
+# ***** kernel AST: the sum as one pass over the keys *****
+
+def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp] | None:
+  """(x, w) if t, a term of the sum over j, is e * recip(l) * w with e = exp(x - m), m a max over j and l a sum (the
+  tensor graph was checked to be a softmax: here only its pieces are taken apart)."""
+  if t.op is not Ops.MUL: return None
+  for pe, w in (t.src, t.src[::-1]):
+    if pe.op is not Ops.MUL: continue
+    for e, rl in (pe.src, pe.src[::-1]):
+      if e.op is not Ops.EXP or rl.op is not Ops.RECIP or (l := rl.src[0]).op is not Ops.REDUCE or l.arg is not Ops.ADD: continue
+      if (d := e.src[0]).op is not Ops.SUB or (m := d.src[1]).op is not Ops.REDUCE or m.arg is not Ops.MAX: continue
+      if j in m.ranges or j in l.ranges: continue  # the row's max and sum are over keys of their own
+      return d.src[0], w
+  return None
+
+def _causal_bound(x: UOp, j: UOp) -> UOp | None:
+  """i + 1 if x is where(i >= j, s, -inf) with i not depending on j: the keys past i are masked, and never visited."""
+  if x.op is not Ops.WHERE or x.src[2].op is not Ops.CONST or x.src[2].arg != -math.inf: return None
+  g = x.src[0]
+  # i >= j is written not(i < j): CMPNE(CMPLT(i, j), True)
+  if g.op is not Ops.CMPNE or g.src[1].op is not Ops.CONST or g.src[1].arg is not True or (lt := g.src[0]).op is not Ops.CMPLT: return None
+  i, jj = lt.src
+  if jj.op is Ops.CAST: jj = jj.src[0]
+  if i.op is Ops.CAST and i.src[0].dtype == j.dtype: i = i.src[0]
+  if jj is not j or i.dtype != j.dtype or j in i.ranges or i.vmin < 0 or i.vmax + 1 > j.src[0].vmax: return None
+  return i + 1
+
+def flash_kernel(sink: UOp) -> UOp | None:
+  """The kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
+  pass over the keys per row (the module's docstring); None if the kernel isn't one."""
+  ends, st = [], sink.src[0] if len(sink.src) == 1 else None
+  while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
+  if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
+  if not dtypes.is_float(red.dtype) or (parts := _softmax_term(red.src[0], j := red.src[1])) is None: return None
+  x, w = parts
+  if any(u.op in (Ops.DEFINE_REG, Ops.AFTER) for u in sink.toposort): return None
+  rows = [r for r in ends if r in x.ranges]  # the output loops the scores move along: the rest are a row's columns
+  cols = [r for r in ends if r not in rows]
+  if any(r.src[0].op is not Ops.CONST for r in cols) or prod(r.src[0].arg for r in cols) > FLASH_MAX_COLUMNS: return None
+  # the softmax's own max and sum are not computed: the pass needs only x and w (and the causal bound)
+  fid, dt = fresh_range_id(sink), red.dtype
+  bound = _causal_bound(x, j)
+  keys = UOp(Ops.RANGE, j.dtype, (bound if bound is not None else j.src[0],), (fid, AxisKind.SERIAL))
+  def serial(rs: list[UOp], first: int) -> list[UOp]:
+    return [UOp(Ops.RANGE, r.dtype, r.src, (first + k, AxisKind.SERIAL)) for k, r in enumerate(rs)]
+  def flat(rs: list[UOp]) -> UOp:
+    out = UOp.const(j.dtype, 0)
+    for r in rs: out = out * r.src[0].arg + r
+    return out
+  ncols = prod(r.src[0].arg for r in cols)
+  mreg, lreg, areg = (UOp(Ops.DEFINE_REG, dt.ptr(n, "reg"), (), i) for i, n in enumerate((1, 1, ncols)))
+  zero = UOp.const(j.dtype, 0)
+  c_init = serial(cols, fid + 1)
+  inits = UOp(Ops.NOOP, dtypes.void, (mreg.after(*rows).index(zero).store(UOp.const(dt, -math.inf)),
+                                      lreg.after(*rows).index(zero).store(UOp.const(dt, 0)),
+                                      areg.after(*rows).index(flat(c_init)).store(UOp.const(dt, 0)).end(*c_init)))
+  s = x.substitute({j: keys})
+  m_old = mreg.after(inits, keys).index(zero).load()
+  m_new = m_old.maximum(s)
+  # a row whose keys so far are all masked has m' = -inf: shifting by 0 there adds exp(-inf) = 0, where -inf - -inf is NaN
+  k = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)
+  a, p = UOp(Ops.EXP, dt, (m_old - k,)), UOp(Ops.EXP, dt, (s - k,))
+  l_new = lreg.after(inits, keys).index(zero).load() * a + p
+  c_upd = serial(cols, fid + 1 + len(cols))
+  wj = w.substitute({j: keys, **dict(zip(cols, c_upd))})
+  acc = areg.after(inits, keys, *c_upd).index(flat(c_upd))
+  body = UOp(Ops.NOOP, dtypes.void, (areg.index(flat(c_upd)).store(acc.load() * a + p * wj).end(*c_upd),
+                                     lreg.index(zero).store(l_new), mreg.index(zero).store(m_new))).end(keys)
+  c_out = serial(cols, fid + 1 + 2 * len(cols))
+  inv = UOp(Ops.RECIP, dt, (lreg.after(body).index(zero).load(),))
+  out = st.src[0].substitute(dict(zip(cols, c_out)))
+  return out.store(areg.after(body, *c_out).index(flat(c_out)).load() * inv).end(*c_out).end(*rows).sink()
