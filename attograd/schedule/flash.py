@@ -18,14 +18,19 @@ Two steps, both on the one IR:
   key loop) is lowered as any reduce, its lanes chosen by the heuristics (`flash_opts`).
 """
 from __future__ import annotations
-import math
+import functools, math
 from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import AxisKind, UOp, Ops
 from attograd.codegen.lower import fresh_range_id
 
 FLASH_MAX_COLUMNS = 256  # outputs a row keeps in registers (acc[c]): a head dimension; wider rows keep today's kernels
-FLASH_MIN_KEYS = 32      # shorter rows keep today's three kernels: their scores' register tile is faster (a cost rule)
+FLASH_KEY_BLOCKS = (8, 4, 2, 1)  # keys a step takes: the block's scores are independent dot products, its exps one loop
+# a cost rule: shorter rows keep today's three kernels. Measured on one core (AVX-512), the fused kernel ran at 0.5x their
+# speed at 64 keys, 0.75-0.8x at 128-1024 and 0.99x at 2048, where it also never allocates the T x T scores and
+# probabilities: it takes one query row per pass, so it reads each key and value row once per query, where the three
+# kernels' register tiles reuse each across 8 rows (a tile of queries with its own accumulators is what it lacks)
+FLASH_MIN_KEYS = 2048
 
 # ***** tensor graph: which softmax @ v to fuse *****
 
@@ -45,6 +50,11 @@ def softmax_parts(p: UOp) -> tuple[UOp, int] | None:
     if (m := _through(mx, Ops.EXPAND, Ops.RESHAPE, Ops.DETACH)).op is not Ops.REDUCE_AXIS or m.arg != (Ops.MAX, (ax,)) or m.src[0] is not x: continue
     return x, ax
   return None
+
+def probabilities(p: UOp) -> tuple[UOp, int] | None:
+  """softmax_parts of p, or of the softmax inside where(g, 0, softmax(x)) (sdpa's rows that a mask leaves empty)."""
+  if p.op is Ops.WHERE and (z := _through(p.src[1], Ops.EXPAND, Ops.RESHAPE)).op is Ops.CONST and z.arg == 0: p = p.src[2]
+  return softmax_parts(p)
 
 def _users(sink: UOp) -> dict[UOp, list[UOp]]:
   users: dict[UOp, list[UOp]] = {}
@@ -68,8 +78,8 @@ def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
   forward; a training step's backward reads the probabilities, and keeps today's kernels): flash_kernel then makes the
   sum one pass over the keys."""
   users = None
-  for p in [p for p, why in points.items() if p.op is Ops.MUL and why == "expand"]:
-    if (parts := softmax_parts(p)) is None: continue
+  for p in [p for p, why in points.items() if p.op in (Ops.MUL, Ops.WHERE) and why == "expand"]:
+    if (parts := probabilities(p)) is None: continue
     x, _ = parts
     if users is None: users = _users(sink)
     if (red := attention_pv(p, users)) is None: continue
@@ -83,17 +93,20 @@ def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
 
 # ***** kernel AST: the sum as one pass over the keys *****
 
-def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp] | None:
-  """(x, w) if t, a term of the sum over j, is e * recip(l) * w with e = exp(x - m), m a max over j and l a sum (the
-  tensor graph was checked to be a softmax: here only its pieces are taken apart)."""
+def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp, UOp | None] | None:
+  """(x, w, g) if t, a term of the sum over j, is e * recip(l) * w with e = exp(x - m), m a max over j and l a sum, or
+  where(g, 0, e * recip(l)) * w with g the same for every j (the tensor graph was checked to be a softmax: here only
+  its pieces are taken apart)."""
   if t.op is not Ops.MUL: return None
   for pe, w in (t.src, t.src[::-1]):
+    g = None
+    if pe.op is Ops.WHERE and pe.src[1].op is Ops.CONST and pe.src[1].arg == 0 and j not in pe.src[0].ranges: g, pe = pe.src[0], pe.src[2]
     if pe.op is not Ops.MUL: continue
     for e, rl in (pe.src, pe.src[::-1]):
       if e.op is not Ops.EXP or rl.op is not Ops.RECIP or (l := rl.src[0]).op is not Ops.REDUCE or l.arg is not Ops.ADD: continue
       if (d := e.src[0]).op is not Ops.SUB or (m := d.src[1]).op is not Ops.REDUCE or m.arg is not Ops.MAX: continue
       if j in m.ranges or j in l.ranges: continue  # the row's max and sum are over keys of their own
-      return d.src[0], w
+      return d.src[0], w, g
   return None
 
 def _causal_bound(x: UOp, j: UOp) -> UOp | None:
@@ -115,41 +128,58 @@ def flash_kernel(sink: UOp) -> UOp | None:
   while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
   if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
   if not dtypes.is_float(red.dtype) or (parts := _softmax_term(red.src[0], j := red.src[1])) is None: return None
-  x, w = parts
+  x, w, empty = parts
   if any(u.op in (Ops.DEFINE_REG, Ops.AFTER) for u in sink.toposort): return None
-  rows = [r for r in ends if r in x.ranges]  # the output loops the scores move along: the rest are a row's columns
+  # the output loops the scores (or the empty-row test) move along: the rest are a row's columns
+  rows = [r for r in ends if r in x.ranges or (empty is not None and r in empty.ranges)]
   cols = [r for r in ends if r not in rows]
   if any(r.src[0].op is not Ops.CONST for r in cols) or prod(r.src[0].arg for r in cols) > FLASH_MAX_COLUMNS: return None
   # the softmax's own max and sum are not computed: the pass needs only x and w (and the causal bound)
-  fid, dt = fresh_range_id(sink), red.dtype
+  fid, dt, n = fresh_range_id(sink), red.dtype, j.src[0].arg
+  bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
   bound = _causal_bound(x, j)
-  keys = UOp(Ops.RANGE, j.dtype, (bound if bound is not None else j.src[0],), (fid, AxisKind.SERIAL))
-  def serial(rs: list[UOp], first: int) -> list[UOp]:
-    return [UOp(Ops.RANGE, r.dtype, r.src, (first + k, AxisKind.SERIAL)) for k, r in enumerate(rs)]
+  nblocks = UOp.const(j.dtype, n // bk) if bound is None else (bound + (bk - 1)) // bk
+  ids = iter(range(fid, fid + 64))
+  def loop(size: int | UOp, kind: AxisKind = AxisKind.SERIAL) -> UOp:
+    return UOp(Ops.RANGE, j.dtype, (size if isinstance(size, UOp) else UOp.const(j.dtype, size),), (next(ids), kind))
+  def serial(rs: list[UOp]) -> list[UOp]: return [UOp(Ops.RANGE, r.dtype, r.src, (next(ids), AxisKind.SERIAL)) for r in rs]
   def flat(rs: list[UOp]) -> UOp:
     out = UOp.const(j.dtype, 0)
     for r in rs: out = out * r.src[0].arg + r
     return out
+  def ended(u: UOp, *rs: UOp) -> UOp: return u.end(*(r for r in rs if r.op is Ops.RANGE))
   ncols = prod(r.src[0].arg for r in cols)
-  mreg, lreg, areg = (UOp(Ops.DEFINE_REG, dt.ptr(n, "reg"), (), i) for i, n in enumerate((1, 1, ncols)))
+  # registers: the running max and sum, a row's outputs, a block's scores and their exps
+  mreg, lreg, areg, sreg, preg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((1, 1, ncols, bk, bk)))
   zero = UOp.const(j.dtype, 0)
-  c_init = serial(cols, fid + 1)
+  c_init = serial(cols)
   inits = UOp(Ops.NOOP, dtypes.void, (mreg.after(*rows).index(zero).store(UOp.const(dt, -math.inf)),
                                       lreg.after(*rows).index(zero).store(UOp.const(dt, 0)),
                                       areg.after(*rows).index(flat(c_init)).store(UOp.const(dt, 0)).end(*c_init)))
-  s = x.substitute({j: keys})
-  m_old = mreg.after(inits, keys).index(zero).load()
-  m_new = m_old.maximum(s)
+  block = loop(nblocks)
+  # the block's scores, written out: dot products over the same loop, which lowering gives one loop with an accumulator
+  # each (independent chains of multiply-adds, a register tile's), where a loop over the keys ran them one by one
+  scores = UOp(Ops.NOOP, dtypes.void, tuple(sreg.after(inits, block).index(UOp.const(j.dtype, t)).store(x.substitute({j: block * bk + t}))
+                                            for t in range(bk)))
+  sv = [sreg.after(scores).index(UOp.const(j.dtype, t)).load() for t in range(bk)]
+  m_old = mreg.after(inits, block).index(zero).load()
+  m_new = functools.reduce(lambda a, b: a.maximum(b), sv, m_old)
   # a row whose keys so far are all masked has m' = -inf: shifting by 0 there adds exp(-inf) = 0, where -inf - -inf is NaN
-  k = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)
-  a, p = UOp(Ops.EXP, dt, (m_old - k,)), UOp(Ops.EXP, dt, (s - k,))
-  l_new = lreg.after(inits, keys).index(zero).load() * a + p
-  c_upd = serial(cols, fid + 1 + len(cols))
-  wj = w.substitute({j: keys, **dict(zip(cols, c_upd))})
-  acc = areg.after(inits, keys, *c_upd).index(flat(c_upd))
-  body = UOp(Ops.NOOP, dtypes.void, (areg.index(flat(c_upd)).store(acc.load() * a + p * wj).end(*c_upd),
-                                     lreg.index(zero).store(l_new), mreg.index(zero).store(m_new))).end(keys)
-  c_out = serial(cols, fid + 1 + 2 * len(cols))
+  shift = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)
+  scale = UOp(Ops.EXP, dt, (m_old - shift,))
+  kk2 = loop(bk) if bk > 1 else zero
+  exps = ended(preg.index(kk2).store(UOp(Ops.EXP, dt, (sreg.after(scores).index(kk2).load() - shift,))), kk2)
+  pv = [preg.after(exps).index(UOp.const(j.dtype, t)).load() for t in range(bk)]
+  l_new = functools.reduce(lambda a, b: a + b, pv, lreg.after(inits, block).index(zero).load() * scale)
+  c_upd = serial(cols)
+  acc = areg.after(inits, block, *c_upd).index(flat(c_upd)).load() * scale
+  for t in range(bk): acc = acc + pv[t] * w.substitute({j: block * bk + t, **dict(zip(cols, c_upd))})
+  body = UOp(Ops.NOOP, dtypes.void, (areg.index(flat(c_upd)).store(acc).end(*c_upd), lreg.index(zero).store(l_new),
+                                     mreg.index(zero).store(m_new))).end(block)
+  c_out = serial(cols)
   inv = UOp(Ops.RECIP, dt, (lreg.after(body).index(zero).load(),))
   out = st.src[0].substitute(dict(zip(cols, c_out)))
-  return out.store(areg.after(body, *c_out).index(flat(c_out)).load() * inv).end(*c_out).end(*rows).sink()
+  value = areg.after(body, *c_out).index(flat(c_out)).load() * inv
+  # a row the mask leaves empty is 0 (torch's safe softmax), whatever the pass computed for it
+  if empty is not None: value = empty.substitute(dict(zip(cols, c_out))).where(UOp.const(dt, 0), value)
+  return out.store(value).end(*c_out).end(*rows).sink()
