@@ -68,6 +68,7 @@ CASES = {
   "float_mask_rows_start_masked": ((1, 2, 16, 4), {"attn_mask": _late_mask(16, 16)}, 2),
   "bool_mask_empty_row": ((1, 2, 12, 4), {"attn_mask": _bool_mask(12, 12)}, 2),
   "odd_sizes": ((1, 2, 13, 5), {"is_causal": True}, 1),
+  "causal_blocks_of_4": ((1, 2, 20, 8), {"is_causal": True}, 1),
 }
 
 @pytest.mark.parametrize("name", CASES)

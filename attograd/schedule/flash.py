@@ -14,8 +14,10 @@ Two steps, both on the one IR:
         a = exp(m - k); p = exp(s - k); l = l * a + p; acc[c] = acc[c] * a + p * w(j, c) for every c; m = m'
       out[r, c] = acc[c] * (1 / l)
 
-  The key and output-column loops are SERIAL (no Opt names them); the score's own dot product (a REDUCE inside the
-  key loop) is lowered as any reduce, its lanes chosen by the heuristics (`flash_opts`).
+  The keys are taken FLASH_KEY_BLOCKS at a time (the block's max, one rescale, its exps in one loop) for a tile of
+  FLASH_QUERY_TILE query rows (each key and value row read once per tile). The key and output-column loops are SERIAL
+  (no Opt names them); the scores' dot products (REDUCEs over one loop) are lowered as any reduce, one loop with an
+  accumulator each, their lanes chosen by the heuristics (`codegen/heuristic.py: flash_opts`).
 """
 from __future__ import annotations
 import functools, math
@@ -26,10 +28,12 @@ from attograd.codegen.lower import fresh_range_id
 
 FLASH_MAX_COLUMNS = 256  # outputs a row keeps in registers (acc[c]): a head dimension; wider rows keep today's kernels
 FLASH_KEY_BLOCKS = (8, 4, 2, 1)  # keys a step takes: the block's scores are independent dot products, its exps one loop
-# a cost rule: shorter rows keep today's three kernels. Measured on one core (AVX-512), the fused kernel ran at 0.5x their
-# speed at 64 keys, 0.75-0.8x at 128-1024 and 0.99x at 2048, where it also never allocates the T x T scores and
-# probabilities: it takes one query row per pass, so it reads each key and value row once per query, where the three
-# kernels' register tiles reuse each across 8 rows (a tile of queries with its own accumulators is what it lacks)
+FLASH_QUERY_TILE = 4  # query rows a pass takes together: each key and value row is read once per tile
+# a cost rule: shorter rows keep today's three kernels. Measured in one process against them, one core (AVX-512, a loaded
+# machine): 0.73x their speed at 64 keys (16, 4, 64, 16), 0.83-0.86x at 256 (16, 6, 256, 64), 0.88x at 1024, 1.03x at
+# 2048, where it also never allocates the T x T scores and probabilities. The three kernels' matmuls are register tiles
+# of 8 rows reusing each load; this kernel's scores are a 4 x 8 tile whose dot products each end in a fold of 8 lanes,
+# and its softmax is scalar per score (what a faster one needs: scores accumulated along the keys, not the head dim)
 FLASH_MIN_KEYS = 2048
 
 # ***** tensor graph: which softmax @ v to fuse *****
@@ -137,49 +141,63 @@ def flash_kernel(sink: UOp) -> UOp | None:
   # the softmax's own max and sum are not computed: the pass needs only x and w (and the causal bound)
   fid, dt, n = fresh_range_id(sink), red.dtype, j.src[0].arg
   bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
-  bound = _causal_bound(x, j)
-  nblocks = UOp.const(j.dtype, n // bk) if bound is None else (bound + (bk - 1)) // bk
+  # a tile of bq query rows (the innermost row loop the tile divides) shares each key and value row it reads
+  # (ends lists the loops outermost first; v must not move along it: the tile's rows read the same value rows)
+  qi = next((r for r in reversed(rows) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0 and r not in w.ranges), None)
+  bq = FLASH_QUERY_TILE if qi is not None else 1
   ids = iter(range(fid, fid + 64))
-  def loop(size: int | UOp, kind: AxisKind = AxisKind.SERIAL) -> UOp:
-    return UOp(Ops.RANGE, j.dtype, (size if isinstance(size, UOp) else UOp.const(j.dtype, size),), (next(ids), kind))
+  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
+  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
+  tile_rows = [qo if r is qi else r for r in rows]
+  bound = _causal_bound(x, j)
+  if bound is not None: bound = bound.substitute(row(bq - 1))  # the tile's last row sees the most keys
+  nblocks = UOp.const(j.dtype, n // bk) if bound is None else (bound + (bk - 1)) // bk
   def serial(rs: list[UOp]) -> list[UOp]: return [UOp(Ops.RANGE, r.dtype, r.src, (next(ids), AxisKind.SERIAL)) for r in rs]
   def flat(rs: list[UOp]) -> UOp:
     out = UOp.const(j.dtype, 0)
     for r in rs: out = out * r.src[0].arg + r
     return out
-  def ended(u: UOp, *rs: UOp) -> UOp: return u.end(*(r for r in rs if r.op is Ops.RANGE))
+  def at(t: int) -> UOp: return UOp.const(j.dtype, t)
   ncols = prod(r.src[0].arg for r in cols)
-  # registers: the running max and sum, a row's outputs, a block's scores and their exps
-  mreg, lreg, areg, sreg, preg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((1, 1, ncols, bk, bk)))
-  zero = UOp.const(j.dtype, 0)
-  c_init = serial(cols)
-  inits = UOp(Ops.NOOP, dtypes.void, (mreg.after(*rows).index(zero).store(UOp.const(dt, -math.inf)),
-                                      lreg.after(*rows).index(zero).store(UOp.const(dt, 0)),
-                                      areg.after(*rows).index(flat(c_init)).store(UOp.const(dt, 0)).end(*c_init)))
-  block = loop(nblocks)
-  # the block's scores, written out: dot products over the same loop, which lowering gives one loop with an accumulator
+  # registers: each row's running max and sum and outputs, a block's scores and their exps
+  mreg, lreg, areg, sreg, preg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((bq, bq, bq * ncols, bq * bk, bq * bk)))
+  e_init, a_init = (UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, size),), (next(ids), AxisKind.SERIAL)) for size in (bq, bq * ncols))
+  inits = UOp(Ops.NOOP, dtypes.void, (UOp(Ops.NOOP, dtypes.void, (mreg.after(*tile_rows).index(e_init).store(UOp.const(dt, -math.inf)),
+                                                                   lreg.after(*tile_rows).index(e_init).store(UOp.const(dt, 0)))).end(e_init),
+                                      areg.after(*tile_rows).index(a_init).store(UOp.const(dt, 0)).end(a_init)))
+  block = UOp(Ops.RANGE, j.dtype, (nblocks,), (next(ids), AxisKind.SERIAL))
+  # the tile's scores, written out: dot products over the same loop, which lowering gives one loop with an accumulator
   # each (independent chains of multiply-adds, a register tile's), where a loop over the keys ran them one by one
-  scores = UOp(Ops.NOOP, dtypes.void, tuple(sreg.after(inits, block).index(UOp.const(j.dtype, t)).store(x.substitute({j: block * bk + t}))
-                                            for t in range(bk)))
-  sv = [sreg.after(scores).index(UOp.const(j.dtype, t)).load() for t in range(bk)]
-  m_old = mreg.after(inits, block).index(zero).load()
-  m_new = functools.reduce(lambda a, b: a.maximum(b), sv, m_old)
-  # a row whose keys so far are all masked has m' = -inf: shifting by 0 there adds exp(-inf) = 0, where -inf - -inf is NaN
-  shift = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)
-  scale = UOp(Ops.EXP, dt, (m_old - shift,))
-  kk2 = loop(bk) if bk > 1 else zero
-  exps = ended(preg.index(kk2).store(UOp(Ops.EXP, dt, (sreg.after(scores).index(kk2).load() - shift,))), kk2)
-  pv = [preg.after(exps).index(UOp.const(j.dtype, t)).load() for t in range(bk)]
-  l_new = functools.reduce(lambda a, b: a + b, pv, lreg.after(inits, block).index(zero).load() * scale)
+  scores = UOp(Ops.NOOP, dtypes.void, tuple(sreg.after(inits, block).index(at(t * bk + u)).store(x.substitute({j: block * bk + u, **row(t)}))
+                                            for t in range(bq) for u in range(bk)))
   c_upd = serial(cols)
-  acc = areg.after(inits, block, *c_upd).index(flat(c_upd)).load() * scale
-  for t in range(bk): acc = acc + pv[t] * w.substitute({j: block * bk + t, **dict(zip(cols, c_upd))})
-  body = UOp(Ops.NOOP, dtypes.void, (areg.index(flat(c_upd)).store(acc).end(*c_upd), lreg.index(zero).store(l_new),
-                                     mreg.index(zero).store(m_new))).end(block)
-  c_out = serial(cols)
-  inv = UOp(Ops.RECIP, dt, (lreg.after(body).index(zero).load(),))
-  out = st.src[0].substitute(dict(zip(cols, c_out)))
-  value = areg.after(body, *c_out).index(flat(c_out)).load() * inv
-  # a row the mask leaves empty is 0 (torch's safe softmax), whatever the pass computed for it
-  if empty is not None: value = empty.substitute(dict(zip(cols, c_out))).where(UOp.const(dt, 0), value)
-  return out.store(value).end(*c_out).end(*rows).sink()
+  wv = [w.substitute({j: block * bk + u, **dict(zip(cols, c_upd))}) for u in range(bk)]
+  updates, news = [], []
+  for t in range(bq):
+    sv = [sreg.after(scores).index(at(t * bk + u)).load() for u in range(bk)]
+    m_old = mreg.after(inits, block).index(at(t)).load()
+    m_new = functools.reduce(lambda a, b: a.maximum(b), sv, m_old)
+    # a row whose keys so far are all masked has m' = -inf: shifting by 0 there adds exp(-inf) = 0, where -inf - -inf is NaN
+    shift = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)
+    scale = UOp(Ops.EXP, dt, (m_old - shift,))
+    # the block's exps in a loop, which the C compiler vectorizes (written out, each was a scalar polynomial)
+    e = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bk),), (next(ids), AxisKind.SERIAL)) if bk > 1 else UOp.const(j.dtype, 0)
+    exps = preg.index(e + t * bk).store(UOp(Ops.EXP, dt, (sreg.after(scores).index(e + t * bk).load() - shift,)))
+    exps = exps.end(e) if bk > 1 else exps
+    pv = [preg.after(exps).index(at(t * bk + u)).load() for u in range(bk)]
+    l_new = functools.reduce(lambda a, b: a + b, pv, lreg.after(inits, block).index(at(t)).load() * scale)
+    acc = areg.after(inits, block, *c_upd).index(flat(c_upd) + t * ncols).load() * scale
+    for u in range(bk): acc = acc + pv[u] * wv[u]
+    updates.append(areg.index(flat(c_upd) + t * ncols).store(acc))
+    news += [lreg.index(at(t)).store(l_new), mreg.index(at(t)).store(m_new)]
+  body = UOp(Ops.NOOP, dtypes.void, (UOp(Ops.NOOP, dtypes.void, tuple(updates)).end(*c_upd), *news)).end(block)
+  stores = []
+  for t in range(bq):
+    c_out = serial(cols)
+    inv = UOp(Ops.RECIP, dt, (lreg.after(body).index(at(t)).load(),))
+    sub = {**dict(zip(cols, c_out)), **row(t)}
+    value = areg.after(body, *c_out).index(flat(c_out) + t * ncols).load() * inv
+    # a row the mask leaves empty is 0 (torch's safe softmax), whatever the pass computed for it
+    if empty is not None: value = empty.substitute(sub).where(UOp.const(dt, 0), value)
+    stores.append(st.src[0].substitute(sub).store(value).end(*c_out))
+  return UOp(Ops.NOOP, dtypes.void, tuple(stores)).end(*tile_rows).sink()
