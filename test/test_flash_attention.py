@@ -129,3 +129,21 @@ def test_training_keeps_probabilities(fused, monkeypatch):
   ot = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
   ot.sum().backward()
   for a, b in zip(ours, (ot, tq.grad, tk.grad, tv.grad)): _close(a, b.detach().numpy())
+
+def test_softmax_weighted_sum(fused):
+  # a softmax kept in its consumer's kernel (its row max and sum per row, inline) summed against weights: the same pass
+  # applies (no output columns), and must give the same values
+  rng = np.random.default_rng(1)
+  x, w = rng.standard_normal((3, 40)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+  ours = (Tensor(x).softmax(-1) * Tensor(w)).sum(-1).numpy()
+  _close(ours, (torch.tensor(x).softmax(-1) * torch.tensor(w)).sum(-1).numpy())
+
+def test_symbolic_keys_keep_their_kernels(fused):
+  # a key count that is a Variable (a KV cache's length) is no loop the pass can block: today's kernels, right values
+  from attograd.uop.ops import UOp
+  q = _inputs((1, 2, 4, 8))[0]
+  _, kk, vv = _inputs((1, 2, 12, 8), seed=2)
+  n = UOp.variable("n", 1, 12).bind(6)
+  tk, tv = (Tensor(a)[:, :, :n] for a in (kk, vv))
+  ours = Tensor(q).scaled_dot_product_attention(tk, tv).numpy()
+  _close(ours, _torch(q, kk[:, :, :6], vv[:, :, :6]))

@@ -133,6 +133,9 @@ def flash_kernel(sink: UOp) -> UOp | None:
   if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
   if not dtypes.is_float(red.dtype) or (parts := _softmax_term(red.src[0], j := red.src[1])) is None: return None
   x, w, empty = parts
+  # the same rule as fuse_attention's: a softmax-weighted sum that was fused anyway (a row's softmax stays in its
+  # consumer's kernel) changes only where the pass is the faster; a symbolic key count (a KV cache) keeps its kernel
+  if j.src[0].op is not Ops.CONST or j.src[0].arg < FLASH_MIN_KEYS: return None
   if any(u.op in (Ops.DEFINE_REG, Ops.AFTER) for u in sink.toposort): return None
   # the output loops the scores (or the empty-row test) move along: the rest are a row's columns
   rows = [r for r in ends if r in x.ranges or (empty is not None and r in empty.ranges)]
