@@ -1,7 +1,7 @@
 """Attention's forward as one kernel (schedule/flash.py): an online softmax over the keys, causal keys past the row never
-visited. Values against torch on every backend the CPU runs (C, LLVM, the PYTHON emulator), and the cost rule that keeps
-today's three kernels where the fused one is slower (rows shorter than FLASH_MIN_KEYS) or where a backward reads the
-probabilities (a training step)."""
+visited. Values against torch on the C, LLVM, PYTHON and (where a driver is installed) OpenCL backends, and the cost
+rule that keeps today's three kernels where the fused one is slower (rows shorter than FLASH_MIN_KEYS) or where a
+backward reads the probabilities (a training step)."""
 import math
 import numpy as np
 import pytest
@@ -83,7 +83,7 @@ def test_forward_one_kernel(fused, name, hand):
   _close(ours, _torch(q, k, v, **dict(kw)))
   assert n == kernels
 
-@pytest.mark.parametrize("device", ["LLVM", "PYTHON"])
+@pytest.mark.parametrize("device", ["LLVM", "PYTHON", "CL"])
 def test_forward_other_backends(fused, device):
   q, k, v = _inputs((1, 2, 16, 4))
   try: ours, kernels = _run(q, k, v, device=device, is_causal=True)
