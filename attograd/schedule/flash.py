@@ -30,10 +30,12 @@ FLASH_MAX_COLUMNS = 256  # outputs a row keeps in registers (acc[c]): a head dim
 FLASH_KEY_BLOCKS = (8, 4, 2, 1)  # keys a step takes: the block's scores are independent dot products, its exps one loop
 FLASH_QUERY_TILE = 4  # query rows a pass takes together: each key and value row is read once per tile
 # a cost rule: shorter rows keep today's three kernels. Measured in one process against them, one core (AVX-512, a loaded
-# machine): 0.73x their speed at 64 keys (16, 4, 64, 16), 0.83-0.86x at 256 (16, 6, 256, 64), 0.88x at 1024, 1.03x at
-# 2048, where it also never allocates the T x T scores and probabilities. The three kernels' matmuls are register tiles
-# of 8 rows reusing each load; this kernel's scores are a 4 x 8 tile whose dot products each end in a fold of 8 lanes,
-# and its softmax is scalar per score (what a faster one needs: scores accumulated along the keys, not the head dim)
+# machine, so +-15%): 0.73x their speed at 64 keys (16, 4, 64, 16), 0.83-0.86x at 256 (16, 6, 256, 64), 0.88x at 1024,
+# 1.05-1.19x at 2048 and 0.92-1.10x at 4096, where it also never allocates the T x T scores and probabilities (two
+# buffers of 6.4 GB for 16 x 6 heads of 4096). The three kernels' matmuls are register tiles of 8 rows reusing each
+# load; this kernel's scores are a 4 x 8 tile whose dot products each end in a fold of 8 lanes, and its softmax is
+# scalar per score (what a faster one needs: scores accumulated along the keys, not the head dimension). From 2048 keys
+# split_long_sum leaves P @ V whole for it (softmax_weighted).
 FLASH_MIN_KEYS = 2048
 
 # ***** tensor graph: which softmax @ v to fuse *****
@@ -59,6 +61,16 @@ def probabilities(p: UOp) -> tuple[UOp, int] | None:
   """softmax_parts of p, or of the softmax inside where(g, 0, softmax(x)) (sdpa's rows that a mask leaves empty)."""
   if p.op is Ops.WHERE and (z := _through(p.src[1], Ops.EXPAND, Ops.RESHAPE)).op is Ops.CONST and z.arg == 0: p = p.src[2]
   return softmax_parts(p)
+
+def softmax_weighted(red: UOp) -> bool:
+  """Is red a sum over the keys of softmax probabilities times values, long enough for the fused kernel (split_long_sum
+  leaves it whole for fuse_attention: its chunks would be partial sums no pass over the keys can make)?"""
+  if red.op is not Ops.REDUCE_AXIS or red.arg[0] is not Ops.ADD or len(red.arg[1]) != 1 or red.src[0].op is not Ops.MUL: return False
+  if red.arg[1][0] != len(red.src[0].shape) - 1: return False
+  for s in red.src[0].src:
+    if (p := _through(s, Ops.EXPAND, Ops.RESHAPE, Ops.WITH_DERIVATIVE)) is not s and probabilities(p) is not None:
+      return isinstance(k := p.shape[-1], int) and k >= FLASH_MIN_KEYS
+  return False
 
 def _users(sink: UOp) -> dict[UOp, list[UOp]]:
   users: dict[UOp, list[UOp]] = {}
