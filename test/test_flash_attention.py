@@ -147,3 +147,14 @@ def test_symbolic_keys_keep_their_kernels(fused):
   tk, tv = (Tensor(a)[:, :, :n] for a in (kk, vv))
   ours = Tensor(q).scaled_dot_product_attention(tk, tv).numpy()
   _close(ours, _torch(q, kk[:, :, :6], vv[:, :, :6]))
+
+def test_cost_rule_long_rows_fused(monkeypatch):
+  # from FLASH_MIN_KEYS keys the fused kernel is taken (and P @ V is not split into partial sums first, which would hide
+  # it): the T x T scores and probabilities are never allocated
+  monkeypatch.setattr(helpers.CACHELEVEL, "value", 1)
+  schedule._schedule_cache.clear()
+  T = flash.FLASH_MIN_KEYS
+  q, k, v = _inputs((1, 1, T, 8))
+  ours, kernels = _run(q, k, v, is_causal=True)
+  _close(ours, _torch(q, k, v, is_causal=True))
+  assert kernels == 1
