@@ -6,6 +6,9 @@ bench/transformer.py.
   SHAPES=small python bench/attention.py
   STEPS=n   timed steps (median; the range printed); THREADS=1 for one core (then the times are the CPU time of this
             thread, time.thread_time, which a loaded machine disturbs less than the wall clock)
+  FORWARD=1 also the forward alone (inference: nothing reads the probabilities) as today's three kernels and as the one
+            fused kernel (schedule/flash.py, which the cost rule FLASH_MIN_KEYS picks only for rows of 2048 keys and up),
+            both in this run; SHAPES may name (B, heads, T, head dim) directly, e.g. SHAPES=1x2x2048x64
 """
 from __future__ import annotations
 import os, statistics, time
@@ -33,6 +36,48 @@ def attograd_step(shape: tuple[int, ...], hand: bool = False):
     return out
   return lambda: step(q, k, v, g)
 
+def attograd_forward(shape: tuple[int, ...], fused: bool):
+  """The causal forward alone under TinyJit, with the fused kernel forced on or off (its schedule is made here)."""
+  from attograd import Tensor, TinyJit
+  from attograd.schedule import flash, schedule
+  from attograd.helpers import CACHELEVEL
+  rng = np.random.default_rng(0)
+  q, k, v = (Tensor(rng.standard_normal(shape).astype(np.float32)).realize() for _ in range(3))
+  @TinyJit
+  def fwd(q: Tensor, k: Tensor, v: Tensor) -> Tensor: return q.scaled_dot_product_attention(k, v, is_causal=True).realize()
+  # (no schedule from memory or disk: those were made under the rule)
+  saved, flash.FLASH_MIN_KEYS, level, CACHELEVEL.value = flash.FLASH_MIN_KEYS, (0 if fused else 1 << 30), CACHELEVEL.value, min(CACHELEVEL.value, 1)
+  schedule._schedule_cache.clear()
+  try:
+    for _ in range(3): fwd(q, k, v)  # compile, capture, warm up: the schedule is fixed from here
+  finally: flash.FLASH_MIN_KEYS, CACHELEVEL.value = saved, level; schedule._schedule_cache.clear()
+  return lambda: fwd(q, k, v)
+
+def torch_forward(shape: tuple[int, ...]):
+  import torch
+  if os.getenv("THREADS"): torch.set_num_threads(int(os.environ["THREADS"]))
+  rng = np.random.default_rng(0)
+  q, k, v = (torch.tensor(rng.standard_normal(shape).astype(np.float32)) for _ in range(3))
+  def fwd():
+    with torch.no_grad(): torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+  return fwd
+
+def forward_only(name: str, shape: tuple[int, ...], n: int) -> None:
+  from attograd.helpers import GlobalCounters
+  three, fused, theirs = attograd_forward(shape, False), attograd_forward(shape, True), torch_forward(shape)
+  theirs()
+  counts = []
+  for s in (three, fused):
+    GlobalCounters.reset(); s(); counts.append(GlobalCounters.kernel_count)
+  r3, rf, rt = [], [], []
+  for _ in range(0, n, 2): r3 += times(three, 2); rf += times(fused, 2); rt += times(theirs, 2)
+  med = statistics.median
+  print(f"attention {name} {shape}, causal, forward only:")
+  print(f"  torch                    {med(rt) * 1e3:8.2f} ms")
+  print(f"  attograd {counts[0]} kernels        {med(r3) * 1e3:8.2f} ms  {med(rt) / med(r3):.2f}x torch's speed")
+  print(f"  attograd fused, {counts[1]} kernel  {med(rf) * 1e3:8.2f} ms  {med(rt) / med(rf):.2f}x torch's speed, "
+        f"{med(r3) / med(rf):.2f}x the {counts[0]} kernels'")
+
 def torch_step(shape: tuple[int, ...]):
   import torch
   if os.getenv("THREADS"): torch.set_num_threads(int(os.environ["THREADS"]))
@@ -55,7 +100,8 @@ def main() -> None:
   from attograd.helpers import GlobalCounters
   n = int(os.getenv("STEPS", 10))
   for name in os.getenv("SHAPES", "small,large").split(","):
-    shape = SHAPES[name]
+    shape = SHAPES[name] if name in SHAPES else tuple(int(x) for x in name.split("x"))
+    if os.getenv("FORWARD") == "1": forward_only(name, shape, n)
     ours, hand, theirs = attograd_step(shape), attograd_step(shape, hand=True), torch_step(shape)
     for s in (ours, hand, theirs): s(); s(); s()  # compile, capture, warm up
     GlobalCounters.reset(); ours(); kernels = GlobalCounters.kernel_count

@@ -498,12 +498,29 @@ CPU_STEPS = [("stash_transcendentals", stash_transcendentals), ("register_tile",
 def cpu_opts(ast: UOp, threads: int, simd: int = 8) -> list[Opt]:
   """The CPU steps' Opts for a kernel split across `threads` cores with vectors of `simd` floats (elementwise loops are
   left to the C compiler's loop vectorizer)."""
-  if ranges_of(ast, AxisKind.SERIAL): return scatter_opts(ast, threads)
+  if ranges_of(ast, AxisKind.SERIAL): return flash_opts(ast, threads, simd) if ranges_of(ast, AxisKind.REDUCE) else scatter_opts(ast, threads)
   p = Plan(ast, threads, simd)
   for name, step in CPU_STEPS:
     p.step, before = name, len(p.opts)
     step(p)
     if DEBUG >= 3 and len(p.opts) > before: print(f"  heuristics {name}: {p.opts[before:]}")
+  return p.opts
+
+FLASH_LANES = (8, 4)  # partial sums of a score's dot product: a 4 x 8 tile of scores keeps 32 vectors of 8 (16 lanes measured no faster)
+
+def flash_opts(ast: UOp, threads: int, simd: int) -> list[Opt]:
+  """Flash attention (schedule/flash.py: serial loops over the keys and a row's columns, inside the rows): the one
+  reduce, a score's dot product over the head dimension, gets a register of partial sums (a lane loop, where one chain
+  of multiply-adds waited on each), and the rows are split across the cores. The serial loops are no axis."""
+  p = Plan(ast, threads, simd)
+  p.step = "flash"
+  for k, r in enumerate(axes(p.ast)):
+    if r.arg[1] is AxisKind.REDUCE: p.first(*(Opt(OptOps.UPCAST, k, a) for a in dividing(const_size(r), FLASH_LANES)))
+  if threads >= 2:
+    for k, r in enumerate(global_ranges(p.ast)):
+      if (n := next((n for n in (4 * threads, threads) if (const_size(r) or 0) % n == 0 and (const_size(r) or 0) >= n), None)):
+        p.first(Opt(OptOps.THREAD, k, n)); break
+  if DEBUG >= 3: print(f"  heuristics flash: {p.opts}")
   return p.opts
 
 def scatter_opts(ast: UOp, threads: int) -> list[Opt]:

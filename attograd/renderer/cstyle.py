@@ -95,7 +95,9 @@ static inline unsigned short f64_to_f16(double d) {
 
 # gcc 12.2's loop vectorizer miscompiles a loop whose trip count is a variable around copies written out (an upcast):
 # a masked softmax over a KV cache's symbolic length, 8 queries a thread, summed 0.7 where 1.0 was right (the same
-# loop with a constant count, gcc -O1 and clang were right). A kernel with such a loop gets gcc's loop vectorizer off
+# loop with a constant count, gcc -O1 and clang were right). A kernel with such a loop gets gcc's loop vectorizer off.
+# Only a count that reads a Variable: a loop bounded by an outer loop's counter (flash attention's causal keys, i + 1)
+# has no copies written out around it, and its inner loops (the head dimension) need the vectorizer
 GCC_SYMBOLIC_LOOPS = '#if defined(__GNUC__) && !defined(__clang__)\n__attribute__((optimize("no-tree-loop-vectorize")))\n#endif\n'
 
 class CStyleRenderer(Renderer):
@@ -176,7 +178,7 @@ class CStyleRenderer(Renderer):
   def signature(self, name: str, params: list[UOp], variables: dict[UOp, str], uops: list[UOp]) -> str:
     """The function's head: its buffers, then its scalar arguments (by their C names)."""
     args = [f"{self.dt(p.dtype)} restrict data{p.arg}" for p in params] + [f"const {self.dt(v.dtype)} {n}" for v, n in variables.items()]
-    return GCC_SYMBOLIC_LOOPS * any(u.op is Ops.RANGE and u.src[0].op is not Ops.CONST for u in uops) + \
+    return GCC_SYMBOLIC_LOOPS * any(u.op is Ops.RANGE and any(x.op is Ops.DEFINE_VAR for x in u.src[0].toposort) for u in uops) + \
       f"{self.func_prefix}void {name}({', '.join(args)})"
 
   def slice_entry(self, name: str, params: list[UOp], variables: list[UOp]) -> str:

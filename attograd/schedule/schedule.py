@@ -11,6 +11,7 @@ from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatche
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
 from attograd.codegen.lower import reduce_identity, fresh_range_id
+from attograd.schedule.flash import fuse_attention, flash_kernel, softmax_weighted
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def realize_points(sink: UOp) -> dict[UOp, str]:
     if not new: break
     added = set(new)
     points.update(new)
-  return store_epilogues(sink, points)
+  return fuse_attention(sink, store_epilogues(sink, points))
 
 def store_epilogues(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
   """A stored reduce whose one use is a cheap elementwise op of the same shape (a scale, a mask: attention's
@@ -527,6 +528,7 @@ INDEXING_PASSES: list[Pass] = [
   ("reduce_dedup", lambda sink, ctx: graph_rewrite(sink, reduce_dedup, {}, name="reduce_dedup")),
   ("scatter_cleanup", scatter_cleanup),
   ("merge_loops", lambda sink, ctx: merge_loops(sink)),
+  ("flash_attention", lambda sink, ctx: sink if (f := flash_kernel(sink)) is None else f),
 ]
 
 def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
@@ -644,6 +646,8 @@ def split_long_sum(red: UOp) -> UOp | None:
   op, axes = red.arg
   # (a gather's one-hot sum runs no loop over its table, and a scatter-add has its own kernel: neither is split)
   if op is not Ops.ADD or not dtypes.is_float(red.dtype) or gather_parts(red) is not None or is_scatter(red): return None
+  # (nor is attention's P @ V over enough keys for its fused kernel, schedule/flash.py)
+  if softmax_weighted(red): return None
   x = red.src[0]
   shape = x.shape
   if not all(isinstance(s, int) for s in shape) or not isinstance(size := sym_prod(red.shape), int): return None

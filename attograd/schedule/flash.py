@@ -1,0 +1,218 @@
+"""Attention as one kernel (flash attention's forward): `softmax(s) @ v`, where nothing else reads the probabilities,
+is computed row by row with an online softmax instead of three kernels (the scores, the softmax, P @ V).
+
+Two steps, both on the one IR:
+- `fuse_attention` (tensor graph, after realize_points): the scores and the probabilities lose their buffers when the
+  only reader of the probabilities is the sum with v, so the P @ V kernel computes everything;
+- `flash_kernel` (kernel AST, an indexing pass): that kernel, `out[r, c] = sum_j e(r, j) / l(r) * w(j, c)` with
+  `e = exp(x - max_j x)` and `l = sum_j e`, becomes one pass over the keys j per row r with a running max m, a running
+  sum l and the row's outputs acc[c], rescaled by exp(m_old - m_new) when the max grows:
+
+    for r: m = -inf; l = 0; acc[c] = 0 for every c
+      for j < bound(r):   (a causal mask i >= j bounds the loop at i + 1: the keys past it are never visited)
+        s = x(r, j); m' = max(m, s); k = m' == -inf ? 0 : m'   (a row masked so far adds nothing, not NaN)
+        a = exp(m - k); p = exp(s - k); l = l * a + p; acc[c] = acc[c] * a + p * w(j, c) for every c; m = m'
+      out[r, c] = acc[c] * (1 / l)
+
+  The keys are taken FLASH_KEY_BLOCKS at a time (the block's max, one rescale, its exps in one loop) for a tile of
+  FLASH_QUERY_TILE query rows (each key and value row read once per tile). The key and output-column loops are SERIAL
+  (no Opt names them); the scores' dot products (REDUCEs over one loop) are lowered as any reduce, one loop with an
+  accumulator each, their lanes chosen by the heuristics (`codegen/heuristic.py: flash_opts`).
+"""
+from __future__ import annotations
+import functools, math
+from attograd.dtype import dtypes
+from attograd.helpers import prod
+from attograd.uop.ops import AxisKind, UOp, Ops
+from attograd.codegen.lower import fresh_range_id
+
+FLASH_MAX_COLUMNS = 256  # outputs a row keeps in registers (acc[c]): a head dimension; wider rows keep today's kernels
+FLASH_KEY_BLOCKS = (8, 4, 2, 1)  # keys a step takes: the block's scores are independent dot products, its exps one loop
+FLASH_QUERY_TILE = 4  # query rows a pass takes together: each key and value row is read once per tile
+# a cost rule: shorter rows keep today's three kernels. Measured in one process against them, one core (AVX-512, a loaded
+# machine, so +-15%): 0.73x their speed at 64 keys (16, 4, 64, 16), 0.83-0.86x at 256 (16, 6, 256, 64), 0.88x at 1024,
+# 1.05-1.19x at 2048 and 0.92-1.10x at 4096, where it also never allocates the T x T scores and probabilities (two
+# buffers of 6.4 GB for 16 x 6 heads of 4096). The three kernels' matmuls are register tiles of 8 rows reusing each
+# load; this kernel's scores are a 4 x 8 tile whose dot products each end in a fold of 8 lanes, and its softmax is
+# scalar per score (what a faster one needs: scores accumulated along the keys, not the head dimension). From 2048 keys
+# split_long_sum leaves P @ V whole for it (softmax_weighted).
+FLASH_MIN_KEYS = 2048
+
+# ***** tensor graph: which softmax @ v to fuse *****
+
+def _through(u: UOp, *ops: Ops) -> UOp:
+  while u.op in ops: u = u.src[0]
+  return u
+
+def softmax_parts(p: UOp) -> tuple[UOp, int] | None:
+  """(x, axis) if p is softmax(x) along its last axis as Tensor.softmax builds it: e * recip(sum(e)), e = exp(x - max(x))."""
+  if p.op is not Ops.MUL or len(p.shape) < 1: return None
+  ax = len(p.shape) - 1
+  for e, r in (p.src, p.src[::-1]):
+    if e.op is not Ops.EXP or (rs := _through(r, Ops.EXPAND, Ops.RESHAPE)).op is not Ops.RECIP: continue
+    if (s := _through(rs.src[0], Ops.RESHAPE)).op is not Ops.REDUCE_AXIS or s.arg != (Ops.ADD, (ax,)) or s.src[0] is not e: continue
+    if (d := e.src[0]).op is not Ops.SUB: continue
+    x, mx = d.src
+    if (m := _through(mx, Ops.EXPAND, Ops.RESHAPE, Ops.DETACH)).op is not Ops.REDUCE_AXIS or m.arg != (Ops.MAX, (ax,)) or m.src[0] is not x: continue
+    return x, ax
+  return None
+
+def probabilities(p: UOp) -> tuple[UOp, int] | None:
+  """softmax_parts of p, or of the softmax inside where(g, 0, softmax(x)) (sdpa's rows that a mask leaves empty)."""
+  if p.op is Ops.WHERE and (z := _through(p.src[1], Ops.EXPAND, Ops.RESHAPE)).op is Ops.CONST and z.arg == 0: p = p.src[2]
+  return softmax_parts(p)
+
+def softmax_weighted(red: UOp) -> bool:
+  """Is red a sum over the keys of softmax probabilities times values, long enough for the fused kernel (split_long_sum
+  leaves it whole for fuse_attention: its chunks would be partial sums no pass over the keys can make)?"""
+  if red.op is not Ops.REDUCE_AXIS or red.arg[0] is not Ops.ADD or len(red.arg[1]) != 1 or red.src[0].op is not Ops.MUL: return False
+  if red.arg[1][0] != len(red.src[0].shape) - 1: return False
+  for s in red.src[0].src:
+    if (p := _through(s, Ops.EXPAND, Ops.RESHAPE, Ops.WITH_DERIVATIVE)) is not s and probabilities(p) is not None:
+      return isinstance(k := p.shape[-1], int) and k >= FLASH_MIN_KEYS
+  return False
+
+def _users(sink: UOp) -> dict[UOp, list[UOp]]:
+  users: dict[UOp, list[UOp]] = {}
+  for u in sink.toposort:
+    for s in u.src: users.setdefault(s, []).append(u)
+  return users
+
+def attention_pv(p: UOp, users: dict[UOp, list[UOp]]) -> UOp | None:
+  """The sum over the keys of p * w that is p's only use (P @ V: p reshaped to (..., q, 1, k), expanded along v's
+  columns, multiplied and summed over k), else None."""
+  u = p
+  while len(us := users.get(u, [])) == 1 and us[0].op in (Ops.RESHAPE, Ops.EXPAND): u = us[0]
+  if len(us) != 1 or (mul := us[0]).op is not Ops.MUL or mul.src.count(u) != 1: return None
+  if len(users.get(mul, [])) != 1 or (red := users[mul][0]).op is not Ops.REDUCE_AXIS or red.arg[0] is not Ops.ADD: return None
+  # the reduced axis must be p's key axis: p's shape (..., q, k) read as (..., q, 1, k)
+  if len(red.arg[1]) != 1 or u.shape != (*p.shape[:-1], red.src[0].shape[-2], p.shape[-1]) or red.arg[1][0] != len(u.shape) - 1: return None
+  return red
+
+def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
+  """Drop the buffers of the scores and the probabilities of a softmax @ v that nothing else reads (an inference
+  forward; a training step's backward reads the probabilities, and keeps today's kernels): flash_kernel then makes the
+  sum one pass over the keys."""
+  users = None
+  for p in [p for p, why in points.items() if p.op in (Ops.MUL, Ops.WHERE) and why == "expand"]:
+    if (parts := probabilities(p)) is None: continue
+    x, _ = parts
+    if users is None: users = _users(sink)
+    if (red := attention_pv(p, users)) is None: continue
+    keys, cols = p.shape[-1], red.shape[-2]
+    if not isinstance(keys, int) or keys < FLASH_MIN_KEYS or not isinstance(cols, int) or cols > FLASH_MAX_COLUMNS: continue
+    # the scores (x, or the epilogue store_epilogues put over their reduce) keep their buffer if anything outside the
+    # softmax reads them
+    if x in points and any(v not in p.toposort for v in users.get(x, [])): continue
+    points = {u: w for u, w in points.items() if u is not p and u is not x}
+  return points
+
+# ***** kernel AST: the sum as one pass over the keys *****
+
+def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp, UOp | None] | None:
+  """(x, w, g) if t, a term of the sum over j, is e * recip(l) * w with e = exp(x - m), m a max over j and l a sum, or
+  where(g, 0, e * recip(l)) * w with g the same for every j (the tensor graph was checked to be a softmax: here only
+  its pieces are taken apart)."""
+  if t.op is not Ops.MUL: return None
+  for pe, w in (t.src, t.src[::-1]):
+    g = None
+    if pe.op is Ops.WHERE and pe.src[1].op is Ops.CONST and pe.src[1].arg == 0 and j not in pe.src[0].ranges: g, pe = pe.src[0], pe.src[2]
+    if pe.op is not Ops.MUL: continue
+    for e, rl in (pe.src, pe.src[::-1]):
+      if e.op is not Ops.EXP or rl.op is not Ops.RECIP or (l := rl.src[0]).op is not Ops.REDUCE or l.arg is not Ops.ADD: continue
+      if (d := e.src[0]).op is not Ops.SUB or (m := d.src[1]).op is not Ops.REDUCE or m.arg is not Ops.MAX: continue
+      if j in m.ranges or j in l.ranges: continue  # the row's max and sum are over keys of their own
+      return d.src[0], w, g
+  return None
+
+def _causal_bound(x: UOp, j: UOp) -> UOp | None:
+  """i + 1 if x is where(i >= j, s, -inf) with i not depending on j: the keys past i are masked, and never visited."""
+  if x.op is not Ops.WHERE or x.src[2].op is not Ops.CONST or x.src[2].arg != -math.inf: return None
+  g = x.src[0]
+  # i >= j is written not(i < j): CMPNE(CMPLT(i, j), True)
+  if g.op is not Ops.CMPNE or g.src[1].op is not Ops.CONST or g.src[1].arg is not True or (lt := g.src[0]).op is not Ops.CMPLT: return None
+  i, jj = lt.src
+  if jj.op is Ops.CAST: jj = jj.src[0]
+  if i.op is Ops.CAST and i.src[0].dtype == j.dtype: i = i.src[0]
+  if jj is not j or i.dtype != j.dtype or j in i.ranges or i.vmin < 0 or i.vmax + 1 > j.src[0].vmax: return None
+  return i + 1
+
+def flash_kernel(sink: UOp) -> UOp | None:
+  """The kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
+  pass over the keys per row (the module's docstring); None if the kernel isn't one."""
+  ends, st = [], sink.src[0] if len(sink.src) == 1 else None
+  while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
+  if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
+  if not dtypes.is_float(red.dtype) or (parts := _softmax_term(red.src[0], j := red.src[1])) is None: return None
+  x, w, empty = parts
+  # the same rule as fuse_attention's: a softmax-weighted sum that was fused anyway (a row's softmax stays in its
+  # consumer's kernel) changes only where the pass is the faster; a symbolic key count (a KV cache) keeps its kernel
+  if j.src[0].op is not Ops.CONST or j.src[0].arg < FLASH_MIN_KEYS: return None
+  if any(u.op in (Ops.DEFINE_REG, Ops.AFTER) for u in sink.toposort): return None
+  # the output loops the scores (or the empty-row test) move along: the rest are a row's columns
+  rows = [r for r in ends if r in x.ranges or (empty is not None and r in empty.ranges)]
+  cols = [r for r in ends if r not in rows]
+  if any(r.src[0].op is not Ops.CONST for r in cols) or prod(r.src[0].arg for r in cols) > FLASH_MAX_COLUMNS: return None
+  # the softmax's own max and sum are not computed: the pass needs only x and w (and the causal bound)
+  fid, dt, n = fresh_range_id(sink), red.dtype, j.src[0].arg
+  bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
+  # a tile of bq query rows (the innermost row loop the tile divides) shares each key and value row it reads
+  # (ends lists the loops outermost first; v must not move along it: the tile's rows read the same value rows)
+  qi = next((r for r in reversed(rows) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0 and r not in w.ranges), None)
+  bq = FLASH_QUERY_TILE if qi is not None else 1
+  ids = iter(range(fid, fid + 64))
+  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
+  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
+  tile_rows = [qo if r is qi else r for r in rows]
+  bound = _causal_bound(x, j)
+  if bound is not None: bound = bound.substitute(row(bq - 1))  # the tile's last row sees the most keys
+  nblocks = UOp.const(j.dtype, n // bk) if bound is None else (bound + (bk - 1)) // bk
+  def serial(rs: list[UOp]) -> list[UOp]: return [UOp(Ops.RANGE, r.dtype, r.src, (next(ids), AxisKind.SERIAL)) for r in rs]
+  def flat(rs: list[UOp]) -> UOp:
+    out = UOp.const(j.dtype, 0)
+    for r in rs: out = out * r.src[0].arg + r
+    return out
+  def at(t: int) -> UOp: return UOp.const(j.dtype, t)
+  ncols = prod(r.src[0].arg for r in cols)
+  # registers: each row's running max and sum and outputs, a block's scores and their exps
+  mreg, lreg, areg, sreg, preg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((bq, bq, bq * ncols, bq * bk, bq * bk)))
+  e_init, a_init = (UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, size),), (next(ids), AxisKind.SERIAL)) for size in (bq, bq * ncols))
+  inits = UOp(Ops.NOOP, dtypes.void, (UOp(Ops.NOOP, dtypes.void, (mreg.after(*tile_rows).index(e_init).store(UOp.const(dt, -math.inf)),
+                                                                   lreg.after(*tile_rows).index(e_init).store(UOp.const(dt, 0)))).end(e_init),
+                                      areg.after(*tile_rows).index(a_init).store(UOp.const(dt, 0)).end(a_init)))
+  block = UOp(Ops.RANGE, j.dtype, (nblocks,), (next(ids), AxisKind.SERIAL))
+  # the tile's scores, written out: dot products over the same loop, which lowering gives one loop with an accumulator
+  # each (independent chains of multiply-adds, a register tile's), where a loop over the keys ran them one by one
+  scores = UOp(Ops.NOOP, dtypes.void, tuple(sreg.after(inits, block).index(at(t * bk + u)).store(x.substitute({j: block * bk + u, **row(t)}))
+                                            for t in range(bq) for u in range(bk)))
+  c_upd = serial(cols)
+  wv = [w.substitute({j: block * bk + u, **dict(zip(cols, c_upd))}) for u in range(bk)]
+  updates, news = [], []
+  for t in range(bq):
+    sv = [sreg.after(scores).index(at(t * bk + u)).load() for u in range(bk)]
+    m_old = mreg.after(inits, block).index(at(t)).load()
+    m_new = functools.reduce(lambda a, b: a.maximum(b), sv, m_old)
+    # a row whose keys so far are all masked has m' = -inf: shifting by 0 there adds exp(-inf) = 0, where -inf - -inf is NaN
+    shift = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)
+    scale = UOp(Ops.EXP, dt, (m_old - shift,))
+    # the block's exps in a loop, which the C compiler vectorizes (written out, each was a scalar polynomial)
+    e = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bk),), (next(ids), AxisKind.SERIAL)) if bk > 1 else UOp.const(j.dtype, 0)
+    exps = preg.index(e + t * bk).store(UOp(Ops.EXP, dt, (sreg.after(scores).index(e + t * bk).load() - shift,)))
+    exps = exps.end(e) if bk > 1 else exps
+    pv = [preg.after(exps).index(at(t * bk + u)).load() for u in range(bk)]
+    l_new = functools.reduce(lambda a, b: a + b, pv, lreg.after(inits, block).index(at(t)).load() * scale)
+    acc = areg.after(inits, block, *c_upd).index(flat(c_upd) + t * ncols).load() * scale
+    for u in range(bk): acc = acc + pv[u] * wv[u]
+    updates.append(areg.index(flat(c_upd) + t * ncols).store(acc))
+    news += [lreg.index(at(t)).store(l_new), mreg.index(at(t)).store(m_new)]
+  body = UOp(Ops.NOOP, dtypes.void, (UOp(Ops.NOOP, dtypes.void, tuple(updates)).end(*c_upd), *news)).end(block)
+  stores = []
+  for t in range(bq):
+    c_out = serial(cols)
+    inv = UOp(Ops.RECIP, dt, (lreg.after(body).index(at(t)).load(),))
+    sub = {**dict(zip(cols, c_out)), **row(t)}
+    value = areg.after(body, *c_out).index(flat(c_out) + t * ncols).load() * inv
+    # a row the mask leaves empty is 0 (torch's safe softmax), whatever the pass computed for it
+    if empty is not None: value = empty.substitute(sub).where(UOp.const(dt, 0), value)
+    stores.append(st.src[0].substitute(sub).store(value).end(*c_out))
+  return UOp(Ops.NOOP, dtypes.void, tuple(stores)).end(*tile_rows).sink()
