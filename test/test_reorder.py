@@ -473,7 +473,9 @@ def test_topk_kernels(device):
   x = Tensor(np.random.default_rng(2).random(100_000, dtype=np.float32), device=device).realize()
   GlobalCounters.reset()
   Tensor.realize_all(list(x.topk(10)))
-  assert GlobalCounters.kernel_count <= 14, GlobalCounters.kernel_count  # a full sort would take ~16 kernels of O(n log n)
+  # the chunk maxima, a chain of 10 max reduces over them (one kernel), the same over the 320 candidates, the values (a full
+  # sort would take ~27 kernels of O(n log n))
+  assert GlobalCounters.kernel_count <= 4, GlobalCounters.kernel_count
 
 def test_topk_sort_errors(device):
   a = T([[1.0, 2.0, 3.0]], device)

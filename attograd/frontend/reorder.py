@@ -23,8 +23,10 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they sort twice
   (low word, then high word, each pass's key holding the position in the last pass's order, which keeps it stable).
 - topk of k much smaller than n: the k wanted keys all lie in the k chunks (of _TOPK_CHUNK) with the best chunk
-  maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys,
-  picked by rank: O(n) work in about ten kernels (built once per shape as well). Larger k sorts.
+  maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys.
+  A short row's top k (the maxima's, the candidates') is a chain of k max reduces in one kernel, each over the keys below
+  the one before, for small k (_chain_largest: O(k m)), else picked by rank. topk(10) of 100k: the chunk maxima, the
+  chain over them, the chain over the 320 candidates, the values: 4 kernels of O(n) work in all. Larger k sorts.
 - median takes the sort's (n-1)//2-th element (the first NaN if any); unique sorts, marks where the sorted value
   changes and reads those marks back to size its outputs."""
 from __future__ import annotations
@@ -42,6 +44,9 @@ _RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); lo
 _SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
 _TOPK_RANK_MAX, _TOPK_CHUNK = 512, 32  # topk of small k: rows up to this long by rank, longer ones by chunks of this
 _RANK_INLINE_MAX = 1 << 22  # a pick by rank counts each candidate's rank in place up to this many compares
+# topk of k up to _CHAIN_K_MAX over rows of m keys with k * m up to _CHAIN_WORK: k max reduces in a chain, each over the keys
+# below the one before, all in one kernel of k passes over the row (topk(10) of 100k: 4 kernels, where picks by rank took 10)
+_CHAIN_K_MAX, _CHAIN_WORK = 16, 1 << 16
 
 # ***** key graphs, built as UOps: the sort's keys need no gradient and no checks, and a merge level is ~14 nodes per
 # search step (through the Tensor API each node costs ~30 us of Python, which a sort of 100k would spend 150 ms on) *****
@@ -102,6 +107,7 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   `source` (table, key_of): the candidates' keys are key_of(table read at their positions, positions), so keys
   computed from the input are computed again there rather than stored for the whole row."""
   R, m = keys.shape
+  if k <= _CHAIN_K_MAX and k * m <= _CHAIN_WORK: return _chain_largest(keys, k)
   if m <= _TOPK_RANK_MAX: return _largest_by_rank(keys, k)
   C = _TOPK_CHUNK
   if k * C * 2 > m:  # the chunks would keep half the row or more: sort it (complemented: the largest come first)
@@ -111,7 +117,8 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   padded = keys.pad(((0, 0), (0, nc * C - m)))  # zero keys: below every real one
   maxima = UOp(Ops.CONTIGUOUS, U64, (padded.reshape((R, nc, C)).reduce_axis(Ops.MAX, (2,)).reshape((R, nc)),))
   kc = min(k, nc)
-  top = _largest(maxima, kc, unit * C)  # (R, kc)
+  # (stored: inlined into the gathers below, the chain's k passes would each get a kernel)
+  top = UOp(Ops.CONTIGUOUS, U64, (_largest(maxima, kc, unit * C),))  # (R, kc)
   low = _bin(Ops.AND, _bin(Ops.XOR, top, (1 << 64) - 1), 0xFFFFFFFF)  # the key complemented holds the index
   chunk = _bin(Ops.IDIV, UOp(Ops.CAST, I64, (low,)), unit * C)  # (R, kc)
   shape = (R, kc, C)
@@ -199,6 +206,20 @@ def _merge(keys: UOp, L: int, ways: int) -> UOp:
   hit = UOp(Ops.CMPEQ, dtypes.bool, (pos.expand(full), _iota(full, 2, dev)))
   picked = _where(hit, k.reshape((R, Q, 1, 2, L)).expand(full), _full(0, U64, full, dev))
   return picked.reduce_axis(Ops.ADD, (3, 4)).reshape((R, P))
+
+def _chain_largest(keys: UOp, k: int) -> UOp:
+  """The k largest of unique uint64 keys (.., m) along the last axis, largest first, (.., k): the first is the max, each
+  next one the max of the keys below the one before (zero keys, below every real one, fill a row shorter than k). One
+  kernel of k passes over the row: the passes' maxima are scalars of the row, the output t selects the t-th."""
+  shape, ax, dev = keys.shape, len(keys.shape) - 1, keys.device
+  out_shape = (*shape[:-1], k)
+  t = _iota(out_shape, ax, dev)
+  top = keys.reduce_axis(Ops.MAX, (ax,))
+  out, zero = top.expand(out_shape), _full(0, U64, shape, dev)
+  for j in range(1, k):
+    top = _where(_bin(Ops.CMPLT, keys, top.expand(shape)), keys, zero).reduce_axis(Ops.MAX, (ax,))
+    out = _where(_bin(Ops.CMPEQ, t, j), top.expand(out_shape), out)
+  return out
 
 def _topk_indices(x: UOp, k: int, largest: bool, T: type) -> UOp:
   """The int64 indices (R, k) of the k largest (smallest) of x (R, n) along the row, in order, by _largest of keys that
