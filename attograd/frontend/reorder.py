@@ -221,6 +221,58 @@ def _chain_largest(keys: UOp, k: int) -> UOp:
     out = _where(_bin(Ops.CMPEQ, t, j), top.expand(out_shape), out)
   return out
 
+# a selection (the median) by radix: digits of at most _RADIX_BITS, a histogram (scatter-add) per digit
+_RADIX_BITS, _SELECT_MIN = 7, 1024  # rows from _SELECT_MIN long select; shorter ones sort (a few kernels, O(n^2) work)
+
+def _radix_select(keys: UOp, bits: int, rank: UOp) -> UOp:
+  """The key of the given rank (0 = smallest) of each row of unique uint64 keys (R, n) below 2**bits, rank (R, 1) int64:
+  (R, 1). A digit at a time from the top: a histogram of the digit over the keys whose higher digits are those chosen
+  so far (a scatter-add, O(n)); the digit is the number of buckets whose running count (a triangle over the 2**d
+  buckets, O(4**d)) stays at or below the rank, and the rank drops by the count of the buckets before it. The state
+  between digits is one word a row, the digits chosen above the rank left: keys are unique, so fewer than 2**s of them
+  share a prefix with s bits below it, and the rank fits in those bits. Three kernels a digit (the histogram, the running
+  counts, the next state): ceil(bits / _RADIX_BITS) digits."""
+  R, n = keys.shape
+  dev, L = keys.device, -(-bits // _RADIX_BITS)
+  d = -(-bits // L)  # the digits' width, as even as can be; the top one may hold leading zeros (L * d >= bits)
+  nb = 1 << d
+  state = UOp(Ops.CAST, U64, (rank,))
+  full, tri, col = (R, nb, n), (R, nb, nb), (R, nb, 1)
+  upto = UOp(Ops.CMPLT, dtypes.bool, (_iota(tri, 1, dev), _iota(tri, 2, dev)))  # [b, b2]: b < b2, not in b's running count
+  below_b = lambda c: UOp(Ops.CMPLT, dtypes.bool, (_iota(col, 1, dev), c.reshape((R, 1, 1)).expand(col)))
+  for level in range(L):
+    shift = (L - 1 - level) * d
+    q = _bin(Ops.AND, state, (1 << (shift + d)) - 1)  # the rank within the keys of the prefix chosen so far
+    digit = _bin(Ops.AND, _bin(Ops.SHR, keys, shift), nb - 1) if shift else _bin(Ops.AND, keys, nb - 1)
+    if level:  # keys under another prefix get a digit out of range: they add nothing
+      same = _bin(Ops.CMPEQ, _bin(Ops.SHR, keys, shift + d), _bin(Ops.SHR, state, shift + d).expand((R, n)))
+      digit = _where(same, digit, _full(nb, U64, (R, n), dev))
+    e = UOp(Ops.CAST, I64, (digit,)).reshape((R, 1, n)).expand(full)
+    hit = UOp(Ops.CMPEQ, dtypes.bool, (e, _iota(full, 1, dev)))
+    hist = _where(hit, _full(1, U64, full, dev), _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (2,))  # (R, nb, 1): a scatter-add
+    cum = _where(upto, _full(0, U64, tri, dev), hist.reshape((R, 1, nb)).expand(tri)).reduce_axis(Ops.ADD, (2,))  # (R, nb, 1)
+    within = UOp(Ops.CMPLT, dtypes.bool, (cum, _bin(Ops.ADD, q, 1).reshape((R, 1, 1)).expand(col)))  # running count <= q
+    chosen = UOp(Ops.CAST, U64, (within,)).reduce_axis(Ops.ADD, (1,)).reshape((R, 1))
+    before = _where(below_b(chosen), hist, _full(0, U64, col, dev)).reduce_axis(Ops.ADD, (1,)).reshape((R, 1))
+    # the prefix (state's bits above shift + d) and the digit, above the rank left
+    top = _bin(Ops.OR, _bin(Ops.SUB, state, q), _bin(Ops.SHL, chosen, shift)) if level else _bin(Ops.SHL, chosen, shift)
+    state = UOp(Ops.CONTIGUOUS, U64, (_bin(Ops.OR, top, _bin(Ops.SUB, q, before)),))
+  return state
+
+def _median_indices(x: UOp, T: type) -> UOp:
+  """The int64 index (R, 1) of each row's lower median of x (R, n), the element at the stable sort's position (n-1)//2,
+  or the row's first NaN (NaN sorts last: at n - the number of NaNs), by _radix_select of keys that order like the
+  stable sort: the 32-bit order word above the element's index."""
+  R, n = x.shape
+  t, ib = T(x), max((n - 1).bit_length(), 1)
+  if dtypes.is_float(x.dtype):
+    nans = t.isnan().sum(1, keepdim=True)
+    pos = (nans > 0).where(n - nans, (n - 1) // 2)
+  else: pos = T.full((R, 1), (n - 1) // 2, dtype=dtypes.int64, device=x.device)
+  keys = _bin(Ops.OR, _bin(Ops.SHL, t._order_word(False, 32).uop, ib), UOp(Ops.CAST, U64, (_iota((R, n), 1, x.device),)))
+  key = T(_radix_select(keys, 32 + ib, pos.uop))
+  return (key & ((1 << ib) - 1)).cast(dtypes.int64).minimum(n - 1).uop
+
 def _topk_indices(x: UOp, k: int, largest: bool, T: type) -> UOp:
   """The int64 indices (R, k) of the k largest (smallest) of x (R, n) along the row, in order, by _largest of keys that
   order like the sort (ties by index), complemented so that the wanted ones are the largest."""
@@ -617,6 +669,22 @@ class ReorderOps:
     return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
 
   # ***** median and unique: through the sort *****
+  # ***** median and unique: through the sort *****
+  def _select(self, d: int, pos):
+    """(values, int64 indices) of the elements at stable-sort position pos (keepdim-shaped, int64) along d: by a radix
+    select of keys that order like the stable sort (the 32-bit order word above the index), O(n) a digit."""
+    x = self.transpose(d, -1)
+    n, lead = x.shape[-1], x.shape[:-1]
+    R, T = math.prod(lead), type(self)
+    ib = max((n - 1).bit_length(), 1)
+    w = x.reshape(R, n)._order_word(False, 32)
+    keys = _bin(Ops.OR, _bin(Ops.SHL, w.uop, ib), UOp(Ops.CAST, U64, (_iota((R, n), 1, self.device),)))
+    key = T(_radix_select(keys, 32 + ib, pos.transpose(d, -1).reshape(R, 1).uop))
+    i = (key & ((1 << ib) - 1)).cast(dtypes.int64).minimum(n - 1)
+    v = x.reshape(R, n)._gather(1, i)
+    return v.reshape(*lead, 1).transpose(d, -1), i.reshape(*lead, 1).transpose(d, -1)
+
+
   def median(self, dim: int | None = None, keepdim: bool = False):
     """torch.median: the lower median ((n-1)//2-th in sorted order). dim None: of all elements (a 0-d tensor; empty
     gives NaN); with dim: (values, int64 indices), the index being the stable sort's. A row holding NaN gives NaN and
@@ -630,13 +698,20 @@ class ReorderOps:
     x = self.reshape(1) if self.ndim == 0 else self
     n = x.shape[d]
     if n == 0: raise IndexError(f"median(): expected reduction dim {d} to have non-zero size")
-    v, i = x.sort(d)
-    shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))
-    if dtypes.is_float(x.dtype):  # NaN sorts last: the first NaN sits at n - (number of NaNs)
-      nans = x.isnan().sum(d, keepdim=True)
-      pos = (nans > 0).where(n - nans, (n - 1) // 2)
-    else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
-    v, i = v._gather(d, pos), i._gather(d, pos)
+    if n >= _SELECT_MIN and x.dtype.itemsize <= 4 and n < 1 << 31:  # a selection: O(n) a digit, no sort
+      rows = x.transpose(d, -1)
+      lead = rows.shape[:-1]
+      rows = rows.reshape(math.prod(lead), n)
+      i = type(self)(_templated(_median_indices, rows.uop, type(self)))
+      v, i = (t.reshape(*lead, 1).transpose(d, -1) for t in (rows._gather(1, i), i))
+    else:
+      shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))
+      if dtypes.is_float(x.dtype):  # NaN sorts last: the first NaN sits at n - (number of NaNs)
+        nans = x.isnan().sum(d, keepdim=True)
+        pos = (nans > 0).where(n - nans, (n - 1) // 2)
+      else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
+      v, i = x.sort(d)
+      v, i = v._gather(d, pos), i._gather(d, pos)
     if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
     if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
     return ValuesIndices(v, i)
