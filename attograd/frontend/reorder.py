@@ -27,8 +27,10 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   A short row's top k (the maxima's, the candidates') is a chain of k max reduces in one kernel, each over the keys below
   the one before, for small k (_chain_largest: O(k m)), else picked by rank. topk(10) of 100k: the chunk maxima, the
   chain over them, the chain over the 320 candidates, the values: 4 kernels of O(n) work in all. Larger k sorts.
-- median takes the sort's (n-1)//2-th element (the first NaN if any); unique sorts, marks where the sorted value
-  changes and reads those marks back to size its outputs."""
+- median takes the stable sort's (n-1)//2-th element (the first NaN if any): a row from _SELECT_MIN long (of a dtype up
+  to 32 bits) selects it without sorting, a radix selection of the sort's keys (_radix_select: a histogram per 7-bit
+  digit, O(n) each), a shorter one sorts. unique sorts, marks where the sorted value changes and reads those marks back
+  to size its outputs."""
 from __future__ import annotations
 import math
 from typing import Sequence
@@ -107,7 +109,7 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   `source` (table, key_of): the candidates' keys are key_of(table read at their positions, positions), so keys
   computed from the input are computed again there rather than stored for the whole row."""
   R, m = keys.shape
-  if k <= _CHAIN_K_MAX and k * m <= _CHAIN_WORK: return _chain_largest(keys, k)
+  if k == 1 or (k <= _CHAIN_K_MAX and k * m <= _CHAIN_WORK): return _chain_largest(keys, k)  # (k = 1: a max, one kernel)
   if m <= _TOPK_RANK_MAX: return _largest_by_rank(keys, k)
   C = _TOPK_CHUNK
   if k * C * 2 > m:  # the chunks would keep half the row or more: sort it (complemented: the largest come first)
@@ -213,12 +215,15 @@ def _chain_largest(keys: UOp, k: int) -> UOp:
   kernel of k passes over the row: the passes' maxima are scalars of the row, the output t selects the t-th."""
   shape, ax, dev = keys.shape, len(keys.shape) - 1, keys.device
   out_shape = (*shape[:-1], k)
-  t = _iota(out_shape, ax, dev)
+  # left[t] = t - j + 1 at step j: output t takes each step's max up to step t. (One constant for every step: a node per
+  # step fewer than comparing t with each j, and nodes are what a call's Python time goes by)
+  left, one, none = _iota(out_shape, ax, dev), _full(1, I64, out_shape, dev), _full(0, I64, out_shape, dev)
   top = keys.reduce_axis(Ops.MAX, (ax,))
   out, zero = top.expand(out_shape), _full(0, U64, shape, dev)
-  for j in range(1, k):
+  for _ in range(1, k):
     top = _where(_bin(Ops.CMPLT, keys, top.expand(shape)), keys, zero).reduce_axis(Ops.MAX, (ax,))
-    out = _where(_bin(Ops.CMPEQ, t, j), top.expand(out_shape), out)
+    out = _where(_bin(Ops.CMPLT, none, left), top.expand(out_shape), out)
+    left = _bin(Ops.SUB, left, one)
   return out
 
 # a selection (the median) by radix: digits of at most _RADIX_BITS, a histogram (scatter-add) per digit
@@ -668,8 +673,8 @@ class ReorderOps:
     if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))
     return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
 
-  # ***** median and unique: through the sort *****
-  # ***** median and unique: through the sort *****
+  # ***** median (a selection, or the sort's middle) and unique (through the sort) *****
+  # ***** median (a selection, or the sort's middle) and unique (through the sort) *****
   def _select(self, d: int, pos):
     """(values, int64 indices) of the elements at stable-sort position pos (keepdim-shaped, int64) along d: by a radix
     select of keys that order like the stable sort (the 32-bit order word above the index), O(n) a digit."""
