@@ -119,8 +119,9 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   padded = keys.pad(((0, 0), (0, nc * C - m)))  # zero keys: below every real one
   maxima = UOp(Ops.CONTIGUOUS, U64, (padded.reshape((R, nc, C)).reduce_axis(Ops.MAX, (2,)).reshape((R, nc)),))
   kc = min(k, nc)
-  # (stored: inlined into the gathers below, the chain's k passes would each get a kernel)
-  top = UOp(Ops.CONTIGUOUS, U64, (_largest(maxima, kc, unit * C),))  # (R, kc)
+  top = _largest(maxima, kc, unit * C)  # (R, kc)
+  # (a chain's output is stored: inlined into the gathers below, its k passes would each get a kernel)
+  if kc <= _CHAIN_K_MAX: top = UOp(Ops.CONTIGUOUS, U64, (top,))
   low = _bin(Ops.AND, _bin(Ops.XOR, top, (1 << 64) - 1), 0xFFFFFFFF)  # the key complemented holds the index
   chunk = _bin(Ops.IDIV, UOp(Ops.CAST, I64, (low,)), unit * C)  # (R, kc)
   shape = (R, kc, C)
