@@ -23,10 +23,14 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they sort twice
   (low word, then high word, each pass's key holding the position in the last pass's order, which keeps it stable).
 - topk of k much smaller than n: the k wanted keys all lie in the k chunks (of _TOPK_CHUNK) with the best chunk
-  maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys,
-  picked by rank: O(n) work in about ten kernels (built once per shape as well). Larger k sorts.
-- median takes the sort's (n-1)//2-th element (the first NaN if any); unique sorts, marks where the sorted value
-  changes and reads those marks back to size its outputs."""
+  maxima, so the chunk maxima's top k (recursively) name those chunks and the answer is the top k of their k*C keys.
+  A short row's top k (the maxima's, the candidates') is a chain of k max reduces in one kernel, each over the keys below
+  the one before, for small k (_chain_largest: O(k m)), else picked by rank. topk(10) of 100k: the chunk maxima, the
+  chain over them, the chain over the 320 candidates, the values: 4 kernels of O(n) work in all. Larger k sorts.
+- median takes the stable sort's (n-1)//2-th element (the first NaN if any): a row from _SELECT_MIN long (of a dtype up
+  to 32 bits) selects it without sorting, a radix selection of the sort's keys (_radix_select: a histogram per 7-bit
+  digit, O(n) each), a shorter one sorts. unique sorts, marks where the sorted value changes and reads those marks back
+  to size its outputs."""
 from __future__ import annotations
 import math
 from typing import Sequence
@@ -42,6 +46,9 @@ _RANK_SORT_MAX = 64  # rows up to this long sort by rank (2 kernels, O(n^2)); lo
 _SORT_BLOCK = 64  # the merge sort starts from blocks of this many sorted by counting
 _TOPK_RANK_MAX, _TOPK_CHUNK = 512, 32  # topk of small k: rows up to this long by rank, longer ones by chunks of this
 _RANK_INLINE_MAX = 1 << 22  # a pick by rank counts each candidate's rank in place up to this many compares
+# topk of k up to _CHAIN_K_MAX over rows of m keys with k * m up to _CHAIN_WORK: k max reduces in a chain, each over the keys
+# below the one before, all in one kernel of k passes over the row (topk(10) of 100k: 4 kernels, where picks by rank took 10)
+_CHAIN_K_MAX, _CHAIN_WORK = 16, 1 << 16
 
 # ***** key graphs, built as UOps: the sort's keys need no gradient and no checks, and a merge level is ~14 nodes per
 # search step (through the Tensor API each node costs ~30 us of Python, which a sort of 100k would spend 150 ms on) *****
@@ -102,6 +109,7 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   `source` (table, key_of): the candidates' keys are key_of(table read at their positions, positions), so keys
   computed from the input are computed again there rather than stored for the whole row."""
   R, m = keys.shape
+  if k == 1 or (k <= _CHAIN_K_MAX and k * m <= _CHAIN_WORK): return _chain_largest(keys, k)  # (k = 1: a max, one kernel)
   if m <= _TOPK_RANK_MAX: return _largest_by_rank(keys, k)
   C = _TOPK_CHUNK
   if k * C * 2 > m:  # the chunks would keep half the row or more: sort it (complemented: the largest come first)
@@ -112,6 +120,8 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   maxima = UOp(Ops.CONTIGUOUS, U64, (padded.reshape((R, nc, C)).reduce_axis(Ops.MAX, (2,)).reshape((R, nc)),))
   kc = min(k, nc)
   top = _largest(maxima, kc, unit * C)  # (R, kc)
+  # (a chain's output is stored: inlined into the gathers below, its k passes would each get a kernel)
+  if kc <= _CHAIN_K_MAX: top = UOp(Ops.CONTIGUOUS, U64, (top,))
   low = _bin(Ops.AND, _bin(Ops.XOR, top, (1 << 64) - 1), 0xFFFFFFFF)  # the key complemented holds the index
   chunk = _bin(Ops.IDIV, UOp(Ops.CAST, I64, (low,)), unit * C)  # (R, kc)
   shape = (R, kc, C)
@@ -199,6 +209,75 @@ def _merge(keys: UOp, L: int, ways: int) -> UOp:
   hit = UOp(Ops.CMPEQ, dtypes.bool, (pos.expand(full), _iota(full, 2, dev)))
   picked = _where(hit, k.reshape((R, Q, 1, 2, L)).expand(full), _full(0, U64, full, dev))
   return picked.reduce_axis(Ops.ADD, (3, 4)).reshape((R, P))
+
+def _chain_largest(keys: UOp, k: int) -> UOp:
+  """The k largest of unique uint64 keys (.., m) along the last axis, largest first, (.., k): the first is the max, each
+  next one the max of the keys below the one before (zero keys, below every real one, fill a row shorter than k). One
+  kernel of k passes over the row: the passes' maxima are scalars of the row, the output t selects the t-th."""
+  shape, ax, dev = keys.shape, len(keys.shape) - 1, keys.device
+  out_shape = (*shape[:-1], k)
+  # left[t] = t - j + 1 at step j: output t takes each step's max up to step t. (One constant for every step: a node per
+  # step fewer than comparing t with each j, and nodes are what a call's Python time goes by)
+  left, one, none = _iota(out_shape, ax, dev), _full(1, I64, out_shape, dev), _full(0, I64, out_shape, dev)
+  top = keys.reduce_axis(Ops.MAX, (ax,))
+  out, zero = top.expand(out_shape), _full(0, U64, shape, dev)
+  for _ in range(1, k):
+    top = _where(_bin(Ops.CMPLT, keys, top.expand(shape)), keys, zero).reduce_axis(Ops.MAX, (ax,))
+    out = _where(_bin(Ops.CMPLT, none, left), top.expand(out_shape), out)
+    left = _bin(Ops.SUB, left, one)
+  return out
+
+# a selection (the median) by radix: digits of at most _RADIX_BITS, a histogram (scatter-add) per digit
+_RADIX_BITS, _SELECT_MIN = 7, 1024  # rows from _SELECT_MIN long select; shorter ones sort (a few kernels, O(n^2) work)
+
+def _radix_select(keys: UOp, bits: int, rank: UOp) -> UOp:
+  """The key of the given rank (0 = smallest) of each row of unique uint64 keys (R, n) below 2**bits, rank (R, 1) int64:
+  (R, 1). A digit at a time from the top: a histogram of the digit over the keys whose higher digits are those chosen
+  so far (a scatter-add, O(n)); the digit is the number of buckets whose running count (a triangle over the 2**d
+  buckets, O(4**d)) stays at or below the rank, and the rank drops by the count of the buckets before it. The state
+  between digits is one word a row, the digits chosen above the rank left: keys are unique, so fewer than 2**s of them
+  share a prefix with s bits below it, and the rank fits in those bits. Three kernels a digit (the histogram, the running
+  counts, the next state): ceil(bits / _RADIX_BITS) digits."""
+  R, n = keys.shape
+  dev, L = keys.device, -(-bits // _RADIX_BITS)
+  d = -(-bits // L)  # the digits' width, as even as can be; the top one may hold leading zeros (L * d >= bits)
+  nb = 1 << d
+  state = UOp(Ops.CAST, U64, (rank,))
+  full, tri, col = (R, nb, n), (R, nb, nb), (R, nb, 1)
+  upto = UOp(Ops.CMPLT, dtypes.bool, (_iota(tri, 1, dev), _iota(tri, 2, dev)))  # [b, b2]: b < b2, not in b's running count
+  below_b = lambda c: UOp(Ops.CMPLT, dtypes.bool, (_iota(col, 1, dev), c.reshape((R, 1, 1)).expand(col)))
+  for level in range(L):
+    shift = (L - 1 - level) * d
+    q = _bin(Ops.AND, state, (1 << (shift + d)) - 1)  # the rank within the keys of the prefix chosen so far
+    digit = _bin(Ops.AND, _bin(Ops.SHR, keys, shift), nb - 1) if shift else _bin(Ops.AND, keys, nb - 1)
+    if level:  # keys under another prefix get a digit out of range: they add nothing
+      same = _bin(Ops.CMPEQ, _bin(Ops.SHR, keys, shift + d), _bin(Ops.SHR, state, shift + d).expand((R, n)))
+      digit = _where(same, digit, _full(nb, U64, (R, n), dev))
+    e = UOp(Ops.CAST, I64, (digit,)).reshape((R, 1, n)).expand(full)
+    hit = UOp(Ops.CMPEQ, dtypes.bool, (e, _iota(full, 1, dev)))
+    hist = _where(hit, _full(1, U64, full, dev), _full(0, U64, full, dev)).reduce_axis(Ops.ADD, (2,))  # (R, nb, 1): a scatter-add
+    cum = _where(upto, _full(0, U64, tri, dev), hist.reshape((R, 1, nb)).expand(tri)).reduce_axis(Ops.ADD, (2,))  # (R, nb, 1)
+    within = UOp(Ops.CMPLT, dtypes.bool, (cum, _bin(Ops.ADD, q, 1).reshape((R, 1, 1)).expand(col)))  # running count <= q
+    chosen = UOp(Ops.CAST, U64, (within,)).reduce_axis(Ops.ADD, (1,)).reshape((R, 1))
+    before = _where(below_b(chosen), hist, _full(0, U64, col, dev)).reduce_axis(Ops.ADD, (1,)).reshape((R, 1))
+    # the prefix (state's bits above shift + d) and the digit, above the rank left
+    top = _bin(Ops.OR, _bin(Ops.SUB, state, q), _bin(Ops.SHL, chosen, shift)) if level else _bin(Ops.SHL, chosen, shift)
+    state = UOp(Ops.CONTIGUOUS, U64, (_bin(Ops.OR, top, _bin(Ops.SUB, q, before)),))
+  return state
+
+def _median_indices(x: UOp, T: type) -> UOp:
+  """The int64 index (R, 1) of each row's lower median of x (R, n), the element at the stable sort's position (n-1)//2,
+  or the row's first NaN (NaN sorts last: at n - the number of NaNs), by _radix_select of keys that order like the
+  stable sort: the 32-bit order word above the element's index."""
+  R, n = x.shape
+  t, ib = T(x), max((n - 1).bit_length(), 1)
+  if dtypes.is_float(x.dtype):
+    nans = t.isnan().sum(1, keepdim=True)
+    pos = (nans > 0).where(n - nans, (n - 1) // 2)
+  else: pos = T.full((R, 1), (n - 1) // 2, dtype=dtypes.int64, device=x.device)
+  keys = _bin(Ops.OR, _bin(Ops.SHL, t._order_word(False, 32).uop, ib), UOp(Ops.CAST, U64, (_iota((R, n), 1, x.device),)))
+  key = T(_radix_select(keys, 32 + ib, pos.uop))
+  return (key & ((1 << ib) - 1)).cast(dtypes.int64).minimum(n - 1).uop
 
 def _topk_indices(x: UOp, k: int, largest: bool, T: type) -> UOp:
   """The int64 indices (R, k) of the k largest (smallest) of x (R, n) along the row, in order, by _largest of keys that
@@ -595,7 +674,23 @@ class ReorderOps:
     if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))
     return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
 
-  # ***** median and unique: through the sort *****
+  # ***** median (a selection, or the sort's middle) and unique (through the sort) *****
+  # ***** median (a selection, or the sort's middle) and unique (through the sort) *****
+  def _select(self, d: int, pos):
+    """(values, int64 indices) of the elements at stable-sort position pos (keepdim-shaped, int64) along d: by a radix
+    select of keys that order like the stable sort (the 32-bit order word above the index), O(n) a digit."""
+    x = self.transpose(d, -1)
+    n, lead = x.shape[-1], x.shape[:-1]
+    R, T = math.prod(lead), type(self)
+    ib = max((n - 1).bit_length(), 1)
+    w = x.reshape(R, n)._order_word(False, 32)
+    keys = _bin(Ops.OR, _bin(Ops.SHL, w.uop, ib), UOp(Ops.CAST, U64, (_iota((R, n), 1, self.device),)))
+    key = T(_radix_select(keys, 32 + ib, pos.transpose(d, -1).reshape(R, 1).uop))
+    i = (key & ((1 << ib) - 1)).cast(dtypes.int64).minimum(n - 1)
+    v = x.reshape(R, n)._gather(1, i)
+    return v.reshape(*lead, 1).transpose(d, -1), i.reshape(*lead, 1).transpose(d, -1)
+
+
   def median(self, dim: int | None = None, keepdim: bool = False):
     """torch.median: the lower median ((n-1)//2-th in sorted order). dim None: of all elements (a 0-d tensor; empty
     gives NaN); with dim: (values, int64 indices), the index being the stable sort's. A row holding NaN gives NaN and
@@ -609,13 +704,20 @@ class ReorderOps:
     x = self.reshape(1) if self.ndim == 0 else self
     n = x.shape[d]
     if n == 0: raise IndexError(f"median(): expected reduction dim {d} to have non-zero size")
-    v, i = x.sort(d)
-    shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))
-    if dtypes.is_float(x.dtype):  # NaN sorts last: the first NaN sits at n - (number of NaNs)
-      nans = x.isnan().sum(d, keepdim=True)
-      pos = (nans > 0).where(n - nans, (n - 1) // 2)
-    else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
-    v, i = v._gather(d, pos), i._gather(d, pos)
+    if n >= _SELECT_MIN and x.dtype.itemsize <= 4 and n < 1 << 31:  # a selection: O(n) a digit, no sort
+      rows = x.transpose(d, -1)
+      lead = rows.shape[:-1]
+      rows = rows.reshape(math.prod(lead), n)
+      i = type(self)(_templated(_median_indices, rows.uop, type(self)))
+      v, i = (t.reshape(*lead, 1).transpose(d, -1) for t in (rows._gather(1, i), i))
+    else:
+      shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))
+      if dtypes.is_float(x.dtype):  # NaN sorts last: the first NaN sits at n - (number of NaNs)
+        nans = x.isnan().sum(d, keepdim=True)
+        pos = (nans > 0).where(n - nans, (n - 1) // 2)
+      else: pos = type(self).full(shape, (n - 1) // 2, dtype=dtypes.int64, device=self.device)
+      v, i = x.sort(d)
+      v, i = v._gather(d, pos), i._gather(d, pos)
     if not keepdim or self.ndim == 0: v, i = v.squeeze(d), i.squeeze(d)
     if self.ndim == 0: v, i = v.reshape(()), i.reshape(())
     return ValuesIndices(v, i)
