@@ -361,7 +361,7 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
     if n.op is Ops.BIND:
       value_of(n)
       swap[n] = n.src[0]
-    elif (e := memo(id(n))) is not None and (v := e[1]()) is not None and n not in roots.src: swap[n] = v
+    elif (e := memo(id(n))) is not None and (v := e.value()) is not None and n not in roots.src: swap[n] = v
     elif n.op in GroupOp.Sized and n.sym_args:
       for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
     elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
