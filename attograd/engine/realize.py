@@ -216,7 +216,7 @@ class ExecItem:
   __slots__ = ("ast", "runner", "bufs", "raw")
   def __init__(self, ast: UOp, runner: CompiledKernel | BufferCopy, bufs: list[Buffer]):
     self.ast, self.runner, self.bufs = ast, runner, bufs  # ast: the kernel's, or the COPY
-    self.raw = [b.ensure_allocated()._buf for b in bufs]
+    self.raw = [b._buf if b._buf is not None else b.ensure_allocated()._buf for b in bufs]  # (most are: no call)
   def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
@@ -229,7 +229,9 @@ class ExecPlan:
     self.items, self.print_at = items, print_at
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
     # items on several devices: a lane each, run side by side (engine/lanes.py); a device a buffer is on never changes
-    self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
+    # (a plan on one device, an eager step's, has one lane: its items aren't sorted into lanes, 250 of them each step)
+    one = len({b.device for ei in items for b in ei.bufs}) <= 1
+    self.lanes = Lanes([] if one else [tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
     # ... when there is work enough: handing a lane to a thread costs ~50-100 us, more than a few tiny kernels take
     self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
@@ -286,9 +288,10 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
       for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
   progress: Progress | None = None
   items: list[ExecItem] = []
+  placed = registry.buffers.by_id.get
   try:
     for i, si in enumerate(schedule):
-      bufs = [buffer_of(b) for b in si.bufs]
+      bufs = [e.value if (e := placed(id(b))) is not None else buffer_of(b) for b in si.bufs]  # (buffer_of inlined)
       if (make := NOT_KERNELS.get(si.ast.op)) is not None: runner: CompiledKernel | BufferCopy | AllReduce = make(si.ast, bufs)
       elif (ck := _kernel_cache.get((si.ast, bufs[0].device))) is not None: runner = ck
       else:  # to compile (or load): a bar shows if this schedule's take long
