@@ -360,14 +360,15 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
       raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
   offsets = 0
   memo = registry.realized.by_id.get  # (realized_view inlined: no Python call a node of a training step's thousands)
+  BIND, SHRINK, sized = Ops.BIND, Ops.SHRINK, GroupOp.Sized  # (bound once: the loop runs for every node of the graph)
   for n in roots.toposort:
-    if n.op is Ops.BIND:
+    if (op := n.op) is BIND:
       value_of(n)
       swap[n] = n.src[0]
     elif (e := memo(id(n))) is not None and (v := e.value()) is not None and n not in roots.src: swap[n] = v
-    elif n.op in GroupOp.Sized and n.sym_args:
+    elif op in sized and n.sym_args:
       for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
-    elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
+    elif op is SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
       # a slice of stored data at Python-int offsets (a batch cut from a dataset: data[i:i+T]) is read at variable ones,
       # so the next batch's offsets reuse the kernel and the schedule instead of compiling new ones
       arg = []
