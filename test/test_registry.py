@@ -69,13 +69,3 @@ def test_node_map_entry_dies_with_its_node():
   assert len(m) == 1 and m.get(u) == "b" and u in m and m.by_id[id(u)].value == "b"
   del u
   assert len(m) == 0
-
-def test_tensor_facts_are_slots_not_dict_entries():
-  # shape, device and sym_args are computed on first use into slots: a tensor-level node needs no __dict__ for them
-  t = Tensor.empty(3, 4)
-  u = (t + 1).uop
-  assert u.shape == (3, 4) and u.device == t.device and u.sym_args == ()
-  assert not {"shape", "device", "sym_args"} & set(vars(u))
-  try: u.no_such_fact
-  except AttributeError as e: assert "no_such_fact" in str(e)
-  else: raise AssertionError("a missing attribute must raise AttributeError")

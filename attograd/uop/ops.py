@@ -175,17 +175,9 @@ class UOpMeta(type):
 
 class UOp(metaclass=UOpMeta):
   """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
-  # shape, device and sym_args are tensor-level facts computed on first use (__getattr__, by _LAZY) into slots of their
-  # own: a node's cached facts in its __dict__ gave most tensor-level nodes a dict (one more object per node for the
-  # cycle collector to walk while the node lives); a set slot also reads faster than the dict behind a descriptor
-  __slots__ = ("op", "dtype", "src", "arg", "opmask", "shape", "device", "sym_args", "__weakref__", "__dict__")
+  __slots__ = ("op", "dtype", "src", "arg", "opmask", "__weakref__", "__dict__")
   def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     raise AssertionError("UOpMeta.__call__ makes every node")  # (kept for the signature: UOp(op, dtype, src, arg))
-  def __getattr__(self, name: str) -> Any:  # (called only when a slot above is not set yet, or for a missing name)
-    if (f := _LAZY.get(name)) is None: raise AttributeError(f"'UOp' object has no attribute {name!r}")
-    value = f(self)
-    setattr(self, name, value)
-    return value
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
   def replace(self, **kwargs: Any) -> UOp:
     new = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
@@ -371,33 +363,35 @@ class UOp(metaclass=UOpMeta):
     """The loops this node lives in: RANGEs it depends on, less those closed by an END it depends on."""
     return self._memo("_live", _live_info)
 
-  # ***** tensor level: shape and device (shape, device, sym_args: slots filled on first use, see __slots__) *****
+  # ***** tensor level: shape and device *****
+  @cached_property
+  def shape(self) -> tuple[sint, ...]: return _shape(self)
   @property
   def symbolic_shape(self) -> bool: return not isinstance(math.prod(self.shape), int)  # one C call for static shapes
   @property
   def size(self) -> sint: return sym_prod(self.shape)
+  @cached_property
+  def sym_args(self) -> tuple[UOp, ...]:
+    """The symbolic sizes (UOps) in this node's arg: a shape or a shrink/pad amount that is a Variable."""
+    return tuple(x for x in _arg_sizes(self) if isinstance(x, UOp))
+  @cached_property
+  def device(self) -> str:
+    if self.op is Ops.DEVICE: return self.arg
+    if self.op is Ops.BUFFER: return self.arg.device
+    if self.op is Ops.COPY: return self.src[1].arg
+    # a sharded node's device is the tuple of its parts' devices
+    if self.op is Ops.MULTI or self.op is Ops.ALLREDUCE: return tuple(s.device for s in self.src)
+    if self.op is Ops.SHARD: return self.arg[3][self.arg[0]]
+    if self.op is Ops.MSELECT: return self.src[0].device[self.arg]
+    for s in self.src:
+      if (d := s.device) is not None: return d
+    return None  # type: ignore[return-value]
   @property
   def base(self) -> UOp:
     """The node under any movement ops."""
     u = self
     while u.op in GroupOp.Movement: u = u.src[0]
     return u
-
-def _sym_args(u: UOp) -> tuple[UOp, ...]:
-  """The symbolic sizes (UOps) in u's arg: a shape or a shrink/pad amount that is a Variable."""
-  return tuple(x for x in _arg_sizes(u) if isinstance(x, UOp))
-
-def _device(u: UOp) -> str:
-  if u.op is Ops.DEVICE: return u.arg
-  if u.op is Ops.BUFFER: return u.arg.device
-  if u.op is Ops.COPY: return u.src[1].arg
-  # a sharded node's device is the tuple of its parts' devices
-  if u.op is Ops.MULTI or u.op is Ops.ALLREDUCE: return tuple(s.device for s in u.src)
-  if u.op is Ops.SHARD: return u.arg[3][u.arg[0]]
-  if u.op is Ops.MSELECT: return u.src[0].device[u.arg]
-  for s in u.src:
-    if (d := s.device) is not None: return d
-  return None  # type: ignore[return-value]
 
 def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) -> UOp:
   """A CONST or IOTA on device; on a tuple of devices (a sharded tensor's), one on each: a replicated MULTI."""
@@ -434,8 +428,6 @@ def _shape(u: UOp) -> tuple[int, ...]:
     elif s.shape != shape: raise AssertionError(f"{u.op} with mismatched source shapes {[s.shape for s in u.src if s.op is not Ops.DEVICE]}")
   assert shape is not None, f"{u.op} has no source with a shape"
   return shape
-
-_LAZY: dict[str, Callable[[UOp], Any]] = {"shape": _shape, "device": _device, "sym_args": _sym_args}
 
 # ***** symbolic sizes: a size is an int or an integer UOp over (bound) Variables *****
 # int-only shapes take the plain int paths of these helpers, so static shapes pay nothing for them
