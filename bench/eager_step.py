@@ -6,7 +6,7 @@ a thread's CPU time is the whole cost of a step: the ratio says how far from tor
   python bench/eager_step.py          STEPS=n (default 15) timed steps
 """
 from __future__ import annotations
-import collections, os, statistics, sys, time
+import collections, gc, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def phases(steps: int) -> None:
@@ -49,6 +49,14 @@ def phases(steps: int) -> None:
       return loss.realize()
   data = T.batches(cfg, 3 + steps, seed=3)
   for x, y in data[:3]: step(Tensor(x), Tensor(y)).item()
+  # the cycle collector's passes during the timed steps, by generation (its cost grows with the objects each node
+  # allocates and, for full passes, with everything alive): count and CPU time
+  gcs: dict[int, list[float]] = collections.defaultdict(list)
+  gc_start = [0.0]
+  def on_gc(phase: str, info: dict) -> None:
+    if phase == "start": gc_start[0] = time.thread_time()
+    else: gcs[info["generation"]].append(time.thread_time() - gc_start[0])
+  gc.callbacks.append(on_gc)
   totals = []
   for x, y in [(Tensor(x), Tensor(y)) for x, y in data[3:]]:
     before, st = dict(acc), time.thread_time()
@@ -62,6 +70,9 @@ def phases(steps: int) -> None:
   for k in order:
     print(f"  {k:48s} {statistics.median(samples[k]) * 1e3:7.2f} ms")
   print(f"  {'whole step':48s} {statistics.median(totals) * 1e3:7.2f} ms (min {min(totals) * 1e3:.2f})")
+  gc.callbacks.remove(on_gc)
+  print("  cycle collector per step: " + ", ".join(f"gen{g} {len(gcs[g]) / steps:.2f} passes {sum(gcs[g]) / steps * 1e3:.2f} ms"
+                                                  for g in range(3)))
 
 def one_thread(steps: int) -> None:
   """torch eager and attograd without JIT, one thread each, interleaved: CPU time per step."""

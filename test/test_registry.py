@@ -49,3 +49,23 @@ def test_node_map():
   assert len(m) == 1
   m[keep] = "b"  # a new value for a node keeps its one weak reference
   assert m.pop(keep) == "b" and m.get(keep) is None and len(m) == 0
+
+def test_hash_cons_entry_dies_with_its_node():
+  # the table's entry is the weak reference itself (it carries the key): the node's death removes exactly its entry
+  from attograd.uop.ops import UOpMeta
+  u = UOp(Ops.CONST, dtypes.float32, (), 12345.5)
+  key = (Ops.CONST, dtypes.float32, (), ("float", (12345.5).hex()))
+  assert UOpMeta.ucache[key]() is u and UOp(Ops.CONST, dtypes.float32, (), 12345.5) is u
+  n = len(UOpMeta.ucache)
+  del u  # reference counting alone
+  assert key not in UOpMeta.ucache and len(UOpMeta.ucache) == n - 1
+  v = UOp(Ops.CONST, dtypes.float32, (), 12345.5)  # built again: a node and an entry of its own
+  assert UOpMeta.ucache[key]() is v
+
+def test_node_map_entry_dies_with_its_node():
+  m: NodeMap = NodeMap("test")
+  u = UOp(Ops.CONST, dtypes.float32, (), 6789.25)
+  m[u] = "a"; m[u] = "b"  # one entry, the value replaced
+  assert len(m) == 1 and m.get(u) == "b" and u in m and m.by_id[id(u)].value == "b"
+  del u
+  assert len(m) == 0

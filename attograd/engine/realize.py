@@ -216,7 +216,7 @@ class ExecItem:
   __slots__ = ("ast", "runner", "bufs", "raw")
   def __init__(self, ast: UOp, runner: CompiledKernel | BufferCopy, bufs: list[Buffer]):
     self.ast, self.runner, self.bufs = ast, runner, bufs  # ast: the kernel's, or the COPY
-    self.raw = [b.ensure_allocated()._buf for b in bufs]
+    self.raw = [b._buf if b._buf is not None else b.ensure_allocated()._buf for b in bufs]  # (most are: no call)
   def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
@@ -229,7 +229,9 @@ class ExecPlan:
     self.items, self.print_at = items, print_at
     self.ops, self.nbytes = sum(ei.runner.ops for ei in items), sum(b.nbytes for ei in items for b in ei.bufs)
     # items on several devices: a lane each, run side by side (engine/lanes.py); a device a buffer is on never changes
-    self.lanes = Lanes([tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
+    # (a plan on one device, an eager step's, has one lane: its items aren't sorted into lanes, 250 of them each step)
+    one = len({b.device for ei in items for b in ei.bufs}) <= 1
+    self.lanes = Lanes([] if one else [tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
     # ... when there is work enough: handing a lane to a thread costs ~50-100 us, more than a few tiny kernels take
     self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
@@ -286,9 +288,10 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
       for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
   progress: Progress | None = None
   items: list[ExecItem] = []
+  placed = registry.buffers.by_id.get
   try:
     for i, si in enumerate(schedule):
-      bufs = [buffer_of(b) for b in si.bufs]
+      bufs = [e.value if (e := placed(id(b))) is not None else buffer_of(b) for b in si.bufs]  # (buffer_of inlined)
       if (make := NOT_KERNELS.get(si.ast.op)) is not None: runner: CompiledKernel | BufferCopy | AllReduce = make(si.ast, bufs)
       elif (ck := _kernel_cache.get((si.ast, bufs[0].device))) is not None: runner = ck
       else:  # to compile (or load): a bar shows if this schedule's take long
@@ -357,14 +360,15 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
       raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
   offsets = 0
   memo = registry.realized.by_id.get  # (realized_view inlined: no Python call a node of a training step's thousands)
+  BIND, SHRINK, sized = Ops.BIND, Ops.SHRINK, GroupOp.Sized  # (bound once: the loop runs for every node of the graph)
   for n in roots.toposort:
-    if n.op is Ops.BIND:
+    if (op := n.op) is BIND:
       value_of(n)
       swap[n] = n.src[0]
-    elif (e := memo(id(n))) is not None and (v := e[1]()) is not None and n not in roots.src: swap[n] = v
-    elif n.op in GroupOp.Sized and n.sym_args:
+    elif (e := memo(id(n))) is not None and (v := e.value()) is not None and n not in roots.src: swap[n] = v
+    elif op in sized and n.sym_args:
       for b in (b for x in n.sym_args for b in x.toposort if b.op is Ops.BIND): value_of(b); in_shapes[b] = b.src[0]
-    elif n.op is Ops.SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
+    elif op is SHRINK and is_view_of_buffer(n.src[0]) and n not in roots.src and any(b for b, _ in n.arg):
       # a slice of stored data at Python-int offsets (a batch cut from a dataset: data[i:i+T]) is read at variable ones,
       # so the next batch's offsets reuse the kernel and the schedule instead of compiling new ones
       arg = []

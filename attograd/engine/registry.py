@@ -3,35 +3,45 @@
 Each registry says who writes it and who reads it. The nodes' own caches (shape, ancestors, ranges, the rewrite
 engine's fixed-point marks) stay on the nodes: they are pure functions of the node, not state."""
 from __future__ import annotations
-import functools, weakref
+import weakref
 from typing import Generic, TypeVar
 from attograd.uop.ops import UOp
 
 V = TypeVar("V")
 
+class _Slot(weakref.ref):
+  """A NodeMap entry: a weak reference to the node, with the node's id (its key) and the value."""
+  __slots__ = ("key", "value")
+
 class NodeMap(Generic[V]):
   """node -> value while the node lives: the entry goes when the node dies (a value that held its own node would
-  keep both forever). Keyed by id, each entry holding a weak reference to its node whose callback is the dict's own
-  pop (C: no Python frame runs when one of the thousands of nodes of a training step dies). A lookup is one dict
-  probe: a WeakKeyDictionary builds a weak reference on every lookup (2x the time), and a JIT replay looks up every
-  weight."""
+  keep both forever). Keyed by id, each entry a weak reference to its node that carries the key and the value (one
+  object an entry: a (reference, value) pair with a functools.partial callback was four, each walked by the cycle
+  collector while it lived). A lookup is one dict probe: a WeakKeyDictionary builds a weak reference on every lookup
+  (2x the time), and a JIT replay looks up every weight."""
   def __init__(self, doc: str):
     self.__doc__ = doc
-    self._entries: dict[int, tuple[weakref.ref, V]] = {}
-  def get(self, node: UOp) -> V | None: return e[1] if (e := self._entries.get(id(node))) is not None else None
+    self._entries: dict[int, _Slot] = {}
+    entries = self._entries
+    def drop(slot: _Slot) -> None:  # (only this slot: a new node can have the dead one's id once it is gone)
+      if entries.get(slot.key) is slot: del entries[slot.key]
+    self._drop = drop
+  def get(self, node: UOp) -> V | None: return e.value if (e := self._entries.get(id(node))) is not None else None
   @property
-  def by_id(self) -> dict[int, tuple[weakref.ref, V]]:
-    """The entries as stored, id(node) -> (weak reference to the node, value), for a loop over a whole graph's nodes that
-    can't afford a Python call per node (get's): `(e := m.by_id.get(id(n))) is not None` finds n's value as e[1]."""
+  def by_id(self) -> dict[int, _Slot]:
+    """The entries as stored, id(node) -> entry, for a loop over a whole graph's nodes that can't afford a Python call
+    per node (get's): `(e := m.by_id.get(id(n))) is not None` finds n's value as e.value."""
     return self._entries
   def __contains__(self, node: UOp) -> bool: return id(node) in self._entries
   def __len__(self) -> int: return len(self._entries)
   def __setitem__(self, node: UOp, value: V) -> None:
-    if (e := self._entries.get(key := id(node))) is None: self._entries[key] = (weakref.ref(node, functools.partial(self._entries.pop, key)), value)
-    else: self._entries[key] = (e[0], value)
+    if (e := self._entries.get(key := id(node))) is None:
+      e = self._entries[key] = _Slot(node, self._drop)
+      e.key = key
+    e.value = value
   def pop(self, node: UOp) -> V | None:
     # the entry's weak reference goes with it, and a dropped weak reference calls nothing
-    return e[1] if (e := self._entries.pop(id(node), None)) is not None else None
+    return e.value if (e := self._entries.pop(id(node), None)) is not None else None
 
 buffers: NodeMap = NodeMap("""BUFFER node -> its runtime Buffer (device memory), so memory lives exactly as long as a
 graph names it. Written by engine/realize.py (buffer_of makes one on first use; run_schedule places the buffers a

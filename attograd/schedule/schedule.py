@@ -555,24 +555,28 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
   position: dict[UOp, int] = {}
   parts: list[tuple] = []
   bufs: list[UOp] = []
+  # (names bound locally and the sources' numbers by map: ~30% of this walk's time, which every realize pays per node)
+  at, WD, BUF = position.__getitem__, Ops.WITH_DERIVATIVE, Ops.BUFFER
   nodes, sources = [sink], [iter(sink.src)]  # a depth-first walk, sources in order, as UOp.toposort's
   while sources:
     for s in sources[-1]:
       if s not in position:
-        nodes.append(s); sources.append(iter(s.src if s.op is not Ops.WITH_DERIVATIVE else s.src[:1]))
+        nodes.append(s); sources.append(iter(s.src if s.op is not WD else s.src[:1]))
         break
     else:
       sources.pop()
       u = nodes.pop()
-      if u.op is Ops.WITH_DERIVATIVE: position[u] = position[u.src[0]]
-      elif u.op is Ops.BUFFER:
+      op = u.op
+      if op is WD: position[u] = position[u.src[0]]
+      elif op is BUF:
         position[u] = len(parts)
-        parts.append((Ops.BUFFER, u.dtype, u.arg.device, u.arg.size, u.arg.offset))
+        a = u.arg
+        parts.append((BUF, u.dtype, a.device, a.size, a.offset))
         bufs.append(u)
       else:
         position[u] = len(parts)
         arg = u.arg  # (arg_key inlined: one call fewer per node of a training step's thousands)
-        parts.append((u.op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple([position[s] for s in u.src])))
+        parts.append((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src))))
   return tuple(parts), bufs
 
 @dataclass(frozen=True)

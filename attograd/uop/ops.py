@@ -147,12 +147,20 @@ class Vjp:
 
 _OP_BIT = {op: 1 << op.value for op in Ops}  # (Enum's .value is a Python property: a dict is 5x faster)
 
+class _Entry(weakref.ref):
+  """The hash-cons table's weak reference to a node, holding the node's key: when the node dies, _drop removes its entry
+  by that key. (A plain ref with a functools.partial callback allocated two more objects per node, the partial and the
+  bound dict.pop it holds, each one the cycle collector walked while the node lived: a training step builds thousands)"""
+  __slots__ = ("key",)
+
+def _drop(entry: _Entry) -> None:
+  # (only this entry: a node built again with the key after this one died has an entry of its own)
+  if UOpMeta.ucache.get(entry.key) is entry: del UOpMeta.ucache[entry.key]
+
 class UOpMeta(type):
-  ucache: dict[tuple, weakref.ReferenceType] = {}
+  ucache: dict[tuple, _Entry] = {}
   def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-    # (the hot path of every graph built: arg_key inlined, the node made without type.__call__'s dispatch to __init__,
-    # and its cache entry's callback the dict's own pop, called as pop(key, ref): no Python frame runs when one of the
-    # thousands of nodes of a training step dies)
+    # (the hot path of every graph built: arg_key inlined, and the node made without type.__call__'s dispatch to __init__)
     key = (op, dtype, src, ("float", arg.hex()) if type(arg) is float else arg)
     if (ref := UOpMeta.ucache.get(key)) is not None and (node := ref()) is not None: return node
     node = cls.__new__(cls)
@@ -161,7 +169,8 @@ class UOpMeta(type):
     m = _OP_BIT[op]
     for s in src: m |= s.opmask
     node.opmask = m
-    UOpMeta.ucache[key] = weakref.ref(node, functools.partial(UOpMeta.ucache.pop, key))
+    entry = UOpMeta.ucache[key] = _Entry(node, _drop)
+    entry.key = key
     return node
 
 class UOp(metaclass=UOpMeta):
