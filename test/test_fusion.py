@@ -332,6 +332,25 @@ def test_a_conv_weight_gradient_over_a_batch_is_summed_in_chunks_of_images():
   g = tensors(ng)[0]
   check(g.sum((0, 2, 3)), ng.astype(np.float64).sum((0, 2, 3)), 1, atol=1e-3)
 
+def test_a_small_weight_gradient_of_a_one_channel_conv_is_summed_in_chunks_too():
+  # dW (32, 1, 5, 5): 800 outputs, fewer than a split sum's 4096, but a product summed (g * x): in chunks of 4 images
+  # it gets its channel tile packed per chunk (beautiful_mnist's first conv, one core: 43-55 -> 24-25 ms); a sum of one
+  # read into as many outputs (g.sum over images and rows, 800 = 32 x 25 columns) is not split
+  torch = pytest.importorskip("torch")
+  nx, ng = rand(32, 1, 28, 28), rand(32, 32, 24, 24)
+  def dw(nx: np.ndarray, ng: np.ndarray) -> int:
+    x, g = tensors(nx, ng)
+    w = Tensor.zeros(32, 1, 5, 5).contiguous().realize().requires_grad_()
+    x.conv2d(w).backward(g)
+    tw = torch.zeros(32, 1, 5, 5, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.conv2d(torch.tensor(nx, dtype=torch.float64), tw).backward(torch.tensor(ng, dtype=torch.float64))
+    k, got = run(w.grad)
+    np.testing.assert_allclose(got, tw.grad.numpy(), atol=2e-3, rtol=1e-5)
+    return k
+  assert dw(nx, ng) == dw(nx[:4], ng[:4]) + 1, "partial sums over chunks of images, then their sum (4 images: one chunk)"
+  ns = rand(32, 24, 800)
+  check(tensors(ns)[0].sum((0, 1)), ns.astype(np.float64).sum((0, 1)), 1, atol=1e-3)
+
 def test_a_conv_under_a_pool_keeps_its_own_kernel():
   # PP-OCR rec: a 1x1 conv + hardswish under a 3x2 average pool. Fused, the conv's sum over 64 channels was one loop of
   # the pool's nest, with no register tile (24 ms at 4 GFLOPS a core): the conv gets a buffer, the pool reads it (3
