@@ -349,6 +349,25 @@ def test_a_conv_weight_gradient_over_a_batch_is_summed_in_chunks_of_images():
   g = tensors(ng)[0]
   check(g.sum((0, 2, 3)), ng.astype(np.float64).sum((0, 2, 3)), 1, atol=1e-3)
 
+def test_a_small_weight_gradient_of_a_one_channel_conv_is_summed_in_chunks_too():
+  # dW (32, 1, 5, 5): 800 outputs, fewer than a split sum's 4096, but a product summed (g * x): in chunks of 4 images
+  # it gets its channel tile packed per chunk (beautiful_mnist's first conv, one core: 43-55 -> 24-25 ms); a sum of one
+  # read into as many outputs (g.sum over images and rows, 800 = 32 x 25 columns) is not split
+  torch = pytest.importorskip("torch")
+  nx, ng = rand(32, 1, 28, 28), rand(32, 32, 24, 24)
+  def dw(nx: np.ndarray, ng: np.ndarray) -> int:
+    x, g = tensors(nx, ng)
+    w = Tensor.zeros(32, 1, 5, 5).contiguous().realize().requires_grad_()
+    x.conv2d(w).backward(g)
+    tw = torch.zeros(32, 1, 5, 5, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.conv2d(torch.tensor(nx, dtype=torch.float64), tw).backward(torch.tensor(ng, dtype=torch.float64))
+    k, got = run(w.grad)
+    np.testing.assert_allclose(got, tw.grad.numpy(), atol=2e-3, rtol=1e-5)
+    return k
+  assert dw(nx, ng) == dw(nx[:4], ng[:4]) + 1, "partial sums over chunks of images, then their sum (4 images: one chunk)"
+  ns = rand(32, 24, 800)
+  check(tensors(ns)[0].sum((0, 1)), ns.astype(np.float64).sum((0, 1)), 1, atol=1e-3)
+
 def test_a_conv_under_a_pool_keeps_its_own_kernel():
   # PP-OCR rec: a 1x1 conv + hardswish under a 3x2 average pool. Fused, the conv's sum over 64 channels was one loop of
   # the pool's nest, with no register tile (24 ms at 4 GFLOPS a core): the conv gets a buffer, the pool reads it (3
@@ -371,3 +390,23 @@ def test_a_concatenation_of_reductions_computes_each_in_its_own_kernel():
   want = np.concatenate([(na @ nb).ravel(), nc.sum(0), (na.T @ nc).ravel()])
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
   assert k == 4, k
+
+def test_a_relu_read_under_a_conv_window_is_stored_once():
+  # conv -> relu -> conv in training: the second conv's forward and weight gradient read relu(conv1 + bias) once per
+  # output channel and window element (144 times an element here); recomputed there it kept the weight gradient's loop
+  # scalar (beautiful_mnist's 5x5 dW: 330-440 -> 133 ms, one core): it gets an elementwise kernel of its own, read by both
+  import torch
+  from attograd.uop.ops import UOp
+  from attograd.uop.patterns import graph_rewrite
+  from attograd.schedule.schedule import realize_points, values_only
+  rng = np.random.default_rng(0)
+  nx, nw1, nb1, nw2 = (rng.standard_normal(s).astype(np.float32) for s in ((8, 8, 34, 34), (16, 8, 3, 3), (16,), (16, 16, 3, 3)))
+  x, w1, b1, w2 = (Tensor(v, requires_grad=True) for v in (nx, nw1, nb1, nw2))
+  x.conv2d(w1, b1).relu().conv2d(w2).square().mean().backward()
+  sink = graph_rewrite(UOp.sink(w1.grad.uop, b1.grad.uop, w2.grad.uop), values_only, name="values_only")
+  stored = [p for p, why in realize_points(sink).items() if why == "repeated"]
+  assert [p.shape for p in stored] == [(8, 16, 32, 32)], "the relu of the first conv gets a buffer of its own"
+  tx, tw1, tb1, tw2 = (torch.tensor(v, requires_grad=True) for v in (nx, nw1, nb1, nw2))
+  torch.nn.functional.conv2d(torch.nn.functional.conv2d(tx, tw1, tb1).relu(), tw2).square().mean().backward()
+  for ours, theirs in ((w1, tw1), (b1, tb1), (w2, tw2)):
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), atol=1e-3, rtol=1e-3)

@@ -173,10 +173,11 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
   # unless its sum is short (a conv of one channel, 25 terms: the padded loop's gated stores cost 2x)
   assert cpu_opts(_ast(Tensor.empty(8, 1, 28, 28).conv2d(Tensor.empty(32, 1, 5, 5))), 1, 16) == [Opt(OptOps.SIMD, 3, 8), Opt(OptOps.UPCAST, 1, 8)]
   # a 6-wide output row (beautiful_mnist's last 3x3 conv) had no tile at all (1.3 GFLOPS): now a channel tile (its 64
-  # output channels a loop of 32, the row of 6 written out, the weights packed per block of channels)
+  # output channels a loop of 32, the row of 6 written out, the weights packed per block of channels); the blocks' loop
+  # outside the images', so each block is packed once, not once per image (batch 512, one core: 34 -> 16 ms)
   six = Tensor.empty(8, 64, 8, 8).conv2d(Tensor.empty(64, 64, 3, 3))
   for t in (six, six.relu()):
-    assert cpu_opts(_ast(t), 1, 16)[-3:] == [Opt(OptOps.SWAP, 1, 2), Opt(OptOps.UPCAST, 3, 6), Opt(OptOps.PACK, 1, 0)]
+    assert cpu_opts(_ast(t), 1, 16)[-3:] == [Opt(OptOps.UPCAST, 3, 6), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
   # and the padded loops compute the same as torch
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(0)
@@ -517,7 +518,7 @@ def test_heuristics_write_out_only_whole_vectors_of_a_tiles_width():
     assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, to), Opt(OptOps.SIMD, 3, w), Opt(OptOps.UPCAST, 1, 8)]
     # a 10-wide row of 64 channels: a channel tile (two registers of channels by the row: 14.8 -> 12.3 ms at batch 128)
     conv10 = _ast(Tensor.empty(8, 64, 12, 12).conv2d(Tensor.empty(64, 64, 3, 3), Tensor.empty(64)))
-    assert cpu_opts(conv10, 1, simd)[-2:] == [Opt(OptOps.UPCAST, 3, 10), Opt(OptOps.PACK, 1, 0)]
+    assert cpu_opts(conv10, 1, simd)[-3:] == [Opt(OptOps.UPCAST, 3, 10), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
     # not a linear layer's 20 columns: written out by two registers of rows, 40 accumulators
     linear = _ast(Tensor.empty(4096, 512) @ Tensor.empty(512, 20) + Tensor.empty(20))
     assert cpu_opts(linear, 1, simd) == [Opt(OptOps.PADTO, 1, to), Opt(OptOps.SIMD, 1, w), Opt(OptOps.UPCAST, 0, 8)]

@@ -232,7 +232,12 @@ def channel_tile(p: Plan, i: int, j: int, red: UOp) -> bool:
   if regs < CHANNEL_TILE_REGISTERS // 3 or ranges_of(trial.ast, AxisKind.UPCAST) == []: return False
   # packed once per iteration of the innermost output loop the read moves along (a block of channels, a chunk of images)
   moved = [g for g in p.glob if g != i and ax[g] in read] + ([i] if rows > width else [])
-  if not moved or not trial.first(Opt(OptOps.PACK, max(moved), 0)): return False
+  # where no loop outside that one moves the read (a conv's forward or input gradient: the weight is the same for every
+  # image), that loop goes outermost, so each block is packed once, not once per image: one core, beautiful_mnist at batch
+  # 512, in one process: 3x3 convs 32->64 at 10x10 28 -> 19 ms, 64->64 at 8x8 34 -> 16, 64->64's input gradient 48 -> 37
+  k = max(moved, default=0)
+  outward = tuple(Opt(OptOps.SWAP, g - 1, g) for g in range(k, 0, -1)) if moved and not any(g < k for g in moved) else ()
+  if not moved or not trial.first(*(((*outward, Opt(OptOps.PACK, 0, 0)),) if outward else ()), Opt(OptOps.PACK, k, 0)): return False
   p.ast, p.opts, p.tiled = trial.ast, trial.opts, True
   return True
 

@@ -165,6 +165,17 @@ class KernelWalk:
   reads: set[UOp]
   to_store: dict[UOp, str]  # each with why (a REALIZE_WHY key)
 
+# of the times a kernel's loops compute a value broadcast into them, those one computation serves: a register tile's row
+# (a value loaded once per row of outputs feeds up to 32 of them)
+TILE_REUSE = 32
+REPEATED_MIN_ELEMENTS = 1 << 16  # elements of a repeated value from which a kernel of its own pays (else a launch costs more)
+
+def repeats_cost(s: UOp, repeat: int, points: dict[UOp, None], cost: dict) -> bool:
+  """Is a value computed `repeat` times an element by a kernel's loops (the broadcasts around it) costlier than
+  storing it once and loading it back: its ops, once for each TILE_REUSE uses, beyond the first time, against PASS_COST?"""
+  if repeat <= TILE_REUSE or smax(sym_prod(s.shape)) < REPEATED_MIN_ELEMENTS: return False
+  return elementwise_cost(s, points, cost) * (repeat // TILE_REUSE - 1) > PASS_COST
+
 def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> KernelWalk:
   """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
   (and likewise a costly value) gets its own buffer, as does a reduce computed in two of the kernel's loop nests."""
@@ -175,24 +186,27 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   # loops was passed (one no reduce is around: a concatenation's, not a conv window's)
   seen: set[tuple] = set()
   # (and whether arithmetic was passed since the last reduce: a sum computed on, not only moved, as a nested one)
-  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool]] = [(p, True, frozenset(), False, True, False, False)]
+  # (and how many times the kernel's loops repeat each element: the broadcasts passed that the loops don't make free)
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool, int]] = [(p, True, frozenset(), False, True, False, False, 1)]
   # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
   nests: dict[UOp, set[frozenset[int]]] = {}
   while stack:
     state = stack.pop()
     if state in seen: continue
     seen.add(state)
-    u, aligned, reduced, expanded, direct, padded, computed = state
+    u, aligned, reduced, expanded, direct, padded, computed, repeat = state
     # below an expand, work is repeated per broadcast element unless the loops keep it free
-    expanded_here = expanded or (has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced)))
+    repeated_here = has_real_expand(u) and not (aligned and inline_is_free(u, u.src[0], reduced))
+    expanded_here = expanded or repeated_here
+    if repeated_here: repeat *= smax(sym_prod(u.shape)) // max(1, smax(sym_prod(u.src[0].shape)))
     keeps_axes = u.op in GroupOp.Elementwise or u.op in {Ops.REDUCE_AXIS, Ops.EXPAND, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.DETACH}
     below = (aligned and keeps_axes, reduced | set(u.arg[1]) if u.op is Ops.REDUCE_AXIS else reduced, expanded_here,
              u.op is Ops.REDUCE_AXIS or (direct and not has_real_expand(u)), (u.op is Ops.PAD and not reduced) or (padded and u.op is not Ops.REDUCE_AXIS),
-             u.op in GroupOp.ALU or (computed and u.op is not Ops.REDUCE_AXIS))
+             u.op in GroupOp.ALU or (computed and u.op is not Ops.REDUCE_AXIS), repeat)
     srcs = [(s, below) for s in u.src]
     if u.op is Ops.REDUCE_AXIS and (picked := gather_parts(u)) is not None:
       # a gather runs no loop over its table: the row it reads is computed once per output, its index with it
-      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False, False)), (picked[1], (False, reduced, False, direct, False, False))]
+      srcs = [(picked[0], (aligned, reduced, expanded_here, direct, False, False, repeat)), (picked[1], (False, reduced, False, direct, False, False, 1))]
     for s, below in srcs:
       if s.op in {Ops.BUFFER, Ops.DEVICE} or s in points: continue
       walk.reached.add(s)
@@ -213,6 +227,9 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
         # lowering merges into one loop nest): only one computed on (a bias, an activation) first
         if s.op is Ops.REDUCE_AXIS and below[1] and below[3] and below[5] and s.arg[0] is Ops.ADD and gather_parts(s) is None and \
             prod(smax(s.src[0].shape[a]) for a in s.arg[1]) >= NESTED_SUM_MIN: walk.to_store[s] = "nested"; continue
+      # a cheap value the loops compute many times an element (a previous layer's bias and relu, read by a conv's forward
+      # and weight gradient once per output channel and window element: 800 times each) costs more than its store
+      elif s.op in GroupOp.ALU and below[2] and repeats_cost(s, below[6], points, cost): walk.to_store[s] = "repeated"; continue
       stack.append((s, *below))
   # a reduce computed in two loop nests (attention's dP = dO @ V^T, read by the softmax gradient's row sum and again for
   # each output) is stored, unless it is cheaper to compute twice than to store and load
@@ -232,6 +249,8 @@ REALIZE_WHY = {
   "expand": f"an expand would recompute it per broadcast element (a reduce, or a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element)",
   "pad": "a reduce read through a pad (a piece of a concatenation): computed with its own loops, then copied in",
   "nested": "a long sum (a conv, a matmul) inside another reduce's loops: computed with its own loops (a register tile)",
+  "repeated": f"a value the kernel's loops compute more than TILE_REUSE={TILE_REUSE} times an element, where that costs more than "
+              f"storing it (a bias and relu under a conv's windows and output channels)",
   "two_nests": "a reduce one kernel would compute in two loop nests (attention's dP), costlier to redo than to store",
   "shared_reduce": "a reduce that two or more kernels read: computed once",
   "shared_value": f"a value costing > RECOMPUTE_MAX={RECOMPUTE_MAX} ops an element that several kernels read, where the repeated work "
@@ -660,7 +679,8 @@ def split_long_sum(red: UOp) -> UOp | None:
   x = red.src[0]
   shape = x.shape
   if not all(isinstance(s, int) for s in shape) or not isinstance(size := sym_prod(red.shape), int): return None
-  if size < SPLIT_REDUCE_OUTPUTS: return split_batch_sum(red) if size >= SPLIT_BATCH_OUTPUTS else None
+  if size < SPLIT_REDUCE_OUTPUTS:
+    return split_batch_sum(red) if size >= SPLIT_BATCH_OUTPUTS or (size >= SPLIT_PRODUCT_OUTPUTS and x.op is Ops.MUL) else None
   n = prod(shape[a] for a in axes)
   if n < SPLIT_REDUCE_LENGTH or n % SPLIT_REDUCE_CHUNK: return None
   kept = [i for i in range(len(shape)) if i not in axes]
@@ -672,6 +692,10 @@ def split_long_sum(red: UOp) -> UOp | None:
   return partials.reduce_axis(Ops.ADD, (0,)).reshape(red.shape)
 
 SPLIT_BATCH_OUTPUTS, SPLIT_BATCH_LENGTH = 4096, 1 << 14
+# and from this many where the sum is of a product (a weight gradient, g * x): beautiful_mnist's first conv's, 32x1x5x5 over
+# 512 x 24 x 24, in chunks of 4 images gets its channel tile (packed per chunk): one core, 43-55 -> 24-25 ms with the
+# partials' sum, in one process
+SPLIT_PRODUCT_OUTPUTS = 512
 
 def split_batch_sum(red: UOp) -> UOp | None:
   """A long sum into fewer outputs, whose reduced axes are more than one (a conv's weight gradient: 32x32x5x5 outputs
