@@ -7,6 +7,7 @@ axis that doesn't split) is skipped. DEBUG>=3 prints every step's choices and ev
 
 The measurements quoted below are one core of the development machine (AVX-512, gcc 12) unless they say otherwise."""
 from __future__ import annotations
+import functools
 from attograd.dtype import dtypes
 from attograd.helpers import DEBUG, prod
 from attograd.uop.ops import UOp, Ops, GroupOp, AxisKind
@@ -52,6 +53,9 @@ def cores(renderer: Renderer) -> int:
 
 # ***** the plan the steps share *****
 
+# the steps ask this of the same reads again (register_tile, then column_sum, window_loop): half of a small transformer's
+# 137 questions were repeats, each a rewrite of the index; remembered for the reads of the kernels planned last
+@functools.lru_cache(maxsize=4096)
 def unit_stride(index: UOp, r: UOp) -> bool:
   """Do neighbouring iterations of loop r read neighbouring elements?"""
   step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic, name="heuristics/unit_stride")

@@ -54,7 +54,16 @@ MAX_COPIES = 512  # upcast x unroll (x simd): the number of copies of the loop b
 MAX_WRITTEN_OUT = 3072
 
 def ranges_of(ast: UOp, kind: AxisKind) -> list[UOp]:
-  return sorted((u for u in ast.toposort if u.op is Ops.RANGE and u.arg[1] is kind), key=lambda r: r.arg)
+  return list(_ranges_by_kind(ast).get(kind, ()))
+
+# the heuristics ask a kernel for its axes a dozen times between two Opts (each a walk of the whole graph): found once per
+# AST (UOps are hash-consed and immutable), for the ASTs of the kernels lowered last
+@functools.lru_cache(maxsize=1024)
+def _ranges_by_kind(ast: UOp) -> dict[AxisKind, tuple[UOp, ...]]:
+  out: dict[AxisKind, list[UOp]] = {}
+  for u in ast.toposort:
+    if u.op is Ops.RANGE: out.setdefault(u.arg[1], []).append(u)
+  return {k: tuple(sorted(v, key=lambda r: r.arg)) for k, v in out.items()}
 
 def global_ranges(ast: UOp) -> list[UOp]: return ranges_of(ast, AxisKind.GLOBAL)
 def axes(ast: UOp) -> list[UOp]: return ranges_of(ast, AxisKind.GLOBAL) + ranges_of(ast, AxisKind.REDUCE)
