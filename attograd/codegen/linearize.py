@@ -17,19 +17,22 @@ def linearize(sink: UOp) -> list[UOp]:
       enclosing[x] = set()
       for outer in end_of[x].live_ranges: enclosing[x] |= {outer} | loops_around(outer)
     return enclosing[x]
-  body: dict[UOp, frozenset[UOp]] = {}  # every loop a node is inside, found once per node (not once per node and loop)
-  def in_body(u: UOp, r: UOp) -> bool:
-    if (b := body.get(u)) is None: b = body[u] = frozenset().union(*({x} | loops_around(x) for x in u.live_ranges))
-    return r in b
+  # every loop a node is inside, found once per node (not once per node and loop), and once per set of live ranges: most
+  # nodes share theirs with many others (the walks below were half of linearize's time, most of it building these sets)
+  body: dict[UOp, frozenset[UOp]] = {}
+  around: dict[frozenset[UOp], frozenset[UOp]] = {}
   for r, end in end_of.items():
     # what the loop's body reads from outside it: found walking down through the body only (what lies below those
     # nodes is done before them), not every node under the END
-    stack, seen = list(end.src), set()
+    stack, seen, outside = list(end.src), set(), deps[r]
     while stack:
       if (u := stack.pop()) in seen: continue
       seen.add(u)
-      if in_body(u, r): stack.extend(u.src)
-      else: deps[r].add(u)
+      if (b := body.get(u)) is None:
+        if (b := around.get(live := u.live_ranges)) is None: b = around[live] = frozenset().union(*({x} | loops_around(x) for x in live))
+        body[u] = b
+      if r in b: stack.extend(u.src)
+      else: outside.add(u)
   users: dict[UOp, list[UOp]] = {u: [] for u in order}
   for u, ds in deps.items():
     for d in ds: users[d].append(u)
