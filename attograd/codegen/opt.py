@@ -181,9 +181,13 @@ def apply_thread(ast: UOp, opt: Opt, r: UOp) -> UOp:
   chunk = const_size(r) // opt.amount
   inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, chunk),), r.arg)
   core = UOp(Ops.CORE_ID, r.dtype, (), opt.amount)
-  # the loop's END now closes the smaller range; every use of the old index gets the offset
-  ends = {u: UOp(Ops.END, u.dtype, (u.src[0], inner)) for u in ast.toposort if u.op is Ops.END and u.src[1] is r}
-  return graph_rewrite(ast.substitute(ends).substitute({r: core * chunk + inner}), symbolic, name="apply_opts/thread")
+  # the loop's END now closes the smaller range; every use of the old index gets the offset (one walk of the graph)
+  new: dict[UOp, UOp] = {r: core * chunk + inner}
+  for u in ast.toposort:
+    if u in new: continue
+    src = tuple([new.get(s, s) for s in u.src])
+    new[u] = UOp(Ops.END, u.dtype, (src[0], inner)) if u.op is Ops.END and u.src[1] is r else u.replace(src=src)
+  return graph_rewrite(new[ast], symbolic, name="apply_opts/thread")
 
 def apply_padto(ast: UOp, r: UOp, padded: int, size: int) -> UOp:
   """The loop runs to `padded`; every memory access that depends on it is gated by r < size, and a
