@@ -1,22 +1,27 @@
-"""Where a training step's time goes, kernel by kernel, next to torch's ops: examples/beautiful_mnist.py's model (batch
-512), one thread each, CPU time (time.thread_time: on a machine shared with other work, wall-clock time measures the
-queue for the cores). attograd's kernels come from the TinyJit replay of the step, each run alone REPS times (the
-minimum); torch's aten ops are timed the same way through a dispatch mode around a whole step. Run as
-  python bench/step_kernels.py          # BS=512 REPS=5 MIN_MS=0.5 to change them
-Compare each big kernel with torch's op of the same shapes (convolution, convolution_backward, batch norm, max pool)."""
+"""Where a training step's time goes, kernel by kernel, next to torch's ops, one thread each, CPU time (time.thread_time:
+on a machine shared with other work, wall-clock time measures the queue for the cores). attograd's kernels come from
+the TinyJit replay of the step, each run alone REPS times (the minimum); torch's aten ops are timed the same way through
+a dispatch mode around a whole step. Compare each big kernel with torch's op of the same shapes.
+  python bench/step_kernels.py                  # examples/beautiful_mnist.py's model, batch 512 (BS=n)
+  python bench/step_kernels.py --model gpt      # examples/gpt.py's default GPT (4 layers, 4 heads, d 128, context 64, batch 32)
+  REPS=5 MIN_MS=0.5 TOP=40                      # runs per timing, the smallest time listed, rows listed"""
 from __future__ import annotations
-import os, sys, time
+import argparse, importlib.util, os, pathlib, random, sys, time
+from typing import Callable
 os.environ.setdefault("THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-sys.path.insert(0, os.path.dirname(__file__))
-REPS, MIN_MS = int(os.getenv("REPS", 5)), float(os.getenv("MIN_MS", 0.5))
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "bench")]
+REPS, MIN_MS, TOP = int(os.getenv("REPS", 5)), float(os.getenv("MIN_MS", 0.5)), int(os.getenv("TOP", 40))
 
-def ours(bs: int) -> tuple[list[tuple[int, str, float, int, list]], float]:
-  """(index, name, ms, ops, opts) of every kernel of one step, and the whole step's ms."""
+# each model: () -> (attograd's step, its TinyJit, torch's step), both steps called with no arguments
+
+def beautiful():
   from beautiful_mnist import Net
+  from mnist_step import torch_step
   from attograd import Tensor, TinyJit
   from attograd.nn import optim
   from attograd.nn.state import get_parameters
+  bs = int(os.getenv("BS", 512))
   Tensor.manual_seed(0)
   model = Net()
   opt = optim.Adam(get_parameters(model), lr=1e-3)
@@ -27,53 +32,64 @@ def ours(bs: int) -> tuple[list[tuple[int, str, float, int, list]], float]:
       opt.zero_grad()
       loss = model(x).cross_entropy(y).backward()
       return loss.realize(*opt.schedule_step())
-  for _ in range(3): step(x, y)
-  rows = []
-  for i, ei in enumerate(step.replay.plan.items):
-    best = float("inf")
-    for _ in range(REPS):
-      st = time.thread_time(); ei.runner(ei.raw, {}); best = min(best, time.thread_time() - st)
-    rows.append((i, ei.runner.name, best * 1e3, ei.runner.ops, getattr(ei.runner, "opts", [])))
-  whole = float("inf")
-  for _ in range(3):
-    st = time.thread_time(); step(x, y); whole = min(whole, time.thread_time() - st)
-  return rows, whole * 1e3
+  return (lambda: step(x, y)), step, torch_step(bs, True)
 
-def theirs(bs: int) -> tuple[dict[tuple[str, tuple], float], float]:
-  """torch's ms per (aten op, input shapes) over one step, and the whole step's ms."""
+def gpt():
+  spec = importlib.util.spec_from_file_location("gpt_example", ROOT / "examples" / "gpt.py")
+  ex = importlib.util.module_from_spec(spec); spec.loader.exec_module(ex)  # type: ignore[union-attr]
+  from attograd.models.gpt import GPTConfig
+  args = ex.get_args([])
+  cfg = GPTConfig(vocab_size=84, block_size=args.ctx, n_layer=args.layers, n_head=args.heads, n_embd=args.d)
+  ours = ex.AttogradTrainer(args, cfg)
+  theirs = ex.TorchTrainer(args, cfg, ours.state())
+  rng = random.Random(0)
+  batch = ([[rng.randrange(84) for _ in range(args.ctx)] for _ in range(args.batch)],) * 2
+  return (lambda: ours.train_step(*batch)), ours._step, (lambda: theirs.train_step(*batch))
+
+MODELS: dict[str, Callable] = {"beautiful": beautiful, "gpt": gpt}
+
+def best_of(fn: Callable[[], object], reps: int) -> float:
+  """The least CPU time of reps calls, in ms."""
+  best = float("inf")
+  for _ in range(reps):
+    st = time.thread_time(); fn(); best = min(best, time.thread_time() - st)
+  return best * 1e3
+
+def aten_ms(step: Callable[[], object]) -> dict[tuple[str, tuple], float]:
+  """torch's ms per (aten op, input shapes) over one step (the least of REPS steps)."""
   import torch
   from torch.utils._python_dispatch import TorchDispatchMode
-  from mnist_step import torch_step
-  torch.set_num_threads(1)
-  step = torch_step(bs, True)
-  for _ in range(3): step()
   acc: dict[tuple[str, tuple], list[float]] = {}
   class Timed(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
       st = time.thread_time(); out = func(*args, **(kwargs or {})); t = time.thread_time() - st
-      shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))[:2]
-      acc.setdefault((str(func), shapes), []).append(t)
+      acc.setdefault((str(func), tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))[:3]), []).append(t)
       return out
   per: dict[tuple[str, tuple], float] = {}
   for _ in range(REPS):
     acc.clear()
     with Timed(): step()
-    for k, v in acc.items(): per[k] = min(per.get(k, float("inf")), sum(v))
-  whole = float("inf")
-  for _ in range(3):
-    st = time.thread_time(); step(); whole = min(whole, time.thread_time() - st)
-  return {k: v * 1e3 for k, v in per.items()}, whole * 1e3
+    for k, v in acc.items(): per[k] = min(per.get(k, float("inf")), sum(v) * 1e3)
+  return per
 
 def main() -> None:
-  bs = int(os.getenv("BS", 512))
-  t, t_whole = theirs(bs)
-  print(f"torch, one thread, ms per op over a step (min of {REPS}):")
-  for (op, shapes), ms in sorted(t.items(), key=lambda kv: -kv[1]):
-    if ms >= MIN_MS: print(f"  {ms:8.2f}  {op:45s} {shapes}")
-  rows, o_whole = ours(bs)
-  print(f"attograd, one thread, ms per kernel (min of {REPS}):")
-  for i, name, ms, ops, opts in sorted(rows, key=lambda r: -r[2]):
-    if ms >= MIN_MS: print(f"  {ms:8.2f} {i:3d} {name:36s} {ops / ms / 1e6:6.1f} GFLOPS  {opts}")
-  print(f"whole step, one thread, CPU time: attograd {o_whole:.1f} ms, torch {t_whole:.1f} ms, attograd/torch {o_whole / t_whole:.2f}x")
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", choices=sorted(MODELS), default="beautiful")
+  import torch
+  torch.set_num_threads(1)
+  ours, jit, theirs = MODELS[ap.parse_args().model]()
+  for _ in range(3): ours(); theirs()
+  per = aten_ms(theirs)
+  print(f"torch, one thread, ms per (op, shapes) over a step (min of {REPS}), total {sum(per.values()):.2f} ms:")
+  for (op, shapes), ms in sorted(per.items(), key=lambda kv: -kv[1])[:TOP]:
+    if ms >= MIN_MS: print(f"  {ms:8.3f}  {op:45s} {shapes}")
+  items = jit.replay.plan.items
+  rows = [(i, ei.runner.name, best_of(lambda: ei.runner(ei.raw, jit.var_vals), REPS), ei.runner.ops, getattr(ei.runner, "opts", []))
+          for i, ei in enumerate(items)]
+  print(f"attograd, one thread, ms per kernel (min of {REPS}), {len(rows)} kernels, total {sum(r[2] for r in rows):.2f} ms:")
+  for i, name, ms, ops, opts in sorted(rows, key=lambda r: -r[2])[:TOP]:
+    if ms >= MIN_MS: print(f"  {ms:8.3f} {i:3d} {name:36s} {ops / ms / 1e6:6.1f} GFLOPS  {opts}")
+  wo, wt = best_of(ours, 5), best_of(theirs, 5)
+  print(f"whole step, one thread, CPU time: attograd {wo:.1f} ms, torch {wt:.1f} ms, attograd/torch {wo / wt:.2f}x")
 
 if __name__ == "__main__": main()
