@@ -1,7 +1,7 @@
 """Fusion: how many kernels a graph becomes (GlobalCounters), and that the fused result is right."""
 import numpy as np
 import pytest
-from attograd import Tensor, GlobalCounters
+from attograd import Tensor, GlobalCounters, dtypes
 
 rng = np.random.default_rng(0)
 def rand(*shape): return rng.standard_normal(shape).astype(np.float32)
@@ -390,6 +390,22 @@ def test_a_concatenation_of_reductions_computes_each_in_its_own_kernel():
   want = np.concatenate([(na @ nb).ravel(), nc.sum(0), (na.T @ nc).ravel()])
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
   assert k == 4, k
+
+def test_weights_dequantized_from_bytes_stay_in_the_matmul():
+  # a matmul over many rows reads each weight once per row, as it reads a conv's input: but a value wider than all it is
+  # computed from (floats from bytes and half-precision scales) stays in its readers, the weights quantized in memory
+  # (SmolLM2's decode step wrote its whole tied embedding table as floats every token: 2.3x slower, 100 MiB more)
+  rng = np.random.default_rng(0)
+  q, d = rng.integers(0, 16, (2048, 64), dtype=np.uint8), rng.standard_normal((2048, 1)).astype(np.float16)
+  x = rng.standard_normal((256, 64)).astype(np.float32)  # 256 rows: each weight computed 256 times
+  tq, td, tx, tw = Tensor(q).realize(), Tensor(d).realize(), Tensor(x).realize(), Tensor(q.astype(np.float32)).realize()
+  def kernels(out: Tensor) -> int:
+    GlobalCounters.reset()
+    out.realize()
+    return GlobalCounters.kernel_count
+  out = tx @ (tq.cast(dtypes.float32) * td.cast(dtypes.float32)).T
+  assert kernels(out) == kernels(tx @ tw.T), "as many kernels as the matmul of float weights: none for the dequantization"
+  np.testing.assert_allclose(out.numpy(), x @ (q.astype(np.float32) * d.astype(np.float32)).T, rtol=1e-4, atol=1e-3)
 
 def test_a_relu_read_under_a_conv_window_is_stored_once():
   # conv -> relu -> conv in training: the second conv's forward and weight gradient read relu(conv1 + bias) once per

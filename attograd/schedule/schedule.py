@@ -174,7 +174,22 @@ def repeats_cost(s: UOp, repeat: int, points: dict[UOp, None], cost: dict) -> bo
   """Is a value computed `repeat` times an element by a kernel's loops (the broadcasts around it) costlier than
   storing it once and loading it back: its ops, once for each TILE_REUSE uses, beyond the first time, against PASS_COST?"""
   if repeat <= TILE_REUSE or smax(sym_prod(s.shape)) < REPEATED_MIN_ELEMENTS: return False
+  # a value wider than everything it is computed from stays in its readers: weights dequantized from bytes, read by a
+  # matmul over many rows, stay quantized in memory (stored, their floats were 7x the bytes: SmolLM2's decode step wrote
+  # its whole tied embedding table as floats every token, 2.3x slower and 100 MiB more)
+  if s.dtype.itemsize > widest_read(s, points): return False
   return elementwise_cost(s, points, cost) * (repeat // TILE_REUSE - 1) > PASS_COST
+
+def widest_read(u: UOp, points: dict[UOp, None]) -> int:
+  """The largest element, in bytes, of the buffers, realize points and reduces computing u inside a kernel reads."""
+  seen: set[UOp] = set()
+  stack, widest = list(u.src), 0
+  while stack:
+    if (x := stack.pop()) in seen or x.op is Ops.DEVICE: continue
+    seen.add(x)
+    if x.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or x in points: widest = max(widest, x.dtype.itemsize)
+    else: stack.extend(x.src)
+  return widest
 
 def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> KernelWalk:
   """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
