@@ -124,3 +124,23 @@ def test_quantized_matvec_inner_loop_vectorizes(tmp_path):
                        capture_output=True, text=True, check=True)
   assert re.search(rf"k\.c:{loop}:\d+: optimized: loop vectorized", out.stderr), f"line {loop} not vectorized:\n{out.stderr}\n{src}"
   np.testing.assert_allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-4, atol=1e-4)
+
+def test_quantized_matvec_several_rows_at_once():
+  """A decode step's matvec over Q4_1 weights computes 4 rows at once (codegen/heuristic.py matvec_rows: independent
+  accumulator chains, each value of the vector loaded once for them), and its values still match gguf's dequantization.
+  A depthwise conv's short window (same weights at every pixel, 9 terms) gets no such rows."""
+  from attograd.runtime.device import Device
+  from attograd.codegen.heuristic import cpu_opts
+  from attograd.codegen.opt import Opt, OptOps
+  from attograd.nn.quant import split_fields, dequantize
+  rows, cols = 256, 576
+  raw = random_blocks("Q4_1", rows, cols)
+  w = dequantize(split_fields(Tensor(raw.reshape(-1)), Q.Q4_1.value), Q.Q4_1.value, (rows, cols))
+  x = Tensor(rng.standard_normal((1, cols)).astype(np.float32)).realize()
+  y = x @ w.T
+  opts = cpu_opts(y.schedule()[-1].ast, 1, 16)
+  assert Opt(OptOps.UPCAST, 0, 4) in opts, opts
+  ref = x.numpy().astype(np.float64) @ gguf.quants.dequantize(raw, Q.Q4_1).reshape(rows, cols).astype(np.float64).T
+  np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+  conv = Tensor.empty(1, 64, 26, 66).conv2d(Tensor.empty(64, 1, 3, 3), groups=64)
+  assert not any(o.op is OptOps.UPCAST and o.axis == 0 for o in cpu_opts(conv.schedule()[-1].ast, 1, 16))

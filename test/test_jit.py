@@ -82,6 +82,18 @@ def test_state_assigned_outside_is_followed():
   eager, jitted = _train(optim.SGD, False, steps=8, lr_schedule=True, lr=0.1), _train(optim.SGD, True, steps=8, lr_schedule=True, lr=0.1)
   np.testing.assert_allclose(jitted[0], eager[0], rtol=1e-5)
 
+def test_weight_assigned_outside_after_quiet_replays_is_followed():
+  # replays with no assign in between skip the scan of the outside memory's forwarding notes; an assign after them must
+  # still move the replay to the weight's new memory (and again after more quiet replays)
+  w = Tensor.ones(4).contiguous().realize()
+  @TinyJit
+  def f(x): return (x * w).sum().reshape(1).realize()
+  x = Tensor([1.0, 2.0, 3.0, 4.0]).realize()
+  for _ in range(4): np.testing.assert_allclose(f(x).numpy(), [10.0])
+  for k in (2.0, 3.0):
+    w.assign(Tensor.full((4,), k)).realize()
+    for _ in range(3): np.testing.assert_allclose(f(x).numpy(), [10.0 * k])
+
 def test_counter_state_in_place_and_by_copy():
   # c += x is written in place; s = c.sum() of the old values read after the write needs the copy path
   c, s = Tensor.zeros(4).contiguous().realize(), Tensor.zeros(1).contiguous().realize()

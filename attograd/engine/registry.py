@@ -26,6 +26,7 @@ class NodeMap(Generic[V]):
     def drop(slot: _Slot) -> None:  # (only this slot: a new node can have the dead one's id once it is gone)
       if entries.get(slot.key) is slot: del entries[slot.key]
     self._drop = drop
+    self.writes = 0  # entries written so far: a reader that saw this count knows no entry was added or changed since
   def get(self, node: UOp) -> V | None: return e.value if (e := self._entries.get(id(node))) is not None else None
   @property
   def by_id(self) -> dict[int, _Slot]:
@@ -35,6 +36,7 @@ class NodeMap(Generic[V]):
   def __contains__(self, node: UOp) -> bool: return id(node) in self._entries
   def __len__(self) -> int: return len(self._entries)
   def __setitem__(self, node: UOp, value: V) -> None:
+    self.writes += 1
     if (e := self._entries.get(key := id(node))) is None:
       e = self._entries[key] = _Slot(node, self._drop)
       e.key = key
