@@ -62,9 +62,8 @@ def bench_bert(reps: int) -> None:
   print(f"  attograd             {fmt(a, 'sentences/s')}   {statistics.median(a) / statistics.median(t):.2f}x torch")
   if line := cpu_line("bert ours", "bert torch", "batch of 64"): print(line)
 
-def bench_gpt(reps: int) -> None:
-  import torch
-  torch.set_num_threads(THREADS)
+def gpt_trainers():
+  """examples/gpt.py's default GPT (its arguments), trained by attograd and by torch from the same weights."""
   import importlib.util
   spec = importlib.util.spec_from_file_location("gpt_example", ROOT / "examples" / "gpt.py")
   ex = importlib.util.module_from_spec(spec); spec.loader.exec_module(ex)  # type: ignore[union-attr]
@@ -72,7 +71,12 @@ def bench_gpt(reps: int) -> None:
   args = ex.get_args([])
   cfg = GPTConfig(vocab_size=84, block_size=args.ctx, n_layer=args.layers, n_head=args.heads, n_embd=args.d)
   ours = ex.AttogradTrainer(args, cfg)
-  theirs = ex.TorchTrainer(args, cfg, ours.state())
+  return args, ours, ex.TorchTrainer(args, cfg, ours.state())
+
+def bench_gpt(reps: int) -> None:
+  import torch
+  torch.set_num_threads(THREADS)
+  args, ours, theirs = gpt_trainers()
   rng = random.Random(0)
   def batch():
     return ([[rng.randrange(84) for _ in range(args.ctx)] for _ in range(args.batch)],) * 2

@@ -6,7 +6,7 @@ a dispatch mode around a whole step. Compare each big kernel with torch's op of 
   python bench/step_kernels.py --model gpt      # examples/gpt.py's default GPT (4 layers, 4 heads, d 128, context 64, batch 32)
   REPS=5 MIN_MS=0.5 TOP=40                      # runs per timing, the smallest time listed, rows listed"""
 from __future__ import annotations
-import argparse, importlib.util, os, pathlib, random, sys, time
+import argparse, os, pathlib, random, sys, time
 from typing import Callable
 os.environ.setdefault("THREADS", "1")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -35,13 +35,8 @@ def beautiful():
   return (lambda: step(x, y)), step, torch_step(bs, True)
 
 def gpt():
-  spec = importlib.util.spec_from_file_location("gpt_example", ROOT / "examples" / "gpt.py")
-  ex = importlib.util.module_from_spec(spec); spec.loader.exec_module(ex)  # type: ignore[union-attr]
-  from attograd.models.gpt import GPTConfig
-  args = ex.get_args([])
-  cfg = GPTConfig(vocab_size=84, block_size=args.ctx, n_layer=args.layers, n_head=args.heads, n_embd=args.d)
-  ours = ex.AttogradTrainer(args, cfg)
-  theirs = ex.TorchTrainer(args, cfg, ours.state())
+  from models import gpt_trainers
+  args, ours, theirs = gpt_trainers()
   rng = random.Random(0)
   batch = ([[rng.randrange(84) for _ in range(args.ctx)] for _ in range(args.batch)],) * 2
   return (lambda: ours.train_step(*batch)), ours._step, (lambda: theirs.train_step(*batch))
