@@ -4,6 +4,7 @@ the TinyJit replay of the step, each run alone REPS times (the minimum); torch's
 a dispatch mode around a whole step. Compare each big kernel with torch's op of the same shapes.
   python bench/step_kernels.py                  # examples/beautiful_mnist.py's model, batch 512 (BS=n)
   python bench/step_kernels.py --model gpt      # examples/gpt.py's default GPT (4 layers, 4 heads, d 128, context 64, batch 32)
+  python bench/step_kernels.py --model bert     # all-MiniLM-L6-v2 sentence embeddings of 64 short sentences (bench/models.py's)
   REPS=5 MIN_MS=0.5 TOP=40                      # runs per timing, the smallest time listed, rows listed"""
 from __future__ import annotations
 import argparse, os, pathlib, random, sys, time
@@ -41,7 +42,23 @@ def gpt():
   batch = ([[rng.randrange(84) for _ in range(args.ctx)] for _ in range(args.batch)],) * 2
   return (lambda: ours.train_step(*batch)), ours._step, (lambda: theirs.train_step(*batch))
 
-MODELS: dict[str, Callable] = {"beautiful": beautiful, "gpt": gpt}
+def bert():
+  """bench/models.py's BERT case: SentenceEncoder.encode of one batch of 64 short sentences (its TinyJit replayed)."""
+  from models import sentences
+  from attograd.models.bert import SentenceEncoder, default_model_path
+  from sentence_transformers import SentenceTransformer
+  import torch
+  ours, theirs, s = SentenceEncoder.from_pretrained(), SentenceTransformer(str(default_model_path()), device="cpu"), sentences(64, 0)
+  def run_theirs():
+    with torch.inference_mode(): return theirs.encode(s, batch_size=64, convert_to_numpy=True)
+  class Jits:  # the one TinyJit the batch's shape uses, looked up after the warm-up calls made it
+    @property
+    def replay(self): return next(iter(ours._jits.values())).replay
+    @property
+    def var_vals(self): return next(iter(ours._jits.values())).var_vals
+  return (lambda: ours.encode(s, batch_size=64).numpy()), Jits(), run_theirs
+
+MODELS: dict[str, Callable] = {"beautiful": beautiful, "gpt": gpt, "bert": bert}
 
 def best_of(fn: Callable[[], object], reps: int) -> float:
   """The least CPU time of reps calls, in ms."""
