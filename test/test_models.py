@@ -61,6 +61,26 @@ def test_packing_layout():
   with pytest.raises(ValueError, match="more than a layout"): Packing.of([5], rows=8, T=4)
   with pytest.raises(ValueError, match="more than a layout"): Packing.of([4, 4, 4], rows=8, T=4)
 
+def test_packed_forward_matches_padded():
+  # forward_packed (one fused q/k/v matmul, the padding as an additive -inf mask) gives forward's hidden states (three
+  # projections, scaled_dot_product_attention's bool mask) on every real token: a small random BERT, no checkpoint needed
+  from attograd import Tensor
+  from attograd.models.bert import Bert, BertConfig, Packing
+  Tensor.manual_seed(0)
+  model = Bert(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
+  lengths, T = [5, 2, 7], 8
+  rng = np.random.default_rng(0)
+  ids = [rng.integers(1, 50, n).tolist() for n in lengths]
+  padded = model(Tensor([s + [0] * (T - len(s)) for s in ids]), Tensor([[1] * len(s) + [0] * (T - len(s)) for s in ids])).numpy()
+  p = Packing.of(lengths, rows=16, T=T)
+  packed = model.forward_packed(Tensor([t for s in ids for t in s] + [0] * (16 - sum(lengths))), p).numpy()
+  want = np.concatenate([padded[b, :n] for b, n in enumerate(lengths)])
+  np.testing.assert_allclose(packed[:sum(lengths)], want, atol=2e-5, rtol=1e-5)
+  layer, x = model.layers[0], Tensor(rng.standard_normal((3, 32)).astype(np.float32))
+  np.testing.assert_allclose(layer.qkv(x).numpy(), np.concatenate([lin(x).numpy() for lin in (layer.query, layer.key, layer.value)], -1),
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="0 tokens"): Packing.of([3, 0], rows=8, T=4)
+
 def test_encode_errors(encoder):
   assert encoder.encode([]).shape == (0, 384)
   with pytest.raises(TypeError, match="list of strings"): encoder.encode("one sentence")
