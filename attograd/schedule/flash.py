@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools, math
 from attograd.dtype import dtypes
 from attograd.helpers import prod
-from attograd.uop.ops import AxisKind, UOp, Ops
+from attograd.uop.ops import AxisKind, GroupOp, UOp, Ops
 from attograd.codegen.lower import fresh_range_id
 
 FLASH_MAX_COLUMNS = 256  # outputs a row keeps in registers (acc[c]): a head dimension; wider rows keep today's kernels
@@ -37,6 +37,14 @@ FLASH_QUERY_TILE = 4  # query rows a pass takes together: each key and value row
 # scalar per score (what a faster one needs: scores accumulated along the keys, not the head dimension). From 2048 keys
 # split_long_sum leaves P @ V whole for it (softmax_weighted).
 FLASH_MIN_KEYS = 2048
+# the backward's rule (sdpa's vjp, frontend/elementwise.py): from this many keys the gradients recompute the probabilities
+# from q, k and the rows' logsumexp inside their kernels (fuse_attention_grads, grad_kernel) instead of reading T x S
+# buffers of scores, probabilities and dS
+FLASH_BWD_MIN_KEYS = 2048
+
+def flash_backward(keys, *head_dims) -> bool:
+  """Does sdpa's backward recompute its probabilities (rows of `keys` keys, heads of head_dims columns)?"""
+  return isinstance(keys, int) and keys >= FLASH_BWD_MIN_KEYS and all(isinstance(d, int) and d <= FLASH_MAX_COLUMNS for d in head_dims)
 
 # ***** tensor graph: which softmax @ v to fuse *****
 
@@ -104,8 +112,60 @@ def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
     # the scores (x, or the epilogue store_epilogues put over their reduce) keep their buffer if anything outside the
     # softmax reads them
     if x in points and any(v not in p.toposort for v in users.get(x, [])): continue
-    points = {u: w for u, w in points.items() if u is not p and u is not x}
-  return points
+    # (and the exps, if stored for a second reader: the sum a training step's logsumexp reads (sdpa's flash backward),
+    # which then recomputes them as the pass does)
+    points = {u: w for u, w in points.items() if u is not p and u is not x and not (u.op is Ops.EXP and u.src[0].op is Ops.SUB and u.src[0].src[0] is x)}
+  return fuse_attention_grads(sink, points, users)
+
+# ***** tensor graph: the backward's recomputed probabilities *****
+
+def _numel(u: UOp) -> int | None: return prod(u.shape) if all(isinstance(n, int) for n in u.shape) else None
+
+def recomputes_probabilities(f: UOp) -> bool:
+  """Does f read exp(scores - lse) with lse a stored row value (sdpa's backward: its contiguous logsumexp)?"""
+  return any(u.op is Ops.EXP and u.src[0].op is Ops.SUB and _through(u.src[0].src[1], Ops.EXPAND, Ops.RESHAPE).op is Ops.CONTIGUOUS
+             for u in f.toposort)
+
+def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, list[UOp]] | None) -> dict[UOp, str]:
+  """Drop the buffers of sdpa's backward's T x S values (the recomputed scores and probabilities, dP, dS) where every
+  reader is a long sum of them times a narrow operand (a gradient's matmul): grad_kernel then computes each such value
+  once per (row, key) in the sum's kernel, not once per output column."""
+  cands = [f for f, why in points.items() if why in ("expand", "two_nests", "shared_reduce") and (n := _numel(f)) is not None
+           and len(f.shape) >= 2 and recomputes_probabilities(f)]
+  if not cands: return points
+  if users is None: users = _users(sink)
+  big = {f: _numel(f) for f in cands}
+  memo: dict[UOp, bool] = {}
+  def reader_ok(u: UOp) -> bool:
+    if u in memo: return memo[u]
+    memo[u] = False  # (a cycle can't happen; a node seen twice is decided once)
+    if u in big: ok = True
+    elif u.op is Ops.REDUCE_AXIS:  # the gradient's matmul: a sum over the keys (or the queries) with its own buffer
+      k = u.src[0].shape[u.arg[1][0]] if len(u.arg[1]) == 1 else 0
+      ok = u in points and u.arg[0] is Ops.ADD and len(u.arg[1]) == 1 and u.arg[1][0] == len(u.shape) - 1 and isinstance(k, int) and \
+        k >= FLASH_BWD_MIN_KEYS and isinstance(c := u.shape[-2], int) and c <= FLASH_MAX_COLUMNS
+    elif u in points or u.op is Ops.SINK: ok = False
+    elif u.op in GroupOp.Movement or u.op in GroupOp.ALU: ok = all(reader_ok(w) for w in users.get(u, []))
+    else: ok = False
+    memo[u] = ok
+    return ok
+  # the candidates whose readers all are gradient matmuls (or other candidates), repeated until stable
+  while True:
+    bad = [f for f in big if not all(reader_ok(w) for w in users.get(f, []))]
+    if not bad: break
+    for f in bad: del big[f]
+    memo.clear()
+  # and the T x S values inside them (the scores, dP), stopping at the stored lse: each is recomputed where it is read,
+  # if nothing outside the candidates reads it
+  region: set[UOp] = set()
+  stack = list(big)
+  while stack:
+    if (u := stack.pop()) in region or u.op in (Ops.CONTIGUOUS, Ops.BUFFER): continue
+    region.add(u)
+    stack.extend(u.src)
+  drop = set(big) | {u for u in region if u in points and _numel(u) in big.values() and points[u] in ("expand", "two_nests", "shared_reduce", "nested")
+                     and all(w in region for w in users.get(u, []))}
+  return {u: w for u, w in points.items() if u not in drop}
 
 # ***** kernel AST: the sum as one pass over the keys *****
 
