@@ -198,8 +198,9 @@ def _causal_bound(x: UOp, j: UOp) -> UOp | None:
   return i + 1
 
 def flash_kernel(sink: UOp) -> UOp | None:
-  """The kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
+  """grad_kernel's rewrite if it applies, else the kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
   pass over the keys per row (the module's docstring); None if the kernel isn't one."""
+  if (g := grad_kernel(sink)) is not None: return g
   ends, st = [], sink.src[0] if len(sink.src) == 1 else None
   while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
   if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
@@ -276,3 +277,87 @@ def flash_kernel(sink: UOp) -> UOp | None:
     if empty is not None: value = empty.substitute(sub).where(UOp.const(dt, 0), value)
     stores.append(st.src[0].substitute(sub).store(value).end(*c_out))
   return UOp(Ops.NOOP, dtypes.void, tuple(stores)).end(*tile_rows).sink()
+
+# ***** kernel AST: a gradient's sum of recomputed probabilities, each computed once per (row, key) *****
+
+def _factors(u: UOp) -> list[UOp]: return [f for s in u.src for f in _factors(s)] if u.op is Ops.MUL else [u]
+
+def _causal_first(x: UOp, j: UOp) -> UOp | None:
+  """i if x is where(j >= i, s, -inf) with i not depending on j (a key gradient's sum over the queries j: the queries
+  before key i are masked, and never visited)."""
+  if x.op is not Ops.WHERE or x.src[2].op is not Ops.CONST or x.src[2].arg != -math.inf: return None
+  g = x.src[0]
+  if g.op is not Ops.CMPNE or g.src[1].op is not Ops.CONST or g.src[1].arg is not True or (lt := g.src[0]).op is not Ops.CMPLT: return None
+  jj, i = lt.src
+  if jj.op is Ops.CAST: jj = jj.src[0]
+  if i.op is Ops.CAST and i.src[0].dtype == j.dtype: i = i.src[0]
+  if jj is not j or i.dtype != j.dtype or j in i.ranges or i.vmin < 0 or i.vmax > j.src[0].vmax: return None
+  return i
+
+def grad_kernel(sink: UOp) -> UOp | None:
+  """The kernel `out[r, c] = sum_j f(r, j) * w(j, c)` where f reads a sum of its own (sdpa's flash backward: the
+  probabilities and dS recomputed from q, k, v; schedule: fuse_attention_grads) rewritten so f is computed once per (row,
+  key), not once per output column: a tile of FLASH_QUERY_TILE rows, keys FLASH_KEY_BLOCKS at a time, their f in
+  registers, then every column's accumulator updated; causal keys outside the mask never visited. None if the kernel
+  isn't one."""
+  ends, st = [], sink.src[0] if len(sink.src) == 1 else None
+  while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
+  if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
+  j = red.src[1]
+  if not dtypes.is_float(red.dtype) or j.src[0].op is not Ops.CONST or (n := j.src[0].arg) < FLASH_BWD_MIN_KEYS: return None
+  if any(u.op in (Ops.DEFINE_REG, Ops.AFTER) for u in sink.toposort): return None
+  facs = _factors(red.src[0])
+  costly = [f for f in facs if any(u.op is Ops.REDUCE for u in f.toposort)]
+  if not costly: return None
+  rows = [r for r in ends if any(r in f.ranges for f in costly)]
+  cols = [r for r in ends if r not in rows]
+  fs, ws = [f for f in facs if not any(r in f.ranges for r in cols)], [f for f in facs if any(r in f.ranges for r in cols)]
+  if not ws or any(u.op is Ops.REDUCE for w in ws for u in w.toposort) or not recomputes_row_values(fs): return None
+  if any(r.src[0].op is not Ops.CONST for r in cols) or (ncols := prod(r.src[0].arg for r in cols)) > FLASH_MAX_COLUMNS: return None
+  f, w = functools.reduce(lambda a, b: a * b, fs), functools.reduce(lambda a, b: a * b, ws)
+  fid, dt = fresh_range_id(sink), red.dtype
+  bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
+  qi = next((r for r in reversed(rows) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0 and r not in w.ranges), None)
+  bq = FLASH_QUERY_TILE if qi is not None else 1
+  ids = iter(range(fid, fid + 64))
+  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
+  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
+  tile_rows = [qo if r is qi else r for r in rows]
+  # the causal bounds: keys past the tile's last row (a query's gradient), queries before its first row (a key's)
+  wheres = [u for u in f.toposort if u.op is Ops.WHERE]
+  last = next((b for x in wheres if (b := _causal_bound(x, j)) is not None), None)
+  first = next((b for x in wheres if (b := _causal_first(x, j)) is not None), None)
+  start = UOp.const(j.dtype, 0) if first is None else first.substitute(row(0)) // bk
+  stop = UOp.const(j.dtype, n // bk) if last is None else (last.substitute(row(bq - 1)) + (bk - 1)) // bk
+  def serial(rs: list[UOp]) -> list[UOp]: return [UOp(Ops.RANGE, r.dtype, r.src, (next(ids), AxisKind.SERIAL)) for r in rs]
+  def flat(rs: list[UOp]) -> UOp:
+    out = UOp.const(j.dtype, 0)
+    for r in rs: out = out * r.src[0].arg + r
+    return out
+  def at(t: int) -> UOp: return UOp.const(j.dtype, t)
+  freg, areg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((bq * bk, bq * ncols)))
+  a_init = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bq * ncols),), (next(ids), AxisKind.SERIAL))
+  inits = areg.after(*tile_rows).index(a_init).store(UOp.const(dt, 0)).end(a_init)
+  block = UOp(Ops.RANGE, j.dtype, (stop - start,), (next(ids), AxisKind.SERIAL))
+  key = lambda u: (start + block) * bk + u
+  vals = UOp(Ops.NOOP, dtypes.void, tuple(freg.after(inits, block).index(at(t * bk + u)).store(f.substitute({j: key(u), **row(t)}))
+                                          for t in range(bq) for u in range(bk)))
+  c_upd = serial(cols)
+  wv = [w.substitute({j: key(u), **dict(zip(cols, c_upd))}) for u in range(bk)]
+  updates = []
+  for t in range(bq):
+    acc = areg.after(inits, block, *c_upd).index(flat(c_upd) + t * ncols).load()
+    for u in range(bk): acc = acc + freg.after(vals).index(at(t * bk + u)).load() * wv[u]
+    updates.append(areg.index(flat(c_upd) + t * ncols).store(acc))
+  body = UOp(Ops.NOOP, dtypes.void, tuple(updates)).end(*c_upd).end(block)
+  stores = []
+  for t in range(bq):
+    c_out = serial(cols)
+    sub = {**dict(zip(cols, c_out)), **row(t)}
+    stores.append(st.src[0].substitute(sub).store(areg.after(body, *c_out).index(flat(c_out) + t * ncols).load()).end(*c_out))
+  return UOp(Ops.NOOP, dtypes.void, tuple(stores)).end(*tile_rows).sink()
+
+def recomputes_row_values(fs: list[UOp]) -> bool:
+  """Is the product fs sdpa's recomputed probabilities (exp of something minus a loaded row value, its lse), as
+  fuse_attention_grads left them in the kernel?"""
+  return any(u.op is Ops.EXP and u.src[0].op is Ops.SUB and u.src[0].src[1].op is Ops.LOAD for f in fs for u in f.toposort)
