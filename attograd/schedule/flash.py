@@ -165,7 +165,9 @@ def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, lis
     stack.extend(u.src)
   drop = set(big) | {u for u in region if u in points and _numel(u) in big.values() and points[u] in ("expand", "two_nests", "shared_reduce", "nested")
                      and all(w in region for w in users.get(u, []))}
-  return {u: w for u, w in points.items() if u not in drop}
+  # a row's value inside them (rowsum(dO * O)) is stored: recomputed, it cost a dot product per (row, key)
+  rows = {u: "expand" for u in region if u.op is Ops.REDUCE_AXIS and u not in points and (m := _numel(u)) is not None and m not in big.values()}
+  return {u: w for u, w in points.items() if u not in drop} | rows
 
 # ***** kernel AST: the sum as one pass over the keys *****
 
