@@ -22,7 +22,7 @@ Two steps, both on the one IR:
 from __future__ import annotations
 import functools, math
 from attograd.dtype import dtypes
-from attograd.helpers import prod
+from attograd.helpers import prod, DEBUG
 from attograd.uop.ops import AxisKind, GroupOp, UOp, Ops
 from attograd.codegen.lower import fresh_range_id
 
@@ -75,6 +75,8 @@ def softmax_weighted(red: UOp) -> bool:
   leaves it whole for fuse_attention: its chunks would be partial sums no pass over the keys can make)?"""
   if red.op is not Ops.REDUCE_AXIS or red.arg[0] is not Ops.ADD or len(red.arg[1]) != 1 or red.src[0].op is not Ops.MUL: return False
   if red.arg[1][0] != len(red.src[0].shape) - 1: return False
+  # (or a gradient of sdpa's flash backward, a sum of its recomputed probabilities: grad_kernel's)
+  if isinstance(k := red.src[0].shape[-1], int) and k >= FLASH_BWD_MIN_KEYS and recomputes_probabilities(red.src[0]): return True
   for s in red.src[0].src:
     if (p := _through(s, Ops.EXPAND, Ops.RESHAPE, Ops.WITH_DERIVATIVE)) is not s and probabilities(p) is not None:
       return isinstance(k := p.shape[-1], int) and k >= FLASH_MIN_KEYS
@@ -115,6 +117,19 @@ def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
     # (and the exps, if stored for a second reader: the sum a training step's logsumexp reads (sdpa's flash backward),
     # which then recomputes them as the pass does)
     points = {u: w for u, w in points.items() if u is not p and u is not x and not (u.op is Ops.EXP and u.src[0].op is Ops.SUB and u.src[0].src[0] is x)}
+    # and the row's max and sum, if only the pass and a logsumexp (m + log(l), stored: a training step's, which sdpa's
+    # flash backward reads) read them: lse_kernel computes it in one pass over the keys of its own, as the forward's
+    inside = set(p.toposort)
+    row = [u for u in inside if u.op is Ops.REDUCE_AXIS and u.arg[1] == (len(x.shape) - 1,) and u in points and
+           ((u.arg[0] is Ops.MAX and u.src[0] is x) or (u.arg[0] is Ops.ADD and u.src[0].op is Ops.EXP and u.src[0].src[0].op is Ops.SUB and u.src[0].src[0].src[0] is x))]
+    def lse_reader(u: UOp) -> bool:
+      if u in inside: return True
+      # (log is log2 times ln 2)
+      if u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.DETACH, Ops.LOG2) or (u.op is Ops.MUL and any(_through(a, Ops.EXPAND, Ops.RESHAPE).op is Ops.CONST for a in u.src)):
+        return all(lse_reader(w) for w in users.get(u, []))
+      return u.op is Ops.ADD and all(w.op is Ops.CONTIGUOUS for w in users.get(u, []))
+    if DEBUG >= 7: print("flash lse", len(row), [lse_reader(w) for r in row for w in users.get(r, [])], [w.op for r in row for w in users.get(r, [])])
+    if len(row) == 2 and all(lse_reader(w) for r in row for w in users.get(r, [])): points = {u: w for u, w in points.items() if u not in row}
   return fuse_attention_grads(sink, points, users)
 
 # ***** tensor graph: the backward's recomputed probabilities *****
@@ -162,7 +177,8 @@ def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, lis
   while stack:
     if (u := stack.pop()) in region or u.op in (Ops.CONTIGUOUS, Ops.BUFFER): continue
     region.add(u)
-    stack.extend(u.src)
+    # (a stored value of another shape is read, not recomputed: the forward's output, which rowsum(dO * O) reads)
+    stack.extend(w for w in u.src if w not in points or _numel(w) in big.values())
   drop = set(big) | {u for u in region if u in points and _numel(u) in big.values() and points[u] in ("expand", "two_nests", "shared_reduce", "nested")
                      and all(w in region for w in users.get(u, []))}
   # a row's value inside them (rowsum(dO * O)) is stored: recomputed, it cost a dot product per (row, key)
@@ -200,9 +216,9 @@ def _causal_bound(x: UOp, j: UOp) -> UOp | None:
   return i + 1
 
 def flash_kernel(sink: UOp) -> UOp | None:
-  """grad_kernel's rewrite if it applies, else the kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
+  """grad_kernel's or lse_kernel's rewrite if one applies, else the kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
   pass over the keys per row (the module's docstring); None if the kernel isn't one."""
-  if (g := grad_kernel(sink)) is not None: return g
+  if (g := grad_kernel(sink)) is not None or (g := lse_kernel(sink)) is not None: return g
   ends, st = [], sink.src[0] if len(sink.src) == 1 else None
   while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
   if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
@@ -363,3 +379,66 @@ def recomputes_row_values(fs: list[UOp]) -> bool:
   """Is the product fs sdpa's recomputed probabilities (exp of something minus a loaded row value, its lse), as
   fuse_attention_grads left them in the kernel?"""
   return any(u.op is Ops.EXP and u.src[0].op is Ops.SUB and u.src[0].src[1].op is Ops.LOAD for f in fs for u in f.toposort)
+
+# ***** kernel AST: a row's logsumexp in one pass (what sdpa's flash backward reads of its forward) *****
+
+def _lse_parts(v: UOp) -> tuple[UOp, UOp, UOp] | None:
+  """(x, j, ln2) if v is max_j x + log2(sum_j' exp(x' - max x)) * ln2 (m + log(l), as Tensor.log writes it)."""
+  if v.op is not Ops.ADD: return None
+  for m, lg in (v.src, v.src[::-1]):
+    if m.op is not Ops.REDUCE or m.arg is not Ops.MAX or lg.op is not Ops.MUL: continue
+    for l2, c in (lg.src, lg.src[::-1]):
+      if l2.op is not Ops.LOG2 or c.op is not Ops.CONST or (l := l2.src[0]).op is not Ops.REDUCE or l.arg is not Ops.ADD: continue
+      x, j = m.src
+      e = l.src[0]
+      if e.op is not Ops.EXP or e.src[0].op is not Ops.SUB or (m2 := e.src[0].src[1]).op is not Ops.REDUCE or m2.arg is not Ops.MAX: continue
+      if e.src[0].src[0].substitute({l.src[1]: j}) is not x or m2.src[0].substitute({m2.src[1]: j}) is not x: continue
+      return x, j, c
+  return None
+
+def lse_kernel(sink: UOp) -> UOp | None:
+  """The kernel `lse[r] = max_j x(r, j) + log(sum_j exp(x(r, j) - max_j x(r, j)))` (its max and sum inline: fuse_attention
+  dropped their buffers) rewritten as one pass over the keys with a running max and sum (flash_kernel's, with no output
+  columns), a tile of FLASH_QUERY_TILE rows, causal keys past the tile never visited. None if the kernel isn't one."""
+  ends, st = [], sink.src[0] if len(sink.src) == 1 else None
+  while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
+  if st is None or st.op is not Ops.STORE or (parts := _lse_parts(st.src[1])) is None: return None
+  x, j, ln2 = parts
+  if not dtypes.is_float(x.dtype) or j.src[0].op is not Ops.CONST or (n := j.src[0].arg) < FLASH_BWD_MIN_KEYS: return None
+  if any(u.op in (Ops.DEFINE_REG, Ops.AFTER) for u in sink.toposort) or any(r not in x.ranges for r in ends): return None
+  fid, dt = fresh_range_id(sink), x.dtype
+  bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
+  qi = next((r for r in reversed(ends) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0), None)
+  bq = FLASH_QUERY_TILE if qi is not None else 1
+  ids = iter(range(fid, fid + 64))
+  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
+  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
+  tile_rows = [qo if r is qi else r for r in ends]
+  bound = _causal_bound(x, j)
+  nblocks = UOp.const(j.dtype, n // bk) if bound is None else (bound.substitute(row(bq - 1)) + (bk - 1)) // bk
+  def at(t: int) -> UOp: return UOp.const(j.dtype, t)
+  mreg, lreg, sreg, preg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((bq, bq, bq * bk, bq * bk)))
+  e_init = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bq),), (next(ids), AxisKind.SERIAL))
+  inits = UOp(Ops.NOOP, dtypes.void, (mreg.after(*tile_rows).index(e_init).store(UOp.const(dt, -math.inf)),
+                                      lreg.after(*tile_rows).index(e_init).store(UOp.const(dt, 0)))).end(e_init)
+  block = UOp(Ops.RANGE, j.dtype, (nblocks,), (next(ids), AxisKind.SERIAL))
+  scores = UOp(Ops.NOOP, dtypes.void, tuple(sreg.after(inits, block).index(at(t * bk + u)).store(x.substitute({j: block * bk + u, **row(t)}))
+                                            for t in range(bq) for u in range(bk)))
+  news = []
+  for t in range(bq):
+    sv = [sreg.after(scores).index(at(t * bk + u)).load() for u in range(bk)]
+    m_old = mreg.after(inits, block).index(at(t)).load()
+    m_new = functools.reduce(lambda a, b: a.maximum(b), sv, m_old)
+    shift = m_new.eq(UOp.const(dt, -math.inf)).where(UOp.const(dt, 0), m_new)  # (a row masked so far adds 0, not NaN)
+    e = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bk),), (next(ids), AxisKind.SERIAL)) if bk > 1 else UOp.const(j.dtype, 0)
+    exps = preg.index(e + t * bk).store(UOp(Ops.EXP, dt, (sreg.after(scores).index(e + t * bk).load() - shift,)))
+    exps = exps.end(e) if bk > 1 else exps
+    pv = [preg.after(exps).index(at(t * bk + u)).load() for u in range(bk)]
+    l_new = functools.reduce(lambda a, b: a + b, pv, lreg.after(inits, block).index(at(t)).load() * UOp(Ops.EXP, dt, (m_old - shift,)))
+    news += [lreg.index(at(t)).store(l_new), mreg.index(at(t)).store(m_new)]
+  body = UOp(Ops.NOOP, dtypes.void, tuple(news)).end(block)
+  stores = []
+  for t in range(bq):
+    m, l = mreg.after(body).index(at(t)).load(), lreg.after(body).index(at(t)).load()
+    stores.append(st.src[0].substitute(row(t)).store(m + UOp(Ops.LOG2, dt, (l,)) * ln2))
+  return UOp(Ops.NOOP, dtypes.void, tuple(stores)).end(*tile_rows).sink()
