@@ -382,6 +382,11 @@ def recomputes_row_values(fs: list[UOp]) -> bool:
 
 # ***** kernel AST: a row's logsumexp in one pass (what sdpa's flash backward reads of its forward) *****
 
+def _same_shape_of(a: UOp, b: UOp) -> bool:
+  """Are a and b the same expression but for the ids of their loops (RANGE args)?"""
+  def key(u: UOp) -> tuple: return tuple((v.op, v.dtype, None if v.op is Ops.RANGE else v.arg, len(v.src)) for v in u.toposort)
+  return a is b or key(a) == key(b)
+
 def _lse_parts(v: UOp) -> tuple[UOp, UOp, UOp] | None:
   """(x, j, ln2) if v is max_j x + log2(sum_j' exp(x' - max x)) * ln2 (m + log(l), as Tensor.log writes it)."""
   if v.op is not Ops.ADD: return None
@@ -392,7 +397,8 @@ def _lse_parts(v: UOp) -> tuple[UOp, UOp, UOp] | None:
       x, j = m.src
       e = l.src[0]
       if e.op is not Ops.EXP or e.src[0].op is not Ops.SUB or (m2 := e.src[0].src[1]).op is not Ops.REDUCE or m2.arg is not Ops.MAX: continue
-      if e.src[0].src[0].substitute({l.src[1]: j}) is not x or m2.src[0].substitute({m2.src[1]: j}) is not x: continue
+      # the same x each time, up to the ids of the loops lowering gave each copy (its own key loop, its dot product's)
+      if not _same_shape_of(e.src[0].src[0], x) or not _same_shape_of(m2.src[0], x): continue
       return x, j, c
   return None
 
