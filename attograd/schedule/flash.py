@@ -353,13 +353,23 @@ def grad_kernel(sink: UOp) -> UOp | None:
     for r in rs: out = out * r.src[0].arg + r
     return out
   def at(t: int) -> UOp: return UOp.const(j.dtype, t)
-  freg, areg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((bq * bk, bq * ncols)))
+  freg, areg, xreg, ereg = (UOp(Ops.DEFINE_REG, dt.ptr(size, "reg"), (), i) for i, size in enumerate((bq * bk, bq * ncols, bq * bk, bq * bk)))
   a_init = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bq * ncols),), (next(ids), AxisKind.SERIAL))
   inits = areg.after(*tile_rows).index(a_init).store(UOp.const(dt, 0)).end(a_init)
   block = UOp(Ops.RANGE, j.dtype, (stop - start,), (next(ids), AxisKind.SERIAL))
   key = lambda u: (start + block) * bk + u
-  vals = UOp(Ops.NOOP, dtypes.void, tuple(freg.after(inits, block).index(at(t * bk + u)).store(f.substitute({j: key(u), **row(t)}))
-                                          for t in range(bq) for u in range(bk)))
+  # the probabilities' exp (f's one exp along the keys): its arguments written out, then the exps in one loop, which the C
+  # compiler vectorizes (written out, each was a scalar polynomial), then the rest of f from them
+  ex = [u for u in f.toposort if u.op is Ops.EXP and j in u.ranges]
+  if len(ex) == 1:
+    args = UOp(Ops.NOOP, dtypes.void, tuple(xreg.after(inits, block).index(at(t * bk + u)).store(ex[0].src[0].substitute({j: key(u), **row(t)}))
+                                            for t in range(bq) for u in range(bk)))
+    e = UOp(Ops.RANGE, j.dtype, (UOp.const(j.dtype, bq * bk),), (next(ids), AxisKind.SERIAL))
+    exps = ereg.index(e).store(UOp(Ops.EXP, dt, (xreg.after(args).index(e).load(),))).end(e)
+    def f_at(t: int, u: int) -> UOp: return f.substitute({ex[0]: ereg.after(exps).index(at(t * bk + u)).load()}).substitute({j: key(u), **row(t)})
+  else:
+    def f_at(t: int, u: int) -> UOp: return f.substitute({j: key(u), **row(t)})
+  vals = UOp(Ops.NOOP, dtypes.void, tuple(freg.after(inits, block).index(at(t * bk + u)).store(f_at(t, u)) for t in range(bq) for u in range(bk)))
   c_upd = serial(cols)
   wv = [w.substitute({j: key(u), **dict(zip(cols, c_upd))}) for u in range(bk)]
   updates = []
