@@ -40,13 +40,13 @@ def attograd_step(shape: tuple[int, ...], hand: bool = False, flash_on: bool | N
   if flash_on is not None:
     from attograd.schedule import flash, schedule
     from attograd.helpers import CACHELEVEL
-    saved, level = (flash.FLASH_MIN_KEYS, flash.FLASH_BWD_MIN_KEYS), CACHELEVEL.value
-    flash.FLASH_MIN_KEYS = flash.FLASH_BWD_MIN_KEYS = 0 if flash_on else 1 << 30
+    saved, level = (flash.FLASH_MIN_KEYS, flash.FLASH_BWD_MIN_KEYS, flash.FLASH_BWD_MIN_BYTES), CACHELEVEL.value
+    flash.FLASH_MIN_KEYS = flash.FLASH_BWD_MIN_KEYS = flash.FLASH_BWD_MIN_BYTES = 0 if flash_on else 1 << 62
     CACHELEVEL.value = min(level, 1)
     schedule._schedule_cache.clear()
     try:
       for _ in range(3): step(q, k, v, g)  # compile, capture, warm up: the schedule is fixed from here
-    finally: (flash.FLASH_MIN_KEYS, flash.FLASH_BWD_MIN_KEYS), CACHELEVEL.value = saved, level; schedule._schedule_cache.clear()
+    finally: (flash.FLASH_MIN_KEYS, flash.FLASH_BWD_MIN_KEYS, flash.FLASH_BWD_MIN_BYTES), CACHELEVEL.value = saved, level; schedule._schedule_cache.clear()
   return lambda: step(q, k, v, g)
 
 def backward_both(name: str, shape: tuple[int, ...], n: int) -> None:

@@ -18,6 +18,7 @@ def flash_on(monkeypatch):
   schedule remembered from the other setting; counts the kernels each rewrite made."""
   monkeypatch.setattr(flash, "FLASH_MIN_KEYS", 8)
   monkeypatch.setattr(flash, "FLASH_BWD_MIN_KEYS", 8)
+  monkeypatch.setattr(flash, "FLASH_BWD_MIN_BYTES", 0)
   monkeypatch.setattr(helpers.CACHELEVEL, "value", 1)
   fired = {"grad": 0, "lse": 0}
   for name, fn in (("grad", flash.grad_kernel), ("lse", flash.lse_kernel)):

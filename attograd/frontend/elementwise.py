@@ -509,7 +509,7 @@ class ElementwiseOps:
     q, key, value = t(q.uop), t(key.uop), t(value.uop)
     if attn_mask is not None: attn_mask = t(attn_mask.uop)
     def d_scores(g): return attn * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
-    if flash_backward(S, q.shape[-1], value.shape[-1]):
+    if flash_backward(attn.shape, attn.dtype.itemsize, q.shape[-1], value.shape[-1]):
       # flash attention's backward (schedule/flash.py: fuse_attention_grads): the probabilities recomputed from q, k and
       # the rows' logsumexp, P = exp(q @ k^T * scale + mask - lse), inside each gradient's kernel, where the chain rule
       # read the T x S probabilities (and stored the scores and dS, two more T x S buffers). lse is the forward softmax's

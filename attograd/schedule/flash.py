@@ -37,14 +37,22 @@ FLASH_QUERY_TILE = 4  # query rows a pass takes together: each key and value row
 # scalar per score (what a faster one needs: scores accumulated along the keys, not the head dimension). From 2048 keys
 # split_long_sum leaves P @ V whole for it (softmax_weighted).
 FLASH_MIN_KEYS = 2048
-# the backward's rule (sdpa's vjp, frontend/elementwise.py): from this many keys the gradients recompute the probabilities
-# from q, k and the rows' logsumexp inside their kernels (fuse_attention_grads, grad_kernel) instead of reading T x S
-# buffers of scores, probabilities and dS
+# the backward's rule (sdpa's vjp, frontend/elementwise.py): the gradients recompute the probabilities from q, k and the
+# rows' logsumexp inside their kernels (fuse_attention_grads, grad_kernel; the forward a pass and lse_kernel's) instead of
+# reading T x S buffers of scores, probabilities and dS, from FLASH_BWD_MIN_KEYS keys where one such buffer would take
+# FLASH_BWD_MIN_BYTES. A memory rule, not a speed one: measured in one process against the buffers, one core (a loaded
+# machine), causal (1, 1, 2048, 64), forward + backward: 0.64x their speed (116 ms against 75; torch 33). They recompute
+# the scores in 4 passes (the forward's, the lse's, dQ's and dK's with dP, dV's) of dot products along the head dimension,
+# where the buffers' matmuls are register tiles; the win is memory: a step keeps O(T) per row, where the buffers took 3 x
+# B x H x T x S floats (19 GB for 16 x 6 heads of 4096 keys)
 FLASH_BWD_MIN_KEYS = 2048
+FLASH_BWD_MIN_BYTES = 1 << 30
 
-def flash_backward(keys, *head_dims) -> bool:
-  """Does sdpa's backward recompute its probabilities (rows of `keys` keys, heads of head_dims columns)?"""
-  return isinstance(keys, int) and keys >= FLASH_BWD_MIN_KEYS and all(isinstance(d, int) and d <= FLASH_MAX_COLUMNS for d in head_dims)
+def flash_backward(scores: tuple, itemsize: int, *head_dims) -> bool:
+  """Does sdpa's backward recompute its probabilities (scores of shape (..., T, S) of itemsize bytes, heads of head_dims
+  columns)?"""
+  if not all(isinstance(n, int) for n in (*scores, *head_dims)) or scores[-1] < FLASH_BWD_MIN_KEYS: return False
+  return prod(scores) * itemsize >= FLASH_BWD_MIN_BYTES and all(d <= FLASH_MAX_COLUMNS for d in head_dims)
 
 # ***** tensor graph: which softmax @ v to fuse *****
 
