@@ -2,7 +2,9 @@
 the probabilities from q, k and the rows' logsumexp inside their kernels (one kernel each for dQ, dK and dV, no T x S
 buffer), and the forward stores that logsumexp from a one-pass kernel of its own. Values and gradients against torch's
 scaled_dot_product_attention in float64, for causal and plain attention, bool and float masks (rows left empty, rows
-whose first keys are masked), odd lengths and head dims; kernel counts; the cost rule."""
+whose first keys are masked), odd lengths and head dims; kernel counts; the cost rule. ATTOGRAD_FULL_FLASH=1 adds more
+shapes, a learned mask and the PYTHON emulator (the default set takes ~40 s on 2 loaded cores, mostly compiling)."""
+import os
 import numpy as np
 import pytest
 from attograd import Tensor
@@ -11,6 +13,8 @@ from attograd.helpers import GlobalCounters
 from attograd.schedule import flash, schedule
 
 torch = pytest.importorskip("torch")
+full = pytest.mark.skipif(os.getenv("ATTOGRAD_FULL_FLASH") != "1", reason="ATTOGRAD_FULL_FLASH=1 runs it")
+FULL_CASES = {"causal_more_keys", "causal_blocks", "learned_float_mask"}
 
 @pytest.fixture
 def flash_on(monkeypatch):
@@ -43,17 +47,17 @@ def _late_mask(T, S):
   m[:, -1] = 0.0
   return m
 
-# (B, H, T, S, head dim of q and k, of v), sdpa's keywords
+# (B, H, T, S, head dim of q and k, of v), sdpa's keywords, kernels of a step (forward and backward realized together)
 CASES = {
-  "causal": ((2, 2, 16, 16, 8, 8), {"is_causal": True}),
-  "plain": ((1, 3, 16, 16, 8, 8), {}),
-  "odd_lengths_and_dims": ((2, 1, 13, 21, 5, 7), {}),
-  "causal_more_keys": ((1, 2, 12, 20, 8, 8), {"is_causal": True}),
-  "causal_blocks": ((1, 1, 24, 24, 16, 16), {"is_causal": True}),
-  "bool_mask_empty_row": ((1, 2, 13, 13, 8, 8), {"attn_mask": _bool_mask(13, 13)}),
-  "float_mask_rows_start_masked": ((1, 2, 16, 16, 4, 4), {"attn_mask": _late_mask(16, 16)}),
+  "causal": ((2, 2, 16, 16, 8, 8), {"is_causal": True}, 6),
+  "plain": ((1, 3, 16, 16, 8, 8), {}, 6),
+  "odd_lengths_and_dims": ((2, 1, 13, 21, 5, 7), {}, 6),
+  "causal_more_keys": ((1, 2, 12, 20, 8, 8), {"is_causal": True}, 6),
+  "causal_blocks": ((1, 1, 24, 24, 16, 16), {"is_causal": True}, 6),
+  "bool_mask_empty_row": ((1, 2, 13, 13, 8, 8), {"attn_mask": _bool_mask(13, 13)}, 8),
+  "float_mask_rows_start_masked": ((1, 2, 16, 16, 4, 4), {"attn_mask": _late_mask(16, 16)}, 8),
   # a learned mask's gradient is dS summed over the batch and heads: dS keeps its buffer (values only)
-  "learned_float_mask": ((1, 2, 16, 16, 4, 4), {"attn_mask": _late_mask(16, 16), "learned": True}),
+  "learned_float_mask": ((1, 2, 16, 16, 4, 4), {"attn_mask": _late_mask(16, 16), "learned": True}, 10),
 }
 
 def _step(shape, kw, device=None, seed=0):
@@ -84,13 +88,16 @@ def _step(shape, kw, device=None, seed=0):
 def _close(ours, ref):
   for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=full) if n in FULL_CASES else n for n in CASES])
 def test_values_and_gradients(flash_on, name):
-  shape, kw = CASES[name]
+  shape, kw, count = CASES[name]
   ours, ref, kernels = _step(shape, kw)
   _close(ours, ref)
-  # the three gradients' kernels recompute the probabilities (grad_kernel)
-  if not kw.get("learned"): assert flash_on["grad"] >= 3
+  # a step: the forward's pass (o), its logsumexp's pass (lse_kernel), rowsum(dO * O), one kernel each for dQ, dK and dV,
+  # each recomputing the probabilities (grad_kernel); with a mask, its empty-row test and the masked scores the forward
+  # stores (read by that test and the softmax); a learned mask's gradient reads a stored dS
+  assert kernels == count
+  assert flash_on == {"grad": 0 if kw.get("learned") else 3, "lse": 1}
 
 def _schedule_sizes(shape, kw) -> list[int]:
   B, H, T, S, D, Dv = shape
@@ -102,34 +109,26 @@ def _schedule_sizes(shape, kw) -> list[int]:
 
 # (a masked step's forward still stores its masked scores, which its empty-row test and the softmax both read: only its
 # backward is T x S free)
-@pytest.mark.parametrize("name", ["causal", "plain", "odd_lengths_and_dims"])
+@pytest.mark.parametrize("name", ["causal", pytest.param("plain", marks=full), pytest.param("odd_lengths_and_dims", marks=full)])
 def test_no_scores_buffer(flash_on, name):
   # the step's kernels write nothing of B x H x T x S: the probabilities are recomputed where they are read
-  shape, kw = CASES[name]
+  shape, kw, _ = CASES[name]
   B, H, T, S = shape[:4]
   assert B * H * T * S not in _schedule_sizes(shape, kw)
-
-def test_kernel_counts(flash_on):
-  # a causal step: the forward's pass (o), its logsumexp's pass (lse), rowsum(dO * O), and one kernel for each of dQ,
-  # dK and dV; the logsumexp is one pass (lse_kernel), each gradient one kernel recomputing the probabilities
-  ours, ref, kernels = _step((1, 2, 40, 40, 8, 8), {"is_causal": True})  # (a shape of its own: no kernel lowered before)
-  _close(ours, ref)
-  assert kernels == 6
-  assert flash_on == {"grad": 3, "lse": 1}
 
 def test_cost_rule_keeps_the_chain_rule(monkeypatch):
   # rows shorter than FLASH_BWD_MIN_KEYS: the backward reads the stored probabilities (the matmuls' register tiles are
   # faster there), with the same values
   monkeypatch.setattr(helpers.CACHELEVEL, "value", 1)
   schedule._schedule_cache.clear()
-  shape, kw = CASES["causal"]
+  shape, kw, _ = CASES["causal"]
   B, H, T, S = shape[:4]
   assert B * H * T * S in _schedule_sizes(shape, kw)
   ours, ref, _ = _step(shape, kw)
   _close(ours, ref)
   schedule._schedule_cache.clear()
 
-@pytest.mark.parametrize("device", ["LLVM", "PYTHON"])
+@pytest.mark.parametrize("device", [pytest.param("LLVM", marks=full), pytest.param("PYTHON", marks=full)])
 def test_other_backends(flash_on, device):
   try: ours, ref, _ = _step((1, 1, 8, 8, 4, 4), {"is_causal": True}, device=device)
   except (ImportError, RuntimeError, OSError) as e: pytest.skip(f"{device} unavailable: {e}")
