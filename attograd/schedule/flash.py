@@ -18,6 +18,11 @@ Two steps, both on the one IR:
   FLASH_QUERY_TILE query rows (each key and value row read once per tile). The key and output-column loops are SERIAL
   (no Opt names them); the scores' dot products (REDUCEs over one loop) are lowered as any reduce, one loop with an
   accumulator each, their lanes chosen by the heuristics (`codegen/heuristic.py: flash_opts`).
+
+The backward (flash attention 2's, from FLASH_BWD_MIN_BYTES of scores: sdpa's vjp recomputes P = exp(s - lse) from q, k
+and the rows' logsumexp): `fuse_attention_grads` drops the buffers of the recomputed scores, probabilities, dP and dS
+where only the gradient matmuls read them, `grad_kernel` makes each gradient's sum compute them once per (row, key), and
+`lse_kernel` makes the forward's lse one pass over the keys. Six kernels a step (o, lse, rowsum(dO * O), dQ, dK, dV).
 """
 from __future__ import annotations
 import functools, math
