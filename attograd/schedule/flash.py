@@ -151,8 +151,15 @@ def _numel(u: UOp) -> int | None: return prod(u.shape) if all(isinstance(n, int)
 
 def recomputes_probabilities(f: UOp) -> bool:
   """Does f read exp(scores - lse) with lse a stored row value (sdpa's backward: its contiguous logsumexp)?"""
-  return any(u.op is Ops.EXP and u.src[0].op is Ops.SUB and _through(u.src[0].src[1], Ops.EXPAND, Ops.RESHAPE).op is Ops.CONTIGUOUS
-             for u in f.toposort)
+  # (a walk of f's elementwise and movement nodes only: the exp is above the scores' sum, and every long sum of a graph
+  # asks (split_long_sum), where a whole toposort each time cost O(graph))
+  seen, stack = set(), [f]
+  while stack:
+    if (u := stack.pop()) in seen or u.op in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.BUFFER): continue
+    seen.add(u)
+    if u.op is Ops.EXP and u.src[0].op is Ops.SUB and _through(u.src[0].src[1], Ops.EXPAND, Ops.RESHAPE).op is Ops.CONTIGUOUS: return True
+    stack.extend(u.src)
+  return False
 
 def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, list[UOp]] | None) -> dict[UOp, str]:
   """Drop the buffers of sdpa's backward's T x S values (the recomputed scores and probabilities, dP, dS) where every
