@@ -27,7 +27,7 @@ where only the gradient matmuls read them, `grad_kernel` makes each gradient's s
 from __future__ import annotations
 import functools, math
 from attograd.dtype import dtypes
-from attograd.helpers import prod, DEBUG
+from attograd.helpers import prod
 from attograd.uop.ops import AxisKind, GroupOp, UOp, Ops
 from attograd.codegen.lower import fresh_range_id
 
@@ -141,7 +141,6 @@ def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
       if u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.DETACH, Ops.LOG2) or (u.op is Ops.MUL and any(_through(a, Ops.EXPAND, Ops.RESHAPE).op is Ops.CONST for a in u.src)):
         return all(lse_reader(w) for w in users.get(u, []))
       return u.op is Ops.ADD and all(w.op is Ops.CONTIGUOUS for w in users.get(u, []))
-    if DEBUG >= 7: print("flash lse", len(row), [lse_reader(w) for r in row for w in users.get(r, [])], [w.op for r in row for w in users.get(r, [])])
     if len(row) == 2 and all(lse_reader(w) for r in row for w in users.get(r, [])): points = {u: w for u, w in points.items() if u not in row}
   return fuse_attention_grads(sink, points, users)
 
