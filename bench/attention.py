@@ -9,6 +9,8 @@ bench/transformer.py.
   FORWARD=1 also the forward alone (inference: nothing reads the probabilities) as today's three kernels and as the one
             fused kernel (schedule/flash.py, which the cost rule FLASH_MIN_KEYS picks only for rows of 2048 keys and up),
             both in this run; SHAPES may name (B, heads, T, head dim) directly, e.g. SHAPES=1x2x2048x64
+  BACKWARD=1 forward + backward with the flash kernels (the backward recomputing the probabilities) and without, both
+            in this run, next to torch (instead of the default comparison)
 """
 from __future__ import annotations
 import os, statistics, time
@@ -18,8 +20,9 @@ SHAPES = {"small": (16, 4, 64, 16), "large": (16, 6, 256, 64)}
 
 def clock() -> float: return time.thread_time() if os.getenv("THREADS") == "1" else time.perf_counter()
 
-def attograd_step(shape: tuple[int, ...], hand: bool = False):
-  """One step under TinyJit (the kernels replayed, as a training step runs), inputs fixed."""
+def attograd_step(shape: tuple[int, ...], hand: bool = False, flash_on: bool | None = None):
+  """One step under TinyJit (the kernels replayed, as a training step runs), inputs fixed; flash_on forces the flash
+  forward and backward (schedule/flash.py) on or off for its schedule (None: the cost rules' choice)."""
   import math
   from attograd import Tensor, TinyJit
   rng = np.random.default_rng(0)
@@ -34,7 +37,35 @@ def attograd_step(shape: tuple[int, ...], hand: bool = False):
     out = [o, *(o * g).sum().gradient(q, k, v)]
     Tensor.realize_all(out)
     return out
+  if flash_on is not None:
+    from attograd.schedule import flash, schedule
+    from attograd.helpers import CACHELEVEL
+    saved, level = (flash.FLASH_MIN_KEYS, flash.FLASH_BWD_MIN_KEYS, flash.FLASH_BWD_MIN_BYTES), CACHELEVEL.value
+    flash.FLASH_MIN_KEYS = flash.FLASH_BWD_MIN_KEYS = flash.FLASH_BWD_MIN_BYTES = 0 if flash_on else 1 << 62
+    CACHELEVEL.value = min(level, 1)
+    schedule._schedule_cache.clear()
+    try:
+      for _ in range(3): step(q, k, v, g)  # compile, capture, warm up: the schedule is fixed from here
+    finally: (flash.FLASH_MIN_KEYS, flash.FLASH_BWD_MIN_KEYS, flash.FLASH_BWD_MIN_BYTES), CACHELEVEL.value = saved, level; schedule._schedule_cache.clear()
   return lambda: step(q, k, v, g)
+
+def backward_both(name: str, shape: tuple[int, ...], n: int) -> None:
+  """Forward + backward with the flash kernels (one pass over the keys forward, the gradients recomputing the
+  probabilities) and without (T x S buffers of scores, probabilities and dS), torch's in the same run."""
+  from attograd.helpers import GlobalCounters
+  plain, fl, theirs = attograd_step(shape, flash_on=False), attograd_step(shape, flash_on=True), torch_step(shape)
+  theirs()
+  counts = []
+  for s in (plain, fl):
+    GlobalCounters.reset(); s(); counts.append(GlobalCounters.kernel_count)
+  rp, rf, rt = [], [], []
+  for _ in range(0, n, 2): rp += times(plain, 2); rf += times(fl, 2); rt += times(theirs, 2)
+  med = statistics.median
+  print(f"attention {name} {shape}, causal, forward + backward, flash against the T x S buffers:")
+  print(f"  torch                     {med(rt) * 1e3:9.2f} ms  ({min(rt) * 1e3:.2f}-{max(rt) * 1e3:.2f})")
+  print(f"  attograd, {counts[0]} kernels      {med(rp) * 1e3:9.2f} ms  ({min(rp) * 1e3:.2f}-{max(rp) * 1e3:.2f})  {med(rt) / med(rp):.2f}x torch's speed")
+  print(f"  attograd flash, {counts[1]} kernels {med(rf) * 1e3:9.2f} ms  ({min(rf) * 1e3:.2f}-{max(rf) * 1e3:.2f})  {med(rt) / med(rf):.2f}x torch's speed, "
+        f"{med(rp) / med(rf):.2f}x the unfused")
 
 def attograd_forward(shape: tuple[int, ...], fused: bool):
   """The causal forward alone under TinyJit, with the fused kernel forced on or off (its schedule is made here)."""
@@ -102,6 +133,7 @@ def main() -> None:
   for name in os.getenv("SHAPES", "small,large").split(","):
     shape = SHAPES[name] if name in SHAPES else tuple(int(x) for x in name.split("x"))
     if os.getenv("FORWARD") == "1": forward_only(name, shape, n)
+    if os.getenv("BACKWARD") == "1": backward_both(name, shape, n); continue
     ours, hand, theirs = attograd_step(shape), attograd_step(shape, hand=True), torch_step(shape)
     for s in (ours, hand, theirs): s(); s(); s()  # compile, capture, warm up
     GlobalCounters.reset(); ours(); kernels = GlobalCounters.kernel_count

@@ -12,6 +12,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops, Vjp
 from attograd.gradient import GradMode
+from attograd.schedule.flash import flash_backward
 
 def _sum_to(t, shape: tuple):
   """t summed over the axes a broadcast to its shape added or expanded: the gradient of a broadcast input."""
@@ -493,9 +494,9 @@ class ElementwiseOps:
       # torch's safe softmax: a row with every position masked attends to nothing (0), not NaN; its logits are replaced
       # before the softmax so no NaN reaches the gradient either
       none = (attn == -math.inf).all(-1, keepdim=True)
-      attn = none.where(0.0, attn).softmax(-1)
-      attn = none.where(0.0, attn)
-    else: attn = attn.softmax(-1)
+      logits = none.where(0.0, attn)
+      attn = none.where(0.0, logits.softmax(-1))
+    else: none, logits = None, attn; attn = attn.softmax(-1)
     if dropout_p > 0:
       keep = type(self).rand(*attn.shape, device=attn.device, dtype=dtypes.float32) >= dropout_p
       attn = keep.where(attn * (1 / (1 - dropout_p)), 0)
@@ -508,6 +509,25 @@ class ElementwiseOps:
     q, key, value = t(q.uop), t(key.uop), t(value.uop)
     if attn_mask is not None: attn_mask = t(attn_mask.uop)
     def d_scores(g): return attn * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
+    if flash_backward(attn.shape, attn.dtype.itemsize, q.shape[-1], value.shape[-1]):
+      # flash attention's backward (schedule/flash.py: fuse_attention_grads): the probabilities recomputed from q, k and
+      # the rows' logsumexp, P = exp(q @ k^T * scale + mask - lse), inside each gradient's kernel, where the chain rule
+      # read the T x S probabilities (and stored the scores and dS, two more T x S buffers). lse is the forward softmax's
+      # own max and sum (the same nodes: no pass of its own); the recomputed scores are (q * scale) @ k^T, not the
+      # forward's nodes, so the forward keeps its schedule (its one-kernel pass over the keys needs no probabilities)
+      x, mask, empty = t(logits.uop), attn_mask, none if none is None else t(none.uop)
+      def probs():
+        m = x.amax(-1, keepdim=True).detach()
+        lse = (m + (x - m).exp().sum(-1, keepdim=True).log()).contiguous()
+        sc = (q * s) @ key.transpose(-2, -1)
+        if mask is not None: sc = mask.where(sc, -math.inf) if mask.dtype == dtypes.bool else sc + mask
+        p = (sc - lse).exp()
+        return p if empty is None else empty.where(0.0, p)
+      def d_scores(g): return probs() * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
+      pairs = [q, lambda g: (d_scores(g) * s) @ key, key, lambda g: (d_scores(g) * s).transpose(-2, -1) @ q,
+               value, lambda g: probs().transpose(-2, -1) @ g]
+      if attn_mask is not None and attn_mask.dtype != dtypes.bool: pairs += [attn_mask, lambda g: _sum_to(d_scores(g), attn_mask.shape)]
+      return out._with_vjp(*pairs)
     pairs = [q, lambda g: (d_scores(g) @ key) * s, key, lambda g: (d_scores(g).transpose(-2, -1) @ q) * s,
              value, lambda g: attn.transpose(-2, -1) @ g]
     if attn_mask is not None and attn_mask.dtype != dtypes.bool:  # an additive float mask (a learned bias) is differentiable
