@@ -397,6 +397,7 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
   realized = registry.realized.by_id
   memo = realized.get
   at, WD, BUF, BIND, SHRINK, sized = position.__getitem__, Ops.WITH_DERIVATIVE, Ops.BUFFER, Ops.BIND, Ops.SHRINK, GroupOp.Sized
+  PAD, IOTA = Ops.PAD, Ops.IOTA
   def changed(u: UOp, op: Ops) -> bool:  # what runnable would swap, unbind or give variable offsets
     if op is BIND or ((e := memo(id(u))) is not None and e.value() is not None and u not in top): return True
     if op in sized:
@@ -413,7 +414,10 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
       sources.pop()
       u = nodes.pop()
       op = u.op
-      if (op is BIND or op in sized or id(u) in realized) and changed(u, op): return None
+      if op in sized and op is not SHRINK and op is not PAD:  # (a reshape's or expand's sizes: ints, unless symbolic)
+        if any(type(x) is not int for x in (u.arg if op is not IOTA else (u.arg,))): return None
+        if id(u) in realized and changed(u, op): return None
+      elif (op is BIND or op in sized or id(u) in realized) and changed(u, op): return None
       if op is WD:
         position[u] = position[u.src[0]]
         extra += u.src[1:]
