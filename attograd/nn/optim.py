@@ -257,7 +257,9 @@ class Adam(Optimizer):
     if group["decoupled_weight_decay"]: p = p * f["decay"]
     else: g = g + group.t("weight_decay") * p
     m = state["exp_avg"].assign(b1 * state["exp_avg"] + f["1-b1"] * g)
-    v = state["exp_avg_sq"].assign(b2 * state["exp_avg_sq"] + f["1-b2"] * g.square())
+    # g * g, not g.square(): the same value node without the derivative square() carries for autograd (an update is
+    # never differentiated), two nodes and three front-end ops fewer a parameter every step
+    v = state["exp_avg_sq"].assign(b2 * state["exp_avg_sq"] + f["1-b2"] * (g * g))
     if group["amsgrad"]: v = state["max_exp_avg_sq"].assign(state["max_exp_avg_sq"].maximum(v))
     return p - f["step_size"] * m / ((v.sqrt() / f["bc2_sqrt"]) + group.t("eps"))
 
