@@ -25,6 +25,8 @@ def phases(steps: int) -> None:
       finally: acc[label] += time.thread_time() - st
     setattr(obj, name, timed)
   wrap(R, "runnable", "  realize: runnable (bind, read realized nodes)")
+  # (a graph runnable leaves as it is is walked once, for that and its structure: the structure's walk counts here)
+  wrap(R, "runnable_structure", "  realize: runnable (bind, read realized nodes)")
   wrap(R, "create_schedule", "  realize: create_schedule (structure, template)")
   wrap(R, "run_schedule", "  realize: run_schedule (plan, kernels)")
   wrap(R.ExecPlan, "__call__", "    of which running the kernels")

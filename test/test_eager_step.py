@@ -4,7 +4,7 @@ that differs from an earlier one in anything the scheduler sees (which buffers a
 never served the earlier schedule: the values show it."""
 import numpy as np
 import pytest
-from attograd import Tensor
+from attograd import Tensor, Variable, UOp, Ops, dtypes
 from attograd import nn
 from attograd.nn import optim
 from attograd.engine import realize
@@ -142,3 +142,55 @@ def test_attention_backward_is_built_only_by_backward(monkeypatch):
   assert calls[0] == 2
   for ours, theirs in ((q, tq), (k, tk)):
     np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+def _step_graph() -> UOp:
+  """The SINK of everything a training step's opt.step() realizes (the MLP of _models, AdamW, clipping), built and not run."""
+  ours, _ = _models()
+  params = [p for l in ours for p in (l.weight, l.bias)]
+  opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+  rng = np.random.default_rng(1)
+  x, y = Tensor(rng.standard_normal((8, 6)).astype(np.float32)), Tensor(rng.standard_normal((8, 4)).astype(np.float32))
+  with Tensor.train():
+    opt.zero_grad()
+    (ours[1](ours[0](x).gelu()) - y).square().mean().backward()
+    norm = Tensor.stack(*[p.grad.square().sum() for p in params]).sum().sqrt()
+    for p in params: p.grad = p.grad * (1.0 / (norm + 1e-6)).minimum(1.0)
+    return UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in opt.schedule_step()))
+
+def test_runnable_structure_is_graph_structure_of_runnable():
+  """realize's one walk (runnable_structure) gives what runnable and then graph_structure give, for a training step's
+  graph (WITH_DERIVATIVE nodes, assigns, 0-d factors): the schedule cache sees the same key either way."""
+  roots = _step_graph()
+  found = realize.runnable_structure(roots)
+  assert found is not None
+  same, vals, sliced = realize.runnable(roots)
+  assert same is roots and not vals and not sliced
+  structure, inputs = S.graph_structure(roots)
+  assert found[0] == structure and found[1] == inputs
+
+def _realized_below() -> tuple[UOp, Tensor]:
+  a = Tensor([1.0, 2.0, 3.0]).realize()
+  b = a + 1
+  c = b * 2  # reads b's lazy node, which the realize below memoizes (while b's buffer lives: b is returned too)
+  b.realize()
+  return c.uop, b
+
+def _bound_variable() -> tuple[UOp, None]:
+  v = Variable("n", 1, 8).bind(3)
+  return (Tensor.ones(8).contiguous().realize()[:v] * 2).uop, None
+
+def _sliced_data() -> tuple[UOp, None]: return (Tensor(np.arange(10, dtype=np.float32)).realize()[3:7] * 2).uop, None
+
+CHANGED_BY_RUNNABLE = {"realized node below": (_realized_below, [4.0, 6.0, 8.0]), "bound variable": (_bound_variable, [2.0, 2.0, 2.0]),
+                       "slice at offsets": (_sliced_data, [6.0, 8.0, 10.0, 12.0])}
+
+@pytest.mark.parametrize("case", list(CHANGED_BY_RUNNABLE))
+def test_runnable_structure_leaves_changed_graphs_to_runnable(case):
+  """A graph runnable changes (a realized node read from its buffer, a Variable unbound, a slice of stored data given
+  variable offsets) gets no structure from the one walk: realize takes runnable's path, and the values are right."""
+  make, want = CHANGED_BY_RUNNABLE[case]
+  u, _alive = make()
+  roots = UOp(Ops.SINK, dtypes.void, (u,))
+  assert realize.runnable(roots)[0] is not roots  # runnable changes it ...
+  assert realize.runnable_structure(roots) is None  # ... so the one walk declines
+  assert Tensor(u).numpy().tolist() == want

@@ -144,7 +144,7 @@ def test_step_is_one_schedule_with_a_steady_kernel_count(opt, kw, monkeypatch):
   o = opt(_params(ours), **kw)
   schedules = []
   create = realize.create_schedule  # what realize() schedules with
-  monkeypatch.setattr(realize, "create_schedule", lambda outs: schedules.append(len(outs)) or create(outs))
+  monkeypatch.setattr(realize, "create_schedule", lambda outs, *rest: schedules.append(len(outs)) or create(outs, *rest))
   xa, ya = Tensor(X).realize(), Tensor(Y).realize()
   counts = []
   for _ in range(4):

@@ -62,6 +62,19 @@ def test_hash_cons_entry_dies_with_its_node():
   v = UOp(Ops.CONST, dtypes.float32, (), 12345.5)  # built again: a node and an entry of its own
   assert UOpMeta.ucache[key]() is v
 
+def test_hash_cons_entry_of_a_newer_node_stays():
+  # a dead node's entry is removed only if it is still the table's entry for the key: a newer one stays (put back)
+  from attograd.uop.ops import UOpMeta, _Entry, _drop
+  u = UOp(Ops.CONST, dtypes.float32, (), 23456.5)
+  key = (Ops.CONST, dtypes.float32, (), ("float", (23456.5).hex()))
+  old, other = UOpMeta.ucache[key], UOp(Ops.CONST, dtypes.float32, (), 23457.5)
+  newer = UOpMeta.ucache[key] = _Entry(other, _drop)
+  newer.key = key
+  n = len(UOpMeta.ucache)
+  del u  # old's callback runs: newer is the table's entry, and stays
+  assert old() is None and UOpMeta.ucache[key] is newer and len(UOpMeta.ucache) == n
+  del UOpMeta.ucache[key]
+
 def test_node_map_entry_dies_with_its_node():
   m: NodeMap = NodeMap("test")
   u = UOp(Ops.CONST, dtypes.float32, (), 6789.25)

@@ -383,6 +383,61 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
   if in_shapes: return substitute_sym(roots, swap, lambda x: x.substitute(in_shapes)), vals, sliced
   return (roots.substitute(swap) if swap else roots), vals, sliced
 
+def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
+  """schedule.graph_structure of roots, found in the walk that checks what runnable would change, when it changes
+  nothing (None otherwise: no node below the roots realized, no Variable, no slice of stored data at int offsets). A
+  training step's realize is that case: runnable's walk of its 2,000 nodes and graph_structure's were two. Each node is
+  checked as runnable checks it; the sources a WITH_DERIVATIVE carries besides its value, which graph_structure doesn't
+  walk, are walked for the checks alone."""
+  position: dict[UOp, int] = {}
+  parts: list[tuple] = []
+  bufs: list[UOp] = []
+  extra: list[UOp] = []  # a WITH_DERIVATIVE's derivative sources: checked after the walk
+  top = set(roots.src)
+  realized = registry.realized.by_id
+  memo = realized.get
+  at, WD, BUF, BIND, SHRINK, sized = position.__getitem__, Ops.WITH_DERIVATIVE, Ops.BUFFER, Ops.BIND, Ops.SHRINK, GroupOp.Sized
+  PAD, IOTA = Ops.PAD, Ops.IOTA
+  def changed(u: UOp, op: Ops) -> bool:  # what runnable would swap, unbind or give variable offsets
+    if op is BIND or ((e := memo(id(u))) is not None and e.value() is not None and u not in top): return True
+    if op in sized:
+      if u.sym_args: return True
+      if op is SHRINK and is_view_of_buffer(u.src[0]) and u not in top and any(b for b, _ in u.arg): return True
+    return False
+  nodes, sources = [roots], [iter(roots.src)]  # graph_structure's walk, node for node
+  while sources:
+    for x in sources[-1]:
+      if x not in position:
+        nodes.append(x); sources.append(iter(x.src if x.op is not WD else x.src[:1]))
+        break
+    else:
+      sources.pop()
+      u = nodes.pop()
+      op = u.op
+      if op in sized and op is not SHRINK and op is not PAD:  # (a reshape's or expand's sizes: ints, unless symbolic)
+        if any(type(x) is not int for x in (u.arg if op is not IOTA else (u.arg,))): return None
+        if id(u) in realized and changed(u, op): return None
+      elif (op is BIND or op in sized or id(u) in realized) and changed(u, op): return None
+      if op is WD:
+        position[u] = position[u.src[0]]
+        extra += u.src[1:]
+      elif op is BUF:
+        position[u] = len(parts)
+        a = u.arg
+        parts.append((BUF, u.dtype, a.device, a.size, a.offset))
+        bufs.append(u)
+      else:
+        position[u] = len(parts)
+        arg = u.arg
+        parts.append((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src))))
+  seen: set[UOp] = set()
+  while extra:
+    if (u := extra.pop()) in position or u in seen: continue
+    seen.add(u)
+    if changed(u, u.op): return None
+    extra += u.src
+  return tuple(parts), bufs
+
 def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
   """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
   binds = {v: v.bind(x) for v, x in var_vals.items()}
@@ -394,14 +449,18 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   if any(g.opmask & MULTI_MASK for g in graphs): return _realize_sharded(graphs, keep_source)
   roots = UOp(Ops.SINK, dtypes.void, tuple(graphs))
   bound_graphs = roots.src
-  roots, var_vals, sliced = runnable(roots)
+  # a graph runnable leaves as it is (a training step's) is scheduled with the structure found while checking that
+  if (structure := runnable_structure(roots)) is not None: var_vals, sliced = {}, {}
+  else: roots, var_vals, sliced = runnable(roots)
   out, todo = list(roots.src), []
   for i, u in enumerate(roots.src):
     if not is_view_of_buffer(u): todo.append(i)
     # a view runs no kernel: its slices keep their int offsets (a variable one, bound, is no view a later kernel renders)
     elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
-  with trace.group("schedule", "schedule") as rec: schedule, becomes = create_schedule([out[i] for i in todo])
+  # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
+  with trace.group("schedule", "schedule") as rec:
+    schedule, becomes = create_schedule([out[i] for i in todo], structure if len(todo) == len(out) else None)
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():

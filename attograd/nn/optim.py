@@ -38,8 +38,18 @@ class ParamGroup(dict):
     self.tensors: dict[str, Any] = {}  # key -> Tensor, or a tuple of Tensors for a tuple entry (betas)
     self._seen: dict[str, Any] = {}    # key -> the uops the tensors had when last set: a direct assign is noticed
     self.factors: dict[str, Tensor] = {}  # scalars an optimizer derives from the hyperparameters once a step (Adam's)
+    self._factors_at: dict[tuple, dict[str, Tensor]] = {}  # factors_at's, for this step's factors
     for k in hyper:
       if _live(values[k]): self._make(k, values[k])
+  def set_factors(self, factors: dict[str, Tensor]) -> None:
+    self.factors, self._factors_at = factors, {}
+  def factors_at(self, shape: tuple, dtype: Any) -> dict[str, Tensor]:
+    """This step's factors broadcast to a parameter's shape, once a step for each shape and dtype: the parameters of one
+    shape read the same nodes, which each scalar op with a 0-d factor found again (a reshape and an expand, for 8
+    factors and every parameter each step). A factor of another dtype stays 0-d: weak beside the parameter, as before."""
+    if (d := self._factors_at.get(key := (shape, dtype))) is None:
+      d = self._factors_at[key] = {k: t._broadcast_to(shape) if t.dtype == dtype else t for k, t in self.factors.items()}
+    return d
   def _make(self, k: str, v: Any) -> None:
     self.tensors[k] = tuple(_scalar(x, self.device) for x in v) if isinstance(v, tuple) else _scalar(v, self.device)
     self._mark(k)
@@ -249,17 +259,20 @@ class Adam(Optimizer):
     # the group's scalar factors, built once a step rather than once per parameter (the same values: each update reads
     # these nodes): a 30-parameter model's update graph is a third smaller, and building it is Python time every step
     lr, wd, (bc1, bc2) = group.t("lr"), group.t("weight_decay"), group.t("bc")
-    group.factors = {"decay": 1 - lr * wd, "1-b1": 1 - b1, "1-b2": 1 - b2, "step_size": lr / bc1, "bc2_sqrt": bc2.sqrt()}
+    group.set_factors({"decay": 1 - lr * wd, "1-b1": 1 - b1, "1-b2": 1 - b2, "step_size": lr / bc1, "bc2_sqrt": bc2.sqrt(),
+                       "b1": b1, "b2": b2, "eps": group.t("eps")})
   def _extra_state(self) -> list[Tensor]: return [t for g in self.param_groups for t in g.tensors.get("bc", ())]
   def _update(self, p: Tensor, g: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> Tensor:
     if group["maximize"]: g = -g
-    (b1, b2), f = group.t("betas"), group.factors
+    f = group.factors_at(p.shape, p.dtype)  # (the nodes `b1 * m` and the like build with the 0-d factors themselves)
     if group["decoupled_weight_decay"]: p = p * f["decay"]
     else: g = g + group.t("weight_decay") * p
-    m = state["exp_avg"].assign(b1 * state["exp_avg"] + f["1-b1"] * g)
-    v = state["exp_avg_sq"].assign(b2 * state["exp_avg_sq"] + f["1-b2"] * g.square())
+    m = state["exp_avg"].assign(f["b1"] * state["exp_avg"] + f["1-b1"] * g)
+    # g * g, not g.square(): the same value node without the derivative square() carries for autograd (an update is
+    # never differentiated), two nodes and three front-end ops fewer a parameter every step
+    v = state["exp_avg_sq"].assign(f["b2"] * state["exp_avg_sq"] + f["1-b2"] * (g * g))
     if group["amsgrad"]: v = state["max_exp_avg_sq"].assign(state["max_exp_avg_sq"].maximum(v))
-    return p - f["step_size"] * m / ((v.sqrt() / f["bc2_sqrt"]) + group.t("eps"))
+    return p - f["step_size"] * m / ((v.sqrt() / f["bc2_sqrt"]) + f["eps"])
 
 class AdamW(Adam):
   """torch.optim.AdamW: Adam with decoupled weight decay, 0.01 by default."""

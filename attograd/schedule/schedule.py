@@ -741,13 +741,14 @@ VALUE_OF_DERIVATIVE = (UPat(Ops.WITH_DERIVATIVE, name="x"), lambda x: x.src[0])
 derivatives_dropped = PatternMatcher([VALUE_OF_DERIVATIVE])
 values_only = PatternMatcher([VALUE_OF_DERIVATIVE, (UPat(Ops.REDUCE_AXIS, name="red"), split_long_sum)])
 
-def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new
   buffers). A graph of the same structure as an earlier one (other buffers, same shapes) reuses its
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
-  (CACHELEVEL=2)."""
+  (CACHELEVEL=2). `structure` is graph_structure of the targets' SINK when the caller found it already (realize finds
+  it in the walk that checks the graph for realized nodes: one walk of a training step's thousands of nodes fewer)."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
-  structure, inputs = graph_structure(sink)
+  structure, inputs = graph_structure(sink) if structure is None else structure
   if (template := _schedule_cache.get(structure)) is None:
     sink = graph_rewrite(sink, values_only, name="values_only")
     if len(_schedule_cache) > 1024: _schedule_cache.clear()

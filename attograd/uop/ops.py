@@ -154,8 +154,10 @@ class _Entry(weakref.ref):
   __slots__ = ("key",)
 
 def _drop(entry: _Entry) -> None:
-  # (only this entry: a node built again with the key after this one died has an entry of its own)
-  if UOpMeta.ucache.get(entry.key) is entry: del UOpMeta.ucache[entry.key]
+  # (only this entry: a node built again with the key after this one died has an entry of its own, put back). One
+  # lookup of the key, not two: hashing a key calls DType.__hash__, and a training step's thousands of nodes die each step
+  cache = UOpMeta.ucache
+  if (e := cache.pop(entry.key, None)) is not entry and e is not None: cache[entry.key] = e
 
 class UOpMeta(type):
   ucache: dict[tuple, _Entry] = {}
