@@ -75,6 +75,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.ADD, name="ret"), lambda ctx, ret: (ctx, ctx)),
   (UPat(Ops.SUB, name="ret"), lambda ctx, ret: (ctx, -ctx)),
   (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0])),
+  (UPat(Ops.MULACC, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0], ctx)),
   (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / ret.src[1], -ctx * ret / ret.src[1])),
   (UPat(Ops.NEG, name="ret"), lambda ctx, ret: (-ctx,)),
   (UPat(Ops.EXP, name="ret"), lambda ctx, ret: (ctx * ret,)),

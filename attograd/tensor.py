@@ -1037,6 +1037,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return self.eq(math.inf if detect_positive else -math.inf)
   def isfinite(self) -> Tensor: return (self.isinf() | self.isnan()).logical_not()
   def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
+  def mul_add(self, y: Tensor | ConstType, z: Tensor | ConstType) -> Tensor:
+    """self * y + z rounded once (a fused multiply-add, C's fma; WebGPU's renderer computes it as written), for floats:
+    one instruction where the product and the sum were two (a quantized weight's decode, scale * q + min, in a matmul)."""
+    a, b = self._operands(y)
+    a, c = a._operands(z)
+    b, c = b._operands(c)
+    if not dtypes.is_float(a.dtype): raise ArgumentError(f"mul_add needs floats, got {a.dtype}")
+    try: shape = broadcast_shape(a.shape, b.shape, c.shape)
+    except ValueError as e: raise ArgumentError(str(e)) from None
+    return Tensor(UOp(Ops.MULACC, a.dtype, (a._broadcast_to(shape).uop, b._broadcast_to(shape).uop, c._broadcast_to(shape).uop)))
   def logical_and(self, x) -> Tensor: return self.cast(dtypes.bool) & (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
   def logical_or(self, x) -> Tensor: return self.cast(dtypes.bool) | (x.cast(dtypes.bool) if isinstance(x, Tensor) else bool(x))
 

@@ -6,7 +6,11 @@ budget (1.5 x the file size plus the KV cache). Decode is also given as CPU ms p
 machine wall time measures the queue for the cores, CPU time the work (with 2 threads llama.cpp's spinning counts too).
 
   python bench/llm.py              # PROMPT=128 NEW=100 THREADS=2
+  ROUNDS=12 python bench/llm.py    # also: decode CPU ms a token, attograd and llama.cpp taking turns (10 tokens each)
 
+Numbers on a shared machine are noisy: the ratios (same run, same load) are what to read. On a crowded machine two
+spinning threads each collapse (llama.cpp's tg fell to 0.3 tok/s at a load of 12 on 2 cores): ROUNDS pairs the two
+engines round by round in one process (THREADS=1 is the steadiest), so a drift of the load hits both alike.
 Numbers on a shared machine are noisy: the ratios (same run, same load) are what to read."""
 import os, resource, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -35,6 +39,35 @@ def llama_cpp_speed(path: str) -> dict[str, float] | None:
   llm.reset()
   t0 = time.perf_counter(); llm.eval(llm.tokenize(b"Hi", add_bos=False)); ttft = time.perf_counter() - t0
   return {"prefill_tok_s": PROMPT / prefill, "decode_tok_s": NEW / decode, "decode_cpu_ms": decode_cpu / NEW * 1e3, "ttft_ms": ttft * 1e3}
+
+def decode_rounds(engine: Engine, path: str, rounds: int) -> None:
+  """Decode CPU ms a token (process time), attograd and llama.cpp in turns of 10 tokens, ROUNDS times: the ratio of each
+  round's pair, whose median a load that comes and goes moves least."""
+  import statistics
+  try: import llama_cpp, llama_cpp.llama as L
+  except ImportError: return print("ROUNDS: llama_cpp_python is not installed")
+  orig = L.llama_cpp.llama_model_default_params
+  def params():  # (as llama_cpp_speed)
+    p = orig(); p.use_extra_bufts = False; return p
+  L.llama_cpp.llama_model_default_params = params
+  llm = llama_cpp.Llama(path, n_ctx=256, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+  start = llm.tokenize(b" the", add_bos=False) * 8
+  llm.eval(start)
+  toks, limit = list(start), min(200, engine.model.max_context - 10)
+  engine.cached = []; engine._logits(toks)
+  def ours():
+    for _ in range(10): toks.append(int(engine._logits(toks).argmax()))
+    if len(toks) > limit: del toks[8:]; engine.cached = []; engine._logits(toks)
+  def theirs():
+    for _ in range(10): llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
+    if llm.n_tokens > 200: llm.reset(); llm.eval(start)
+  ours(); theirs()
+  per: dict[str, list[float]] = {"attograd": [], "llama.cpp": []}
+  for _ in range(rounds):
+    for name, f in (("attograd", ours), ("llama.cpp", theirs)):
+      c0 = time.process_time(); f(); per[name].append((time.process_time() - c0) / 10 * 1e3)
+  for name, v in per.items(): print(f"decode CPU ms a token, {rounds} rounds: {name:10s} median {statistics.median(v):6.2f} (min {min(v):.2f}, max {max(v):.2f})")
+  print(f"llama.cpp / attograd, the median of each round's ratio: {statistics.median(t / o for o, t in zip(per['attograd'], per['llama.cpp'])):.2f} (>1: attograd faster)")
 
 def torch_speed(path: str) -> dict[str, float] | None:
   """The same model in torch eager, float32, the weights dequantized by the gguf package, with a KV cache: the prompt in
@@ -92,6 +125,7 @@ def main() -> None:
   load = time.perf_counter() - t0
   ours = timed(engine, PROMPT, NEW)
   peak = peak_mib()
+  if rounds := int(os.getenv("ROUNDS", 0)): decode_rounds(engine, path, rounds)
   theirs = llama_cpp_speed(path)
   eager = torch_speed(path)
   size = os.path.getsize(path) / 2 ** 20

@@ -406,6 +406,12 @@ def test_weights_dequantized_from_bytes_stay_in_the_matmul():
   out = tx @ (tq.cast(dtypes.float32) * td.cast(dtypes.float32)).T
   assert kernels(out) == kernels(tx @ tw.T), "as many kernels as the matmul of float weights: none for the dequantization"
   np.testing.assert_allclose(out.numpy(), x @ (q.astype(np.float32) * d.astype(np.float32)).T, rtol=1e-4, atol=1e-3)
+  # the scales kept as float32 (nn.quant.split_fields): a block's scale is broadcast over its elements, so the
+  # elements still come from bytes (it stored the whole table again, 50 ms a token)
+  td32 = Tensor(d.astype(np.float32)).realize()
+  out = tx @ (tq.reshape(2048, 2, 32).cast(dtypes.float32) * td32.reshape(2048, 1, 1)).reshape(2048, 64).T
+  assert kernels(out) == kernels(tx @ tw.T), "float32 scales: none for the dequantization either"
+  np.testing.assert_allclose(out.numpy(), x @ (q.astype(np.float32) * d.astype(np.float32)).T, rtol=1e-4, atol=1e-3)
 
 def test_a_relu_read_under_a_conv_window_is_stored_once():
   # conv -> relu -> conv in training: the second conv's forward and weight gradient read relu(conv1 + bias) once per

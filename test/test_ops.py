@@ -412,6 +412,14 @@ def test_lerp(device):
   check(lambda a, b, w: a.lerp(b, w), lambda a, b, w: torch.lerp(a, b, w), [(3, 4), (4,), (3, 1)], f32, device, low=0, high=1, atol=1e-6)
   check(lambda a, b: a.lerp(b, 0.5), lambda a, b: torch.lerp(a, b, 0.5), [(2, 3), (2, 3)], f16, device, **NARROW[f16])
 
+def test_mul_add(device):
+  """a * b + c rounded once (C's fma), against torch.addcmul; broadcast operands."""
+  check(lambda a, b, c: a.mul_add(b, c), lambda a, b, c: torch.addcmul(c, a, b), [(3, 4), (4,), (3, 1)], f32, device, atol=1e-6)
+  a, b, c = 1 + 2 ** -23, 1 - 2 ** -23, -1.0  # a * b + c = -2**-46 exactly: rounding the product first gives 0
+  got = Tensor([a], device=device).mul_add(Tensor([b], device=device), Tensor([c], device=device)).numpy()[0]
+  assert got == (0 if device == "WEBGPU" else -2.0 ** -46), got  # WGSL renders a * b + c: no fused form promised
+  with pytest.raises(ArgumentError, match="floats"): Tensor([1, 2], device=device).mul_add(2, 3)
+
 def test_binary_chain_fused(device):
   """A deeper elementwise graph (one kernel) mixing broadcast, scalars and comparisons."""
   check(lambda x, y, z: ((x * y + z).maximum(0) - (x > z).float() * 2) / (y.abs() + 1),

@@ -20,8 +20,9 @@ __all__ = ["GGMLType", "GGML_TYPES", "dequantize", "split_fields"]
 class Blocks:
   """The bytes of a quantized tensor as (blocks, block_bytes) uint8, read by field: `cols` for a run of bytes, `f16`
   for a float16 scale. `split()` realizes every field a decoder reads as its own buffer once (float16 scales as
-  float16): the same bytes in memory, but the decode in a matmul then loads a scale instead of rebuilding it from two
-  bytes per weight, which the scheduler would store to a buffer on every run instead of repeating."""
+  float32, 2 more bytes each): about the same bytes in memory, but the decode in a matmul then loads a scale instead
+  of rebuilding it from two bytes per weight, which the scheduler would store to a buffer on every run instead of
+  repeating. Decoders write scale * q + offset as one mul_add (a fused multiply-add: one instruction a weight less)."""
   def __init__(self, raw: Tensor, parts: dict[tuple[str, int, int], Tensor] | None = None):
     self.raw, self.parts, self.shape = raw, parts, raw.shape
     self.asked: list[tuple[str, int, int]] = []
@@ -36,8 +37,10 @@ class Blocks:
       return (lo | (hi << 8)).bitcast(dtypes.float16)
     return self._part(("f16", start, 2), make).cast(dtypes.float32)
 
+SCALE_DTYPE = dtypes.float32  # how split_fields keeps a block's float16 scale (see there)
+
 def split_fields(raw: Tensor, ggml_type: int) -> dict[tuple[str, int, int], Tensor]:
-  """Every field the decoder of `ggml_type` reads, as realized buffers (same total size as raw)."""
+  """Every field the decoder of `ggml_type` reads, as realized buffers (raw's size, its scales widened to SCALE_DTYPE)."""
   t = GGML_TYPES[ggml_type]
   probe = Blocks(raw.reshape(-1, t.block_bytes))
   t.decode(probe)
@@ -45,7 +48,10 @@ def split_fields(raw: Tensor, ggml_type: int) -> dict[tuple[str, int, int], Tens
   for key in dict.fromkeys(probe.asked):
     kind, start, n = key
     src = probe.raw[:, start:start + n]
-    parts[key] = (src if kind == "u8" else Blocks(probe.raw).f16(start).cast(dtypes.float16)).contiguous()
+    # a scale is kept as float32 (2 more bytes a block, +14 MiB for SmolLM2-135M Q4_1): a matvec's kernel then
+    # broadcasts it from memory, where a float16 one took a load, a conversion and a broadcast per block and row (one
+    # core, a Q4_1 576 x 1536 matvec 112 -> 89 us; SmolLM2's whole decode step ~4%, one thread, same process)
+    parts[key] = (src if kind == "u8" else Blocks(probe.raw).f16(start).cast(SCALE_DTYPE)).contiguous()
   # without gradients: a realized tensor would keep the graph it came from (for backward), and with it the raw bytes
   # (the weights twice in memory)
   with no_grad(): Tensor.realize_all(list(parts.values()))
@@ -77,11 +83,12 @@ def _nibbles(qs: Tensor, groups: int) -> Tensor:
 
 def _q4_0(raw: Blocks) -> Tensor:
   q = _split_bits(_cols(raw, 2, 16), 4, 2).reshape(raw.shape[0], 32)
-  return _f16(raw, 0) * (q.cast(dtypes.float32) - 8)
+  d = _f16(raw, 0)
+  return d.mul_add(q.cast(dtypes.float32), d * -8)  # d * (q - 8), rounded alike: d * -8 and q - 8 are exact
 
 def _q4_1(raw: Blocks) -> Tensor:
   q = _split_bits(_cols(raw, 4, 16), 4, 2).reshape(raw.shape[0], 32)
-  return _f16(raw, 0) * q.cast(dtypes.float32) + _f16(raw, 2)
+  return _f16(raw, 0).mul_add(q.cast(dtypes.float32), _f16(raw, 2))
 
 def _q5(raw: Blocks, qh_at: int) -> Tensor:
   """The 5-bit value of each element: its low nibble from qs, its fifth bit j from the 32-bit qh."""
@@ -90,8 +97,10 @@ def _q5(raw: Blocks, qh_at: int) -> Tensor:
   high = _split_bits(_cols(raw, qh_at, 4), 1, 8).permute(0, 2, 1).reshape(nb, 32)  # bit j of the little-endian word
   return (low | (high << 4)).cast(dtypes.float32)
 
-def _q5_0(raw: Blocks) -> Tensor: return _f16(raw, 0) * (_q5(raw, 2) - 16)
-def _q5_1(raw: Blocks) -> Tensor: return _f16(raw, 0) * _q5(raw, 4) + _f16(raw, 2)
+def _q5_0(raw: Blocks) -> Tensor:
+  d = _f16(raw, 0)
+  return d.mul_add(_q5(raw, 2), d * -16)
+def _q5_1(raw: Blocks) -> Tensor: return _f16(raw, 0).mul_add(_q5(raw, 4), _f16(raw, 2))
 def _q8_0(raw: Blocks) -> Tensor: return _f16(raw, 0) * _cols(raw, 2, 32).bitcast(dtypes.int8).cast(dtypes.float32)
 
 # ***** the 256-element K-quants *****
@@ -104,7 +113,7 @@ def _q2_k(raw: Blocks) -> Tensor:
   dl = _f16(raw, 80) * (sc & 0xF).cast(dtypes.float32)
   ml = _f16(raw, 82) * (sc >> 4).cast(dtypes.float32)
   q = _split_bits(_cols(raw, 16, 64).reshape(nb * 2, 32), 2, 4).reshape(nb, 16, 16).cast(dtypes.float32)
-  return (dl.reshape(nb, 16, 1) * q - ml.reshape(nb, 16, 1)).reshape(nb, 256)
+  return dl.reshape(nb, 16, 1).mul_add(q, -ml.reshape(nb, 16, 1)).reshape(nb, 256)
 
 def _q3_k(raw: Blocks) -> Tensor:
   # hmask[32] qs[64] scales[12] d: 16 six-bit scales (offset by 32), 2 low bits from qs, the third from hmask
@@ -124,7 +133,7 @@ def _q4_k(raw: Blocks) -> Tensor:
   nb = raw.shape[0]
   sc, mn = _scale_min_k4(_cols(raw, 4, 12))
   q = _nibbles(_cols(raw, 16, 128), 4).reshape(nb, 8, 32).cast(dtypes.float32)
-  return ((_f16(raw, 0) * sc).reshape(nb, 8, 1) * q - (_f16(raw, 2) * mn).reshape(nb, 8, 1)).reshape(nb, 256)
+  return (_f16(raw, 0) * sc).reshape(nb, 8, 1).mul_add(q, -(_f16(raw, 2) * mn).reshape(nb, 8, 1)).reshape(nb, 256)
 
 def _q5_k(raw: Blocks) -> Tensor:
   # d dmin scales[12] qh[32] qs[128]: as Q4_K, with group g's fifth bits at bit g of qh
@@ -133,7 +142,7 @@ def _q5_k(raw: Blocks) -> Tensor:
   low = _nibbles(_cols(raw, 48, 128), 4).reshape(nb, 8, 32)
   high = _split_bits(_cols(raw, 16, 32), 1, 8)
   q = (low | (high << 4)).cast(dtypes.float32)
-  return ((_f16(raw, 0) * sc).reshape(nb, 8, 1) * q - (_f16(raw, 2) * mn).reshape(nb, 8, 1)).reshape(nb, 256)
+  return (_f16(raw, 0) * sc).reshape(nb, 8, 1).mul_add(q, -(_f16(raw, 2) * mn).reshape(nb, 8, 1)).reshape(nb, 256)
 
 def _q6_k(raw: Blocks) -> Tensor:
   # ql[128] qh[64] scales[16] (int8) d: two halves of 128; in each, group g of 32 takes the low (g < 2) or high

@@ -181,15 +181,18 @@ def repeats_cost(s: UOp, repeat: int, points: dict[UOp, None], cost: dict) -> bo
   return elementwise_cost(s, points, cost) * (repeat // TILE_REUSE - 1) > PASS_COST
 
 def widest_read(u: UOp, points: dict[UOp, None]) -> int:
-  """The largest element, in bytes, of the buffers, realize points and reduces computing u inside a kernel reads."""
-  seen: set[UOp] = set()
-  stack, widest = list(u.src), 0
+  """The largest element, in bytes, of the buffers, realize points and reduces computing u inside a kernel reads element
+  for element. A broadcast read (through an EXPAND: one value for many elements, such as a quantized block's float32
+  scale) counts only when every read is one."""
+  seen: set[tuple[UOp, bool]] = set()
+  stack, widest = [(s, False) for s in u.src], [0, 0]  # widest read element for element, through a broadcast
   while stack:
-    if (x := stack.pop()) in seen or x.op is Ops.DEVICE: continue
-    seen.add(x)
-    if x.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or x in points: widest = max(widest, x.dtype.itemsize)
-    else: stack.extend(x.src)
-  return widest
+    if (key := stack.pop()) in seen or key[0].op is Ops.DEVICE: continue
+    seen.add(key)
+    x, broadcast = key
+    if x.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or x in points: widest[broadcast] = max(widest[broadcast], x.dtype.itemsize)
+    else: stack.extend((s, broadcast or x.op is Ops.EXPAND) for s in x.src)
+  return widest[0] or widest[1]
 
 def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> KernelWalk:
   """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
