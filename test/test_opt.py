@@ -306,6 +306,24 @@ def test_a_kernel_no_axis_splits_evenly_is_still_split_across_cores():
   x, w = Tensor.empty(1024, 64), Tensor.empty(90, 64)
   assert cpu_opts(_ast(x @ w.T), 2, 16)[-1] == Opt(OptOps.THREAD, 0, 9)
 
+def _layernorm(x: Tensor) -> Tensor:
+  d = x - x.mean(-1, keepdim=True)
+  return d / ((d * d).mean(-1, keepdim=True) + 1e-6).sqrt()
+
+def test_no_slice_redoes_a_sum_another_slice_did():
+  # a layernorm of features stored transposed (PP-OCR rec's (40, 120) after its attention): its rows tiled by 8 leave 5
+  # tiles, no split for 2 cores; the columns would split, but each column slice redid its rows' mean and variance (0.07 ->
+  # 0.5 ms of CPU in 8 slices): one core runs it; where the rows split, they do
+  for rows, want in ((40, []), (4096, [Opt(OptOps.THREAD, 0, 8)])):
+    opts = cpu_opts(_ast(_layernorm(Tensor.empty(120, rows).T)), 2, 16)
+    assert [o for o in opts if o.op is OptOps.THREAD] == want, (rows, opts)
+  rng = np.random.default_rng(0)
+  xn = rng.standard_normal((120, 40), dtype=np.float32)
+  want = _layernorm(Tensor(xn).T).numpy()
+  with Context(THREADS=2):
+    realize._kernel_cache.clear()
+    np.testing.assert_allclose(_layernorm(Tensor(xn).T).numpy(), want, rtol=1e-5, atol=1e-5)
+
 def test_row_reduce_lanes_fold_in_halving_loops_and_odd_rows_pad():
   # a row max over 64 takes 32 lanes; after the row they fold by halving loops (16, 8, 4, 2, then one), each a vector
   # op, not a chain through all 32; the kernel is still named by its own loops only. A NaN in any lane comes through
