@@ -348,6 +348,33 @@ def test_strided_conv_space_to_depth(hw, kernel, strides, pads, cin):
   want = torch.nn.functional.conv2d(xt, torch.tensor(w), torch.tensor(b), stride=strides).numpy()
   np.testing.assert_allclose(OnnxRunner(m)({"x": x})["y"].numpy(), want, rtol=1e-5, atol=1e-5)
 
+@pytest.mark.parametrize("as_constant", [False, True])
+def test_matmul_weight_read_from_panels(as_constant: bool):
+  """A MatMul's big constant right operand (PP-OCR rec's 120 x 6625 head) is packed once in column panels (the last
+  padded): a run's kernels read the panels, never the matrix (each panel's rows a matrix row apart); a small one (and a
+  vector times it) stays as it is. Against numpy, replayed by the JIT."""
+  from attograd.nn import onnx as ox
+  rng = np.random.default_rng(0)
+  big, small = rng.standard_normal((120, 6625)).astype(np.float32), rng.standard_normal((6625, 8)).astype(np.float32)
+  nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "v"], ["y"]), helper.make_node("MatMul", ["z", "w"], ["u"])]
+  params = {"w": big, "v": small}
+  if as_constant: nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(a, k)) for k, a in params.items()] + nodes
+  f = TensorProto.FLOAT
+  m = _model(nodes, [helper.make_tensor_value_info("x", f, [1, 40, 120]), helper.make_tensor_value_info("z", f, [120])],
+             [helper.make_tensor_value_info(n, f, None) for n in ("h", "y", "u")], [] if as_constant else [numpy_helper.from_array(a, k) for k, a in params.items()])
+  runner = OnnxRunner(m, jit=True)
+  assert runner.graph.weight("w@panels").shape == (415, 120, ox.PANEL_WIDTH) and runner.graph.weight("v@panels") is runner.graph.weight("v")
+  for i in range(4):
+    x, z = rng.standard_normal((1, 40, 120)).astype(np.float32), rng.standard_normal(120).astype(np.float32)
+    out = runner({"x": x, "z": z})
+    np.testing.assert_allclose(out["h"].numpy(), x @ big, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["y"].numpy(), (x @ big) @ small, rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(out["u"].numpy(), z @ big, rtol=1e-4, atol=1e-4)
+  (jit,) = runner._jits.values()
+  from attograd.engine.realize import buffer_of
+  w = buffer_of(runner.graph.weight("w").uop.base)
+  assert not any(b is w for ei in jit.replay.plan.items for b in ei.bufs), "a replay reads the panels, not the matrix"
+
 def test_jit_without_folding_replays_and_reuses_input_memory():
   """A model with nothing to fold (no Shape op) is replayed from its third call like any other; each replay's numpy input
   is copied into the same memory, and a scalar initializer is a constant in the kernel (no buffer of its own)."""

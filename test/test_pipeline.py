@@ -9,7 +9,7 @@ from attograd.runtime.device import Device
 from attograd.schedule.schedule import INDEXING_PASSES
 
 KERNEL = ["apply_opts", "gpu_dims", "split_loops", "simd_in_serial_loops", "expand", "symbolic_expanded", "lower_reduces", "float32_math",
-          "symbolic_lowered", "divmod", "exp_math", "spare_bytes", "renderer_rewrites", "ir_semantics"]
+          "symbolic_lowered", "divmod", "exp_math", "spare_bytes", "lane_gates", "renderer_rewrites", "ir_semantics"]
 INDEXING = ["pushdown", "kernel_cleanup", "reduce_dedup", "scatter_cleanup", "merge_loops", "flash_attention"]
 
 def test_pass_lists_are_pinned():

@@ -5,7 +5,7 @@ from typing import NamedTuple
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes
 from attograd.uop.symbolic import symbolic, inbounds_load_spare
-from attograd.codegen.lower import expander, lowerer, lower_reduces, simd_in_serial_loops, split_loops
+from attograd.codegen.lower import expander, lowerer, lower_reduces, simd_in_serial_loops, split_loops, lane_gates
 from attograd.codegen.divmod import divmod_lowering
 from attograd.codegen.linearize import linearize
 from attograd.codegen.opt import Opt, apply_opts
@@ -44,6 +44,7 @@ PASSES: list[Pass] = [
   ("divmod", divmod_lowering),
   ("exp_math", exp_math),
   ("spare_bytes", _spare_bytes),
+  ("lane_gates", lane_gates),
   ("renderer_rewrites", _renderer_rewrites),
   ("ir_semantics", lambda sink, t: ir_semantics(sink, t.renderer.native)),
 ]
