@@ -13,6 +13,7 @@ from attograd.helpers import DEBUG, prod
 from attograd.uop.ops import UOp, Ops, GroupOp, AxisKind
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic, split_terms
+from attograd.codegen.lower import VECTOR_STEP
 from attograd.codegen.opt import (Opt, OptOps, KernelOptError, THREADS, PACK_MAX, apply_opts, axes, const_size, copies, global_ranges,
                                   ranges_of, stash_plan)
 from attograd.renderer import Renderer
@@ -524,13 +525,20 @@ REDUCE_LANES = 16  # partial accumulators reduce_accumulators gives a float sum 
 
 def divided_axes(p: Plan) -> None:
   """An output axis that an index divides (a pool's gradient reads pooled[x//2]): written out in steps of the divisor,
-  each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient)."""
+  each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient).
+  Not the innermost output loop where it vectorizes as it is (whole vector steps, or long enough for split_loop to cut
+  them off) and the loop left once written out would not (a 20-wide row's 10, which gcc leaves scalar):
+  beautiful_mnist's pool gradient (fused with its batchnorm's and relu's, 512x32x20x20), one core, in one process:
+  39.4 ms written out along both, 12.1 along the rows only (15.9 neither)."""
   if p.tiled: return
   cur = axes(p.ast)
   divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in p.ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
                  and u.src[1].op is Ops.CONST}, reverse=True)
+  last = max((k for k, r in enumerate(cur) if r.arg[1] is AxisKind.GLOBAL), default=None)
+  vectorizes = lambda n: n % VECTOR_STEP == 0 or n > 2 * VECTOR_STEP  # (split_loop's cut)
   for k, c in divs:
-    if not (2 <= c <= 8 and (const_size(axes(p.ast)[k]) or 0) % c == 0): continue
+    if not (2 <= c <= 8 and (n := const_size(axes(p.ast)[k]) or 0) % c == 0): continue
+    if k == last and vectorizes(n) and not vectorizes(n // c): continue
     if cur[k].arg[1] is AxisKind.GLOBAL and copies(p.ast) * c <= 16: p.first(Opt(OptOps.UPCAST, k, c))
     # a reduce axis the same way, its loop body repeated: a quantized matvec's axis over half-blocks reads the block's
     # scale at r//2 and picks a byte's low or high nibble by r%2, a select per weight; repeated, each copy has its own
