@@ -592,6 +592,9 @@ def test_heuristics_merge_a_convs_narrow_rows_with_the_rows_around_them():
   want = torch.nn.functional.conv2d(*map(torch.from_numpy, (nx, nw, nb))).relu().numpy().reshape(-1)
   np.testing.assert_allclose(_exec(si, opts), want, rtol=1e-4, atol=1e-4)
   np.testing.assert_array_equal(_exec(si, opts), _exec(si, [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 32), Opt(OptOps.UPCAST, 1, 8)]))
+  # not a padded conv's: its reads are gated along the columns, which merged would be a div and mod per lane
+  padded = Tensor.empty(2, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5), padding=2).relu().schedule()[-1]
+  assert not any(o.op is OptOps.MERGE for o in cpu_opts(padded.ast, 1, 16))
   # the rows are merged only with the loop directly around them, once, before either is split
   with pytest.raises(KernelOptError, match="directly inside"): apply_opt(si.ast, Opt(OptOps.MERGE, 1, 3))
   with pytest.raises(KernelOptError, match="split already"): apply_opt(apply_opt(si.ast, Opt(OptOps.UPCAST, 3, 4)), Opt(OptOps.MERGE, 2, 3))

@@ -197,9 +197,12 @@ def tile_reduce(p: Plan) -> UOp | None:
 def row_stride(red: UOp, y: UOp, x: UOp) -> int | None:
   """The one row stride of every read the sum makes along rows y and columns x: each is linear in both, x's step 1 and
   y's the same S for all (a conv's input rows, S its width). None if a read moves along them otherwise (y // 2, a
-  gradient's rows of another width)."""
+  gradient's rows of another width) or is gated along them (a padded conv's columns: merged, each lane's gate would be
+  a division and a remainder of the loop's counter)."""
   strides = set()
-  for ix in (u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD):
+  for ld in (u for u in red.src[0].toposort if u.op is Ops.LOAD):
+    ix, gate = ld.src[0].src[1], ld.src[0].gate
+    if gate is not None and (y in gate.toposort or x in gate.toposort): return None
     if y not in ix.toposort and x not in ix.toposort: continue
     terms, _ = split_terms(ix)
     if any(t not in (y, x) and (y in t.toposort or x in t.toposort) for t, _ in terms): return None
