@@ -159,10 +159,11 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
     try: assert cpu_opts(_ast(a @ b + Tensor.empty(256)), 1, simd)[0] == Opt(OptOps.UPCAST, 1, 2 * simd)
     finally: heuristic.LOOP_TILES = True
     # beautiful_mnist's 5x5 conv: its 20-wide output rows, which no SIMD loop divides, padded to whole registers (loop_width):
-    # two AVX-512 registers (32), or three AVX2 loops of 8 (24)
+    # three AVX2 loops of 8 (24); with AVX-512 padded to the input's 24 and merged with the rows (merged_rows) for a loop of
+    # two registers (20 of 24 lanes busy, where two registers of a row alone kept 20 of 32)
     conv = _ast(Tensor.empty(8, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5)).relu())
-    to, w = (32, 32) if simd == 16 else (24, 8)
-    assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, to), Opt(OptOps.SIMD, 3, w), Opt(OptOps.UPCAST, 1, 8)]
+    merge = [Opt(OptOps.MERGE, 2, 3)] if simd == 16 else []
+    assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, 24), *merge, Opt(OptOps.SIMD, 3, 2 * simd if merge else 8), Opt(OptOps.UPCAST, 1, 8)]
   # reads gated along the width (a 1x3 conv padded along it) are masked loads in the loop, a select per copy written out;
   # 40 wide, padded to 48 for a loop of whole registers (0.27 -> 0.19 ms one core, in one process)
   gated = _ast(Tensor.empty(1, 960, 1, 40).conv2d(Tensor.empty(60, 960, 1, 3), padding=(0, 1)))
@@ -526,11 +527,18 @@ def test_heuristics_for_pooling_and_bias_gradients():
   assert opts == [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 4)], opts
   np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).transpose(0, 1, 3, 2).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
   np.testing.assert_allclose(_exec(si, opts), g.numpy().astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
-  # an elementwise kernel that reads pooled[y//2, x//2] (a pool's gradient) is written out in steps of 2 along both
+  # an elementwise kernel that reads pooled[y//2, x//2] (a pool's gradient) is written out in steps of 2 along the rows;
+  # the 26-wide row stays a loop (24 of it vectorized, split_loop), where written out its loop of 13 stayed scalar
+  # (64x32x26x26 one core: 0.85 ms along both, 0.69 along the rows); a 6-wide row (a loop that doesn't vectorize) along both
   p = Tensor(rng.standard_normal((4, 8, 13, 13), dtype=np.float32)).realize()
   si = (x * p.reshape(4, 8, 13, 1, 13, 1).expand(4, 8, 13, 2, 13, 2).reshape(4, 8, 26, 26)).schedule()[-1]
   opts = cpu_opts(si.ast, 1)
-  assert opts == [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 2)], opts  # (batch and channels are one loop)
+  assert opts == [Opt(OptOps.UPCAST, 1, 2)], opts  # (batch and channels are one loop)
+  np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
+  small = Tensor(rng.standard_normal((4, 8, 6, 6), dtype=np.float32)).realize()
+  si = (small * p[:, :, :3, :3].reshape(4, 8, 3, 1, 3, 1).expand(4, 8, 3, 2, 3, 2).reshape(4, 8, 6, 6)).schedule()[-1]
+  opts = cpu_opts(si.ast, 1)
+  assert opts == [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 1, 2)], opts
   np.testing.assert_array_equal(_exec(si, opts), _exec(si, []))
 
 def test_heuristics_dont_take_a_pools_argmax_for_a_column_sum():
@@ -550,8 +558,10 @@ def test_heuristics_write_out_only_whole_vectors_of_a_tiles_width():
   # (to whole registers by loop_width: 20 -> 32 for two AVX-512 registers, 24 for three AVX2 loops of 8)
   for simd in (8, 16):
     to, w = (32, 32) if simd == 16 else (24, 8)
+    # (a conv's rows on AVX-512: padded to its input's 24 and merged with the rows around them, merged_rows)
     conv = _ast(Tensor.empty(8, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5), Tensor.empty(32)))
-    assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, to), Opt(OptOps.SIMD, 3, w), Opt(OptOps.UPCAST, 1, 8)]
+    merge = [Opt(OptOps.PADTO, 3, 24), Opt(OptOps.MERGE, 2, 3)] if simd == 16 else [Opt(OptOps.PADTO, 3, to)]
+    assert cpu_opts(conv, 1, simd) == [*merge, Opt(OptOps.SIMD, 3, w), Opt(OptOps.UPCAST, 1, 8)]
     # a 10-wide row of 64 channels: a channel tile (two registers of channels by the row: 14.8 -> 12.3 ms at batch 128)
     conv10 = _ast(Tensor.empty(8, 64, 12, 12).conv2d(Tensor.empty(64, 64, 3, 3), Tensor.empty(64)))
     assert cpu_opts(conv10, 1, simd)[-3:] == [Opt(OptOps.UPCAST, 3, 10), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
@@ -581,6 +591,49 @@ def test_heuristics_pad_a_gated_conv_gradient_to_a_simd_loop():
   tx = torch.tensor(nx, requires_grad=True)
   torch.nn.functional.conv2d(tx, torch.tensor(nw)).relu().sum().backward()
   np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+def test_gated_conv_gradient_skips_rows_outside_the_image():
+  # the input gradient's row gate (y - ky inside the output gradient's rows) varies along no SIMD lane: where it is false
+  # the channel sum inside it runs 0 times (its loop's count is a select), where before it was summed and thrown away
+  # (beautiful_mnist's 5x5 input gradient, 24 rows from 20: 241 -> 208 ms, one core); the lanes' gate stays a select
+  from attograd.codegen import lowered
+  torch = pytest.importorskip("torch")
+  for shape, pad in (((16, 8, 13, 13), 0), ((4, 8, 11, 9), 2)):
+    wshape = (16, 8, 3, 3)
+    asts = _conv_backward_asts(shape, wshape) if pad == 0 else None
+    rng = np.random.default_rng(11)
+    nx, nw = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal(wshape, dtype=np.float32)
+    x, w = Tensor(nx, requires_grad=True), Tensor(nw, requires_grad=True)
+    x.conv2d(w, padding=pad).relu().sum().backward()
+    tx, tw = torch.tensor(nx, requires_grad=True), torch.tensor(nw, requires_grad=True)
+    torch.nn.functional.conv2d(tx, tw, padding=pad).relu().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+    if asts is None: continue
+    dx = next(a for a in asts if any(u.op is Ops.INDEX and u.gate is not None for u in a.toposort))
+    sink = lowered(dx, Device["CPU"].renderer, cpu_opts(dx, 1))
+    counted = [u for u in sink.toposort if u.op is Ops.RANGE and u.src[0].op is Ops.WHERE]
+    assert len(counted) == 1 and counted[0].src[0].src[2].op is Ops.CONST and counted[0].src[0].src[2].arg == 0, counted
+
+def test_heuristics_merge_a_convs_narrow_rows_with_the_rows_around_them():
+  # a 5x5 conv's 20-wide output rows (beautiful_mnist's 32 -> 32 at 24x24) padded to its input's row of 24 and merged
+  # with the rows loop (MERGE): the input is read linearly in one loop of 20 x 24, a SIMD loop of 32 over it keeps 20 of
+  # 24 lanes busy where a row alone padded to 32 kept 20 of 32 (191 -> 136 ms at batch 512, one core)
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(12)
+  nx, nw, nb = (rng.standard_normal(s, dtype=np.float32) for s in ((2, 32, 24, 24), (32, 32, 5, 5), (32,)))
+  si = Tensor(nx).conv2d(Tensor(nw), Tensor(nb)).relu().schedule()[-1]
+  opts = cpu_opts(si.ast, 1, 16)
+  assert opts[:4] == [Opt(OptOps.PADTO, 3, 24), Opt(OptOps.MERGE, 2, 3), Opt(OptOps.SIMD, 3, 32), Opt(OptOps.UPCAST, 1, 8)], opts
+  want = torch.nn.functional.conv2d(*map(torch.from_numpy, (nx, nw, nb))).relu().numpy().reshape(-1)
+  np.testing.assert_allclose(_exec(si, opts), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_array_equal(_exec(si, opts), _exec(si, [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 32), Opt(OptOps.UPCAST, 1, 8)]))
+  # not a padded conv's: its reads are gated along the columns, which merged would be a div and mod per lane
+  padded = Tensor.empty(2, 32, 24, 24).conv2d(Tensor.empty(32, 32, 5, 5), padding=2).relu().schedule()[-1]
+  assert not any(o.op is OptOps.MERGE for o in cpu_opts(padded.ast, 1, 16))
+  # the rows are merged only with the loop directly around them, once, before either is split
+  with pytest.raises(KernelOptError, match="directly inside"): apply_opt(si.ast, Opt(OptOps.MERGE, 1, 3))
+  with pytest.raises(KernelOptError, match="split already"): apply_opt(apply_opt(si.ast, Opt(OptOps.UPCAST, 3, 4)), Opt(OptOps.MERGE, 2, 3))
 
 def test_heuristics_loop_a_small_conv_weight_gradient_window():
   # conv1 of the MNIST example: dW (8, 1, 3, 3) summed over a 26-wide image: its window a SIMD loop of 4 by 3 by the 8

@@ -13,6 +13,7 @@ from attograd.helpers import DEBUG, prod
 from attograd.uop.ops import UOp, Ops, GroupOp, AxisKind
 from attograd.uop.patterns import graph_rewrite
 from attograd.uop.symbolic import symbolic, split_terms
+from attograd.codegen.lower import VECTOR_STEP
 from attograd.codegen.opt import (Opt, OptOps, KernelOptError, THREADS, PACK_MAX, apply_opts, axes, const_size, copies, global_ranges,
                                   ranges_of, stash_plan)
 from attograd.renderer import Renderer
@@ -160,6 +161,7 @@ def register_tile(p: Plan) -> None:
   contiguous_j = all(unit_stride(u.src[0].src[1], ax[j]) for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] in u.src[0].src[1].toposort)
   if channel_tile(p, i, j, red) or across_tile(p, i, j, red, contiguous_j): return
   if (const_size(ax[j]) or 99) <= 4: small_window_tile(p, i, j, loads, contiguous_j)
+  elif contiguous_j and merged_rows(p, i, j, red): pass
   elif (n := const_size(ax[j]) or 0) % 8 and ((padded := -(-n // 16) * 16) - n <= n // 8 or any(ax[j] in g for g in p.gates)) and contiguous_j:
     # a width no multiple of 8 divides (a conv's 30): written out, its outputs don't line up with SIMD registers
     # and gcc vectorizes them poorly (measured 42 vs 64 GFLOPS); padded to 16s, it is one innermost loop. Reads
@@ -191,6 +193,43 @@ def tile_reduce(p: Plan) -> UOp | None:
   rest = [r for r in p.reds if r is not along[0]]
   if any(r in along[0].toposort or any(u.op is Ops.REDUCE for u in r.src[0].toposort) for r in rest): return None
   return along[0]
+
+def row_stride(red: UOp, y: UOp, x: UOp) -> int | None:
+  """The one row stride of every read the sum makes along rows y and columns x: each is linear in both, x's step 1 and
+  y's the same S for all (a conv's input rows, S its width). None if a read moves along them otherwise (y // 2, a
+  gradient's rows of another width) or is gated along them (a padded conv's columns: merged, each lane's gate would be
+  a division and a remainder of the loop's counter)."""
+  strides = set()
+  for ld in (u for u in red.src[0].toposort if u.op is Ops.LOAD):
+    ix, gate = ld.src[0].src[1], ld.src[0].gate
+    if gate is not None and (y in gate.toposort or x in gate.toposort): return None
+    if y not in ix.toposort and x not in ix.toposort: continue
+    terms, _ = split_terms(ix)
+    if any(t not in (y, x) and (y in t.toposort or x in t.toposort) for t, _ in terms): return None
+    if sum(k for t, k in terms if t is x) != 1: return None
+    strides.add(sum(k for t, k in terms if t is y))
+  return strides.pop() if len(strides) == 1 else None
+
+def merged_rows(p: Plan, i: int, j: int, red: UOp) -> bool:
+  """Output rows narrower than a SIMD loop's registers (a 5x5 conv's 20 from its input's 24) padded to the input's row
+  stride S and merged with the rows loop around them (MERGE): every read along them is then linear in one loop of rows
+  x S, which a SIMD loop runs across rows, the lanes past a row's end reading the next row's start (thrown away by the
+  gated store). Where that keeps more lanes busy than the row alone padded to whole registers (loop_width), and each
+  output sums enough for the multiply-adds to outweigh its store (a div and mod per output, once the rows are merged).
+  One core, AVX-512, beautiful_mnist batch 512, in one process: the 5x5 32->32 conv at 24x24 191 -> 136 ms (20 of 32
+  lanes -> 20 of 24)."""
+  ax = p.ax
+  n, k = const_size(ax[j]) or 0, p.glob.index(j) - 1
+  if k < 0 or (y := p.glob[k]) == i or not n or (rows := const_size(ax[y]) or 0) < 2: return False
+  if prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE) < PADDED_LOOP_SUM: return False
+  if (stride := row_stride(red, ax[y], ax[j])) is None or not n <= stride <= 2 * n: return False
+  w, padded = loop_width(n, p.simd)
+  mw, mpadded = loop_width(rows * stride, p.simd)
+  if rows * n / mpadded * min(1.0, mw / p.simd) <= n / padded * min(1.0, w / p.simd): return False
+  seq = ((Opt(OptOps.PADTO, j, stride),) if stride != n else ()) + (Opt(OptOps.MERGE, y, j),)
+  if not p.first(seq + ((Opt(OptOps.PADTO, j, mpadded),) if mpadded != rows * stride else ()) + (Opt(OptOps.SIMD, j, mw),)): return False
+  tile_rows(p, i, TILE_REGISTERS * p.simd)
+  return True
 
 CHANNEL_TILE_REGISTERS = 24  # vector accumulators of a channel tile at most (of 32 AVX-512 registers: the rest load and broadcast)
 
@@ -489,13 +528,20 @@ REDUCE_LANES = 16  # partial accumulators reduce_accumulators gives a float sum 
 
 def divided_axes(p: Plan) -> None:
   """An output axis that an index divides (a pool's gradient reads pooled[x//2]): written out in steps of the divisor,
-  each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient)."""
+  each copy's index is a constant offset, and the loop over the rest vectorizes (measured 5x on a pool's gradient).
+  Not the innermost output loop where it vectorizes as it is (whole vector steps, or long enough for split_loop to cut
+  them off) and the loop left once written out would not (a 20-wide row's 10, which gcc leaves scalar):
+  beautiful_mnist's pool gradient (fused with its batchnorm's and relu's, 512x32x20x20), one core, in one process:
+  39.4 ms written out along both, 12.1 along the rows only (15.9 neither)."""
   if p.tiled: return
   cur = axes(p.ast)
   divs = sorted({(cur.index(u.src[0]), u.src[1].arg) for u in p.ast.toposort if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in cur
                  and u.src[1].op is Ops.CONST}, reverse=True)
+  last = max((k for k, r in enumerate(cur) if r.arg[1] is AxisKind.GLOBAL), default=None)
+  vectorizes = lambda n: n % VECTOR_STEP == 0 or n > 2 * VECTOR_STEP  # (split_loop's cut)
   for k, c in divs:
-    if not (2 <= c <= 8 and (const_size(axes(p.ast)[k]) or 0) % c == 0): continue
+    if not (2 <= c <= 8 and (n := const_size(axes(p.ast)[k]) or 0) % c == 0): continue
+    if k == last and vectorizes(n) and not vectorizes(n // c): continue
     if cur[k].arg[1] is AxisKind.GLOBAL and copies(p.ast) * c <= 16: p.first(Opt(OptOps.UPCAST, k, c))
     # a reduce axis the same way, its loop body repeated: a quantized matvec's axis over half-blocks reads the block's
     # scale at r//2 and picks a byte's low or high nibble by r%2, a select per weight; repeated, each copy has its own

@@ -8,6 +8,7 @@ from attograd.helpers import prod
 from attograd.dtype import dtypes, DType
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
+from attograd.uop.symbolic import clauses
 
 NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
 
@@ -79,7 +80,21 @@ def hoist_gate(red: UOp) -> UOp | None:
   inner = tuple(r for r in red.src[1:] if r not in g.live_ranges)
   outer = tuple(r for r in red.src[1:] if r in g.live_ranges)
   if not inner or not outer or any(r.op is not Ops.RANGE or r.arg[1] is not AxisKind.REDUCE for r in inner): return None
+  x, inner = skip_when_false(g, x, inner)
   return UOp(Ops.REDUCE, red.dtype, (g.where(UOp(Ops.REDUCE, red.dtype, (x, *inner), Ops.ADD), z), *outer), Ops.ADD)
+
+def skip_when_false(g: UOp, x: UOp, inner: tuple[UOp, ...]) -> tuple[UOp, tuple[UOp, ...]]:
+  """x with the outermost of the inner loops run 0 times where the gate's clauses that no SIMD loop moves are false: a
+  padded conv's input gradient gates each row of its window by the row's place in the image (y - kh in the gradient's
+  rows), and a whole inner sum of a row outside it is thrown away by the select (a 5x5 conv's 24 rows from 20: 20 of
+  24 rows valid per kh; a 3x3's 10 from 8). The select stays for the clauses that vary along the SIMD lanes or a
+  written-out axis (each copy of the loop would be a loop of its own size, one name for several loops)."""
+  skip = [c for c in clauses(g) if all(r.arg[1] in (AxisKind.GLOBAL, AxisKind.REDUCE) for r in c.live_ranges)]
+  r = min(inner, key=lambda r: r.arg)
+  if not skip or r.src[0].op is not Ops.CONST: return x, inner
+  cond = functools.reduce(lambda a, b: a & b, skip)
+  runs = UOp(Ops.RANGE, r.dtype, (cond.where(r.src[0], UOp.const(r.dtype, 0)),), r.arg)
+  return x.substitute({r: runs}), tuple(runs if s is r else s for s in inner)
 
 expander = PatternMatcher([
   (UPat(Ops.REDUCE, name="red"), reduce_in_float32),

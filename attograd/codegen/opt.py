@@ -33,6 +33,8 @@ class OptOps(Enum):
                     # matmul's column panel) is copied to a contiguous scratch before that iteration's inner loops
   STASH = auto()    # CPU: a value both the output and a reduce compute per element (softmax's exp) is stored to the
                     # output inside the reduce's loop (`amount` names the reduce axis) and read back by the output's loop
+  MERGE = auto()    # a global axis and the one nested directly inside it (`amount` names it) become one loop, row-major:
+                    # the inner axis loops over both, the outer one is left a loop of 1 (no axis is renumbered)
 
 @dataclass(frozen=True)
 class Opt:
@@ -44,7 +46,7 @@ class Opt:
 class KernelOptError(ValueError): pass
 
 # the kind of axis an Opt applies to (True: global, False: reduce); the others take either
-NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.PACK: True, OptOps.SIMD: True, OptOps.LOCAL: True, OptOps.STASH: True,
+NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.MERGE: True, OptOps.PACK: True, OptOps.SIMD: True, OptOps.LOCAL: True, OptOps.STASH: True,
          OptOps.UNROLL: False, OptOps.GROUP: False}
 
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
@@ -126,6 +128,7 @@ def _apply_opt(ast: UOp, opt: Opt, has_local: bool) -> UOp:
   if opt.op in NEEDS and NEEDS[opt.op] != is_global:
     raise KernelOptError(f"{opt}: {opt.op.name} applies to a {'global' if NEEDS[opt.op] else 'reduce'} axis, axis {opt.axis} is {r.arg[1]}")
   if opt.op is OptOps.SWAP: return apply_swap(ast, opt, ax)
+  if opt.op is OptOps.MERGE: return apply_merge(ast, opt, ax)
   if opt.op is OptOps.STASH:
     # on a GPU each output's thread runs the whole reduce: every thread would store the whole row
     if has_local: raise KernelOptError(f"{opt}: STASH is for a loop that runs a reduce once per row; this target has work-groups")
@@ -220,6 +223,29 @@ def apply_swap(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
   body = ends[inner].src[0]
   swapped = UOp(Ops.END, ends[outer].dtype, (UOp(Ops.END, ends[inner].dtype, (body, outer)), inner))
   return ast.substitute({ends[outer]: swapped}).substitute(new)
+
+def apply_merge(ast: UOp, opt: Opt, ax: list[UOp]) -> UOp:
+  """Outer axis y (A) and inner axis x (B) -> one loop over x of A*B, y = x // B, x = x % B; y stays a loop of 1. A read
+  whose row stride is B (a conv's input rows, once its output's row is padded to theirs) is then linear in the loop: a
+  SIMD loop over it runs across rows, every lane busy, where one over each row alone would be padded to whole
+  registers (a 5x5 conv's 20 wide rows: 20 of 32 lanes; merged at the input's 24, 20 of 24)."""
+  if not 0 <= opt.amount < len(ax) or ax[opt.amount].arg[1] is not AxisKind.GLOBAL or opt.amount == opt.axis:
+    raise KernelOptError(f"{opt}: MERGE needs another global axis as amount")
+  y, x = ax[opt.axis], ax[opt.amount]
+  if (a := const_size(y)) is None or (b := const_size(x)) is None: raise KernelOptError(f"{opt}: an axis has a symbolic size")
+  if any(u.op is Ops.RANGE and len(u.arg) > 2 and u.arg[2] in (y.arg[0], x.arg[0]) for u in ast.toposort):
+    raise KernelOptError(f"{opt}: an axis was split already")
+  ends = {u.src[1]: u for u in ast.toposort if u.op is Ops.END and u.src[1] in (y, x)}
+  if len(ends) != 2 or ends[y].src[0] is not ends[x]: raise KernelOptError(f"{opt}: axis {opt.amount} isn't the loop directly inside axis {opt.axis}")
+  one = UOp(Ops.RANGE, y.dtype, (UOp.const(y.dtype, 1),), y.arg)
+  both = UOp(Ops.RANGE, x.dtype, (UOp.const(x.dtype, a * b),), x.arg)
+  new: dict[UOp, UOp] = {y: both // b + one, x: both % b}
+  for u in ast.toposort:
+    if u in new: continue
+    src = tuple([new.get(s, s) for s in u.src])
+    if u.op is Ops.END and u.src[1] in (y, x): src = (src[0], one if u.src[1] is y else both)
+    new[u] = u.replace(src=src)
+  return graph_rewrite(new[ast], symbolic, name="apply_opts/merge")
 
 # ***** STASH: one value computed once for a reduce and its output *****
 

@@ -54,12 +54,18 @@ class CompiledKernel:
     # (in a lane of devices side by side, the device's share of the cores: engine/lanes.py)
     self.program.run_slices(bufs, vals, n, min(n, lane_cores()))
 
+def trips(r: UOp) -> int:
+  """A loop's iterations for the op count: a computed count that reads no Variable (a gated sum's loop, run 0 times
+  where its gate is false: lower.skip_when_false) at its most; a Variable's count as 1."""
+  if r.src[0].op is Ops.CONST: return r.src[0].arg
+  return 1 if any(x.op is Ops.DEFINE_VAR for x in r.src[0].toposort) else int(r.src[0].vmax)
+
 def count_ops(uops: list[UOp]) -> int:
   """ALU ops executed, multiplying by the trip count of each enclosing loop."""
   total = 0
   for u in uops:
     if u.op in GroupOp.ALU and u.dtype != dtypes.bool and not dtypes.is_int(u.dtype):
-      total += (2 if u.op is Ops.MULACC else 1) * prod(r.src[0].arg if r.src[0].op is Ops.CONST else 1 for r in u.live_ranges)
+      total += (2 if u.op is Ops.MULACC else 1) * prod(trips(r) for r in u.live_ranges)
   return total
 
 _kernel_cache: dict[tuple, CompiledKernel] = {}
