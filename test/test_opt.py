@@ -392,8 +392,9 @@ def test_rows_past_l2_are_cut_in_blocks_that_reuse_every_panel():
   attn = Tensor.empty(16, 6, 256, 64).transpose(1, 2).reshape(16, 256, 384) @ Tensor.empty(384, 384).T
   assert cpu_opts(_ast(attn), 1)[-1] == Opt(OptOps.THREAD, 1, 8)
   # no blocks where one that fits L2 would have too few rows to pay for packing every panel again (k = 1536: 128 rows),
-  # nor where the rows operand fits L2 whole (a BERT batch's 1024 tokens at d=384)
-  for a, b in (((4096, 1536), (384, 1536)), ((1024, 384), (1536, 384))):
+  # nor where the rows operand fits L2 whole (a BERT batch's 1024 tokens at d=384), nor for a few panels (GPT d=128's
+  # (2048, 512) @ (512, 128)^T: 4 panels, L3 streams the rows 4 times)
+  for a, b in (((4096, 1536), (384, 1536)), ((1024, 384), (1536, 384)), ((2048, 512), (128, 512))):
     assert not any(o.op is OptOps.THREAD for o in cpu_opts(_ast(Tensor.empty(*a) @ Tensor.empty(*b).T), 1))
   # and the blocked kernel computes the product
   rng = np.random.default_rng(6)

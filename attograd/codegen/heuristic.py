@@ -178,7 +178,7 @@ def register_tile(p: Plan) -> None:
   # a smaller column operand read in place by rows past L2 in blocks of rows (row_blocks) that L2 keeps: packed, each
   # panel is read from cache by a block's rows (one core, (4096, 1152) @ (1152, 384): 61 -> 103 GFLOPS in 16 blocks;
   # (4096, 768) @ (768, 384) 76 in place, 72-75 packed in blocks: not there)
-  big = big or (reduced * width >= BLOCKED_PACK_MIN_PANELS and
+  big = big or (reduced * width >= BLOCKED_PACK_MIN_PANELS and (const_size(axes(p.ast)[j]) or 0) >= ROW_BLOCK_MIN_PANELS and
                 row_block_count(rows, reduced, const_size(axes(p.ast)[i]) or 0, p.threads) is not None)
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
   # a column operand that big read by a few blocks of rows (a classifier over a big vocabulary, PP-OCR rec's 40 x 120 @
@@ -393,10 +393,11 @@ def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
   swaps = (Opt(OptOps.SWAP, i, j), *(Opt(OptOps.SWAP, k - 1, k) for k in range(i, outer, -1)))
   # the rows' outermost axis after the swaps: the first row axis around the rows' own (moved in by one), else the tile's
   # rows, which the first swap left at j
-  if p.first((*swaps, Opt(OptOps.PACK, outer, 0))): k = outer + 1 if outer < i else j
-  elif p.first((swaps[0], Opt(OptOps.PACK, i, 0))): k = j
+  # (and the panels' axis, now where the outermost of them was)
+  if p.first((*swaps, Opt(OptOps.PACK, outer, 0))): k, panels = (outer + 1 if outer < i else j), outer
+  elif p.first((swaps[0], Opt(OptOps.PACK, i, 0))): k, panels = j, i
   else: p.first(swaps[0]); return
-  row_blocks(p, k, prod(const_size(ax[x]) or 0 for x in range(outer, i + 1)), reduced)
+  if (const_size(axes(p.ast)[panels]) or 0) >= ROW_BLOCK_MIN_PANELS: row_blocks(p, k, prod(const_size(ax[x]) or 0 for x in range(outer, i + 1)), reduced)
 
 # elements of a matmul's rows operand (rows x k) a core's L2 (2 MiB) keeps while every column panel reads it, and the
 # row block's elements at most it is cut to above that (1.25 MiB: the rest of L2 for the panels streaming through)
@@ -404,6 +405,9 @@ ROWS_IN_L2, ROW_BLOCK = 1 << 19, 5 << 16
 # rows of a block at least: each block packs every panel again (k x width). One core, 4096 rows, in one process:
 # (4096, 1536) @ (1536, 384)^T, whose pack transposes, 49 ms as it was, 64 in 16 blocks of 256 rows, 85 in 32 of 128
 ROW_BLOCK_MIN_ROWS = 256
+# column panels at least: a few read the rows a few times, which L3 streams (GPT d=128's (2048, 512) @ (512, 128)^T, 4
+# panels: 4.5 ms, 4.7 in 4 blocks)
+ROW_BLOCK_MIN_PANELS = 8
 
 def row_block_count(rows: int, reduced: int, size: int, threads: int) -> int | None:
   """The blocks a matmul's rows (an axis of `size` iterations) are cut in when its panels are packed outside them
