@@ -5,6 +5,7 @@ a dispatch mode around a whole step. Compare each big kernel with torch's op of 
   python bench/step_kernels.py                  # examples/beautiful_mnist.py's model, batch 512 (BS=n)
   python bench/step_kernels.py --model gpt      # examples/gpt.py's default GPT (4 layers, 4 heads, d 128, context 64, batch 32)
   python bench/step_kernels.py --model bert     # all-MiniLM-L6-v2 sentence embeddings of 64 short sentences (bench/models.py's)
+  python bench/step_kernels.py --model large    # bench/transformer.py's large model (6 layers, d 384, 6 heads, context 256, batch 16)
   REPS=5 MIN_MS=0.5 TOP=40                      # runs per timing, the smallest time listed, rows listed"""
 from __future__ import annotations
 import argparse, os, pathlib, random, sys, time
@@ -58,7 +59,18 @@ def bert():
     def var_vals(self): return next(iter(ours._jits.values())).var_vals
   return (lambda: ours.encode(s, batch_size=64).numpy()), Jits(), run_theirs
 
-MODELS: dict[str, Callable] = {"beautiful": beautiful, "gpt": gpt, "bert": bert}
+def large():
+  """bench/transformer.py's large model: its TinyJit'd training step (AdamW, clipping) on one batch."""
+  import transformer
+  from attograd import Tensor
+  cfg = transformer.CONFIGS["large"]
+  x, y = transformer.batches(cfg, 1)[0]
+  ours, theirs = transformer.attograd_step(cfg, jit=True), transformer.torch_step(cfg)
+  import torch
+  xa, ya, xt, yt = Tensor(x), Tensor(y), torch.tensor(x), torch.tensor(y)
+  return (lambda: ours(xa, ya)), ours, (lambda: theirs(xt, yt))
+
+MODELS: dict[str, Callable] = {"beautiful": beautiful, "gpt": gpt, "bert": bert, "large": large}
 
 def best_of(fn: Callable[[], object], reps: int) -> float:
   """The least CPU time of reps calls, in ms."""

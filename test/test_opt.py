@@ -414,6 +414,33 @@ def test_weight_gradient_read_across_rows_packs_whole_lines_of_rows():
   assert not any(o.op is OptOps.PACK for o in cpu_opts(si.ast, 1, 8))
   assert [o.op for o in cpu_opts(_ast(Tensor.empty(1024, 128).T @ Tensor.empty(1024, 512)), 1, 16)[-2:]] == [OptOps.SWAP, OptOps.PACK]
 
+def test_rows_past_l2_are_cut_in_blocks_that_reuse_every_panel():
+  # (AVX-512: 16-float registers, tiles 32 wide) panels packed outside the rows read the whole rows operand once per panel: past L2 (rows x k > 2 MiB) the rows are cut
+  # in blocks L2 keeps (THREAD on their outermost axis), each block with all panels (one core, a d=384 transformer's
+  # (4096, 384) @ (384, 1536)^T: 70 -> 54 ms in 8 blocks of 512 rows)
+  assert cpu_opts(_ast(Tensor.empty(4096, 384) @ Tensor.empty(1536, 384).T), 1, 16)[-1] == Opt(OptOps.THREAD, 1, 8)
+  # a contiguous column operand under PACK_MIN_PANELS is packed too where the rows are blocked ((1152, 384): 61 -> 103
+  # GFLOPS in 16 blocks); (768, 384) stays in place
+  assert cpu_opts(_ast(Tensor.empty(4096, 1152) @ Tensor.empty(1152, 384)), 1, 16)[2:] == \
+    [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0), Opt(OptOps.THREAD, 1, 16)]
+  # with two cores, blocks the cores share (a multiple of them); rows split as (sentence, token) by a permute: the
+  # sentences are cut, not every sentence's tokens
+  assert cpu_opts(_ast(Tensor.empty(4096, 384) @ Tensor.empty(1536, 384).T), 2, 16)[-1] == Opt(OptOps.THREAD, 1, 8)
+  attn = Tensor.empty(16, 6, 256, 64).transpose(1, 2).reshape(16, 256, 384) @ Tensor.empty(384, 384).T
+  assert cpu_opts(_ast(attn), 1, 16)[-1] == Opt(OptOps.THREAD, 1, 8)
+  # no blocks where one that fits L2 would have too few rows to pay for packing every panel again (k = 1536: 128 rows),
+  # nor where the rows operand fits L2 whole (a BERT batch's 1024 tokens at d=384), nor for a few panels (GPT d=128's
+  # (2048, 512) @ (512, 128)^T: 4 panels, L3 streams the rows 4 times)
+  for a, b in (((4096, 1536), (384, 1536)), ((1024, 384), (1536, 384)), ((2048, 512), (128, 512))):
+    assert not any(o.op is OptOps.THREAD for o in cpu_opts(_ast(Tensor.empty(*a) @ Tensor.empty(*b).T), 1, 16))
+  # and the blocked kernel computes the product
+  rng = np.random.default_rng(6)
+  x, w = rng.standard_normal((2048, 384), dtype=np.float32), rng.standard_normal((768, 384), dtype=np.float32)
+  si = (Tensor(x).realize() @ Tensor(w).realize().T).schedule()[-1]
+  opts = cpu_opts(si.ast, 1, 16)
+  assert opts[-1] == Opt(OptOps.THREAD, 1, 4)
+  np.testing.assert_allclose(_exec(si, opts).reshape(2048, 768), x @ w.T, rtol=1e-4, atol=1e-3)
+
 def test_transposing_copy_is_blocked():
   # x.T.contiguous() reads across the input's rows: 4x4 blocks (a power-of-two row length put every line of a column
   # in the same cache sets: (2048, 512) 10.0 -> 3.9 ms on one core); a copy that keeps the order gets no block

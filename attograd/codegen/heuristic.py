@@ -34,6 +34,7 @@ PACK_MIN_PANELS = 1 << 19
 # one core, both rows' and columns' operand read across their rows, went 11.3 -> 5.0 ms packed ((2048, 128)^T @ (2048,
 # 384): 9.7 -> 4.9), its 16 row blocks each re-reading the 2 MiB column operand from L3 unpacked
 PACK_MIN_ROWS = 128
+BLOCKED_PACK_MIN_PANELS = 3 << 17  # and elements from which it is where the rows are cut in blocks that L2 keeps (row_blocks)
 # a tile whose width a SIMD loop divides is that loop (two registers wide) by rows, not written out: a 32x8 tile written
 # out was ~3600 uops, 250-350 ms of lowering and 400-700 ms of gcc; the loop ~180 uops, 15-30 ms and 100-180 ms, and ran
 # as fast or faster (one core, AVX-512, both in one process): 1024^3 20.7 -> 19.1 ms, 2048^3 148 -> 146, 512^3 3.9 ->
@@ -174,7 +175,13 @@ def register_tile(p: Plan) -> None:
   else: widest_tile(p, i, j, red, contiguous_j)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
-  big = len(p.glob) >= 2 and (const_size(ax[i]) or 0) >= PACK_MIN_ROWS and reduced * (const_size(ax[j]) or 0) >= PACK_MIN_PANELS
+  rows, width = const_size(ax[i]) or 0, const_size(ax[j]) or 0
+  big = len(p.glob) >= 2 and rows >= PACK_MIN_ROWS and reduced * width >= PACK_MIN_PANELS
+  # a smaller column operand read in place by rows past L2 in blocks of rows (row_blocks) that L2 keeps: packed, each
+  # panel is read from cache by a block's rows (one core, (4096, 1152) @ (1152, 384): 61 -> 103 GFLOPS in 16 blocks;
+  # (4096, 768) @ (768, 384) 76 in place, 72-75 packed in blocks: not there)
+  big = big or (reduced * width >= BLOCKED_PACK_MIN_PANELS and (const_size(axes(p.ast)[j]) or 0) >= ROW_BLOCK_MIN_PANELS and
+                row_block_count(rows, reduced, const_size(axes(p.ast)[i]) or 0, p.threads) is not None)
   if big or not contiguous_j: pack_panels(p, i, j, red, reduced)
   # a column operand that big read by a few blocks of rows (a classifier over a big vocabulary, PP-OCR rec's 40 x 120 @
   # 120 x 6625): the loop over column panels outside the rows', so each panel comes from memory once and every block of
@@ -423,7 +430,42 @@ def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
     return
   # SWAPs exchange neighbouring loops: the panels' loop moves out one row axis at a time
   swaps = (Opt(OptOps.SWAP, i, j), *(Opt(OptOps.SWAP, k - 1, k) for k in range(i, outer, -1)))
-  p.first((*swaps, Opt(OptOps.PACK, outer, 0)), (swaps[0], Opt(OptOps.PACK, i, 0)), swaps[0])
+  # the rows' outermost axis after the swaps: the first row axis around the rows' own (moved in by one), else the tile's
+  # rows, which the first swap left at j
+  # (and the panels' axis, now where the outermost of them was)
+  if p.first((*swaps, Opt(OptOps.PACK, outer, 0))): k, panels = (outer + 1 if outer < i else j), outer
+  elif p.first((swaps[0], Opt(OptOps.PACK, i, 0))): k, panels = j, i
+  else: p.first(swaps[0]); return
+  if (const_size(axes(p.ast)[panels]) or 0) >= ROW_BLOCK_MIN_PANELS: row_blocks(p, k, prod(const_size(ax[x]) or 0 for x in range(outer, i + 1)), reduced)
+
+# elements of a matmul's rows operand (rows x k) a core's L2 (2 MiB) keeps while every column panel reads it, and the
+# row block's elements at most it is cut to above that (1.25 MiB: the rest of L2 for the panels streaming through)
+ROWS_IN_L2, ROW_BLOCK = 1 << 19, 5 << 16
+# rows of a block at least: each block packs every panel again (k x width). One core, 4096 rows, in one process:
+# (4096, 1536) @ (1536, 384)^T, whose pack transposes, 49 ms as it was, 64 in 16 blocks of 256 rows, 85 in 32 of 128
+ROW_BLOCK_MIN_ROWS = 256
+# column panels at least: a few read the rows a few times, which L3 streams (GPT d=128's (2048, 512) @ (512, 128)^T, 4
+# panels: 4.5 ms, 4.7 in 4 blocks)
+ROW_BLOCK_MIN_PANELS = 8
+
+def row_block_count(rows: int, reduced: int, size: int, threads: int) -> int | None:
+  """The blocks a matmul's rows (an axis of `size` iterations) are cut in when its panels are packed outside them
+  (row_blocks), or None: the rows operand fits L2 whole, or a block that fits has too few rows."""
+  if rows * reduced <= ROWS_IN_L2: return None
+  least = 4 * threads if threads > 1 else 1
+  n = next((n for n in range(least, size + 1) if size % n == 0 and n % threads == 0 and rows // n * reduced <= ROW_BLOCK), None)
+  return n if n is not None and rows // n >= ROW_BLOCK_MIN_ROWS else None
+
+def row_blocks(p: Plan, k: int, rows: int, reduced: int) -> None:
+  """Panels outside the rows (pack_panels) read the whole rows operand once per panel: one past L2 comes from L3 each
+  time. The rows are cut in blocks (THREAD on their outermost axis k: a block is one slice with all the panels inside
+  it) that L2 keeps across the panels, every block packing the panels again. The slices are also
+  what the cores share: each core its own rows in its own L2, where split by panels both cores streamed all the rows.
+  One core, in one process, 4096 rows (a d=384 transformer's linear layers): x @ w.T + b, (4096, 384) @ (384, 1536)
+  70 -> 54 ms in 8 blocks of 512 rows, @ (384, 1152) 51 -> 39, @ (384, 384) 20.0 -> 13.1; (4096, 768) @ (768, 384)^T
+  48 -> 44 in 16 blocks."""
+  if (size := const_size(axes(p.ast)[k])) is not None and (n := row_block_count(rows, reduced, size, p.threads)) is not None:
+    p.first(Opt(OptOps.THREAD, k, n))
 
 def unroll_small_windows(p: Plan) -> None:
   """Conv's 3x3, a pool's 2x2: a small innermost reduce window is written out, unless reads along it are gated (a conv's
