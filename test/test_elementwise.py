@@ -166,6 +166,27 @@ def test_logsigmoid_stable(device):
   xg.logsigmoid().sum().backward()
   np.testing.assert_allclose(xg.grad.numpy(), [1.0, 0.0])
 
+def test_tanh_gelu_as_a_sigmoid_keeps_its_tail_and_gradient(device):
+  # x (1 + tanh(u)) / 2 is computed as x sigmoid(2u): against the float64 exact value of either form, over the range and
+  # in the tail where 1 + tanh(u) cancels (torch's float32 and float64 both give -0 from about x = -7), with the gradient
+  xs = np.concatenate([np.linspace(-6, 6, n_for(device, 97)), [-7.0, -8.0, -9.0, 0.0, 1e-8, -1e-8, 30.0, -30.0]]).astype(np.float32)
+  x64 = xs.astype(np.float64)
+  c = 2 * math.sqrt(2 / math.pi)
+  u2 = c * (x64 + 0.044715 * x64 ** 3)
+  with np.errstate(over="ignore"): s = 1 / (1 + np.exp(-u2))
+  exact, dexact = x64 * s, s + x64 * s * (1 - s) * c * (1 + 3 * 0.044715 * x64 ** 2)
+  t = Tensor(xs, device=device, requires_grad=True)
+  y = t.gelu(approximate="tanh")
+  y.sum().backward()
+  np.testing.assert_allclose(y.numpy(), exact, rtol=2e-5, atol=1e-30)
+  np.testing.assert_allclose(t.grad.numpy(), dexact, rtol=2e-5, atol=1e-6)
+  assert y.numpy()[len(xs) - 8] < 0  # x = -7: -4e-16, not -0
+  tt = torch.tensor(xs, dtype=torch.float64, requires_grad=True)
+  F.gelu(tt, approximate="tanh").sum().backward()
+  np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), atol=1e-5)
+  assert math.isnan(Tensor([-math.inf], device=device).gelu(approximate="tanh").item())  # -inf * 0, as torch
+  assert Tensor([math.inf], device=device).gelu(approximate="tanh").item() == math.inf
+
 def test_gelu_bad_approximate(device):
   with pytest.raises(ValueError): Tensor([1.0], device=device).gelu(approximate="fast")
 
