@@ -121,6 +121,7 @@ BINARY: dict[str, tuple[Callable, Callable | None]] = {
   "fmod": (lambda a, b: a.fmod(b), torch.fmod), "mod": (lambda a, b: a % b, None),
   "remainder": (lambda a, b: a.remainder(b), torch.remainder),
   "addcmul": (lambda a, b: a.addcmul(a, b, value=0.5), lambda a, b: torch.addcmul(a, a, b, value=0.5)),
+  "mul_add": (lambda a, b: a.mul_add(b, a), lambda a, b: a * b + a),
   "addcdiv": (lambda a, b: a.addcdiv(a, b, value=0.5), lambda a, b: torch.addcdiv(a, a, b, value=0.5)),
   "logaddexp": (lambda a, b: a.logaddexp(b), torch.logaddexp),
   "lerp": (lambda a, b: a.lerp(b, 0.25), lambda a, b: torch.lerp(a, b, 0.25)),
