@@ -222,6 +222,17 @@ def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp, UOp | None] | None:
       return d.src[0], w, g
   return None
 
+def _query_tile(rows: list[UOp], w: UOp, fid: int):
+  """A tile of FLASH_QUERY_TILE query rows: the innermost row loop the tile divides that w doesn't move along (the tile's
+  rows read the same key and value rows), its loop qi, the tile's size bq, the loop over tiles qo, the fresh range ids
+  left, row(t) (qi as the tile's t-th row) and the output loops with qo for qi. No such loop: a tile of one row."""
+  qi = next((r for r in reversed(rows) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0 and r not in w.ranges), None)
+  bq = FLASH_QUERY_TILE if qi is not None else 1
+  ids = iter(range(fid, fid + 64))
+  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
+  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
+  return qi, bq, qo, ids, row, [qo if r is qi else r for r in rows]
+
 def _causal_bound(x: UOp, j: UOp) -> UOp | None:
   """i + 1 if x is where(i >= j, s, -inf) with i not depending on j: the keys past i are masked, and never visited."""
   if x.op is not Ops.WHERE or x.src[2].op is not Ops.CONST or x.src[2].arg != -math.inf: return None
@@ -256,12 +267,7 @@ def flash_kernel(sink: UOp) -> UOp | None:
   bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
   # a tile of bq query rows (the innermost row loop the tile divides) shares each key and value row it reads
   # (ends lists the loops outermost first; v must not move along it: the tile's rows read the same value rows)
-  qi = next((r for r in reversed(rows) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0 and r not in w.ranges), None)
-  bq = FLASH_QUERY_TILE if qi is not None else 1
-  ids = iter(range(fid, fid + 64))
-  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
-  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
-  tile_rows = [qo if r is qi else r for r in rows]
+  qi, bq, qo, ids, row, tile_rows = _query_tile(rows, w, fid)
   bound = _causal_bound(x, j)
   if bound is not None: bound = bound.substitute(row(bq - 1))  # the tile's last row sees the most keys
   nblocks = UOp.const(j.dtype, n // bk) if bound is None else (bound + (bk - 1)) // bk
@@ -354,12 +360,7 @@ def grad_kernel(sink: UOp) -> UOp | None:
   f, w = functools.reduce(lambda a, b: a * b, fs), functools.reduce(lambda a, b: a * b, ws)
   fid, dt = fresh_range_id(sink), red.dtype
   bk = next(b for b in FLASH_KEY_BLOCKS if n % b == 0)
-  qi = next((r for r in reversed(rows) if r.src[0].op is Ops.CONST and r.src[0].arg % FLASH_QUERY_TILE == 0 and r not in w.ranges), None)
-  bq = FLASH_QUERY_TILE if qi is not None else 1
-  ids = iter(range(fid, fid + 64))
-  qo = UOp(Ops.RANGE, qi.dtype, (UOp.const(qi.dtype, qi.src[0].arg // bq),), (next(ids), AxisKind.GLOBAL)) if qi is not None else None
-  def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
-  tile_rows = [qo if r is qi else r for r in rows]
+  qi, bq, qo, ids, row, tile_rows = _query_tile(rows, w, fid)
   # the causal bounds: keys past the tile's last row (a query's gradient), queries before its first row (a key's)
   wheres = [u for u in f.toposort if u.op is Ops.WHERE]
   last = next((b for x in wheres if (b := _causal_bound(x, j)) is not None), None)
