@@ -947,7 +947,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   # unary math
   def _float_unary(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
   def neg(self) -> Tensor:
-    if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use ~ or logical_not()")
+    if self.dtype == dtypes.bool: return self.logical_not()  # torch refuses, tinygrad defines it: the other truth value
     return self._alu(Ops.NEG)
   def exp2(self) -> Tensor: return self._float_unary()._alu(Ops.EXP2)
   def log2(self) -> Tensor: return self._float_unary()._alu(Ops.LOG2)
@@ -1124,15 +1124,15 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def mean(self, axis=None, keepdim: bool = False, *, dim=None, dtype: DType | None = None) -> Tensor:
     if dim is not None: axis = dim
     if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
-    if self.dtype == dtypes.bool: return self.cast(dtypes.default_float).mean(axis, keepdim)  # tinygrad's (pred == y).mean()
-    if not dtypes.is_float(self.dtype):
-      raise TypeError(f"mean of a {self.dtype} tensor: PyTorch needs a floating dtype here too; use .float().mean()")
+    # torch refuses the mean of ints and bools, tinygrad defines it (its (pred == y).mean()): the exact integer sum over
+    # the count, a float (integer / gives the default float)
     n = sym_prod(self.shape[a] for a in self._axes(axis))
     s = self.sum(axis, keepdim)
     return s / n if not isinstance(n, int) or n else s * math.nan  # a symbolic count of 0 divides 0 by 0: nan, as torch
   def var(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
     if dim is not None: axis = dim
     if unbiased is not None: correction = int(unbiased)
+    if not dtypes.is_float(self.dtype): return self._float_unary().var(axis, keepdim, correction)  # as mean: torch refuses, tinygrad defines
     n = sym_prod(self.shape[a] for a in self._axes(axis))
     # the mean is detached, as torch's derivative 2(x - mean)/n leaves it: its own term is 0 in exact arithmetic, and with
     # an infinite element it is nan (inf - inf) spread over the whole row

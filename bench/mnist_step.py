@@ -1,5 +1,7 @@
 """Training step time of examples/mnist.py's convnet, attograd against the same model in torch,
-same batch, measured in one run (medians of N steps after warm-up)."""
+same batch, measured in one run (medians of N steps after warm-up). --model beautiful times examples/beautiful_mnist.py's
+step as that tinygrad program runs it (TinyJit, a batch of MNIST drawn and gathered on the device each step), torch's
+the same way."""
 from __future__ import annotations
 import os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
@@ -10,15 +12,30 @@ def time_steps(step, n: int) -> float:
     st = time.perf_counter(); step(); times.append(time.perf_counter() - st)
   return statistics.median(times) * 1e3
 
+def mnist_train():
+  from attograd.nn.datasets import mnist
+  X, Y, _, _ = mnist()
+  return X, Y
+
 def attograd_step(bs: int, beautiful: bool = False):
   from mnist import ConvNet
   from beautiful_mnist import Net
-  from attograd import Tensor
+  from attograd import Tensor, TinyJit
   from attograd.nn import optim
   from attograd.nn.state import get_parameters
   Tensor.manual_seed(0)
   model = Net() if beautiful else ConvNet()
   opt = optim.Adam(get_parameters(model), lr=1e-3)
+  if beautiful:  # as the tinygrad program runs it: TinyJit, the batch drawn and gathered on the device inside the step
+    X, Y = mnist_train()
+    @TinyJit
+    @Tensor.train()
+    def jitted():
+      opt.zero_grad()
+      samples = Tensor.randint(bs, high=X.shape[0])
+      loss = model(X[samples]).sparse_categorical_crossentropy(Y[samples]).backward()
+      return loss.realize(*opt.schedule_step())
+    return lambda: jitted().item()
   x, y = Tensor.randn(bs, 1, 28, 28).realize(), Tensor.randint(bs, high=10).realize()
   def step():
     with Tensor.train():
@@ -38,6 +55,16 @@ def torch_step(bs: int, beautiful: bool = False):
     model.train()
   else: model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 10))
   opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+  if beautiful:  # the same data, a batch drawn and gathered each step
+    X, Y = (torch.from_numpy(t.numpy()) for t in mnist_train())
+    def sampled():
+      opt.zero_grad()
+      samples = torch.randint(0, X.shape[0], (bs,))
+      loss = torch.nn.functional.cross_entropy(model(X[samples].float()), Y[samples].long())
+      loss.backward()
+      opt.step()
+      return loss.item()
+    return sampled
   x, y = torch.randn(bs, 1, 28, 28), torch.randint(0, 10, (bs,))
   def step():
     opt.zero_grad()

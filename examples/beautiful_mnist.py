@@ -7,7 +7,6 @@ step decorated with @Tensor.train(), a trange progress bar, accuracy as (pred ==
 
 Environment: STEPS, BS (batch size), LR, EVAL_EVERY (steps between test evaluations), TEST_SIZE (test images used),
 TARGET (exit with an error when the final accuracy is below it)."""
-import numpy as np
 from attograd import Tensor, TinyJit, nn, GlobalCounters
 from attograd.helpers import getenv, colored, trange
 from attograd.nn.datasets import mnist
@@ -26,8 +25,7 @@ def main() -> float:
   steps, bs, lr = getenv("STEPS", 70), getenv("BS", 512), getenv("LR", 1e-3)
   eval_every, test_size = getenv("EVAL_EVERY", 10), getenv("TEST_SIZE", 10000)
   X_train, Y_train, X_test, Y_test = mnist()
-  x_train, y_train = X_train.numpy(), Y_train.numpy().astype(np.int64)
-  X_test, Y_test = X_test[:test_size].float().realize(), Y_test[:test_size].realize()
+  X_test, Y_test = X_test[:test_size].realize(), Y_test[:test_size].realize()
 
   Tensor.manual_seed(0)
   model = Net()
@@ -35,19 +33,19 @@ def main() -> float:
 
   @TinyJit
   @Tensor.train()
-  def train_step(x: Tensor, y: Tensor) -> Tensor:
+  def train_step() -> Tensor:
     opt.zero_grad()
-    loss = model(x.float()).sparse_categorical_crossentropy(y).backward()
+    samples = Tensor.randint(bs, high=X_train.shape[0])  # drawn on the device: the batch is a gather inside the step
+    loss = model(X_train[samples]).sparse_categorical_crossentropy(Y_train[samples]).backward()
     return loss.realize(*opt.schedule_step())
 
   @TinyJit
   def test_accuracy() -> Tensor: return (model(X_test).argmax(axis=1) == Y_test).mean() * 100
 
-  rng, acc = np.random.default_rng(0), float("nan")
+  acc = float("nan")
   for i in (t := trange(steps)):
     GlobalCounters.reset()
-    idx = rng.integers(0, len(x_train), bs)  # sampled on the host: a gather from 60000 rows per step would cost more than the step
-    loss = train_step(Tensor(x_train[idx]), Tensor(y_train[idx]))
+    loss = train_step()
     if i % eval_every == eval_every - 1 or i == steps - 1: acc = test_accuracy().item()
     t.set_description(f"loss: {loss.item():6.2f} test_accuracy: {acc:5.2f}%")
 

@@ -101,6 +101,10 @@ def test_train_decorator_and_mean_of_bool():
   acc = (pred == y).mean()
   assert acc.dtype.name.startswith("float") and acc.item() == 0.5
   assert (pred == y).mean(0).item() == 0.5
+  # the same rule for the rest torch refuses and tinygrad defines: ints' mean and var are floats, -bool is logical_not
+  m = Tensor([1, 2, 4]).mean()
+  assert m.dtype.name == "float32" and abs(m.item() - 7 / 3) < 1e-6 and abs(Tensor([1, 2, 4]).var().item() - 7 / 3) < 1e-6
+  assert (-Tensor([True, False])).tolist() == [False, True]
 
 def test_torch_generator_seeds_the_order():
   ds = data.TensorDataset(X, Y)

@@ -19,7 +19,7 @@ CLEAR = (TypeError, ValueError, NotImplementedError)
 
 # name: (attograd fn, torch fn, numpy fn or None); a and b are (2, 3) tensors of one dtype, c a bool mask
 UNARY = {
-  "neg": (lambda a: -a, lambda a: -a, np.negative), "abs": (lambda a: a.abs(), torch.abs, np.abs),
+  "neg": (lambda a: -a, lambda a: -a, lambda a: ~a if a.dtype == bool else np.negative(a)),  # tinygrad's -bool: logical_not "abs": (lambda a: a.abs(), torch.abs, np.abs),
   "sign": (lambda a: a.sign(), torch.sign, np.sign), "exp": (lambda a: a.exp(), torch.exp, None),
   "exp2": (lambda a: a.exp2(), torch.exp2, None), "log": (lambda a: a.log(), torch.log, None),
   "log2": (lambda a: a.log2(), torch.log2, None), "sqrt": (lambda a: a.sqrt(), torch.sqrt, None),
@@ -175,10 +175,9 @@ def test_every_op_every_dtype(kind, ops):
 
 PINNED_REFUSALS = {  # attograd refuses these; so does torch (the sweep fails otherwise)
   **{op: ["bfloat16", "float16", "float32", "float64"] for op in ("and", "or", "xor", "bitwise_not", "lshift", "rshift")},
-  # the mean of a bool is defined (tinygrad's (pred == y).mean(); torch refuses it): a float
-  "mean": ["int16", "int32", "int64", "int8", "uint16", "uint32", "uint64", "uint8"],
-  "var": ["bool", "int16", "int32", "int64", "int8", "uint16", "uint32", "uint64", "uint8"],
-  "floor_divide": ["bool"], "mod": ["bool"], "neg": ["bool"], "sub": ["bool"]}
+  # defined where torch refuses and tinygrad computes (its rule wins there): the mean and var of ints and bools (a
+  # float, tinygrad's (pred == y).mean()), -bool (logical_not)
+  "floor_divide": ["bool"], "mod": ["bool"], "sub": ["bool"]}
 
 def test_sweep_report():
   """What attograd refuses, pinned so a change shows."""

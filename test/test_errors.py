@@ -56,8 +56,7 @@ def test_bad_dtype_names_raise_type_error(f, name):
 
 @pytest.mark.parametrize("f, words", [
   (lambda: Tensor(["a"]), ("str",)), (lambda: Tensor({1: 2}), ("dict",)), (lambda: a + "x", ("str",)),
-  (lambda: -Tensor([True]), ("bool",)), (lambda: Tensor([1, 2]).mean(), ("int64",)),
-  (lambda: a @ 3, ("int",)),
+  (lambda: Tensor([True]) - Tensor([False]), ("bool",)), (lambda: a @ 3, ("int",)),
 ])
 def test_bad_types_raise_type_error(f, words):
   with raises(TypeError, *words): f()

@@ -88,6 +88,14 @@ class IndexingOps:
     report = bad.sum().reshape(1).cat(bad.where(i, dtypes.min(dtypes.int64)).max().reshape(1)).contiguous()
     index_checks.append((report, what, size))
 
+  def _pick(self, mask: Any, axis: int) -> Any:
+    """The element of self where mask holds along axis (at most once; 0 where nowhere), in self's own dtype. A sum
+    with no widening cast between it and its where is what the scheduler reads as a gather: a load of the one element
+    each output needs, not a loop over the table (a uint8 image set indexed by a batch: 40 s -> a copy). Bools go
+    through uint8, which a sum can hold."""
+    if self.dtype == dtypes.bool: return self.cast(dtypes.uint8)._pick(mask, axis).cast(dtypes.bool)
+    return mask.where(self, self.zeros_like()).sum(axis, dtype=self.dtype)
+
   def _as_index(self, i: Any) -> Any:
     """Python lists/tuples and numpy arrays used as indices become Tensors on self's device."""
     if _is_tensor(i): return i
@@ -150,7 +158,7 @@ class IndexingOps:
     x = x.reshape(rest[:insert_at] + (1,) * len(B) + rest[insert_at:] + (N,))
     mask = flat.unsqueeze(-1) == type(self).arange(N, device=self.device, dtype=flat.dtype)
     mask = mask.reshape((1,) * insert_at + B + (1,) * (len(rest) - insert_at) + (N,))
-    return mask.where(x, x.zeros_like()).sum(-1).cast(self.dtype)
+    return x._pick(mask, -1)
 
   def _flat_index(self, tensors: list[tuple[Any, int]], B: tuple[int, ...]) -> Any:
     """One flat (row-major) position per broadcast element; negative entries wrap, out-of-range -> -1."""
@@ -268,7 +276,7 @@ class IndexingOps:
     x = x.unsqueeze(d)
     x = x.permute(*(a for a in range(x.ndim) if a != d + 1), d + 1)
     mask = ix.unsqueeze(-1) == type(self).arange(n, device=self.device, dtype=ix.dtype)
-    out = mask.where(x, x.zeros_like()).sum(-1).cast(self.dtype)
+    out = x._pick(mask, -1)
     return out.reshape(index.shape)
 
   def _scatter_mask(self, d: int, index: Any, src: Any, name: str) -> tuple[Any, Any, Any]:
@@ -305,7 +313,7 @@ class IndexingOps:
     J = index.shape[d]
     j = type(self).arange(1, J + 1, device=self.device, dtype=dtypes.int32).reshape((J,) + (1,) * (index.ndim - d - 1))
     last = mask.where(j, 0).amax(d + 1, keepdim=True) if J else mask.sum(d + 1, keepdim=True).cast(dtypes.int32)
-    val = (j == last).where(s, s.zeros_like()).sum(d + 1).cast(self.dtype)
+    val = s._pick(j == last, d + 1)
     has = self._pad_to_self((last > 0).squeeze(d + 1), d, False)
     return has.where(self._pad_to_self(val, d, 0), self)
 

@@ -649,8 +649,7 @@ class ReorderOps:
     pos = type(self).arange(k, device=self.device, dtype=dtypes.int64)
     onehot = rank.unsqueeze(-2) == pos.reshape(k, 1)  # (..., k, i)
     x = self.unsqueeze(-2)
-    if self.dtype == dtypes.bool: vals = onehot.where(x.cast(dtypes.uint8), 0).sum(-1, dtype=dtypes.uint8).cast(dtypes.bool)
-    else: vals = onehot.where(x, x.zeros_like()).sum(-1, dtype=self.dtype)
+    vals = x._pick(onehot, -1)
     idx = onehot.where(type(self).arange(n, device=self.device, dtype=dtypes.int64), 0).sum(-1)
     return vals, idx
 

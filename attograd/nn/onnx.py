@@ -1765,14 +1765,20 @@ def _main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(prog="python -m attograd.nn.onnx", description="Run an ONNX model on random inputs; compare with onnxruntime.")
   ap.add_argument("model")
   ap.add_argument("--dim", action="append", default=[], help="a symbolic input dimension, NAME=SIZE (unnamed dims default to 1)")
+  ap.add_argument("--shape", action="append", default=[], help="an input's whole shape, INPUT=D0,D1,... (for dims with no name)")
   ap.add_argument("--runs", type=int, default=5)
   args = ap.parse_args(argv)
-  dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
+  def pairs(flag: str, items: list[str], value) -> dict:
+    try: return {k: value(v) for k, v in (d.split("=", 1) for d in items)}
+    except ValueError: ap.error(f"{flag} takes NAME=VALUE with an integer value (comma-separated for --shape), got {items}")
+  dims = pairs("--dim", args.dim, int)
+  shapes = pairs("--shape", args.shape, lambda v: tuple(int(x) for x in v.split(",")))
   runner = OnnxRunner(args.model, jit=True)
+  if unknown := set(shapes) - set(runner.inputs): ap.error(f"--shape names no input of the model: {sorted(unknown)} (inputs: {list(runner.inputs)})")
   rng, feeds = np.random.default_rng(0), {}
   for name, info in runner.inputs.items():
     if name in runner._inits: continue
-    shape = tuple(d if isinstance(d, int) and d > 0 else dims.get(d, 1) if isinstance(d, str) else 1 for d in (info.shape or ()))
+    shape = shapes.get(name) or tuple(d if isinstance(d, int) and d > 0 else dims.get(d, 1) if isinstance(d, str) else 1 for d in (info.shape or ()))
     dt = info.dtype or dtypes.float32
     print(f"input  {name}: {dt} {info.shape} -> {shape}")
     np_dt = np.dtype(dt.name) if dt != dtypes.bfloat16 else np.float32
@@ -1784,7 +1790,9 @@ def _main(argv: list[str] | None = None) -> None:
       out = fn()
       ts.append((time.perf_counter() - t) * 1e3)
     return out, ts[2:]
-  ours, t_ours = timed(lambda: {k: v.numpy() if isinstance(v, Tensor) else v for k, v in runner(feeds).items()})
+  try: ours, t_ours = timed(lambda: {k: v.numpy() if isinstance(v, Tensor) else v for k, v in runner(feeds).items()})
+  except (ValueError, TypeError, IndexError) as e:  # the model refuses these inputs (a free dim left at 1 is the usual cause)
+    raise SystemExit(f"the model does not run on these inputs: {e}\n(set free dims with --dim NAME=SIZE or whole shapes with --shape INPUT=D0,D1,...)") from None
   for k, v in ours.items(): print(f"output {k}: {getattr(v, 'dtype', type(v).__name__)} {getattr(v, 'shape', '')}")
   print(f"attograd:    median {statistics.median(t_ours):.2f} ms over {args.runs} runs")
   try: import onnxruntime as ort
