@@ -11,6 +11,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper, TensorProto
 from attograd import Tensor, dtypes
 from attograd.nn.onnx import OnnxRunner, OPS, to_numpy
+from helpers import DEVICES
 
 FULL = os.environ.get("ATTOGRAD_ONNX_FULL", "") not in ("", "0")
 
@@ -481,3 +482,19 @@ def test_command_line(tmp_path, capsys):
   with pytest.raises(SystemExit, match="(?s)does not run on these inputs.*--shape"): _main([path, "--runs", "1"])
   with pytest.raises(SystemExit): _main([path, "--shape", "nope=1,2"])
   assert "names no input" in capsys.readouterr().err
+
+@pytest.mark.parametrize("device", [d for d in ("LLVM", "CL", "WEBGPU") if d in DEVICES])
+def test_runs_on_other_backends(device):
+  # a model whose weights are Constant nodes (as PaddleOCR exports them) and a conv + batch norm fused at load: values
+  # made by ops with no tensor inputs land on the runner's device, the whole run stays there
+  rng = np.random.default_rng(0)
+  w, scale, b, mean, var = rng.standard_normal((4, 3, 3, 3)), rng.random(4) + .5, rng.standard_normal(4), rng.standard_normal(4), rng.random(4) + .5
+  const = lambda name, a: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(a, np.float32), name + "_v"))
+  nodes = [const("w", w), *(const(n, a) for n, a in (("s", scale), ("b", b), ("m", mean), ("v", var))),
+           helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+           helper.make_node("Relu", ["n"], ["r"]), helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+  m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])])
+  x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+  y = OnnxRunner(m, device=device)({"x": x})["y"]
+  assert y.device == device
+  np.testing.assert_allclose(y.numpy(), OnnxRunner(m)({"x": x})["y"].numpy(), rtol=1e-4, atol=1e-5)

@@ -16,6 +16,7 @@ import inspect, itertools, math, os, weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from attograd.tensor import Tensor
+from attograd.runtime.device import Device
 from attograd.dtype import DType, dtypes
 from attograd.uop.ops import Ops
 from attograd.engine.realize import buffer_of
@@ -1463,9 +1464,14 @@ class _Graph:
     for o in self.outputs:
       if o not in known: raise ValueError(f"graph output {o!r} is made by no node, input or initializer")
 
+  def placed(self, t: Any) -> Any:
+    """t on the graph's device: an op with no tensor inputs (Constant, RandomNormal) makes its value on the default one."""
+    if self.device is None or not isinstance(t, Tensor) or t.device == (dev := Device.canonicalize(self.device)): return t
+    return t.to(dev)
+
   def weight(self, name: str) -> Tensor:
     if name in self.derived and name not in self.weights:
-      t = self.derived[name]().realize()
+      t = self.placed(self.derived[name]()).realize()
       if isinstance(t.numel(), int) and t.numel() <= _HOST_MAX and t.dtype != dtypes.bfloat16: _remember(t, _flat(t))
       self.weights[name] = _as_const(t)
     if name not in self.weights:  # initializers are converted on first use (external data read then)
@@ -1481,7 +1487,7 @@ class _Graph:
     env = {"": None, **scope, **dict(zip(self.input_names, inputs))}
     for node in self.nodes:
       for o, t in zip(node.outputs, _exec(node, [self.value(i, env) for i in node.inputs], env)):
-        if o: env[o] = t
+        if o: env[o] = self.placed(t)
     return [self.value(o, env) for o in self.outputs]
 
 def _fuse_conv_bn(graph: _Graph) -> None:
@@ -1748,7 +1754,7 @@ class OnnxRunner:
     for node in self.nodes:
       if folded is not None and node.outputs and all(o in folded or not o for o in node.outputs): continue
       for o, t in zip(node.outputs, _exec(node, [self.graph.value(i, env) for i in node.inputs], env)):
-        if o: env[o] = t
+        if o: env[o] = self.graph.placed(t)
     if folded is None:  # (also with nothing to fold: the entry says the shape ran once, so the next call captures the JIT)
       keep = {k: env[k] for k in self._static_names if isinstance(env.get(k), Tensor)}
       Tensor.realize_all(list(keep.values()))
