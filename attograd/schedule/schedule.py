@@ -683,12 +683,33 @@ _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 SPLIT_REDUCE_LENGTH = 2048  # a float sum at least this long over at least SPLIT_REDUCE_OUTPUTS outputs is split
 SPLIT_REDUCE_OUTPUTS = 1 << 16
 SPLIT_REDUCE_CHUNK = 1024
+# the chunks tried, longest first: the longest whose narrower operand (a chunk's rows of the smaller kept axis, in floats)
+# stays within SPLIT_CHUNK_L2_BYTES (half of a core's 2 MiB L2): the register tile reads that operand in place, once per
+# block of the other one, while the other's packed block and panels stream through the rest. One core, interleaved in one
+# process, a d=384 transformer's weight gradients over 4096 tokens (its 384-wide operand 1.5 MiB a chunk of 1024, 0.75 of
+# 512), medians: (4096, 1536)^T @ (4096, 384) 138 -> 83 ms, (4096, 384)^T @ (4096, 1536) 122 -> 86, (4096, 1152)^T @
+# (4096, 384) 114 -> 66, with the partials' sum. Chunks of 256 took the first and third to 82 and 61 but the second to 192
+# (its column operand fell under PACK_MIN_PANELS, to the heuristics' across_tile), so 512 is the shortest. A d=128
+# model's (GPT's) 128-wide operand keeps 1024
+SPLIT_REDUCE_CHUNKS = (SPLIT_REDUCE_CHUNK, 512)
+SPLIT_CHUNK_L2_BYTES = 1 << 20
+
+def split_chunk(n: int, kept: list[int], itemsize: int) -> int | None:
+  """The chunk a sum of length n into outputs of the kept axes' sizes is split in (split_long_sum), or None: a length
+  the longest chunk doesn't divide isn't split."""
+  if n % SPLIT_REDUCE_CHUNK: return None
+  fitting = [c for c in SPLIT_REDUCE_CHUNKS if n % c == 0]
+  # a product of two operands, each along one kept axis (a weight gradient's (out, in)): the narrower stays in L2
+  dims = [d for d in kept if d > 1]
+  narrow = min(dims) if len(dims) >= 2 else 0
+  return next((c for c in fitting if c * narrow * itemsize <= SPLIT_CHUNK_L2_BYTES), fitting[-1])
 
 def split_long_sum(red: UOp) -> UOp | None:
-  """A long sum into many outputs (a weight gradient over 4096 tokens) is summed in chunks of 1024 into partial buffers,
-  then the partials: a register tile's loop over the whole length streams its column panel and its strided rows through
-  the caches once per tile (a (384, 1536) gradient over 4096 tokens ran at 26 GFLOPS a core, 65 over 1024). The partials
-  cost one write and read of the output per chunk. The reduced axes (a batch and a sequence) are taken as one."""
+  """A long sum into many outputs (a weight gradient over 4096 tokens) is summed in chunks (of 1024; 512 where an
+  operand's chunk would outgrow L2: split_chunk) into partial buffers, then the partials: a register tile's loop over
+  the whole length streams its column panel and its strided rows through the caches once per tile (a (384, 1536)
+  gradient over 4096 tokens ran at 26 GFLOPS a core, 65 over 1024). The partials cost one write and read of the output
+  per chunk. The reduced axes (a batch and a sequence) are taken as one."""
   op, axes = red.arg
   # (a gather's one-hot sum runs no loop over its table, and a scatter-add has its own kernel: neither is split)
   if op is not Ops.ADD or not dtypes.is_float(red.dtype) or gather_parts(red) is not None or is_scatter(red): return None
@@ -700,12 +721,12 @@ def split_long_sum(red: UOp) -> UOp | None:
   if size < SPLIT_REDUCE_OUTPUTS:
     return split_batch_sum(red) if size >= SPLIT_BATCH_OUTPUTS or (size >= SPLIT_PRODUCT_OUTPUTS and x.op is Ops.MUL) else None
   n = prod(shape[a] for a in axes)
-  if n < SPLIT_REDUCE_LENGTH or n % SPLIT_REDUCE_CHUNK: return None
   kept = [i for i in range(len(shape)) if i not in axes]
-  parts, k = n // SPLIT_REDUCE_CHUNK, len(kept)
+  if n < SPLIT_REDUCE_LENGTH or (chunk := split_chunk(n, [shape[i] for i in kept], red.dtype.itemsize)) is None: return None
+  parts, k = n // chunk, len(kept)
   # (kept axes..., the reduced ones as one) -> (chunk index, kept axes..., position in the chunk): the partials are laid
   # out as the sum's own outputs, one copy per chunk
-  rows = x.permute((*kept, *axes)).reshape((*(shape[i] for i in kept), parts, SPLIT_REDUCE_CHUNK)).permute((k, *range(k), k + 1))
+  rows = x.permute((*kept, *axes)).reshape((*(shape[i] for i in kept), parts, chunk)).permute((k, *range(k), k + 1))
   partials = UOp(Ops.CONTIGUOUS, red.dtype, (rows.reduce_axis(Ops.ADD, (k + 1,)),))
   return partials.reduce_axis(Ops.ADD, (0,)).reshape(red.shape)
 
