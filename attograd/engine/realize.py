@@ -278,6 +278,11 @@ class Capture:
     self.assigned: dict[Any, UOp] = {}
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
+# TinyJit calls running (its first, plain call and its capture): work that the capture must do as kernels (an index
+# check) is done as kernels in the first call too, so both calls build the same graph and the capture reuses the first
+# call's schedule (a training step's ~250 kernels scheduled once, not twice)
+jit_calls: list[int] = [0]
+def in_jit_call() -> bool: return jit_calls[0] > 0
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
   """Compile (or load) the schedule's kernels, then run them in order. With `keep` (the buffers that outlive the

@@ -20,7 +20,7 @@ from attograd.dtype import dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
 from attograd.schedule.schedule import is_view_of_buffer
-from attograd.engine.realize import capturing
+from attograd.engine.realize import in_jit_call
 
 _CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
 
@@ -77,7 +77,9 @@ class IndexingOps:
     """Values of idx outside [lo, hi) raise IndexError: now if idx is realized (and not huge), else at the next realize."""
     if idx.numel() == 0: return
     size = hi if lo == 0 else -lo
-    if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and capturing() is None:
+    # (not inside a TinyJit call: a replay must check new values, and its first call computes the check as the capture
+    # does, so the two build the same graph)
+    if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and not in_jit_call():
       vals = idx.numpy()
       bad = vals[(vals < lo) | (vals >= hi)]
       if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for {what} with size {size}")
