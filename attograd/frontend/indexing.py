@@ -6,9 +6,9 @@ and reduces: `(idx[..., None] == arange(n)).where(x, 0).sum(-1)`; the scheduler 
 kernel that loops over n per output element (no one-hot buffer is realized).
 
 Out-of-range tensor indices: torch raises, and so does attograd. A realized index tensor (not huge) is read back
-and checked at the call (a sync); any other one gets a check computed with the next realize (index_checks: a
-two-number report, how many entries are out of range and one of them), read right after it runs, and the realize
-raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
+and checked at the call (a sync; not inside a TinyJit call, whose first call checks as its capture does); any other
+one gets a check computed with the next realize (index_checks: a two-number report, how many entries are out of range
+and one of them), read right after it runs, and the realize raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
 Python-int indices are always checked at the call.
 
 A bool mask needs the number of True elements to know the output shape (torch's dynamic shape), so
