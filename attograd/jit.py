@@ -6,7 +6,7 @@ from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG
 from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
-from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes
+from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls
 from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to
 import attograd.tensor as tensor_module
@@ -189,8 +189,9 @@ class TinyJit(Generic[ReturnType]):
   def _run_logged(self, run: Callable[[], Any]) -> tuple[Any, list]:
     """run() (a plain call or the capture) with the data of Tensors made from Python/numpy data logged by user line."""
     tensor_module.host_data_log = log = []
+    jit_calls[0] += 1
     try: return run(), log
-    finally: tensor_module.host_data_log = None
+    finally: tensor_module.host_data_log, jit_calls[0] = None, jit_calls[0] - 1
 
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
     # inside another TinyJit's capture, run plainly: the outer one records these kernels with its own

@@ -188,3 +188,25 @@ def test_scheduling_and_lowering_pause_the_cycle_collector(cache, monkeypatch):
     with gc_paused(): pass
     assert not gc.isenabled()
   finally: gc.enable()
+
+def test_kernels_are_lowered_while_the_rest_is_scheduled(cache, monkeypatch):
+  # a realize lowers each new kernel (and queues its source for the compiler) as the scheduler makes it, so the compiler
+  # works while the rest is scheduled; a schedule only asked for (Tensor.schedule) lowers nothing
+  events: list[str] = []
+  for mod, name in ((realize, "lower_kernel"), (schedule, "kernel_ast")):
+    def spy(*a, _f=getattr(mod, name), _n=name, **k):
+      events.append(_n)
+      return _f(*a, **k)
+    monkeypatch.setattr(mod, name, spy)
+  realize._kernel_cache.clear()
+  a = Tensor(np.arange(96, dtype=np.float32).reshape(8, 12) / 96)
+  out = [(a * 2).sum(1), (a.exp() + 1).max(axis=0), (a.T @ a).sin(), a.softmax(1)]
+  (a * 5).sum(0).schedule((a + 3).exp().max(axis=1))
+  assert "kernel_ast" in events and "lower_kernel" not in events
+  events.clear()
+  Tensor.realize_all(out)
+  assert events.count("lower_kernel") >= 3 and events.index("lower_kernel") < len(events) - 1 - events[::-1].index("kernel_ast")
+  x = a.numpy()
+  e = np.exp(x - x.max(1, keepdims=True))
+  for got, want in zip(out, [(x * 2).sum(1), (np.exp(x) + 1).max(0), np.sin(x.T @ x), e / e.sum(1, keepdims=True)]):
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)

@@ -209,6 +209,22 @@ def test_schedule_cache_reuses_structure():
   assert len(_schedule_cache) == n  # random numbers and the sum: structures seen before
   np.testing.assert_allclose(out.numpy(), (c.numpy() * 2 + d.numpy()).sum(1), rtol=1e-6)
 
+def test_capture_reuses_first_calls_schedule_with_index_checks():
+  # a lookup by an input index tensor is checked at the call outside TinyJit (read back), and by a kernel inside it (a
+  # replay gets new values): the first call checks with a kernel too, so the capture builds the same graph and schedules
+  # nothing new (a training step's ~250 kernels scheduled once); a bad index in the first call still raises
+  from attograd.schedule.schedule import _schedule_cache
+  table = Tensor(np.arange(12, dtype=np.float32).reshape(6, 2)).realize()
+  @TinyJit
+  def f(i): return (table[i] * 2).sum(1).realize()
+  idx = [np.array(v, dtype=np.int32) for v in ([1, 5, 0], [2, 2, 3], [4, 0, 1])]
+  np.testing.assert_allclose(f(Tensor(idx[0])).numpy(), (table.numpy()[idx[0]] * 2).sum(1))
+  n = len(_schedule_cache)
+  for v in idx[1:]: np.testing.assert_allclose(f(Tensor(v)).numpy(), (table.numpy()[v] * 2).sum(1))
+  assert f.cnt == 2 and len(_schedule_cache) == n
+  g = TinyJit(lambda i: table[i].sum().realize())
+  with pytest.raises(IndexError, match="index 6 is out of bounds"): g(Tensor(np.array([0, 6], dtype=np.int32)))
+
 def test_schedule_cache_sees_through_derivatives():
   # gelu carries its derivative (WITH_DERIVATIVE) for autograd; the scheduler reads it as its value, and a second graph of
   # the same structure finds its schedule without the derivative's nodes telling the two apart

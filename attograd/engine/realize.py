@@ -17,6 +17,7 @@ from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
 from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, is_view_of_buffer
+import attograd.schedule.schedule as schedule_module
 from attograd.schedule.multi import MULTI_MASK, lower_graphs
 from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
@@ -98,24 +99,53 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   """Lower the schedule's kernels that aren't compiled (nor in the program cache) and hand each source to the device's
   compiler on a worker thread as soon as it is written: the C compiler (another process) compiles one kernel while
   Python lowers the next, on the other core. BEAM compiles its own candidates."""
-  global _compiler_pool
   todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op not in NOT_KERNELS)
           if k not in _kernel_cache and k not in _ahead]
-  if len(todo) < 2 or BEAM >= 1 or DEBUG >= 5: return
-  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
-  queues = {q for device in {d for _, d in todo} if Device[device].renderer is not None and (q := compile_queue(device)) is not None}
-  for q in queues: q.lowering = True
+  queues: set[CompileQueue] = set()
   try:
+    if (len(todo) < 2 and not _held) or BEAM >= 1 or DEBUG >= 5: return
+    queues = {q for device in {d for _, d in todo} if (q := _pool_queue(device)) is not None}
+    for q in queues: q.lowering = True
     with gc_paused():
       for ast, device in todo:
-        dev = Device[device]
-        if dev.renderer is None: continue  # get_kernel says why
-        pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
-        if pkey is not None and program_cached(pkey): continue  # loading it costs little: get_kernel does it
-        _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, dev.renderer))
+        _lower_ahead(ast, device, progress)
         if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
   finally:
-    for q in queues: q.lowered()
+    for q in {*_held, *queues}: q.lowered()
+    _held.clear()
+
+def _pool_queue(device: str) -> CompileQueue | None:
+  """The compile pool (made on first use) and device's compiler queue on it (None: no queue, or a device that can't run)."""
+  global _compiler_pool
+  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
+  return compile_queue(device) if Device[device].renderer is not None else None
+
+def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> None:
+  """Lower one kernel now and queue its source for the compiler (nothing when the program cache has it: loading it costs
+  little, get_kernel does it; nor for a device that can't run kernels: get_kernel says why)."""
+  dev = Device[device]
+  if dev.renderer is None or (ast, device) in _kernel_cache or (ast, device) in _ahead: return
+  pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
+  if pkey is not None and program_cached(pkey): return
+  _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, dev.renderer))
+
+# queues kept at one worker since kernels were lowered as they were scheduled (schedule_lowering): compile_ahead lets go
+_held: list[CompileQueue] = []
+
+def _lower_as_made(ast: UOp, device: str) -> None:
+  if ast.op in NOT_KERNELS or (ast, device) in _kernel_cache or (ast, device) in _ahead: return
+  if (q := _pool_queue(device)) is not None and q not in _held: q.lowering = True; _held.append(q)
+  _lower_ahead(ast, device)
+
+class schedule_lowering:
+  """While a realize schedules what it runs, each new kernel is lowered as the scheduler makes it and its source goes to
+  the compiler then: the C compiler works on the other core while Python schedules the rest, where it waited for the
+  whole schedule before (a training step's ~250 kernels take about a second to schedule). Not under BEAM (it compiles
+  its candidates in run order) nor DEBUG>=5 (which prints each kernel's uops as it runs)."""
+  def __enter__(self) -> None:
+    self.prev = schedule_module.kernel_made
+    if BEAM < 1 and DEBUG < 5: schedule_module.kernel_made = _lower_as_made
+  def __exit__(self, *exc: Any) -> None: schedule_module.kernel_made = self.prev
 
 def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   """What decides a kernel's Opts, for the program cache's key: the Opts themselves, or what chooses them with what
@@ -278,6 +308,11 @@ class Capture:
     self.assigned: dict[Any, UOp] = {}
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
+# TinyJit calls running (its first, plain call and its capture): work that the capture must do as kernels (an index
+# check) is done as kernels in the first call too, so both calls build the same graph and the capture reuses the first
+# call's schedule (a training step's ~250 kernels scheduled once, not twice)
+jit_calls: list[int] = [0]
+def in_jit_call() -> bool: return jit_calls[0] > 0
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
   """Compile (or load) the schedule's kernels, then run them in order. With `keep` (the buffers that outlive the
@@ -465,7 +500,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
   # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
-  with trace.group("schedule", "schedule") as rec:
+  with trace.group("schedule", "schedule") as rec, schedule_lowering():
     schedule, becomes = create_schedule([out[i] for i in todo], structure if len(todo) == len(out) else None)
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})

@@ -6,9 +6,9 @@ and reduces: `(idx[..., None] == arange(n)).where(x, 0).sum(-1)`; the scheduler 
 kernel that loops over n per output element (no one-hot buffer is realized).
 
 Out-of-range tensor indices: torch raises, and so does attograd. A realized index tensor (not huge) is read back
-and checked at the call (a sync); any other one gets a check computed with the next realize (index_checks: a
-two-number report, how many entries are out of range and one of them), read right after it runs, and the realize
-raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
+and checked at the call (a sync; not inside a TinyJit call, whose first call checks as its capture does); any other
+one gets a check computed with the next realize (index_checks: a two-number report, how many entries are out of range
+and one of them), read right after it runs, and the realize raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
 Python-int indices are always checked at the call.
 
 A bool mask needs the number of True elements to know the output shape (torch's dynamic shape), so
@@ -20,7 +20,7 @@ from attograd.dtype import dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
 from attograd.schedule.schedule import is_view_of_buffer
-from attograd.engine.realize import capturing
+from attograd.engine.realize import in_jit_call
 
 _CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
 
@@ -77,7 +77,9 @@ class IndexingOps:
     """Values of idx outside [lo, hi) raise IndexError: now if idx is realized (and not huge), else at the next realize."""
     if idx.numel() == 0: return
     size = hi if lo == 0 else -lo
-    if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and capturing() is None:
+    # (not inside a TinyJit call: a replay must check new values, and its first call computes the check as the capture
+    # does, so the two build the same graph)
+    if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and not in_jit_call():
       vals = idx.numpy()
       bad = vals[(vals < lo) | (vals >= hi)]
       if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for {what} with size {size}")

@@ -3,6 +3,7 @@ Deciding where buffers must exist is the scheduler's one decision; everything el
 from __future__ import annotations
 import itertools, json
 from dataclasses import dataclass, field
+from typing import Callable
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
@@ -791,6 +792,10 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
     patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
   return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
 
+# told of each kernel (its AST and device) as _schedule_graph makes it, when set: realize sets it while it schedules what it
+# will run, so a kernel is lowered and handed to the compiler while the ones after it are still being scheduled
+kernel_made: Callable[[UOp, str], None] | None = None
+
 def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list[str]]:
   """One pass over the graph, children first: each realize point becomes a kernel (or a copy)
   writing a new buffer, and is read as that buffer by the kernels after it. Also why each item's output is a buffer."""
@@ -818,6 +823,7 @@ def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list
       out = new_buffer(u.device, u.size, u.dtype)
       ast, ins = kernel_ast(value, u.shape, out)
       schedule.append(ScheduleItem(ast, (out, *ins)))
+      if kernel_made is not None: kernel_made(ast, out.arg.device)
     rebuilt[u] = buffer_view(out, u.shape)
     why.append(points[u])
   return schedule, {t: rebuilt[t] for t in sink.src}, why
