@@ -7,6 +7,7 @@ machine wall time measures the queue for the cores, CPU time the work (with 2 th
 
   python bench/llm.py              # PROMPT=128 NEW=100 THREADS=2
   ROUNDS=12 python bench/llm.py    # also: decode CPU ms a token, attograd and llama.cpp taking turns (10 tokens each)
+  THREADS=1 KERNELS=1 python bench/llm.py   # also: where a decode token's time goes, kernel by kernel (one thread)
 
 Numbers on a shared machine are noisy: the ratios (same run, same load) are what to read. On a crowded machine two
 spinning threads each collapse (llama.cpp's tg fell to 0.3 tok/s at a load of 12 on 2 cores): ROUNDS pairs the two
@@ -69,6 +70,33 @@ def decode_rounds(engine: Engine, path: str, rounds: int) -> None:
   for name, v in per.items(): print(f"decode CPU ms a token, {rounds} rounds: {name:10s} median {statistics.median(v):6.2f} (min {min(v):.2f}, max {max(v):.2f})")
   print(f"llama.cpp / attograd, the median of each round's ratio: {statistics.median(t / o for o, t in zip(per['attograd'], per['llama.cpp'])):.2f} (>1: attograd faster)")
 
+def decode_kernels(engine: Engine, top: int = 16, reps: int = 5) -> None:
+  """The decode step's TinyJit replay, kernel by kernel: each kernel run alone `reps` times (the least one-thread CPU
+  time), summed by kernel name, next to a whole token's one-thread CPU time. The gap between the two is the replay's
+  launches (Python and ctypes, per kernel) and the weights' bytes coming from further away than when one kernel
+  re-reads its own weights (alone, a layer's matrix stays in L2)."""
+  import collections
+  if THREADS != 1: return print("KERNELS: run with THREADS=1 (a threaded kernel's slices run on the pool's threads, which thread_time misses)")
+  jit = engine.model._decode
+  if jit.replay is None: return print("KERNELS: the decode step is not captured yet")
+  def least(fn) -> float:
+    best = float("inf")
+    for _ in range(reps): c0 = time.thread_time(); fn(); best = min(best, time.thread_time() - c0)
+    return best * 1e3
+  by_name: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, None])
+  for ei in jit.replay.plan.items:
+    row = by_name[ei.runner.name]
+    row[0] += 1; row[1] += least(lambda: ei.runner(ei.raw, jit.var_vals)); row[2] = getattr(ei.runner, "opts", None)
+  total = sum(r[1] for r in by_name.values())
+  toks = [engine.tok.encode(" the")[0]] * 16
+  engine.cached = []; engine._logits(toks)
+  c0 = time.thread_time()
+  for _ in range(20): toks.append(int(engine._logits(toks).argmax()))
+  whole = (time.thread_time() - c0) / 20 * 1e3
+  print(f"decode step: {len(jit.replay.plan.items)} kernels a token, each alone (least of {reps}, one thread) {total:.2f} ms; a whole token {whole:.2f} ms CPU")
+  for name, (n, ms, opts) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
+    print(f"  {ms:7.3f} ms {ms / total * 100:5.1f}% {n:4d}x {name:28s} {opts}")
+
 def torch_speed(path: str) -> dict[str, float] | None:
   """The same model in torch eager, float32, the weights dequantized by the gguf package, with a KV cache: the prompt in
   one pass, then one token per step (greedy)."""
@@ -126,6 +154,7 @@ def main() -> None:
   ours = timed(engine, PROMPT, NEW)
   peak = peak_mib()
   if rounds := int(os.getenv("ROUNDS", 0)): decode_rounds(engine, path, rounds)
+  if int(os.getenv("KERNELS", 0)): decode_kernels(engine)
   theirs = llama_cpp_speed(path)
   eager = torch_speed(path)
   size = os.path.getsize(path) / 2 ** 20
