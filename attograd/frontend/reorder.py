@@ -652,7 +652,9 @@ class ReorderOps:
     if k == 0:
       idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
       vals = self.reshape(R, n)._gather(1, idx)
-    else: vals, idx = (T(u) for u in _templated(_topk_pair, self.reshape(R, n).uop, k, largest, T).src)
+    else:  # (reshaped as nodes: Tensor views of tensors no one else holds would only cost their bookkeeping)
+      pair = _templated(_topk_pair, self.uop.reshape((R, n)), k, largest, T)
+      return tuple(T(u.reshape((*lead, k))) for u in pair.src)
     return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
   def _long_sort(self, descending: bool) -> tuple:
@@ -697,14 +699,15 @@ class ReorderOps:
   def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
     """torch.topk: the k largest (or smallest) along dim, always in sorted order, with int64 indices."""
     d = _axis(dim, self.ndim)
-    x = self.reshape(1) if self.ndim == 0 else self.transpose(d, -1)
+    last = d == self.ndim - 1  # (the row axis last already: no transposes, each a view to make and track)
+    x = self.reshape(1) if self.ndim == 0 else self if last else self.transpose(d, -1)
     n = x.shape[-1]
     if not isinstance(k, int) or not 0 <= k <= n: raise RuntimeError(f"topk: selected index k={k} is out of range for dim {d} of size {n}")
     if n <= _RANK_SORT_MAX: v, i = x._by_rank(k, largest)
     elif x.dtype.itemsize <= 4 and k * _TOPK_CHUNK < n and n < 1 << 32: v, i = x._topk_small(k, largest)
     else: v, i = (t.shrink(tuple((0, s) for s in t.shape[:-1]) + ((0, k),)) for t in x._long_sort(largest))
     if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))
-    return ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
+    return ValuesIndices(v, i) if last else ValuesIndices(v.transpose(d, -1), i.transpose(d, -1))
 
   # ***** median (a selection, or the sort's middle) and unique (through the sort) *****
   # ***** median (a selection, or the sort's middle) and unique (through the sort) *****
