@@ -433,6 +433,20 @@ def test_sort_graph_reused(device):
   v, i = Tensor(b, device=device).sort(-1)
   np.testing.assert_array_equal(i.numpy(), np.argsort(b, axis=-1, kind="stable"))
 
+def test_template_rebuilds_the_substituted_graph(device):
+  # a template rebuilds only the nodes above its stand-in: nodes are hash-consed, so the graph it gives over another input
+  # is the very node substitute() gives, for a sort's and a topk's key graphs (fixed nodes below and beside the input)
+  if device != "CPU": pytest.skip("graph building only")
+  from attograd.frontend.reorder import _Template, _build_sorted_keys, _topk_pair, _SORT_BLOCK, _SEARCH_WAYS
+  from attograd.uop.ops import UOp, Ops
+  rng = np.random.default_rng(3)
+  for a, build, args in [(rng.permutation(600).astype(np.uint64).reshape(2, 300), _build_sorted_keys, (_SORT_BLOCK, _SEARCH_WAYS)),
+                         (rng.standard_normal((2, 5000)).astype(np.float32), _topk_pair, (7, True, Tensor))]:
+    x = Tensor(a, device=device).realize().uop
+    leaf = UOp(Ops.CONST, x.dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), "stand-in").reshape((1, 1)).expand(a.shape)
+    root = build(leaf, *args)
+    assert _Template(leaf, root)(x) is root.substitute({leaf: x})
+
 def test_topk_stored_ranks(device):
   # k * m^2 past _RANK_INLINE_MAX: the chunk maxima's ranks are stored before the pick (256 of 512 maxima)
   if device != "CPU": pytest.skip("CPU is enough")

@@ -16,7 +16,7 @@ from attograd.codegen.opt import Opt, THREADS
 from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
-from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, is_view_of_buffer
+from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, graph_structure, is_view_of_buffer
 import attograd.schedule.schedule as schedule_module
 from attograd.schedule.multi import MULTI_MASK, lower_graphs
 from attograd.engine.memory import planned_buffers, plan_slots
@@ -427,57 +427,25 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
 def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
   """schedule.graph_structure of roots, found in the walk that checks what runnable would change, when it changes
   nothing (None otherwise: no node below the roots realized, no Variable, no slice of stored data at int offsets). A
-  training step's realize is that case: runnable's walk of its 2,000 nodes and graph_structure's were two. Each node is
-  checked as runnable checks it; the sources a WITH_DERIVATIVE carries besides its value, which graph_structure doesn't
-  walk, are walked for the checks alone."""
-  position: dict[UOp, int] = {}
-  parts: list[tuple] = []
-  bufs: list[UOp] = []
-  extra: list[UOp] = []  # a WITH_DERIVATIVE's derivative sources: checked after the walk
+  training step's realize is that case: runnable's walk of its 2,000 nodes and graph_structure's were two. The check
+  (the same as runnable's) is graph_structure's stop hook, called on the ops it is about and on realized nodes."""
   top = set(roots.src)
   realized = registry.realized.by_id
   memo = realized.get
-  at, WD, BUF, BIND, SHRINK, sized = position.__getitem__, Ops.WITH_DERIVATIVE, Ops.BUFFER, Ops.BIND, Ops.SHRINK, GroupOp.Sized
-  PAD, IOTA = Ops.PAD, Ops.IOTA
-  def changed(u: UOp, op: Ops) -> bool:  # what runnable would swap, unbind or give variable offsets
+  BIND, SHRINK, PAD, IOTA = Ops.BIND, Ops.SHRINK, Ops.PAD, Ops.IOTA
+  def changed(u: UOp) -> bool:  # what runnable would swap, unbind or give variable offsets
+    if (op := u.op) in _SIZED_INT:  # (most of the nodes checked: the int check first, without sym_args, a cached
+      # property that would give each of a training step's ~700 reshapes and expands a __dict__)
+      if any(type(x) is not int for x in (u.arg if op is not IOTA else (u.arg,))): return True
+      return id(u) in realized and (e := memo(id(u))).value() is not None and u not in top
     if op is BIND or ((e := memo(id(u))) is not None and e.value() is not None and u not in top): return True
-    if op in sized:
+    if op is SHRINK or op is PAD:
       if u.sym_args: return True
       if op is SHRINK and is_view_of_buffer(u.src[0]) and u not in top and any(b for b, _ in u.arg): return True
     return False
-  nodes, sources = [roots], [iter(roots.src)]  # graph_structure's walk, node for node
-  while sources:
-    for x in sources[-1]:
-      if x not in position:
-        nodes.append(x); sources.append(iter(x.src if x.op is not WD else x.src[:1]))
-        break
-    else:
-      sources.pop()
-      u = nodes.pop()
-      op = u.op
-      if op in sized and op is not SHRINK and op is not PAD:  # (a reshape's or expand's sizes: ints, unless symbolic)
-        if any(type(x) is not int for x in (u.arg if op is not IOTA else (u.arg,))): return None
-        if id(u) in realized and changed(u, op): return None
-      elif (op is BIND or op in sized or id(u) in realized) and changed(u, op): return None
-      if op is WD:
-        position[u] = position[u.src[0]]
-        extra += u.src[1:]
-      elif op is BUF:
-        position[u] = len(parts)
-        a = u.arg
-        parts.append((BUF, u.dtype, a.device, a.size, a.offset))
-        bufs.append(u)
-      else:
-        position[u] = len(parts)
-        arg = u.arg
-        parts.append((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src))))
-  seen: set[UOp] = set()
-  while extra:
-    if (u := extra.pop()) in position or u in seen: continue
-    seen.add(u)
-    if changed(u, u.op): return None
-    extra += u.src
-  return tuple(parts), bufs
+  return graph_structure(roots, changed, _WATCHED, realized)
+_SIZED_INT = frozenset(GroupOp.Sized - {Ops.SHRINK, Ops.PAD})  # sized ops whose arg is the sizes themselves
+_WATCHED = frozenset({Ops.BIND, *GroupOp.Sized})
 
 def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
   """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""

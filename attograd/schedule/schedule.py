@@ -3,7 +3,7 @@ Deciding where buffers must exist is the scheduler's one decision; everything el
 from __future__ import annotations
 import itertools, json
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Container
 from attograd.dtype import dtypes, DType
 from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
@@ -590,14 +590,19 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   renumber = {p: p.replace(arg=i) for i, (_, p) in enumerate(kept) if p.arg != i}
   return sink.substitute(renumber) if renumber else sink, [b for b, _ in kept if b is not out_buf]
 
-def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
+def graph_structure(sink: UOp, stop: Callable[[UOp], bool] | None = None, watch: Container[Ops] = (),
+                    watch_ids: Container[int] = ()) -> tuple[tuple, list[UOp]] | None:
   """The graph as the scheduler sees it, with its buffers anonymized (two graphs that differ only in which memory they read
   have the same structure) and those buffers in order of appearance. A WITH_DERIVATIVE node reads as its value (the
   derivative it carries is autograd's): walking through it here, rather than stripping it first, spares rebuilding every
-  node above it on each call, when the schedule is a cached one."""
+  node above it on each call, when the schedule is a cached one.
+  `stop`: a check made in the same walk (realize's: would the graph be run as it is?), called on each node whose op is
+  in `watch` or whose id is in `watch_ids`, and on the nodes below the sources a WITH_DERIVATIVE carries besides its
+  value (not part of the structure, walked for the check after the rest); the first True ends the walk with None."""
   position: dict[UOp, int] = {}
   parts: list[tuple] = []
   bufs: list[UOp] = []
+  extra: list[UOp] = []  # a WITH_DERIVATIVE's derivative sources, for stop
   # (names bound locally and the sources' numbers by map: ~30% of this walk's time, which every realize pays per node)
   at, WD, BUF = position.__getitem__, Ops.WITH_DERIVATIVE, Ops.BUFFER
   nodes, sources = [sink], [iter(sink.src)]  # a depth-first walk, sources in order, as UOp.toposort's
@@ -610,7 +615,10 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
       sources.pop()
       u = nodes.pop()
       op = u.op
-      if op is WD: position[u] = position[u.src[0]]
+      if stop is not None and (op in watch or id(u) in watch_ids) and stop(u): return None
+      if op is WD:
+        position[u] = position[u.src[0]]
+        if stop is not None: extra += u.src[1:]
       elif op is BUF:
         position[u] = len(parts)
         a = u.arg
@@ -620,6 +628,12 @@ def graph_structure(sink: UOp) -> tuple[tuple, list[UOp]]:
         position[u] = len(parts)
         arg = u.arg  # (arg_key inlined: one call fewer per node of a training step's thousands)
         parts.append((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src))))
+  seen: set[UOp] = set()
+  while extra:
+    if (u := extra.pop()) in position or u in seen: continue
+    seen.add(u)
+    if (u.op in watch or id(u) in watch_ids) and stop(u): return None
+    extra += u.src
   return tuple(parts), bufs
 
 @dataclass(frozen=True)
