@@ -404,11 +404,14 @@ def test_weight_gradient_read_across_rows_packs_whole_lines_of_rows():
   # row block is a whole cache line of X (16 rows; 24 where they divide) by one register, packed per block (GPT d=128,
   # one core: (1024, 512)^T @ (1024, 128) 5.8 -> 4.0 ms, (2048, 384)^T @ (2048, 128) 3.3 -> 2.5)
   rng = np.random.default_rng(3)
-  x, dy = (rng.standard_normal(s, dtype=np.float32) for s in ((512, 64), (512, 128)))
+  x, dy = (rng.standard_normal(s, dtype=np.float32) for s in ((1024, 512), (1024, 128)))
   si = (Tensor(x).realize().T @ Tensor(dy).realize()).schedule()[-1]
   opts = cpu_opts(si.ast, 1, 16)
   assert opts == [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.PACK, 0, 0)]
-  np.testing.assert_allclose(_exec(si, opts).reshape(64, 128), x.T @ dy, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(_exec(si, opts).reshape(512, 128), x.T @ dy, rtol=1e-4, atol=1e-3)
+  # operands L2 keeps together (a d=64 model's, 1024 tokens: 1.5 MiB) get the plain tile, unpacked (0.54 -> 0.37 ms)
+  small = cpu_opts(_ast(Tensor.empty(1024, 64).T @ Tensor.empty(1024, 256)), 1, 16)
+  assert small == [Opt(OptOps.SIMD, 1, 32), Opt(OptOps.UPCAST, 0, 8)]
   assert cpu_opts(_ast(Tensor.empty(2048, 384).T @ Tensor.empty(2048, 128)), 1, 16)[:2] == [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 24)]
   # AVX2's 16 registers (unmeasured there) and a wide column operand (its panels are packed instead) keep their tiles
   assert not any(o.op is OptOps.PACK for o in cpu_opts(si.ast, 1, 8))

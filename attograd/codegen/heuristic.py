@@ -313,6 +313,13 @@ def across_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool) -> bool:
   n, rows = const_size(ax[j]) or 0, const_size(ax[i]) or 0
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
   if p.simd < 16 or not contiguous_j or n % p.simd or n // p.simd < ACROSS_MIN_PANELS or reduced * n >= PACK_MIN_PANELS: return False
+  # and only where the two operands outgrow what L2 keeps (ROWS_IN_L2): where they fit, the plain tile (a SIMD loop of 32 by
+  # 8 rows, widest_tile) reads both from L2 unpacked, and packing is work it doesn't repay. One core, AVX-512, under load,
+  # each A/B in one process (1024 tokens: a d=64 model's): (1024, 256)^T @ (1024, 64) 0.39 -> 0.34 ms, (1024, 64)^T @
+  # (1024, 256) 0.54 -> 0.37 (min of 41), (1024, 192)^T @ (1024, 64) 0.26 -> 0.20; the small transformer's step, kernels in
+  # order, 16.9 -> 16.3 ms; (2048, 128)^T @ (2048, 128) 1.6 -> 1.2 (median). Past it the tile stays: (2048, 384)^T @ (2048,
+  # 128) plain 1.11-1.2x slower, (1024, 512)^T @ (1024, 128) 1.4x
+  if (rows + n) * reduced <= ROWS_IN_L2: return False
   inner = max((r for r in ax if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   rows_read = [u.src[0].src[1] for u in red.src[0].toposort if u.op is Ops.LOAD and ax[j] not in u.src[0].src[1].toposort]
   if len(rows_read) != 1 or not (inner in rows_read[0].toposort and not unit_stride(rows_read[0], inner) and unit_stride(rows_read[0], ax[i])):

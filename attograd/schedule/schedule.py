@@ -67,6 +67,27 @@ NESTED_SUM_MIN = 32  # a sum at least this long inside another reduce's loops ge
 EPILOGUE_NODES = 32  # elementwise ops a stored nested sum's epilogue may span (store_epilogues: a hardswish is 8)
 PASS_COST = 4  # ops per element: what storing a value and loading it back costs, in the units of OP_COST
 MIN_REPEATED_WORK = 1 << 15  # ops: below this, two kernels repeating a value cost less than a launch of a third
+# a transcendental's value (an exp and what is computed from it) shared by two kernels has its store and loads cost this
+# many times PASS_COST where its buffer is more than a core's L2 keeps (CACHED_BYTES): they stream it from L3 or memory,
+# and the kernel that stores it is one pass more than the kernel that computed it inline. A tanh-GELU's sigmoid (~25 ops
+# an element: an exp and a reciprocal), read by its forward and its gradient, a d=128 GPT's (2048, 512) a layer (4 MiB):
+# stored, the forward was two kernels (the sigmoid 1.1 ms, x * it 1.1 ms: that pass over three 4 MiB buffers cost what
+# the exp did) and the gradient read it back; computed by both, one kernel each: the step's 12 such kernels 15.4 -> 9.8
+# ms (one core, in one process). Values of loads and a few ops (a batchnorm's normalized input, beautiful_mnist's 26 MB)
+# stay as they were: recomputed there, the step measured the same within noise
+WIDE_PASS_FACTOR, CACHED_BYTES = 3, 2 << 20
+
+def pass_cost(u: UOp, points: dict[UOp, None]) -> int:
+  """What storing u (a value two kernels share) and loading it back costs per element, in the units of OP_COST."""
+  if smax(sym_prod(u.shape)) * u.dtype.itemsize <= CACHED_BYTES: return PASS_COST
+  # a transcendental computed in u itself: down to the buffers, realize points and reduces it reads, as elementwise_cost
+  seen, stack = set(), [u]
+  while stack:
+    if (x := stack.pop()) in seen or x.op in (Ops.BUFFER, Ops.DEVICE, Ops.REDUCE_AXIS) or (x is not u and x in points): continue
+    if x.op in GroupOp.Transcendental: return PASS_COST * WIDE_PASS_FACTOR
+    seen.add(x)
+    stack.extend(x.src)
+  return PASS_COST
 
 def elementwise_cost(u: UOp, points: dict[UOp, None], memo: dict, stop: int | None = None) -> int:
   """Ops per element that computing u inside a kernel takes, down to the buffers, realize points and reduces it reads
@@ -306,7 +327,7 @@ def realize_points(sink: UOp) -> dict[UOp, str]:
     # the work repeated is worth a kernel launch and costs more than storing and loading it
     repeated = lambda r: smax(sym_prod(r.shape)) * elementwise_cost(r, points, cost) * (len(readers[r]) - 1)
     shared = [r for r in shared if r.op is not Ops.REDUCE_AXIS and repeated(r) >= MIN_REPEATED_WORK
-              and elementwise_cost(r, points, cost) * (len(readers[r]) - 1) > PASS_COST * (len(readers[r]) + 1)]
+              and elementwise_cost(r, points, cost) * (len(readers[r]) - 1) > pass_cost(r, points) * (len(readers[r]) + 1)]
     # of it and a costly part of it that the same kernels read, it: no kernel needs the part then (a GELU's normal cdf,
     # which its forward and its gradient compute, and the steps of its polynomial inside)
     shared = [r for r in shared if not any(o is not r and readers[o] == readers[r] and r in o.ancestors for o in shared)]
