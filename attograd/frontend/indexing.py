@@ -2,13 +2,14 @@
 
 Everything here is built from differentiable primitives (compare, where, sum/max, movement ops), so
 gradients come for free. A lookup `x[idx]` compares the index against arange(size) of the indexed axis
-and reduces: `(idx[..., None] == arange(n)).where(x, 0).sum(-1)`; the scheduler fuses this into one
-kernel that loops over n per output element (no one-hot buffer is realized).
+and sums the pick in x's own dtype (`_pick`); the scheduler reads that sum as a gather, one load per output
+element, with no loop over n and no one-hot buffer.
 
 Out-of-range tensor indices: torch raises, and so does attograd. A realized index tensor (not huge) is read back
 and checked at the call (a sync; not inside a TinyJit call, whose first call checks as its capture does); any other
 one gets a check computed with the next realize (index_checks: a two-number report, how many entries are out of range
-and one of them), read right after it runs, and the realize raises IndexError (TinyJit reads the reports after every replay). No out-of-range lookup returns a value unreported.
+and one of them), read right after it runs, and the realize raises IndexError (TinyJit reads the reports after every
+replay). No out-of-range lookup returns a value unreported.
 Python-int indices are always checked at the call.
 
 A bool mask needs the number of True elements to know the output shape (torch's dynamic shape), so
