@@ -11,8 +11,7 @@ machine wall time measures the queue for the cores, CPU time the work (with 2 th
 
 Numbers on a shared machine are noisy: the ratios (same run, same load) are what to read. On a crowded machine two
 spinning threads each collapse (llama.cpp's tg fell to 0.3 tok/s at a load of 12 on 2 cores): ROUNDS pairs the two
-engines round by round in one process (THREADS=1 is the steadiest), so a drift of the load hits both alike.
-Numbers on a shared machine are noisy: the ratios (same run, same load) are what to read."""
+engines round by round in one process (THREADS=1 is the steadiest), so a drift of the load hits both alike."""
 import os, resource, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from attograd.llm.generate import Engine, timed, default_model, resident_mib
