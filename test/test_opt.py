@@ -423,10 +423,12 @@ def test_packed_panel_and_its_rows_fit_l1():
   opts = cpu_opts(si.ast, 1, 16)
   assert opts[:2] == [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 12)] and OptOps.PACK in [o.op for o in opts]
   np.testing.assert_allclose(_exec(si, opts).reshape(96, 64), x @ w.T, rtol=1e-4, atol=1e-3)
+  # rows 12 doesn't divide get 16 where they fit (k = 384: the panel and 16 rows fill L1 exactly)
+  assert cpu_opts(_ast(Tensor.empty(896, 384) @ Tensor.empty(384, 384).T), 1, 16)[:2] == [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 16)]
   # a panel two registers wide that fits with its rows (k = 128), one no width fits (k = 1536, GPT d=128's k = 512), rows
-  # 12 doesn't divide, and AVX2 keep their tiles
+  # neither divides, AVX2, and rows past L2 (row_blocks' 4096 tokens) keep their tiles
   for a, b, simd in (((768, 128), (384, 128), 16), ((768, 1536), (384, 1536), 16), ((2048, 512), (128, 512), 16),
-                     ((1024, 384), (384, 384), 16), ((768, 384), (384, 384), 8)):
+                     ((1000, 384), (384, 384), 16), ((768, 384), (384, 384), 8), ((4096, 384), (1536, 384), 16)):
     assert cpu_opts(_ast(Tensor.empty(*a) @ Tensor.empty(*b).T), 1, simd)[0] == Opt(OptOps.SIMD, 1, 2 * simd)
 
 def test_rows_past_l2_are_cut_in_blocks_that_reuse_every_panel():
