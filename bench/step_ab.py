@@ -5,7 +5,7 @@ kernels of each one's least time over KROUNDS rounds with the plan run in order:
 kernels before it left them, as in a step. A kernel timed alone, again and again, finds its inputs in the caches: a
 matmul tile measured 1.5x faster alone ran slower in the step (16 rows by one register for a d=64 model's x @ w.T).
   python bench/step_ab.py --model gpt --a attograd.codegen.heuristic.PACK_MIN_ROWS=128 --b attograd.codegen.heuristic.PACK_MIN_ROWS=64
-  --model small|gpt   bench/transformer.py's small model, examples/gpt.py's default GPT
+  --model small|gpt|bert|large   bench/transformer.py's small and large models, examples/gpt.py's default GPT, BERT's encode
   N=10 KROUNDS=10 TOP=12   steps timed, rounds of the kernels, kernel names listed (by the larger of the two sums)
 Values are Python literals. The disk caches are off for both builds: a program cached under the same AST and switches
 would be the other setting's."""
@@ -32,7 +32,28 @@ def small() -> tuple[Callable[[], Any], Any]:
   x, y = transformer.batches(cfg, 1)[0]
   return (lambda: step(Tensor(x), Tensor(y)).item()), step
 
-MODELS: dict[str, Callable[[], tuple[Callable[[], Any], Any]]] = {"gpt": gpt, "small": small}
+def bert() -> tuple[Callable[[], Any], Any]:
+  """bench/models.py's BERT case: all-MiniLM-L6-v2 embeddings of one batch of 64 short sentences (its TinyJit)."""
+  from models import sentences
+  from attograd.models.bert import SentenceEncoder
+  enc, s = SentenceEncoder.from_pretrained(), sentences(64, 0)
+  class Jit:  # the one TinyJit the batch's shape uses, made by the first call
+    @property
+    def replay(self): return next(iter(enc._jits.values())).replay
+    @property
+    def var_vals(self): return next(iter(enc._jits.values())).var_vals
+  return (lambda: enc.encode(s, batch_size=64).numpy()), Jit()
+
+def large() -> tuple[Callable[[], Any], Any]:
+  """bench/transformer.py's large model (6 layers, d 384, context 256, batch 16): its training step."""
+  import transformer
+  from attograd import Tensor
+  cfg = transformer.CONFIGS["large"]
+  step = transformer.attograd_step(cfg, jit=True)
+  x, y = transformer.batches(cfg, 1)[0]
+  return (lambda: step(Tensor(x), Tensor(y)).item()), step
+
+MODELS: dict[str, Callable[[], tuple[Callable[[], Any], Any]]] = {"gpt": gpt, "small": small, "bert": bert, "large": large}
 
 def setting(text: str) -> tuple[Any, str, Any]:
   """'package.module.NAME=literal' -> (the module, NAME, the value)"""

@@ -114,3 +114,27 @@ def test_attention_kernel_ceiling():
   assert _kernels(hand=False) <= 7
   # written out by hand, the softmax's backward still sums dP * P over the keys, so dP = dO @ V^T is stored: one more
   assert _kernels(hand=True) <= 8
+
+def test_bool_mask_empty_rows_cost_no_pass_of_their_own():
+  # a bool mask that leaves a row empty: torch's safe softmax gives 0 there (its math kernel NaN: compared as 0), values
+  # and gradients; the test for such rows is the softmax's own max (max == -inf), so the forward takes the kernels of the
+  # same softmax with the mask added as 0 / -inf (BERT's 16 keys: (s == -inf).all() was a pass of 4x the softmax's time)
+  q, k, v, g = _inputs((2, 3, 16, 8), (2, 3, 16, 8))
+  mask = np.random.default_rng(3).random((16, 16)) < 0.6
+  mask[:, 0], mask[5] = True, False
+  ours, ref = _ours(q, k, v, g, attn_mask=mask), _torch(q, k, v, g, attn_mask=mask)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), ours, ref):
+    np.testing.assert_allclose(a, np.nan_to_num(b, nan=0.0), rtol=1e-4, atol=1e-5, err_msg=name)
+  assert not ours[0][:, :, 5].any()
+  def forward_kernels(bool_mask: bool) -> tuple[int, int]:
+    tq, tk, tv = (Tensor(a).realize() for a in (q, k, v))
+    m = Tensor(mask).realize()
+    additive = m.where(0.0, -math.inf).realize()
+    GlobalCounters.reset()
+    if bool_mask: tq.scaled_dot_product_attention(tk, tv, attn_mask=m).realize()
+    else: ((tq @ tk.transpose(-2, -1)) * (1 / math.sqrt(8)) + additive).softmax(-1).__matmul__(tv).realize()
+    return GlobalCounters.kernel_count, GlobalCounters.global_ops
+  (kb, ob), (ka, oa) = forward_kernels(True), forward_kernels(False)
+  # the same kernels, and one op more per score (the where that zeroes empty rows' probabilities), where the all() was
+  # three (a compare and an and per score, in a second pass over them)
+  assert kb == ka and ob - oa <= q.size // 8 * 16, (kb, ob, ka, oa)

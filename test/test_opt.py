@@ -417,6 +417,23 @@ def test_weight_gradient_read_across_rows_packs_whole_lines_of_rows():
   assert not any(o.op is OptOps.PACK for o in cpu_opts(si.ast, 1, 8))
   assert [o.op for o in cpu_opts(_ast(Tensor.empty(1024, 128).T @ Tensor.empty(1024, 512)), 1, 16)[-2:]] == [OptOps.SWAP, OptOps.PACK]
 
+def test_packed_panel_and_its_rows_fit_l1():
+  # (AVX-512) x @ w.T at k = 384: a panel two registers wide is 48 KiB, all of L1 with no room for its rows' block; one
+  # register wide (24 KiB) by 12 rows (18 KiB) both fit (BERT MiniLM's 768 tokens: (768, 384) @ (384, 384)^T 3.9 -> 2.9 ms)
+  rng = np.random.default_rng(4)
+  x, w = rng.standard_normal((96, 384), dtype=np.float32), rng.standard_normal((64, 384), dtype=np.float32)
+  si = (Tensor(x).realize() @ Tensor(w).realize().T).schedule()[-1]
+  opts = cpu_opts(si.ast, 1, 16)
+  assert opts[:2] == [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 12)] and OptOps.PACK in [o.op for o in opts]
+  np.testing.assert_allclose(_exec(si, opts).reshape(96, 64), x @ w.T, rtol=1e-4, atol=1e-3)
+  # rows 12 doesn't divide get 16 where they fit (k = 384: the panel and 16 rows fill L1 exactly)
+  assert cpu_opts(_ast(Tensor.empty(896, 384) @ Tensor.empty(384, 384).T), 1, 16)[:2] == [Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 16)]
+  # a panel two registers wide that fits with its rows (k = 128), one no width fits (k = 1536, GPT d=128's k = 512), rows
+  # neither divides, AVX2, and rows past L2 (row_blocks' 4096 tokens) keep their tiles
+  for a, b, simd in (((768, 128), (384, 128), 16), ((768, 1536), (384, 1536), 16), ((2048, 512), (128, 512), 16),
+                     ((1000, 384), (384, 384), 16), ((768, 384), (384, 384), 8), ((4096, 384), (1536, 384), 16)):
+    assert cpu_opts(_ast(Tensor.empty(*a) @ Tensor.empty(*b).T), 1, simd)[0] == Opt(OptOps.SIMD, 1, 2 * simd)
+
 def test_rows_past_l2_are_cut_in_blocks_that_reuse_every_panel():
   # (AVX-512: 16-float registers, tiles 32 wide) panels packed outside the rows read the whole rows operand once per panel: past L2 (rows x k > 2 MiB) the rows are cut
   # in blocks L2 keeps (THREAD on their outermost axis), each block with all panels (one core, a d=384 transformer's

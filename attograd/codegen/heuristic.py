@@ -172,7 +172,7 @@ def register_tile(p: Plan) -> None:
     if padded != n: p.first(Opt(OptOps.PADTO, j, padded))
     p.first(Opt(OptOps.SIMD, j, w))
     tile_rows(p, i, TILE_REGISTERS * p.simd)
-  else: widest_tile(p, i, j, red, contiguous_j)
+  elif not l1_panel_tile(p, i, j, contiguous_j): widest_tile(p, i, j, red, contiguous_j)
   p.tiled = True
   reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
   rows, width = const_size(ax[i]) or 0, const_size(ax[j]) or 0
@@ -412,6 +412,34 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
     if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
     if best[0] >= enough: break
   p.ast, p.opts = best[1], best[2]
+
+L1_BYTES = 48 << 10  # a core's L1 data cache (the development machine's: Sapphire Rapids)
+# rows of a one-register panel's tile, the first that divides the rows and fits L1 with the panel: 12 (16 rows fill L1
+# at k = 384 with the panel: 69 GFLOPS where 12 ran 78 on (768, 384) @ (384, 384)^T), else 16 (BERT's other packed row
+# counts, 640, 896, 1024: at 896, one core, interleaved, (896, 384) @ (384, 384)^T 4.84 -> 4.06 ms, @ (384, 1152)^T 9.28
+# -> 8.51, @ (384, 1536)^T + GELU 13.99 -> 13.91, least of 25); 8 leave too few accumulators
+L1_PANEL_ROWS = (12, 16)
+
+def l1_panel_tile(p: Plan, i: int, j: int, contiguous_j: bool) -> bool:
+  """A tile whose column panels are packed (pack_panels: strided, x @ w.T, or big) streams its panel (k x width) once
+  per block of rows, with the block's k x rows of the rows' operand beside it: where the two fit L1, each row block
+  reads the panel from L1, else from L2. A panel two registers wide (widest_tile's first) that doesn't fit with its
+  rows where a panel one register wide does (k = 384: 48 KiB, all of L1, against 24 KiB and 12 rows' 18 KiB) is
+  one register wide, by 12 or 16 rows (L1_PANEL_ROWS). One core, AVX-512, BERT MiniLM's 768 packed tokens, x @ w.T + b, each kernel's least
+  time in the encode step's order (bench/step_ab.py --model bert, L1_BYTES=0 against this), in one process under load:
+  (768, 384) @ (384, 384)^T 16.0 -> 14.8 ms over 6 layers, @ (384, 1152)^T 51.8 -> 47.7, @ (384, 1536)^T with a GELU
+  72.7 -> 68.9; the step 0.96x. Alone, interleaved with torch: (768, 384) @ (384, 384)^T 3.9 -> 2.9 ms (torch 2.9).
+  A panel no width fits with its rows (k = 1536; GPT d=128's k = 512) keeps widest_tile's, as AVX2 (unmeasured)."""
+  ax = p.ax
+  width, rows = const_size(ax[j]) or 0, const_size(ax[i]) or 0
+  reduced = prod(const_size(r) or 0 for r in ax if r.arg[1] is AxisKind.REDUCE)
+  packed = not contiguous_j or (rows >= PACK_MIN_ROWS and reduced * width >= PACK_MIN_PANELS)
+  if p.simd < 16 or not packed or width % (2 * p.simd) or reduced * (2 * p.simd + FULL_TILE) * 4 <= L1_BYTES: return False
+  # (not where the rows outgrow L2, cut in row blocks (row_blocks), whose tiles were measured two registers wide: a d=384
+  # transformer's 4096 tokens, which 16 divides, unmeasured here)
+  if rows * reduced > ROWS_IN_L2: return False
+  if (r := next((r for r in L1_PANEL_ROWS if rows % r == 0 and reduced * (p.simd + r) * 4 <= L1_BYTES), None)) is None: return False
+  return p.first((Opt(OptOps.SIMD, j, p.simd), Opt(OptOps.UPCAST, i, r)))
 
 def pack_panels(p: Plan, i: int, j: int, red: UOp, reduced: int) -> None:
   """A big or strided tile: the loop over column panels goes outside the rows loop, and each panel (k rows of the tile's

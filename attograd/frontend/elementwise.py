@@ -497,13 +497,23 @@ class ElementwiseOps:
       attn_mask = ar(L, device=q.device).unsqueeze(1) >= ar(S, device=q.device).unsqueeze(0)
     if attn_mask is not None:
       attn = attn_mask.where(attn, -math.inf) if attn_mask.dtype == dtypes.bool else attn + attn_mask
-    if attn_mask is not None and not is_causal:  # a causal mask (top-left aligned) leaves every row position 0
-      # torch's safe softmax: a row with every position masked attends to nothing (0), not NaN; its logits are replaced
-      # before the softmax so no NaN reaches the gradient either
+    logits, flash_bwd = attn, flash_backward(attn.shape, attn.dtype.itemsize, q.shape[-1], value.shape[-1])
+    if attn_mask is not None and not is_causal and not flash_bwd:  # a causal mask (top-left aligned) leaves every row position 0
+      # torch's safe softmax: a row with every position masked attends to nothing (0), not NaN. Such a row is the one
+      # whose max is -inf, and the max is the softmax's own (the same node: Tensor.softmax's detached amax), so the test
+      # costs no pass over the scores of its own (where (s == -inf).all() took 4x the softmax's time: BERT's 12288 rows of
+      # 16 keys; the flash pass tests its running max). The softmax's NaN there (-inf - -inf) is replaced, and the
+      # gradients below read the replaced probabilities, so no NaN reaches them either
+      none = attn.amax(-1, keepdim=True).detach() == -math.inf
+      attn = none.where(0.0, attn.softmax(-1))
+    elif attn_mask is not None and not is_causal:
+      # the flash backward's recomputed probabilities read the test too, and its logsumexp (lse_kernel's pass) wants
+      # finite logits: read there, the forward's max would be stored (a kernel more), so its own pass, as all(), and
+      # the empty rows' logits replaced by 0 before the softmax
       none = (attn == -math.inf).all(-1, keepdim=True)
       logits = none.where(0.0, attn)
       attn = none.where(0.0, logits.softmax(-1))
-    else: none, logits = None, attn; attn = attn.softmax(-1)
+    else: none, attn = None, attn.softmax(-1)
     if dropout_p > 0:
       keep = type(self).rand(*attn.shape, device=attn.device, dtype=dtypes.float32) >= dropout_p
       attn = keep.where(attn * (1 / (1 - dropout_p)), 0)
@@ -516,7 +526,7 @@ class ElementwiseOps:
     q, key, value = t(q.uop), t(key.uop), t(value.uop)
     if attn_mask is not None: attn_mask = t(attn_mask.uop)
     def d_scores(g): return attn * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
-    if flash_backward(attn.shape, attn.dtype.itemsize, q.shape[-1], value.shape[-1]):
+    if flash_bwd:
       # flash attention's backward (schedule/flash.py: fuse_attention_grads): the probabilities recomputed from q, k and
       # the rows' logsumexp, P = exp(q @ k^T * scale + mask - lse), inside each gradient's kernel, where the chain rule
       # read the T x S probabilities (and stored the scores and dS, two more T x S buffers). lse is the forward softmax's

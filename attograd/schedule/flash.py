@@ -206,8 +206,8 @@ def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, lis
 
 # ***** kernel AST: the sum as one pass over the keys *****
 
-def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp, UOp | None] | None:
-  """(x, w, g) if t, a term of the sum over j, is e * recip(l) * w with e = exp(x - m), m a max over j and l a sum, or
+def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp, UOp | None, UOp] | None:
+  """(x, w, g, m) if t, a term of the sum over j, is e * recip(l) * w with e = exp(x - m), m a max over j and l a sum, or
   where(g, 0, e * recip(l)) * w with g the same for every j (the tensor graph was checked to be a softmax: here only
   its pieces are taken apart)."""
   if t.op is not Ops.MUL: return None
@@ -219,7 +219,7 @@ def _softmax_term(t: UOp, j: UOp) -> tuple[UOp, UOp, UOp | None] | None:
       if e.op is not Ops.EXP or rl.op is not Ops.RECIP or (l := rl.src[0]).op is not Ops.REDUCE or l.arg is not Ops.ADD: continue
       if (d := e.src[0]).op is not Ops.SUB or (m := d.src[1]).op is not Ops.REDUCE or m.arg is not Ops.MAX: continue
       if j in m.ranges or j in l.ranges: continue  # the row's max and sum are over keys of their own
-      return d.src[0], w, g
+      return d.src[0], w, g, m
   return None
 
 def _query_tile(rows: list[UOp], w: UOp, fid: int):
@@ -253,7 +253,10 @@ def flash_kernel(sink: UOp) -> UOp | None:
   while st is not None and st.op is Ops.END: ends.append(st.src[1]); st = st.src[0]
   if st is None or st.op is not Ops.STORE or (red := st.src[1]).op is not Ops.REDUCE or red.arg is not Ops.ADD or len(red.src) != 2: return None
   if not dtypes.is_float(red.dtype) or (parts := _softmax_term(red.src[0], j := red.src[1])) is None: return None
-  x, w, empty = parts
+  x, w, empty, mx = parts
+  # sdpa's test for a row the mask leaves empty, max(x) == -inf (frontend/elementwise.py), is the pass's own running max
+  # at the end: computed as it stands, it would be a second pass over the row's keys
+  row_max = empty is not None and empty.op is Ops.CMPEQ and empty.src[0] is mx and empty.src[1].op is Ops.CONST and empty.src[1].arg == -math.inf
   # the same rule as fuse_attention's: a softmax-weighted sum that was fused anyway (a row's softmax stays in its
   # consumer's kernel) changes only where the pass is the faster; a symbolic key count (a KV cache) keeps its kernel
   if j.src[0].op is not Ops.CONST or j.src[0].arg < FLASH_MIN_KEYS: return None
@@ -317,7 +320,9 @@ def flash_kernel(sink: UOp) -> UOp | None:
     sub = {**dict(zip(cols, c_out)), **row(t)}
     value = areg.after(body, *c_out).index(flat(c_out) + t * ncols).load() * inv
     # a row the mask leaves empty is 0 (torch's safe softmax), whatever the pass computed for it
-    if empty is not None: value = empty.substitute(sub).where(UOp.const(dt, 0), value)
+    if empty is not None:
+      gone = mreg.after(body).index(at(t)).load().eq(UOp.const(dt, -math.inf)) if row_max else empty.substitute(sub)
+      value = gone.where(UOp.const(dt, 0), value)
     stores.append(st.src[0].substitute(sub).store(value).end(*c_out))
   return UOp(Ops.NOOP, dtypes.void, tuple(stores)).end(*tile_rows).sink()
 
