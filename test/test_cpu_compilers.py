@@ -1,7 +1,7 @@
 """The CPU device with each C compiler found here (gcc, clang: scripts/install_deps.sh installs both), and its float16:
 _Float16 where the compiler has it, else (clang before 15 on x86-64) float16 stored as its bits with conversions in the C
 prelude. Both ways must give numpy's bits."""
-import json, os, shutil, subprocess, sys
+import json, os, re, shutil, subprocess, sys
 import numpy as np
 import pytest
 from attograd import Tensor, dtypes
@@ -175,3 +175,32 @@ def test_softmax_over_a_padded_row_vectorizes_its_exp(tmp_path):
   def softmax(a: np.ndarray) -> np.ndarray: return np.exp(a - a.max(-1, keepdims=True)) / np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True)
   np.testing.assert_allclose(padded.numpy(), softmax(x), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(whole.numpy(), softmax(x[:, :992]), rtol=1e-5, atol=1e-7)
+
+@pytest.mark.skipif(bool(os.getenv("CC")) or not shutil.which("gcc"), reason="the default compiler is gcc")
+def test_strided_depthwise_conv_vectorizes_its_outputs(tmp_path):
+  # a depthwise conv of stride 2 along its width (PP-OCR rec's 128 channels 3x3 at 12x160 -> 12x80) has no lanes from the
+  # heuristics (its reads along the width are every second element): its accumulators are one scalar, so gcc's dynamic
+  # cost model (GCC_DYNAMIC_COST) builds it, which vectorizes the loop over the outputs (very-cheap left it scalar: one
+  # core 0.6-1.0 -> 0.24-0.31 ms); a kernel with an accumulator of lanes keeps the very-cheap model
+  from attograd.engine.realize import get_kernel
+  from attograd.runtime.device import Device
+  torch = pytest.importorskip("torch")
+  dev = Device["CPU"]
+  if "gcc" not in os.path.basename(os.path.realpath(shutil.which(dev.compiler.cc) or dev.compiler.cc)): pytest.skip("the CPU compiler is not gcc")
+  rng = np.random.default_rng(0)
+  xn, wn = rng.standard_normal((1, 16, 12, 40), dtype=np.float32), rng.standard_normal((16, 1, 3, 3), dtype=np.float32)
+  y = Tensor(xn).conv2d(Tensor(wn), stride=(1, 2), padding=1, groups=16)
+  src = get_kernel(y.schedule()[-1].ast, "CPU").src
+  cc, flags = dev.compiler.compiler_for(src)
+  assert "-fvect-cost-model=dynamic" in flags, src
+  lines = src.splitlines()
+  loop = next(i for i, l in enumerate(lines) if re.match(r"\s*for \(int r\d+ = 0; r\d+ < 20;", l))  # over a row's 20 outputs
+  (tmp_path / "k.c").write_text(src)
+  out = subprocess.run([cc, *[f for f in flags if f not in ("-shared", "-lm")], "-c", str(tmp_path / "k.c"), "-o", str(tmp_path / "k.o"),
+                        "-fopt-info-vec-optimized"], capture_output=True, text=True, check=True)
+  assert f"k.c:{loop + 1}:" in out.stderr and "loop vectorized" in out.stderr, f"the output loop stayed scalar\n{out.stderr}\n{src}"
+  want = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn), stride=(1, 2), padding=1, groups=16).numpy()
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+  # a 5x5 window padded, stride 1 along the width (a SIMD loop of lanes: acc[16]) keeps the very-cheap model
+  lanes = get_kernel(Tensor(xn).conv2d(Tensor(rng.standard_normal((16, 1, 5, 5), dtype=np.float32)), padding=2, groups=16).schedule()[-1].ast, "CPU").src
+  assert "-fvect-cost-model=very-cheap" in dev.compiler.compiler_for(lanes)[1], lanes

@@ -514,6 +514,8 @@ def unroll_small_windows(p: Plan) -> None:
       p.first(Opt(OptOps.UNROLL, k, const_size(r)))
 
 WINDOW = 64  # iterations of a sum small enough to be a window (a depthwise conv's 5x5), not a matmul's reduce
+WINDOW_REGISTERS = 4  # registers of accumulators a depthwise conv's SIMD loop keeps (window_loop)
+LONG_WINDOW = 16  # taps of a window from which a loop of a whole register gets rows too (window_loop)
 
 def window_loop(p: Plan) -> None:
   """A depthwise conv (each output sums a small window of its own channel, so no input is re-read along another output
@@ -537,11 +539,17 @@ def window_loop(p: Plan) -> None:
   if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
   if not p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16, 8, 4)))): return
   p.tiled = True
-  # a narrow loop (a width only 8 or 4 divides: PP-OCR det's 5x5 depthwise convs at 40x40 and 20x20) gets rows too, for
-  # as many accumulators in flight: one core, 192 channels at 40x40 12.5 -> 1.3-1.5 ms as 8 by 4 rows (8 alone 2.2; padded
-  # to 48 in loops of 16, 3.3), 384 at 20x20 3.3-5.9 -> 1.0 as 4 by 4 rows (padded to 32 in loops of 16 by 2 rows, 1.5)
-  if (lanes := p.opts[-1].amount) < 16 and len(p.glob) >= 2:
-    p.first(*(Opt(OptOps.UPCAST, p.glob[-2], a) for a in dividing(const_size(cur[p.glob[-2]]), (4, 2)) if lanes * a <= 32))
+  # the loop gets rows too, for as many accumulators in flight: one row's is one chain of multiply-adds (a 5x5 window's 25
+  # dependent ones a vector), up to WINDOW_REGISTERS registers of them. A narrow loop (a width only 8 or 4 divides: PP-OCR
+  # det's 5x5 depthwise convs at 40x40 and 20x20), one core: 192 channels at 40x40 12.5 -> 1.3-1.5 ms as 8 by 4 rows (8
+  # alone 2.2; padded to 48 in loops of 16, 3.3), 384 at 20x20 3.3-5.9 -> 1.0 as 4 by 4 rows (padded to 32 in loops of 16
+  # by 2 rows, 1.5). A loop of a whole register or more only for a long window (LONG_WINDOW taps: a 5x5), AVX-512, kernels
+  # alone in turn: rec's 5x5 240 channels at 12x80 0.56 -> 0.41 as 16 by 4 rows, 480 at 6x80 0.54 -> 0.39 by 3, 480 at
+  # 3x80 0.28 -> 0.20 by 3, det's 96 at 80x80 1.53 -> 1.01 by 4; a 3x3's chain is short, and gcc's code for its rows
+  # slower (det's replay, 96 channels at 80x80 as 16 by 4 rows: +3.8 ms; 16 at 320x320 as 32 by 2: +0.8)
+  if len(p.glob) >= 2 and ((lanes := p.opts[-1].amount) < 16 or prod(window) >= LONG_WINDOW):
+    rows = dividing(const_size(cur[p.glob[-2]]), (4, 3, 2))
+    p.first(*(Opt(OptOps.UPCAST, p.glob[-2], a) for a in rows if lanes * a <= WINDOW_REGISTERS * p.simd))
 
 def reduce_accumulators(p: Plan) -> None:
   """Any other float sum or max: independent accumulators, so the adds don't wait on each other."""

@@ -116,7 +116,15 @@ BETTER_COMPILER: list[tuple[re.Pattern, tuple[str, ...]]] = [
 # rec's (40, 6625) softmax kernel 1.6-3.9 -> 0.33-0.41 ms; softmax realized, scheduling included, (1024, 65) 1.1-1.3 ->
 # 0.26-0.34 ms, (256, 1001) 2.4 -> 0.5-0.6. Gated stores after a sum (padded conv outputs) gained or lost (PP-OCR det's
 # 3x3 conv 1.08 -> 1.62 ms), so only this shape of loop
-GCC_DYNAMIC_COST: list[re.Pattern] = [re.compile(r"if \(alu\d+\) \*\(data\d+\+[^;\n]*;\n\s*\*\(acc\d+")]
+# Also a kernel whose accumulators are all one scalar (no Opt gave it lanes): a window sum over strided reads, a depthwise
+# conv of stride 2 along its width (window_loop needs whole vectors along it), whose small window gcc writes out, leaving
+# a loop over the outputs that reads every second element: very-cheap refuses the loads' shuffles, and each output was a
+# scalar chain of multiply-adds. One core, 3x3 depthwise convs of PP-OCR (rec's 128 channels at 12x160 -> 12x80, det's 48 at
+# 160x160 -> 80x80, 96 at 80x80 -> 40x40, 32 at 320x320 -> 160x160): 0.6-1.0 -> 0.24-0.31 ms, 2.0-2.3 -> 0.5-0.7, 1.1-1.2 ->
+# 0.27-0.33, 4.6-5.5 -> 2.8; a 5x5 the same (192 at 40x40 -> 20x20: gcc keeps that window a loop). Only kernels with no
+# accumulator of lanes: the dynamic model's compile time grows with written-out rows of sums (c_flags)
+GCC_DYNAMIC_COST: list[re.Pattern] = [re.compile(r"if \(alu\d+\) \*\(data\d+\+[^;\n]*;\n\s*\*\(acc\d+"),
+                                      re.compile(r"\A(?![\s\S]*\bacc\d+\[(?!1\])\d+\];)[\s\S]*\bfloat acc\d+\[1\];")]
 
 class CPUCompiler(Compiler):
   batches = True
