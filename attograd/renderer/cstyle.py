@@ -211,6 +211,7 @@ class CStyleRenderer(Renderer):
       level[u] = d
       for s in u.src: deepest[s] = max(deepest.get(s, 0), d)
       if u.op is Ops.RANGE: d += 1
+    select_arms = {s for u in uops if u.op is Ops.WHERE for s in u.src[1:] if s.op is Ops.WHERE}
     r: dict[UOp, str] = {}
     emit = body.emit
     def var(u: UOp, prefix: str, expr: str) -> None:
@@ -258,8 +259,10 @@ class CStyleRenderer(Renderer):
         else: expr = self.alu(op, u.dtype, [r[s] for s in u.src], u.src)
         # C computes 8- and 16-bit integer math in int: wrap the result back into its type
         if dtypes.is_int(u.dtype) and u.dtype.itemsize < 4 and op is not Ops.WHERE: expr = f"(({self.dt(u.dtype)}){expr})"
-        # single-use pure values are written inline; the rest get a name
-        if body.uses.get(u, 0) <= 1 and deepest.get(u, 0) <= level[u] and len(expr) < 80: r[u] = expr
+        # single-use pure values are written inline; the rest get a name. A select is not written into another's arm:
+        # computed there only on its path, it is control flow (gcc branches per element), where named it is computed
+        # unconditionally and both become blend or max instructions (NaN-propagating max: its two selects)
+        if body.uses.get(u, 0) <= 1 and deepest.get(u, 0) <= level[u] and len(expr) < 80 and u not in select_arms: r[u] = expr
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     src = f"{self.prelude_for(uops)}{self.signature(name, params, names, uops)} {{\n{body.text()}\n}}\n"
