@@ -149,8 +149,12 @@ def lower_reduce_group(group: list[UOp], fresh: Fresh) -> dict[UOp, UOp]:
   the values depend on is moved inside the reduce's loops, as a loop of its own (one accumulator per
   iteration); after them, each iteration of the outer simd loop reads its own accumulator."""
   ranges = group[0].src[1:]
-  loops, unrolled, lanes = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] is not AxisKind.UNROLL], kind_of(ranges, AxisKind.UNROLL), kind_of(ranges, AxisKind.LANE)
-  values = {red: instances(red.src[0], unrolled) for red in group}
+  # a loop of one iteration (what is left of a window axis unrolled whole) is no loop: its counter is 0. Kept, it made a
+  # loop nest inside the output loop, which gcc then left scalar (a batch norm + 2x2 max pool, one core: 23 -> 11.5 ms)
+  once = {r: UOp.const(r.dtype, 0) for r in ranges if r.op is Ops.RANGE and r.src[0].op is Ops.CONST and r.src[0].arg == 1}
+  loops = [r for r in ranges if r.op is Ops.RANGE and r.arg[1] is not AxisKind.UNROLL and r not in once]
+  unrolled, lanes = kind_of(ranges, AxisKind.UNROLL), kind_of(ranges, AxisKind.LANE)
+  values = {red: [v.substitute(once) if once else v for v in instances(red.src[0], unrolled)] for red in group}
   if not loops: return {red: functools.reduce(lambda a, b: fold(red.arg, a, b), vs) for red, vs in values.items()}
   simd = kind_of(frozenset().union(*(v.live_ranges for vs in values.values() for v in vs)), AxisKind.SIMD)
   if simd:
