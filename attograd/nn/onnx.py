@@ -1446,7 +1446,7 @@ def _exec(node: _Node, args: list, scope: dict | None) -> tuple:
 class _Graph:
   """A graph's nodes compiled once: the model's own, or an If/Loop/Scan body that also reads the names around it."""
   def __init__(self, g: Any, opsets: dict[str, int], base_dir: str, outer: set[str], device: str | None):
-    self.base_dir, self.device = base_dir, device
+    self.base_dir, self.device = base_dir, (None if device is None else Device.canonicalize(device))
     self.inits = {t.name: t for t in g.initializer}
     self.weights: dict[str, Tensor] = {}
     self.derived: dict[str, Callable[[], Tensor]] = {}  # weights computed from initializers at load (see _fuse_conv_bn)
@@ -1466,8 +1466,7 @@ class _Graph:
 
   def placed(self, t: Any) -> Any:
     """t on the graph's device: an op with no tensor inputs (Constant, RandomNormal) makes its value on the default one."""
-    if self.device is None or not isinstance(t, Tensor) or t.device == (dev := Device.canonicalize(self.device)): return t
-    return t.to(dev)
+    return t if self.device is None or not isinstance(t, Tensor) or t.device == self.device else t.to(self.device)
 
   def weight(self, name: str) -> Tensor:
     if name in self.derived and name not in self.weights:
