@@ -233,17 +233,21 @@ def _query_tile(rows: list[UOp], w: UOp, fid: int):
   def row(t: int) -> dict[UOp, UOp]: return {} if qi is None else {qi: qo * bq + t}
   return qi, bq, qo, ids, row, [qo if r is qi else r for r in rows]
 
-def _causal_bound(x: UOp, j: UOp) -> UOp | None:
-  """i + 1 if x is where(i >= j, s, -inf) with i not depending on j: the keys past i are masked, and never visited."""
+def _causal_index(x: UOp, j: UOp, j_side: int) -> UOp | None:
+  """i if x is a causal mask where(i >= j, s, -inf) (j_side 1) or where(j >= i, s, -inf) (j_side 0), i not depending
+  on the loop j and not negative (casts off j, and off i where they only widen it)."""
   if x.op is not Ops.WHERE or x.src[2].op is not Ops.CONST or x.src[2].arg != -math.inf: return None
   g = x.src[0]
-  # i >= j is written not(i < j): CMPNE(CMPLT(i, j), True)
+  # a >= b is written not(a < b): CMPNE(CMPLT(a, b), True)
   if g.op is not Ops.CMPNE or g.src[1].op is not Ops.CONST or g.src[1].arg is not True or (lt := g.src[0]).op is not Ops.CMPLT: return None
-  i, jj = lt.src
+  jj, i = lt.src[j_side], lt.src[1 - j_side]
   if jj.op is Ops.CAST: jj = jj.src[0]
   if i.op is Ops.CAST and i.src[0].dtype == j.dtype: i = i.src[0]
-  if jj is not j or i.dtype != j.dtype or j in i.ranges or i.vmin < 0 or i.vmax + 1 > j.src[0].vmax: return None
-  return i + 1
+  return i if jj is j and i.dtype == j.dtype and j not in i.ranges and i.vmin >= 0 else None
+
+def _causal_bound(x: UOp, j: UOp) -> UOp | None:
+  """i + 1 if x is where(i >= j, s, -inf): the keys past i are masked, and never visited."""
+  return None if (i := _causal_index(x, j, 1)) is None or i.vmax + 1 > j.src[0].vmax else i + 1
 
 def flash_kernel(sink: UOp) -> UOp | None:
   """grad_kernel's or lse_kernel's rewrite if one applies, else the kernel `out[r, c] = sum_j softmax_j(x(r, j)) * w(j, c)` (softmax @ v with nothing else stored) rewritten to one
@@ -331,16 +335,9 @@ def flash_kernel(sink: UOp) -> UOp | None:
 def _factors(u: UOp) -> list[UOp]: return [f for s in u.src for f in _factors(s)] if u.op is Ops.MUL else [u]
 
 def _causal_first(x: UOp, j: UOp) -> UOp | None:
-  """i if x is where(j >= i, s, -inf) with i not depending on j (a key gradient's sum over the queries j: the queries
-  before key i are masked, and never visited)."""
-  if x.op is not Ops.WHERE or x.src[2].op is not Ops.CONST or x.src[2].arg != -math.inf: return None
-  g = x.src[0]
-  if g.op is not Ops.CMPNE or g.src[1].op is not Ops.CONST or g.src[1].arg is not True or (lt := g.src[0]).op is not Ops.CMPLT: return None
-  jj, i = lt.src
-  if jj.op is Ops.CAST: jj = jj.src[0]
-  if i.op is Ops.CAST and i.src[0].dtype == j.dtype: i = i.src[0]
-  if jj is not j or i.dtype != j.dtype or j in i.ranges or i.vmin < 0 or i.vmax > j.src[0].vmax: return None
-  return i
+  """i if x is where(j >= i, s, -inf) (a key gradient's sum over the queries j: the queries before key i are masked,
+  and never visited)."""
+  return None if (i := _causal_index(x, j, 0)) is None or i.vmax > j.src[0].vmax else i
 
 def grad_kernel(sink: UOp) -> UOp | None:
   """The kernel `out[r, c] = sum_j f(r, j) * w(j, c)` where f reads a sum of its own (sdpa's flash backward: the
