@@ -41,13 +41,13 @@ def test_many_launches_varying_slices(device):
     with Context(THREADS=int(1 + i % 3)):
       np.testing.assert_array_equal(_exec(kernels[n], si), want, err_msg=f"launch {i}, {n} slices")
 
-# a kernel's slice entry point that counts its calls per core id, each call sleeping first (slice 0, taken last,
-# 3 times longer): a launch that returned before its last slice finished, or ran a slice twice or never, shows
+# a kernel's slice entry point that counts its calls per core id, each call sleeping first (the last slice, a worker's
+# first, 3 times longer): a launch that returned before its last slice finished, or ran a slice twice or never, shows
 # in the counts however loaded the machine is
 PROBE = """#include <time.h>
 void probe(void) {}
 void probe_slice(void *const *bufs, const long long *vals, long long core) {
-  struct timespec t = {0, core ? vals[0] : 3 * vals[0]};
+  struct timespec t = {0, core + 1 < vals[1] ? vals[0] : 3 * vals[0]};
   nanosleep(&t, 0);
   __atomic_fetch_add((int *)bufs[0] + core, 1, __ATOMIC_SEQ_CST);
 }
@@ -58,8 +58,33 @@ def test_launch_returns_when_every_slice_ran_once(n, cores):
   prog = CPUProgram("probe", CPUCompiler().compile(PROBE))
   for sleep_ns in (0, 2_000_000):
     counts = Buffer("CPU", n, dtypes.int32).ensure_allocated()
-    prog.run_slices([counts._buf], [sleep_ns], n, cores)
+    prog.run_slices([counts._buf], [sleep_ns, n], n, cores)
     assert np.frombuffer(counts.as_bytes(), dtype=np.int32).tolist() == [1] * n
+
+# each slice notes the thread that ran it
+WHO = """#define _GNU_SOURCE
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+void who(void) {}
+void who_slice(void *const *bufs, const long long *vals, long long core) {
+  struct timespec t = {0, vals[0]};
+  nanosleep(&t, 0);
+  ((long long *)bufs[0])[core] = syscall(SYS_gettid);
+}
+"""
+
+def test_caller_takes_slices_from_the_front():
+  # the calling thread runs the first slices and the workers the last ones, launch after launch (so a core keeps the
+  # same rows of a chain of kernels in its own cache): whatever the machine's load splits them at, the caller's
+  # slices are a prefix (a pool handing out slices in any order would interleave them)
+  prog = CPUProgram("who", CPUCompiler().compile(WHO))
+  me = threading.get_native_id()
+  for _ in range(5):
+    tids = Buffer("CPU", 8, dtypes.int64).ensure_allocated()
+    prog.run_slices([tids._buf], [200_000], 8, 2)
+    mine = [t == me for t in np.frombuffer(tids.as_bytes(), dtype=np.int64).tolist()]
+    assert mine == sorted(mine, reverse=True) and mine[0], mine
 
 def test_threads_one_after_threaded_launch():
   si = _item(Tensor(X) + 1)

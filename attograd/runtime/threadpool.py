@@ -36,9 +36,7 @@ struct pool {
   slice_fn job_fn;
   void *const *job_bufs;
   const long long *job_vals;
-  /* launch number << 32 | slices not taken yet: a slice is taken by a compare-exchange that names its launch,
-     so a worker late from an earlier launch never takes a slice of a later one */
-  _Atomic uint64_t word;
+  _Atomic uint64_t word;  /* the launch and the slices not taken yet (take_one) */
   atomic_int remaining, helpers, sleepers, caller_waits;
   int workers;
   struct pool *next;
@@ -47,7 +45,6 @@ struct start { struct pool *p; int me; uint32_t seen; };
 static struct pool *pools;  /* every pool made, for after_fork */
 static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static uint32_t launch_of(uint64_t w) { return (uint32_t)(w >> 32); }
 static int64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
 
 static void pool_init(struct pool *p) {
@@ -66,15 +63,32 @@ struct pool *pool_new(void) {
   return p;
 }
 
+/* the launch word: launch number << 40 | next slice from the front << 20 | one past the next slice from the back */
+#define SLICE_BITS 20
+#define SLICE_MASK ((1u << SLICE_BITS) - 1)
+static uint32_t launch_of(uint64_t w) { return (uint32_t)(w >> (2 * SLICE_BITS)); }
+
+/* takes one slice of this launch, from the front (the caller: 0, 1, ...) or the back (workers: n-1, n-2, ...), by a
+   compare-exchange that names its launch, so a worker late from an earlier launch never takes a slice of a later one.
+   The ends keep the cores on the same rows kernel after kernel (an elementwise chain over a (2048, 128) activation
+   split in 2: the caller's half stays in its own L2), where one counter handed slices out in whatever order the cores
+   came; and a core that falls behind still leaves the rest to the others */
+static int take_one(struct pool *p, uint32_t launch, int front, uint32_t *slice) {
+  for (uint64_t w = atomic_load(&p->word); launch_of(w) == launch;) {
+    uint32_t f = (uint32_t)(w >> SLICE_BITS) & SLICE_MASK, b = (uint32_t)w & SLICE_MASK;
+    if (f >= b) return 0;
+    if (atomic_compare_exchange_weak(&p->word, &w, front ? w + (1ull << SLICE_BITS) : w - 1)) { *slice = front ? f : b - 1; return 1; }
+  }
+  return 0;
+}
+
 /* the job is stable while a slice of it is taken and not finished: the launch can't end before */
-static void take_slices(struct pool *p, uint32_t launch) {
-  for (uint64_t w = atomic_load(&p->word); launch_of(w) == launch && (uint32_t)w > 0;) {
-    if (!atomic_compare_exchange_weak(&p->word, &w, w - 1)) continue;
-    p->job_fn(p->job_bufs, p->job_vals, (uint32_t)w - 1);
+static void take_slices(struct pool *p, uint32_t launch, int front) {
+  for (uint32_t slice; take_one(p, launch, front, &slice);) {
+    p->job_fn(p->job_bufs, p->job_vals, slice);
     if (atomic_fetch_sub(&p->remaining, 1) == 1 && atomic_load(&p->caller_waits)) {
       pthread_mutex_lock(&p->mu); pthread_cond_signal(&p->done_cv); pthread_mutex_unlock(&p->mu);
     }
-    w = atomic_load(&p->word);
   }
 }
 
@@ -96,7 +110,7 @@ static void *worker(void *arg) {
     }
     seen = launch_of(w);
     poll = me < atomic_load(&p->helpers);  /* a worker that THREADS leaves out sleeps right away */
-    if (poll) take_slices(p, seen);
+    if (poll) take_slices(p, seen, 0);
   }
   return NULL;
 }
@@ -129,11 +143,11 @@ __attribute__((constructor)) static void init(void) { pthread_atfork(NULL, NULL,
 /* runs fn for core = 0..n-1 on up to `cores` threads of pool p, the calling one included; returns when all are done */
 void pool_run(struct pool *p, slice_fn fn, void *const *bufs, const long long *vals, int n, int cores) {
   /* one core, or another thread's launch has the pool: the slices run here, one after another */
-  if (cores <= 1 || n <= 1 || pthread_mutex_trylock(&p->launch_mu) != 0) {
+  if (cores <= 1 || n <= 1 || (unsigned)n > SLICE_MASK || pthread_mutex_trylock(&p->launch_mu) != 0) {
     for (int i = 0; i < n; i++) fn(bufs, vals, i);
     return;
   }
-  uint32_t launch = launch_of(atomic_load(&p->word)) + 1;
+  uint32_t launch = (launch_of(atomic_load(&p->word)) + 1) & ((1u << (64 - 2 * SLICE_BITS)) - 1);  /* (24 bits: it wraps) */
   while (p->workers < cores - 1 && p->workers < 0xffff) {
     int before = p->workers;
     start_worker(p, launch - 1);
@@ -142,9 +156,9 @@ void pool_run(struct pool *p, slice_fn fn, void *const *bufs, const long long *v
   p->job_fn = fn; p->job_bufs = bufs; p->job_vals = vals;
   atomic_store(&p->remaining, n);
   atomic_store(&p->helpers, cores - 1);
-  atomic_store(&p->word, (uint64_t)launch << 32 | (uint32_t)n);
+  atomic_store(&p->word, (uint64_t)launch << (2 * SLICE_BITS) | (uint32_t)n);
   if (atomic_load(&p->sleepers)) { pthread_mutex_lock(&p->mu); pthread_cond_broadcast(&p->work_cv); pthread_mutex_unlock(&p->mu); }
-  take_slices(p, launch);
+  take_slices(p, launch, 1);
   /* the last slices may still be running on workers */
   for (int64_t end = now_ns() + SPIN_NS; atomic_load(&p->remaining) && now_ns() < end;) RELAX();
   if (atomic_load(&p->remaining)) {
