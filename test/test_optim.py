@@ -5,7 +5,7 @@ import pytest
 import torch
 from attograd import Tensor, GlobalCounters
 from attograd import nn
-from attograd.nn import optim
+from attograd.nn import optim, lr_scheduler
 from attograd.engine import realize
 from attograd.schedule.schedule import is_view_of_buffer
 
@@ -107,6 +107,24 @@ def test_changing_lr_compiles_nothing(opt, kw, topt, tkw):
   n = len(realize._kernel_cache)
   _train_both(o, t, ours, theirs, steps=2)
   assert len(realize._kernel_cache) == n, "a new learning rate compiled new kernels"
+
+def test_setting_lr_values_compiles_nothing():
+  # a scheduler sets a new number every step: each is copied in from memory, not baked into a copy kernel of its own
+  # (which compiled a kernel per value: examples/gpt.py's LambdaLR waited on the C compiler every step)
+  ours, _ = _mlp()
+  o = optim.AdamW(_params(ours), lr=0.01, betas=(0.9, 0.95))
+  sched = lr_scheduler.LambdaLR(o, lambda step: 1 / (step + 1))
+  o.param_groups[0]["lr"] = 0.02
+  o.param_groups[0]["betas"] = (0.8, 0.9)
+  n = len(realize._kernel_cache)
+  for i in range(1, 4):
+    o.param_groups[0]["lr"] = 0.02 + 0.001 * i
+    assert o.lr.item() == np.float32(0.02 + 0.001 * i)
+    o.param_groups[0]["betas"] = (0.8 + 0.01 * i, 0.9)
+    assert o.param_groups[0].t("betas")[0].item() == np.float32(0.8 + 0.01 * i)
+    sched.step()
+    assert o.lr.item() == np.float32(0.01 / (sched.last_epoch + 1))
+  assert len(realize._kernel_cache) == n, "a new hyperparameter value compiled a new kernel"
 
 # ***** stepping *****
 

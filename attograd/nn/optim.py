@@ -71,7 +71,10 @@ class ParamGroup(dict):
         return super().__setitem__(k, float(t.item()))
       if not _live(v) or isinstance(v, tuple) != isinstance(t, tuple) or (isinstance(v, tuple) and len(v) != len(t)):
         raise TypeError(f"param group entry {k!r} must stay a {'tuple of numbers' if isinstance(t, tuple) else 'number'}, got {v!r}")
-      for x, y in zip(t, v) if isinstance(t, tuple) else [(t, v)]: x.assign(float(y)).realize()
+      # the value comes in as bytes in memory of its own (_scalar), copied by a kernel that reads it: assigned as a
+      # Python float it was a constant of the copy kernel, a new kernel to compile for every value (a scheduler's every
+      # step: examples/gpt.py's LambdaLR waited on the C compiler 40-150 ms a step, more than the step's own work)
+      for x, y in zip(t, v) if isinstance(t, tuple) else [(t, v)]: x.assign(_scalar(float(y), x.device) if isinstance(x.device, str) else float(y)).realize()
       self._mark(k)
     super().__setitem__(k, v)
   def __getitem__(self, k: str) -> Any:
