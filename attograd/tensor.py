@@ -712,6 +712,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
         if not xs: x = Tensor(_expand_scalar(xu, ss))
         elif not ss: self = Tensor(_expand_scalar(su, xs))
         if not xs or not ss: return (x, self) if reverse else (self, x)
+        # both with dims (a bias, a row's statistic beside the row): one dtype needs no promotion nor cast, only the
+        # broadcast the general path below makes (the same nodes, without its dtype checks)
+        try: shape = broadcast_shape(ss, xs)
+        except ValueError as e: raise ArgumentError(str(e)) from None  # (as below)
+        a, b = self._broadcast_to(shape), x._broadcast_to(shape)
+        return (b, a) if reverse else (a, b)
       if x.device != self.device: raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
       # as in PyTorch, a 0-d tensor beside one with dimensions is weak, like a Python scalar
       dt = least_upper_dtype(self.dtype, x.dtype) if (self.ndim == 0) == (x.ndim == 0) else \

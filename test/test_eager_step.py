@@ -102,6 +102,10 @@ def test_changed_schedule_list_is_planned_afresh():
   a = Tensor.rand(8, 8).realize()
   sched, _ = S.create_schedule([((a @ a).relu() @ a).sum().uop])
   assert realize._as_filled_in(sched)
+  sched[0] = S.ScheduleItem(sched[0].ast, sched[0].bufs)  # an equal item, but not the one filled in: checked as changed
+  assert not realize._as_filled_in(sched)
+  sched[0] = sched.made[0]
+  assert realize._as_filled_in(sched)
   sched.pop(0)
   assert not realize._as_filled_in(sched)
 
@@ -194,3 +198,16 @@ def test_runnable_structure_leaves_changed_graphs_to_runnable(case):
   assert realize.runnable(roots)[0] is not roots  # runnable changes it ...
   assert realize.runnable_structure(roots) is None  # ... so the one walk declines
   assert Tensor(u).numpy().tolist() == want
+
+def test_front_end_nodes_keep_shape_and_device_in_slots():
+  # a node's shape and device are computed once and kept in slots, not in a __dict__ made for them: every node of a
+  # training step is asked both, and a dict each was one more object per node for the cycle collector to walk
+  a = Tensor.rand(4, 3).realize()
+  u = ((a + 1) * a.reshape(3, 4).permute(1, 0)).sum(0).uop
+  nodes = [n for n in u.toposort if n is not u]
+  for n in nodes: n.shape, n.device
+  assert u.shape == (3,) and u.device == "CPU" and all(n.shape == (4, 3) for n in nodes if n.op is Ops.MUL)
+  assert not any({"shape", "device"} & set(vars(n)) for n in nodes)
+  assert all(n.shape is n.shape and n.device is n.device for n in nodes)  # computed once
+  r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 4),), 0)  # a kernel-level node has no device: None is kept too
+  assert r.device is None and r.device is None

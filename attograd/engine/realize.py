@@ -1,6 +1,6 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import json, time, weakref
+import json, math, operator, time, weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -353,9 +353,9 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
 def _as_filled_in(schedule: Schedule) -> bool:
   """Is the schedule still the one its template was filled in with (each item its AST over those buffers)? A list can
   be changed after create_schedule: its plan would then be another's."""
-  t, numbered = schedule.template, schedule.numbered
-  return len(schedule) == len(t.items) and all(si.ast is ast and si.bufs == tuple(numbered[i] for i in numbers)
-                                               for si, (ast, numbers) in zip(schedule, t.items))
+  # (items are frozen: the same objects in the same places are the same schedule, checked at C speed, where comparing
+  # each item's buffers with the template's numbers built a tuple per item, 250 a training step)
+  return len(schedule) == len(schedule.made) and all(map(operator.is_, schedule, schedule.made))
 
 def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: ScheduleTemplate, numbered: list[UOp]) -> None:
   """planned_buffers for a schedule filled in from template (its buffers by number in `numbered`), with the plan (slots
@@ -436,7 +436,8 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
   def changed(u: UOp) -> bool:  # what runnable would swap, unbind or give variable offsets
     if (op := u.op) in _SIZED_INT:  # (most of the nodes checked: the int check first, without sym_args, a cached
       # property that would give each of a training step's ~700 reshapes and expands a __dict__)
-      if any(type(x) is not int for x in (u.arg if op is not IOTA else (u.arg,))): return True
+      # (a static shape's product is an int, one C call; a generator over the sizes was a third of this check)
+      if type(math.prod(u.arg) if op is not IOTA else u.arg) is not int: return True
       return id(u) in realized and (e := memo(id(u))).value() is not None and u not in top
     if op is BIND or ((e := memo(id(u))) is not None and e.value() is not None and u not in top): return True
     if op is SHRINK or op is PAD:

@@ -676,6 +676,7 @@ class Schedule(list):
   number (inputs, then those it creates): realize keeps what depends on the template alone (the memory plan) with it."""
   template: ScheduleTemplate
   numbered: list[UOp]
+  made: tuple[ScheduleItem, ...]  # the items as filled in (frozen): the list still holds exactly these if each is here
 
 def _placeholder(i: int, b: UOp) -> UOp: return b.replace(arg=BufferArg(-1 - i, b.arg.device, b.arg.size, b.arg.offset))
 
@@ -820,8 +821,9 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
-  schedule = Schedule(ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items)
-  schedule.template, schedule.numbered = template, bufs
+  made = tuple(ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items)
+  schedule = Schedule(made)
+  schedule.template, schedule.numbered, schedule.made = template, bufs, made
   fill = {p: bufs[i] for p, i in template.placeholders}
   if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
     patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])

@@ -147,6 +147,8 @@ class Vjp:
 
 _OP_BIT = {op: 1 << op.value for op in Ops}  # (Enum's .value is a Python property: a dict is 5x faster)
 
+_UNSET: Any = object()  # a slot of UOp not computed yet
+
 class _Entry(weakref.ref):
   """The hash-cons table's weak reference to a node, holding the node's key: when the node dies, _drop removes its entry
   by that key. (A plain ref with a functools.partial callback allocated two more objects per node, the partial and the
@@ -171,13 +173,16 @@ class UOpMeta(type):
     m = _OP_BIT[op]
     for s in src: m |= s.opmask
     node.opmask = m
+    node._shape_memo = node._device_memo = _UNSET
     entry = UOpMeta.ucache[key] = _Entry(node, _drop)
     entry.key = key
     return node
 
 class UOp(metaclass=UOpMeta):
   """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
-  __slots__ = ("op", "dtype", "src", "arg", "opmask", "__weakref__", "__dict__")
+  # shape and device, asked of nearly every node the front end builds, are slots filled on first use: kept in the
+  # __dict__ (as cached properties), they gave each node a dict, one more object for the cycle collector to walk
+  __slots__ = ("op", "dtype", "src", "arg", "opmask", "_shape_memo", "_device_memo", "__weakref__", "__dict__")
   def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     raise AssertionError("UOpMeta.__call__ makes every node")  # (kept for the signature: UOp(op, dtype, src, arg))
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
@@ -366,8 +371,10 @@ class UOp(metaclass=UOpMeta):
     return self._memo("_live", _live_info)
 
   # ***** tensor level: shape and device *****
-  @cached_property
-  def shape(self) -> tuple[sint, ...]: return _shape(self)
+  @property
+  def shape(self) -> tuple[sint, ...]:
+    if (s := self._shape_memo) is _UNSET: s = self._shape_memo = _shape(self)
+    return s
   @property
   def symbolic_shape(self) -> bool: return not isinstance(math.prod(self.shape), int)  # one C call for static shapes
   @property
@@ -376,24 +383,28 @@ class UOp(metaclass=UOpMeta):
   def sym_args(self) -> tuple[UOp, ...]:
     """The symbolic sizes (UOps) in this node's arg: a shape or a shrink/pad amount that is a Variable."""
     return tuple(x for x in _arg_sizes(self) if isinstance(x, UOp))
-  @cached_property
+  @property
   def device(self) -> str:
-    if self.op is Ops.DEVICE: return self.arg
-    if self.op is Ops.BUFFER: return self.arg.device
-    if self.op is Ops.COPY: return self.src[1].arg
-    # a sharded node's device is the tuple of its parts' devices
-    if self.op is Ops.MULTI or self.op is Ops.ALLREDUCE: return tuple(s.device for s in self.src)
-    if self.op is Ops.SHARD: return self.arg[3][self.arg[0]]
-    if self.op is Ops.MSELECT: return self.src[0].device[self.arg]
-    for s in self.src:
-      if (d := s.device) is not None: return d
-    return None  # type: ignore[return-value]
+    if (d := self._device_memo) is _UNSET: d = self._device_memo = _device(self)
+    return d
   @property
   def base(self) -> UOp:
     """The node under any movement ops."""
     u = self
     while u.op in GroupOp.Movement: u = u.src[0]
     return u
+
+def _device(self: UOp) -> str:
+  if self.op is Ops.DEVICE: return self.arg
+  if self.op is Ops.BUFFER: return self.arg.device
+  if self.op is Ops.COPY: return self.src[1].arg
+  # a sharded node's device is the tuple of its parts' devices
+  if self.op is Ops.MULTI or self.op is Ops.ALLREDUCE: return tuple(s.device for s in self.src)
+  if self.op is Ops.SHARD: return self.arg[3][self.arg[0]]
+  if self.op is Ops.MSELECT: return self.src[0].device[self.arg]
+  for s in self.src:
+    if (d := s.device) is not None: return d
+  return None  # type: ignore[return-value]
 
 def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) -> UOp:
   """A CONST or IOTA on device; on a tuple of devices (a sharded tensor's), one on each: a replicated MULTI."""
