@@ -2,7 +2,7 @@
 disk by content hash, and such bytes loaded through ctypes. Used by the CPU device's kernels and thread pool, and as
 the LLVM device's linker."""
 from __future__ import annotations
-import ctypes, os, pathlib, shutil, subprocess, tempfile, threading
+import ctypes, functools, os, pathlib, shutil, subprocess, tempfile, threading
 from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, cached, content_hash, CACHELEVEL
 
 def find_c_compiler() -> str:
@@ -69,17 +69,49 @@ def compiler_cpu() -> float:
   compiling cost, whatever else the machine was doing."""
   return getattr(_usage, "cpu", 0.0)
 
+def _run(cmd: list[str], log: pathlib.Path) -> int:
+  """cmd's exit code, its output appended to log, and its CPU time (its children's too) added to compiler_cpu()."""
+  with open(log, "ab") as err: proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+  # reaped here, not by Popen: wait4 tells the CPU time of the process and the ones it ran (cc1, as, ld)
+  _, status, usage = os.wait4(proc.pid, 0)
+  _usage.cpu = compiler_cpu() + usage.ru_utime + usage.ru_stime
+  return os.waitstatus_to_exitcode(status)
+
+# the link flags the direct link (_linker) stands for: a library else (-pthread's too) is linked by the compiler's driver
+_LINKS_DIRECTLY = ("-shared", "-lm")
+
+@functools.cache
+def _linker(cc: str) -> tuple[str, list[str]] | None:
+  """ld and what it links a kernel's object with (libc, libm, and libgcc's helpers, such as a double -> _Float16
+  conversion), as cc's driver would link them, or None when cc doesn't say where they are. Linking through the driver
+  cost ~12 ms a shared library (collect2, its plugin, the start files and every default library, searched), ld alone
+  5-8 ms: about a fifth of compiling a small kernel, paid by every batch."""
+  try: out = subprocess.run([cc, "-print-search-dirs"], capture_output=True, text=True, timeout=30).stdout
+  except (OSError, subprocess.SubprocessError): return None
+  dirs = {k.strip(): v.strip().lstrip("=").split(":") for k, _, v in (line.partition(":") for line in out.splitlines()) if v}
+  def find(name: str, where: list[str]) -> str | None: return next((str(p) for d in where if d and (p := pathlib.Path(d) / name).is_file()), None)
+  ld = find("ld", dirs.get("programs", [])) or shutil.which("ld")
+  libs = [find(n, dirs.get("libraries", [])) for n in ("libc.so.6", "libm.so.6", "libgcc.a")]
+  if ld is None or None in libs: return None
+  return ld, libs  # type: ignore[return-value]
+
+def _link(ld: str, libs: list[str], obj: str, out: str) -> list[str]:
+  # the libraries after the object: --as-needed names one in the library only if the object calls into it, and ld takes
+  # from an archive (libgcc.a) only what is undefined when it reaches it
+  return [ld, "-shared", "--eh-frame-hdr", "-o", out, obj, "--as-needed", *libs]
+
 def _build(cc: str, src: str, flags: list[str], what: str) -> bytes:
   with tempfile.TemporaryDirectory() as tmp:
     (code := pathlib.Path(tmp) / "k.c").write_text(src)
-    out, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "log"
-    with open(log, "wb") as err:
-      proc = subprocess.Popen([cc, *flags, str(code), "-o", str(out)], stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-    # reaped here, not by Popen: wait4 tells the CPU time of the compiler and the processes it ran (cc1, as, ld)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    _usage.cpu = compiler_cpu() + usage.ru_utime + usage.ru_stime
-    if proc.returncode != 0: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
+    out, obj, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "k.o", pathlib.Path(tmp) / "log"
+    compile_flags = [f for f in flags if f not in _LINKS_DIRECTLY]
+    if any(f.startswith(("-l", "-Wl,", "-pthread")) for f in compile_flags) or (ld := _linker(cc)) is None:
+      code_ok = _run([cc, *flags, str(code), "-o", str(out)], log) == 0
+    # compiled to an object (-pipe: the assembly through a pipe, not a file), linked by ld itself; should that refuse,
+    # by the driver, from the object
+    elif (code_ok := _run([cc, *compile_flags, "-pipe", "-c", str(code), "-o", str(obj)], log) == 0) and _run(_link(*ld, str(obj), str(out)), log) != 0:
+      code_ok = _run([cc, *flags, str(obj), "-o", str(out)], log) == 0
+    if not code_ok: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
     return out.read_bytes()
 
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash: the kernels of one batch share their library
