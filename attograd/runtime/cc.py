@@ -95,23 +95,29 @@ def _linker(cc: str) -> tuple[str, list[str]] | None:
   if ld is None or None in libs: return None
   return ld, libs  # type: ignore[return-value]
 
-def _link(ld: str, libs: list[str], obj: str, out: str) -> list[str]:
-  # the libraries after the object: --as-needed names one in the library only if the object calls into it, and ld takes
-  # from an archive (libgcc.a) only what is undefined when it reaches it
-  return [ld, "-shared", "--eh-frame-hdr", "-o", out, obj, "--as-needed", *libs]
+def _links_directly(flags: list[str]) -> bool:
+  return not any(f.startswith(("-l", "-Wl,", "-pthread")) for f in flags if f not in _LINKS_DIRECTLY)
+
+def link_shared(cc: str, obj: pathlib.Path, out: pathlib.Path, flags: list[str], log: pathlib.Path) -> bool:
+  """Link the object file obj into the shared library out (flags: cc's, -shared among them), by ld itself where cc
+  names it and the flags link no other library, else (or should ld refuse) by cc's driver. Whether it worked (what the
+  linker said is in log)."""
+  if _links_directly(flags) and (found := _linker(cc)) is not None:
+    ld, libs = found
+    # the libraries after the object: --as-needed names one in the library only if the object calls into it, and ld
+    # takes from an archive (libgcc.a) only what is undefined when it reaches it
+    if _run([ld, "-shared", "--eh-frame-hdr", "-o", str(out), str(obj), "--as-needed", *libs], log) == 0: return True
+  return _run([cc, *flags, str(obj), "-o", str(out)], log) == 0
 
 def _build(cc: str, src: str, flags: list[str], what: str) -> bytes:
   with tempfile.TemporaryDirectory() as tmp:
     (code := pathlib.Path(tmp) / "k.c").write_text(src)
     out, obj, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "k.o", pathlib.Path(tmp) / "log"
-    compile_flags = [f for f in flags if f not in _LINKS_DIRECTLY]
-    if any(f.startswith(("-l", "-Wl,", "-pthread")) for f in compile_flags) or (ld := _linker(cc)) is None:
-      code_ok = _run([cc, *flags, str(code), "-o", str(out)], log) == 0
-    # compiled to an object (-pipe: the assembly through a pipe, not a file), linked by ld itself; should that refuse,
-    # by the driver, from the object
-    elif (code_ok := _run([cc, *compile_flags, "-pipe", "-c", str(code), "-o", str(obj)], log) == 0) and _run(_link(*ld, str(obj), str(out)), log) != 0:
-      code_ok = _run([cc, *flags, str(obj), "-o", str(out)], log) == 0
-    if not code_ok: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
+    if not _links_directly(flags) or _linker(cc) is None: ok = _run([cc, *flags, str(code), "-o", str(out)], log) == 0
+    # compiled to an object (-pipe: the assembly through a pipe, not a file), then linked (link_shared)
+    else: ok = _run([cc, *[f for f in flags if f not in _LINKS_DIRECTLY], "-pipe", "-c", str(code), "-o", str(obj)], log) == 0 and \
+               link_shared(cc, obj, out, flags, log)
+    if not ok: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
     return out.read_bytes()
 
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash: the kernels of one batch share their library
