@@ -30,7 +30,7 @@ def _capture(model: str, path: str) -> None:
 
 def _measure(path: str) -> None:
   """Choose, lower and compile each kernel of path alone: one JSON line of (name, heuristics ms, lower ms, compile ms, uops)."""
-  from attograd.helpers import Context
+  from attograd.helpers import Context, gc_paused
   from attograd.uop.serialize import graph_from_data
   from attograd.codegen import to_program
   from attograd.engine.realize import choose_opts
@@ -45,11 +45,14 @@ def _measure(path: str) -> None:
   base = min(compile_ms(dev.compiler.prelude + f"void k{i}(float* restrict a) {{ a[0] = {i}.0f; }}\n") for i in range(3))
   rows = []
   for ast in asts:
-    st = time.thread_time()
-    opts = choose_opts(ast, "CPU")
-    mid = time.thread_time()
-    name, src, uops = to_program(ast, dev.renderer, opts)
-    rows.append([name, (mid - st) * 1e3, (time.thread_time() - mid) * 1e3, compile_ms(src), len(uops)])
+    # the cycle collector paused as a real run pauses it (engine/realize.py: lowering is a burst of allocation, and a
+    # collection then walks every graph alive): left on here, it doubled the worst kernel's lowering (46 vs 25 ms)
+    with gc_paused():
+      st = time.thread_time()
+      opts = choose_opts(ast, "CPU")
+      mid = time.thread_time()
+      name, src, uops = to_program(ast, dev.renderer, opts)
+      rows.append([name, (mid - st) * 1e3, (time.thread_time() - mid) * 1e3, compile_ms(src), len(uops)])
   print(json.dumps({"base": base, "rows": rows}))
 
 def main() -> None:

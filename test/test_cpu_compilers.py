@@ -204,3 +204,35 @@ def test_strided_depthwise_conv_vectorizes_its_outputs(tmp_path):
   # a 5x5 window padded, stride 1 along the width (a SIMD loop of lanes: acc[16]) keeps the very-cheap model
   lanes = get_kernel(Tensor(xn).conv2d(Tensor(rng.standard_normal((16, 1, 5, 5), dtype=np.float32)), padding=2, groups=16).schedule()[-1].ast, "CPU").src
   assert "-fvect-cost-model=very-cheap" in dev.compiler.compiler_for(lanes)[1], lanes
+
+# a library that calls libm (log2), needs libgcc's helpers (128-bit division; double -> _Float16 where the compiler has
+# _Float16) and libc (memset, for a big zeroed array): cc.py links a kernel's object with ld itself, naming those
+LINKED = """
+float lg(float x) { return log2f(x); }
+long long div128(long long a, long long b) { return (long long)((__int128)a * 1000000007 / (__int128)b); }
+void zero(float *restrict out, int n) { float acc[4096] = {0}; acc[n & 4095] = (float)n; for (int i = 0; i < 4096; i++) out[i] = acc[i]; }
+#ifdef HALF
+unsigned short half(double d) { union { _Float16 h; unsigned short u; } v = { .h = (_Float16)d }; return v.u; }
+#endif
+"""
+
+@pytest.mark.parametrize("cc", _compilers())
+def test_kernel_objects_link_with_their_libraries(cc):
+  import ctypes
+  from attograd.helpers import Context
+  from attograd.runtime.cc import _linker, compile_c, load_library
+  if _linker(cc) is None: pytest.skip(f"{cc} doesn't name its linker and libraries: the driver links")
+  flags = ops_cpu.c_flags(cc)
+  half = has_float16(cc, tuple(flags))
+  with Context(CACHELEVEL=0):
+    lib = load_library(compile_c(cc, "float log2f(float);\n" + "#define HALF\n" * half + LINKED, flags, "the link test"))
+  lib.lg.restype, lib.lg.argtypes = ctypes.c_float, [ctypes.c_float]
+  assert lib.lg(8.0) == 3.0
+  lib.div128.restype, lib.div128.argtypes = ctypes.c_longlong, [ctypes.c_longlong, ctypes.c_longlong]
+  assert lib.div128(10**12, 10**6 + 3) == 10**12 * 1000000007 // (10**6 + 3)
+  out = (ctypes.c_float * 4096)()
+  lib.zero(out, 5)
+  assert list(out[:7]) == [0, 0, 0, 0, 0, 5, 0]
+  if half:
+    lib.half.restype, lib.half.argtypes = ctypes.c_ushort, [ctypes.c_double]
+    assert lib.half(1 + 2**-11 + 2**-40) == np.array([1 + 2**-11 + 2**-40]).astype(np.float16).view(np.uint16)[0]

@@ -194,7 +194,8 @@ class CStyleRenderer(Renderer):
     sees pointer + a masked (gated) read's offset as affine only when the loop's part isn't summed in int with the
     rest (that sum could wrap on the lanes the mask turns off), and otherwise reads it with a gather."""
     def terms(x: UOp) -> list[UOp]: return [t for s in x.src for t in terms(s)] if x.op is Ops.ADD else [x]
-    def moves(x: UOp) -> bool: return any(y.op is Ops.RANGE and y.arg[1] is AxisKind.SIMD for y in x.toposort)
+    # (x.ranges, kept on each node, not x.toposort: a copy of everything under x for each term of each index was half the render)
+    def moves(x: UOp) -> bool: return any(y.arg[1] is AxisKind.SIMD for y in x.ranges)
     parts = terms(idx)
     if not any(moves(t) for t in parts) or all(moves(t) for t in parts): return r[idx]
     still, moving = [r[t] for t in parts if not moves(t)], [r[t] for t in parts if moves(t)]

@@ -2,7 +2,7 @@
 disk by content hash, and such bytes loaded through ctypes. Used by the CPU device's kernels and thread pool, and as
 the LLVM device's linker."""
 from __future__ import annotations
-import ctypes, os, pathlib, shutil, subprocess, tempfile, threading
+import ctypes, functools, os, pathlib, shutil, subprocess, tempfile, threading
 from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, cached, content_hash, CACHELEVEL
 
 def find_c_compiler() -> str:
@@ -69,17 +69,55 @@ def compiler_cpu() -> float:
   compiling cost, whatever else the machine was doing."""
   return getattr(_usage, "cpu", 0.0)
 
+def _run(cmd: list[str], log: pathlib.Path) -> int:
+  """cmd's exit code, its output appended to log, and its CPU time (its children's too) added to compiler_cpu()."""
+  with open(log, "ab") as err: proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+  # reaped here, not by Popen: wait4 tells the CPU time of the process and the ones it ran (cc1, as, ld)
+  _, status, usage = os.wait4(proc.pid, 0)
+  _usage.cpu = compiler_cpu() + usage.ru_utime + usage.ru_stime
+  return os.waitstatus_to_exitcode(status)
+
+# the link flags the direct link (_linker) stands for: a library else (-pthread's too) is linked by the compiler's driver
+_LINKS_DIRECTLY = ("-shared", "-lm")
+
+@functools.cache
+def _linker(cc: str) -> tuple[str, list[str]] | None:
+  """ld and what it links a kernel's object with (libc, libm, and libgcc's helpers, such as a double -> _Float16
+  conversion), as cc's driver would link them, or None when cc doesn't say where they are. Linking through the driver
+  cost ~12 ms a shared library (collect2, its plugin, the start files and every default library, searched), ld alone
+  5-8 ms: about a fifth of compiling a small kernel, paid by every batch."""
+  try: out = subprocess.run([cc, "-print-search-dirs"], capture_output=True, text=True, timeout=30).stdout
+  except (OSError, subprocess.SubprocessError): return None
+  dirs = {k.strip(): v.strip().lstrip("=").split(":") for k, _, v in (line.partition(":") for line in out.splitlines()) if v}
+  def find(name: str, where: list[str]) -> str | None: return next((str(p) for d in where if d and (p := pathlib.Path(d) / name).is_file()), None)
+  ld = find("ld", dirs.get("programs", [])) or shutil.which("ld")
+  libs = [find(n, dirs.get("libraries", [])) for n in ("libc.so.6", "libm.so.6", "libgcc.a")]
+  if ld is None or None in libs: return None
+  return ld, libs  # type: ignore[return-value]
+
+def _links_directly(flags: list[str]) -> bool:
+  return not any(f.startswith(("-l", "-Wl,", "-pthread")) for f in flags if f not in _LINKS_DIRECTLY)
+
+def link_shared(cc: str, obj: pathlib.Path, out: pathlib.Path, flags: list[str], log: pathlib.Path) -> bool:
+  """Link the object file obj into the shared library out (flags: cc's, -shared among them), by ld itself where cc
+  names it and the flags link no other library, else (or should ld refuse) by cc's driver. Whether it worked (what the
+  linker said is in log)."""
+  if _links_directly(flags) and (found := _linker(cc)) is not None:
+    ld, libs = found
+    # the libraries after the object: --as-needed names one in the library only if the object calls into it, and ld
+    # takes from an archive (libgcc.a) only what is undefined when it reaches it
+    if _run([ld, "-shared", "--eh-frame-hdr", "-o", str(out), str(obj), "--as-needed", *libs], log) == 0: return True
+  return _run([cc, *flags, str(obj), "-o", str(out)], log) == 0
+
 def _build(cc: str, src: str, flags: list[str], what: str) -> bytes:
   with tempfile.TemporaryDirectory() as tmp:
     (code := pathlib.Path(tmp) / "k.c").write_text(src)
-    out, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "log"
-    with open(log, "wb") as err:
-      proc = subprocess.Popen([cc, *flags, str(code), "-o", str(out)], stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-    # reaped here, not by Popen: wait4 tells the CPU time of the compiler and the processes it ran (cc1, as, ld)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    _usage.cpu = compiler_cpu() + usage.ru_utime + usage.ru_stime
-    if proc.returncode != 0: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
+    out, obj, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "k.o", pathlib.Path(tmp) / "log"
+    if not _links_directly(flags) or _linker(cc) is None: ok = _run([cc, *flags, str(code), "-o", str(out)], log) == 0
+    # compiled to an object (-pipe: the assembly through a pipe, not a file), then linked (link_shared)
+    else: ok = _run([cc, *[f for f in flags if f not in _LINKS_DIRECTLY], "-pipe", "-c", str(code), "-o", str(obj)], log) == 0 and \
+               link_shared(cc, obj, out, flags, log)
+    if not ok: raise RuntimeError(f"{cc} failed to compile {what}:\n{log.read_text(errors='replace')}\n--- source ---\n{src}")
     return out.read_bytes()
 
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash: the kernels of one batch share their library

@@ -4,12 +4,12 @@ features, like -march=native) to an object file, which the system linker makes a
 the CPU device's. Not LLVM's in-process JIT linker: one less LLVM subsystem living in the process
 (Mesa's lavapipe brings a second LLVM), and a cached kernel needs no LLVM at all."""
 from __future__ import annotations
-import ctypes, functools, pathlib, subprocess, tempfile
+import ctypes, functools, pathlib, tempfile
 from typing import Any
 from attograd.helpers import cached, content_hash
 from attograd.runtime.device import Compiler, Compiled
 from attograd.runtime.ops_cpu import CPUAllocator, CPUProgram
-from attograd.runtime.cc import find_c_compiler
+from attograd.runtime.cc import find_c_compiler, link_shared
 from attograd.renderer.llvmir import LLVMRenderer
 
 @functools.cache
@@ -57,8 +57,9 @@ class LLVMCompiler(Compiler):
     obj = _target_machine().emit_object(self.optimized(src))
     with tempfile.TemporaryDirectory() as tmp:
       (o := pathlib.Path(tmp) / "k.o").write_bytes(obj)
-      proc = subprocess.run([self.linker, "-shared", str(o), "-o", str(so := pathlib.Path(tmp) / "k.so"), "-lm"], capture_output=True)
-      if proc.returncode != 0: raise RuntimeError(f"{self.linker} failed to link a kernel:\n{proc.stderr.decode()}")
+      so, log = pathlib.Path(tmp) / "k.so", pathlib.Path(tmp) / "log"
+      if not link_shared(self.linker, o, so, ["-shared", "-lm"], log):
+        raise RuntimeError(f"{self.linker} failed to link a kernel:\n{log.read_text(errors='replace')}")
       return so.read_bytes()
 
 class LLVMProgram(CPUProgram):
