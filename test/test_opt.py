@@ -168,6 +168,13 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
   # 40 wide, padded to 48 for a loop of whole registers (0.27 -> 0.19 ms one core, in one process)
   gated = _ast(Tensor.empty(1, 960, 1, 40).conv2d(Tensor.empty(60, 960, 1, 3), padding=(0, 1)))
   assert cpu_opts(gated, 1, 16) == [Opt(OptOps.PADTO, 1, 48), Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 6)]
+  # a padded 3x3 conv whose row of outputs sums over more than GATED_WIDE_BYTES of inputs (PP-OCR det's head, 96 -> 24
+  # channels at 160x160): a loop of one register (the masked loads of a loop of two ran it 2.3x slower); under it, or
+  # with no gate (unpadded), a loop of two registers
+  head = _ast(Tensor.empty(1, 96, 160, 160).conv2d(Tensor.empty(24, 96, 3, 3), padding=1).relu())
+  assert cpu_opts(head, 1, 16)[:2] == [Opt(OptOps.SIMD, 2, 16), Opt(OptOps.UPCAST, 0, 8)]
+  assert cpu_opts(_ast(Tensor.empty(1, 96, 162, 162).conv2d(Tensor.empty(24, 96, 3, 3)).relu()), 1, 16)[0] == Opt(OptOps.SIMD, 2, 32)
+  assert cpu_opts(_ast(Tensor.empty(1, 64, 64, 64).conv2d(Tensor.empty(64, 64, 3, 3), padding=1).relu()), 1, 16)[0] == Opt(OptOps.SIMD, 2, 32)
   # a 24-wide input gradient of a 5x5 conv: a loop of 8 (half an AVX-512 register) padded to 32 (101 -> 71 ms at batch 128)
   dx = next(a for a in _conv_backward_asts((8, 32, 24, 24), (32, 32, 5, 5)) if [const_size(r) for r in global_ranges(a)] == [8, 32, 24, 24])
   assert cpu_opts(dx, 1, 16)[:2] == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 32)]

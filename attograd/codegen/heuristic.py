@@ -359,6 +359,18 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguou
 #   5x5 conv 32->32 at 24x24 (batch 32) + relu 5.6 -> 52 (its 20 wide rows padded to 32)
 # while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped (a loop of
 # 16; one of 32, LOOP_TILES, is as fast as written out)
+# a loop two registers wide whose reads are gated along the width (masked loads: a padded conv's input) ran 2.5-3.5x
+# slower than a loop of one register once the inputs one row of outputs sums over (the reduce's size x the width, 4
+# bytes each) outgrew this, and a row is more than one step of the wide loop (AMD Zen 5, AVX-512, 48 KiB L1d, 1 MiB
+# L2; one core, 3x3 convs padded by 1, + relu, 8 rows of output channels, loop of 32 -> 16): 96 -> 24 channels at
+# 160x160 (PP-OCR det's head, 553 KB) 23.8 -> 10.3 ms, 48 -> 48 at 160x160 23.9 -> 7.5, 64 -> 64 at 128x128 27.3 ->
+# 10.4, 32 -> 32 at 256x256 22.6 -> 8.2, 128 -> 64 at 64x64 11.9 -> 4.0, 96 -> 24 at 64x64 (221 KB) 3.1 -> 0.95.
+# Under it the wide loop stays: 64 -> 64 at 64x64 (147 KB) 1.34 vs 1.72 ms, 32 -> 32 at 128x128 (147 KB) even; a row
+# of one wide step too (192 -> 32 at 32x32, 0.47 vs 0.63). Not the gate alone: unpadded (no gate), 96 -> 24 at 160x160
+# ran 8.5 ms in the wide loop, 12.3 in the narrow one; nor a small window's sum (PP-OCR det's 2x2 transposed conv of 12
+# channels at 320 wide, 61 KB, 0.82 vs 0.89 ms)
+GATED_WIDE_BYTES = 192 << 10
+
 LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
 
 def epilogue(ast: UOp, red: UOp) -> list[UOp]:
@@ -376,8 +388,13 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
   with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
+  reduced = prod(const_size(r) or 0 for r in p.ax if r.arg[1] is AxisKind.REDUCE)
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
-  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 8))) if LOOP_TILES else (16, 8))]
+  widths = (2 * p.simd, 16, 8) if LOOP_TILES else (16, 8)
+  # reads gated along the width (a padded conv's input) over a wide window of sums: a loop of one register first
+  if any(p.ax[j] in g for g in p.gates) and (width or 0) > 2 * p.simd and reduced * (width or 0) * 4 > GATED_WIDE_BYTES:
+    widths = (p.simd, *widths)
+  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys(widths)))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
@@ -387,7 +404,6 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   # a width only a loop narrower than a register divides (24: 8s) is padded where that keeps more lanes busy (24 -> 32),
   # if each output sums enough for the multiply-adds to outweigh its store, gated once padded: a 5x5 conv's input gradient
   # (800 a sum) 101 -> 71 ms at batch 128, while the first 5x5 conv of one channel (25 a sum) went 2.8 -> 5.5
-  reduced = prod(const_size(r) or 0 for r in p.ax if r.arg[1] is AxisKind.REDUCE)
   if looped and contiguous_j and width is not None and a != looped[0].amount and to != width and reduced >= PADDED_LOOP_SUM:
     looped = [(Opt(OptOps.PADTO, j, to), Opt(OptOps.SIMD, j, a)), *looped]
   # a width written out that is no whole number of 8-float vectors (12, 10, 9) only where no loop can take it: gcc leaves
