@@ -113,16 +113,17 @@ def loop_width(n: int, simd: int) -> tuple[int, int]:
   w = max((w for w in (2 * simd, simd, simd // 2) if w >= 4), key=score)
   return w, -(-n // w) * w
 
-def tile_rows(p: Plan, i: int, cap: int) -> None:
+def tile_rows(p: Plan, i: int, cap: int, more: tuple[int, ...] = ()) -> None:
   """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
-  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
-  most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
+  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2 (after `more`, the caller's
+  first choices), with the accumulators in at most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's,
+  keeps its 8 rows.)"""
   rows = const_size(axes(p.ast)[i]) or 0
   padded = -(-rows // 6) * 6
   reduced = prod(const_size(r) or 0 for r in axes(p.ast) if r.arg[1] is AxisKind.REDUCE)
   six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
   fits = (padded - rows) * reduced * 4 <= 4096 and copies(p.ast) * 6 <= cap and not ranges_of(p.ast, AxisKind.SIMD)
-  p.first(*((six,) if fits else ()), *(Opt(OptOps.UPCAST, i, a) for a in dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(p.ast) * a <= cap))
+  p.first(*((six,) if fits else ()), *(Opt(OptOps.UPCAST, i, a) for a in dividing(rows, (*more, 8, 6, 4, 5, 3, 2)) if copies(p.ast) * a <= cap))
 
 # ***** the CPU steps, in order *****
 
@@ -370,6 +371,12 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguou
 # ran 8.5 ms in the wide loop, 12.3 in the narrow one; nor a small window's sum (PP-OCR det's 2x2 transposed conv of 12
 # channels at 320 wide, 61 KB, 0.82 vs 0.89 ms)
 GATED_WIDE_BYTES = 192 << 10
+# and such a loop of one register (AVX-512's 16 floats) takes up to 24 rows (CHANNEL_TILE_REGISTERS accumulators), the
+# first of these that divides them, where 8 rows were the default: each masked input load feeds 24 multiply-adds, and
+# the input is read once per 24 output channels. One core, Zen 5, 3x3 convs 96 -> 24 channels padded by 1 (PP-OCR det's
+# head, min of 25 under load, 8 -> 24 rows): at 160x160 6.8 -> 5.3 ms (12 rows 5.8), at 80x80 1.9 -> 1.27, at 40x40
+# (padded to 48 wide) 0.44 -> 0.41
+GATED_ROWS = (24, 16, 12)
 
 LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
 
@@ -392,7 +399,8 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
   widths = (2 * p.simd, 16, 8) if LOOP_TILES else (16, 8)
   # reads gated along the width (a padded conv's input) over a wide window of sums: a loop of one register first
-  if any(p.ax[j] in g for g in p.gates) and (width or 0) > 2 * p.simd and reduced * (width or 0) * 4 > GATED_WIDE_BYTES:
+  gated = any(p.ax[j] in g for g in p.gates)
+  if gated and (width or 0) > 2 * p.simd and reduced * (width or 0) * 4 > GATED_WIDE_BYTES:
     widths = (p.simd, *widths)
   looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys(widths)))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
@@ -424,7 +432,9 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
     trial = Plan.__new__(Plan)
     trial.__dict__.update(p.__dict__, opts=list(p.opts))
     if not trial.first(choice): continue
-    tile_rows(trial, i, TILE_REGISTERS * p.simd)
+    # a padded conv's loop of one AVX-512 register: rows up to CHANNEL_TILE_REGISTERS (GATED_ROWS)
+    one = p.simd >= 16 and gated and any(o.op is OptOps.SIMD and o.amount == p.simd for o in (choice if isinstance(choice, tuple) else (choice,)))
+    tile_rows(trial, i, (CHANNEL_TILE_REGISTERS if one else TILE_REGISTERS) * p.simd, GATED_ROWS if one else ())
     if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
     if best[0] >= enough: break
   p.ast, p.opts = best[1], best[2]
