@@ -19,7 +19,7 @@ def _run(make, threads):
   with Context(THREADS=threads): return make(x).numpy()
 
 @pytest.mark.parametrize("name, make", [
-  ("matmul_relu", lambda x: (x[:96, :64] @ x[:64, 100:180]).relu()),
+  ("matmul_relu", lambda x: (x[:256, :128] @ x[:128, 100:180]).relu()),
   ("reduce_rows", lambda x: (x.sin() * 3).sum(1)),
   ("pad_flip_elementwise", lambda x: x.pad(((2, 2), (1, 0))).flip(0).exp2() * 1e-3),
 ])
@@ -121,7 +121,12 @@ def test_heuristics_pick_tiles_and_accumulators():
   # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
   linear = cpu_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
   assert linear == tile + [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
-  assert cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
+  assert cpu_opts(_ast(Tensor.empty(128, 128) @ Tensor.empty(128, 128)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
+  # under heuristic.THREAD_MIN_COST operations a kernel stays on one core (a threaded launch costs more than it saves),
+  # where a transcendental's few iterations may do that many
+  assert not any(o.op is OptOps.THREAD for o in cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2))
+  assert cpu_opts(_ast(Tensor.empty(512, 256).exp()), 2)[-1].op is OptOps.THREAD
+  assert not any(o.op is OptOps.THREAD for o in cpu_opts(_ast(Tensor.empty(512, 256) * 2), 2))
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in cpu_opts(s, 2)
   # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide

@@ -82,6 +82,7 @@ class Plan:
     self.ax = axes(ast)
     self.glob = [i for i, r in enumerate(self.ax) if r.arg[1] is AxisKind.GLOBAL]
     self.work = prod(const_size(r) or 1 for r in self.ax)
+    self.cost = kernel_cost(ast)  # (split_across_cores)
     self.reds: list[UOp] = []
     self.gates: list[list[UOp]] = []
     self.tiled = False  # a register tile was chosen: the reduce steps leave the kernel alone
@@ -697,11 +698,34 @@ def transpose_tile(p: Plan) -> None:
   g = across[-1]
   if (const_size(ax[j]) or 0) % 4 == 0 and (const_size(ax[g]) or 0) % 4 == 0: p.first((Opt(OptOps.UPCAST, j, 4), Opt(OptOps.UPCAST, g, 4)))
 
+# float operations of a kernel (kernel_cost) from which it is cut across cores (split_across_cores). A threaded launch
+# cost 1.3-5 us more than the kernel run alone, about what a kernel of this many operations takes on one core: PP-OCR
+# cls (76 kernels, most under it), Zen 5, 2 threads, under load, each kernel alone (min of 200 calls): 1.5 -> 2.8 us,
+# 2.3 -> 3.6, 4.3 -> 5.7, 10.5 -> 13.3; the whole run (bench/onnx.py, 30 runs, median) 1.10-2.04 -> 0.66-0.70 ms with
+# its kernels on one core (onnxruntime, which runs it on one thread, 0.89-0.97), its CPU time 1.2-1.9 -> 0.7 ms (the
+# bound was 65536 iterations, whatever each did)
+THREAD_MIN_COST = 1 << 21
+TRANSCENDENTAL_COST = 16  # operations a transcendental counts for (exp2, sin: tens of instructions once expanded)
+
+def kernel_cost(ast: UOp) -> int:
+  """The kernel's float operations, roughly (of its AST before any Opt): each one in a sum's terms once per iteration of
+  the loops that sum's value depends on (its own and the outputs' it reads along: an SE block's sum over 50 channels
+  isn't redone for each of the 192 positions it scales), each one after the sums (or in a kernel with none) once per
+  output; at least one per iteration. Index arithmetic isn't counted."""
+  ax = axes(ast)
+  def weight(u: UOp) -> int: return TRANSCENDENTAL_COST if u.op in GroupOp.Transcendental else 1
+  def ops(us: list[UOp]) -> int: return sum(weight(u) for u in us if u.op in GroupOp.ALU and dtypes.is_float(u.dtype))
+  reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
+  inner = {u for red in reds for u in red.src[0].toposort}
+  cost = sum(prod(const_size(r) or 1 for r in ax if r in red.toposort) * max(1, ops(red.src[0].toposort)) for red in reds)
+  outer = ops([u for u in ast.toposort if u not in inner])
+  return cost + prod(const_size(r) or 1 for r in ax if r.arg[1] is not AxisKind.REDUCE) * (outer if reds else max(1, outer))
+
 def split_across_cores(p: Plan) -> None:
-  """A big kernel (65536 iterations or more: below that, a launch on another core costs more than it saves) is cut in 4
+  """A big kernel (THREAD_MIN_COST operations or more: below that, a launch on another core costs more than it saves) is cut in 4
   slices per core, which the cores take as they come free (engine/realize.py): on a machine shared with other work, a
   core that another process holds back leaves its slices to the rest. On the outermost axis that splits evenly."""
-  if p.threads < 2 or p.work < 1 << 16: return
+  if p.threads < 2 or p.cost < THREAD_MIN_COST: return
   counts = (4 * p.threads, p.threads) if p.work >= 1 << 22 else (p.threads,)
   cur = axes(p.ast)
   # not an axis a sum's value doesn't move: each slice would redo that sum for its own share of the outputs (a layernorm's
