@@ -399,9 +399,10 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   reduced = prod(const_size(r) or 0 for r in p.ax if r.arg[1] is AxisKind.REDUCE)
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
   widths = (2 * p.simd, 16, 8) if LOOP_TILES else (16, 8)
-  # reads gated along the width (a padded conv's input) over a wide window of sums: a loop of one register first
+  # reads gated along the width (a padded conv's input) over a wide window of sums: a loop of one register first (AVX-512,
+  # where it was measured)
   gated = any(p.ax[j] in g for g in p.gates)
-  if gated and (width or 0) > 2 * p.simd and reduced * (width or 0) * 4 > GATED_WIDE_BYTES:
+  if gated and p.simd >= 16 and (width or 0) > 2 * p.simd and reduced * (width or 0) * 4 > GATED_WIDE_BYTES:
     widths = (p.simd, *widths)
   looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys(widths)))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
