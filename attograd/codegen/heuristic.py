@@ -565,7 +565,14 @@ def window_loop(p: Plan) -> None:
   # vectorizes as it is (3x3 on 24x64: 66 us; with a SIMD loop of 32 too, 84); a loop of 8 gained nothing (3x3, 40 wide)
   inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
-  if not p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16, 8, 4)))): return
+  widths = dividing(const_size(cur[j]), (32, 16, 8, 4))
+  # a long window's loop (LONG_WINDOW) one register wide with rows where two registers take none (3 rows of 32 lanes are
+  # over WINDOW_REGISTERS): more chains in flight. PP-OCR cls's 5x5 depthwise convs at 3x96 (AVX-512, one core, min of 41,
+  # a loop of 32 -> 16 by 3 rows): 88 channels 34 -> 29 us, 48 26 -> 23, 32 22 -> 21
+  if len(p.glob) >= 2 and p.simd >= 16 and prod(window) >= LONG_WINDOW and widths and widths[0] > p.simd:
+    fit = lambda a: [r for r in dividing(const_size(cur[p.glob[-2]]), (4, 3, 2)) if a * r <= WINDOW_REGISTERS * p.simd]
+    if not fit(widths[0]) and p.simd in widths and fit(p.simd): widths = (p.simd, *widths)
+  if not p.first(*(Opt(OptOps.SIMD, j, a) for a in widths)): return
   p.tiled = True
   # the loop gets rows too, for as many accumulators in flight: one row's is one chain of multiply-adds (a 5x5 window's 25
   # dependent ones a vector), up to WINDOW_REGISTERS registers of them. A narrow loop (a width only 8 or 4 divides: PP-OCR
