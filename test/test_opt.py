@@ -19,7 +19,7 @@ def _run(make, threads):
   with Context(THREADS=threads): return make(x).numpy()
 
 @pytest.mark.parametrize("name, make", [
-  ("matmul_relu", lambda x: (x[:96, :64] @ x[:64, 100:180]).relu()),
+  ("matmul_relu", lambda x: (x[:256, :128] @ x[:128, 100:180]).relu()),
   ("reduce_rows", lambda x: (x.sin() * 3).sum(1)),
   ("pad_flip_elementwise", lambda x: x.pad(((2, 2), (1, 0))).flip(0).exp2() * 1e-3),
 ])
@@ -121,7 +121,12 @@ def test_heuristics_pick_tiles_and_accumulators():
   # x @ w.T reads w along its rows: each column panel is packed contiguously first, with the panels' loop outside
   linear = cpu_opts(_ast(Tensor.empty(256, 64) @ Tensor.empty(192, 64).T), 1)
   assert linear == tile + [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
-  assert cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
+  assert cpu_opts(_ast(Tensor.empty(128, 128) @ Tensor.empty(128, 128)), 2)[-1] == Opt(OptOps.THREAD, 0, 2)
+  # under heuristic.THREAD_MIN_COST operations a kernel stays on one core (a threaded launch costs more than it saves),
+  # where a transcendental's few iterations may do that many
+  assert not any(o.op is OptOps.THREAD for o in cpu_opts(_ast(Tensor.empty(64, 64) @ Tensor.empty(64, 64)), 2))
+  assert cpu_opts(_ast(Tensor.empty(512, 256).exp()), 2)[-1].op is OptOps.THREAD
+  assert not any(o.op is OptOps.THREAD for o in cpu_opts(_ast(Tensor.empty(512, 256) * 2), 2))
   s = _ast(Tensor.empty(1 << 16).sum())
   assert Opt(OptOps.UPCAST, 0, 16) in cpu_opts(s, 2)
   # with AVX-512 (registers of 16 floats, twice as many of them) the tile is two of its registers wide
@@ -165,9 +170,20 @@ def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
     merge = [Opt(OptOps.MERGE, 2, 3)] if simd == 16 else []
     assert cpu_opts(conv, 1, simd) == [Opt(OptOps.PADTO, 3, 24), *merge, Opt(OptOps.SIMD, 3, 2 * simd if merge else 8), Opt(OptOps.UPCAST, 1, 8)]
   # reads gated along the width (a 1x3 conv padded along it) are masked loads in the loop, a select per copy written out;
-  # 40 wide, padded to 48 for a loop of whole registers (0.27 -> 0.19 ms one core, in one process)
+  # 40 wide, padded to 48 for a loop of whole registers (0.27 -> 0.19 ms one core, in one process), by 12 rows of its 60
+  # (GATED_ROWS: 6 rows 0.104 ms, 12 rows 0.090 on Zen 5)
   gated = _ast(Tensor.empty(1, 960, 1, 40).conv2d(Tensor.empty(60, 960, 1, 3), padding=(0, 1)))
-  assert cpu_opts(gated, 1, 16) == [Opt(OptOps.PADTO, 1, 48), Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 6)]
+  assert cpu_opts(gated, 1, 16) == [Opt(OptOps.PADTO, 1, 48), Opt(OptOps.SIMD, 1, 16), Opt(OptOps.UPCAST, 0, 12)]
+  # (AVX2's 16 registers keep a loop of one register to 8 rows at most: 6 of 60)
+  assert cpu_opts(gated, 1, 8)[-1] == Opt(OptOps.UPCAST, 0, 6)
+  # a padded 3x3 conv whose row of outputs sums over more than GATED_WIDE_BYTES of inputs (PP-OCR det's head, 96 -> 24
+  # channels at 160x160): a loop of one register (the masked loads of a loop of two ran it 2.3x slower) by all 24 rows
+  # (GATED_ROWS); under it, or with no gate (unpadded), a loop of two registers
+  head = _ast(Tensor.empty(1, 96, 160, 160).conv2d(Tensor.empty(24, 96, 3, 3), padding=1).relu())
+  assert cpu_opts(head, 1, 16) == [Opt(OptOps.SIMD, 2, 16), Opt(OptOps.UPCAST, 0, 24)]
+  assert cpu_opts(head, 1, 8) == [Opt(OptOps.SIMD, 2, 16), Opt(OptOps.UPCAST, 0, 8)]  # (AVX2: unmeasured, unchanged)
+  assert cpu_opts(_ast(Tensor.empty(1, 96, 162, 162).conv2d(Tensor.empty(24, 96, 3, 3)).relu()), 1, 16)[0] == Opt(OptOps.SIMD, 2, 32)
+  assert cpu_opts(_ast(Tensor.empty(1, 64, 64, 64).conv2d(Tensor.empty(64, 64, 3, 3), padding=1).relu()), 1, 16)[0] == Opt(OptOps.SIMD, 2, 32)
   # a 24-wide input gradient of a 5x5 conv: a loop of 8 (half an AVX-512 register) padded to 32 (101 -> 71 ms at batch 128)
   dx = next(a for a in _conv_backward_asts((8, 32, 24, 24), (32, 32, 5, 5)) if [const_size(r) for r in global_ranges(a)] == [8, 32, 24, 24])
   assert cpu_opts(dx, 1, 16)[:2] == [Opt(OptOps.PADTO, 3, 32), Opt(OptOps.SIMD, 3, 32)]
@@ -199,6 +215,10 @@ def test_heuristics_loop_a_depthwise_conv_along_its_width():
   assert cpu_opts(_ast(x.conv2d(w, padding=2, groups=88)), 1, simd=16) == [Opt(OptOps.SIMD, 2, 32), Opt(OptOps.UPCAST, 1, 2)]
   rec = _ast(Tensor.empty(1, 240, 12, 80).conv2d(Tensor.empty(240, 1, 5, 5), padding=2, groups=240))
   assert cpu_opts(rec, 1, simd=16) == [Opt(OptOps.SIMD, 2, 16), Opt(OptOps.UPCAST, 1, 4)]
+  # 3 rows, which a loop of 32 can't take within 4 registers: a loop of 16 by 3 rows (cls's 88 channels at 3x96: 34 -> 29 us)
+  cls = _ast(Tensor.empty(1, 88, 3, 96).conv2d(Tensor.empty(88, 1, 5, 5), padding=2, groups=88))
+  assert cpu_opts(cls, 1, simd=16) == [Opt(OptOps.SIMD, 2, 16), Opt(OptOps.UPCAST, 1, 3)]
+  assert cpu_opts(cls, 1, simd=8) == [Opt(OptOps.SIMD, 2, 32)]  # (AVX2: unmeasured, unchanged)
   # ... but not a 3x3's loop of a whole register (a short chain; with rows, PP-OCR det's 96 channels at 80x80 +3.8 ms)
   det = _ast(Tensor.empty(1, 96, 80, 80).conv2d(Tensor.empty(96, 1, 3, 3), padding=1, groups=96))
   assert cpu_opts(det, 1, simd=16) == [Opt(OptOps.SIMD, 2, 16)]

@@ -82,6 +82,7 @@ class Plan:
     self.ax = axes(ast)
     self.glob = [i for i, r in enumerate(self.ax) if r.arg[1] is AxisKind.GLOBAL]
     self.work = prod(const_size(r) or 1 for r in self.ax)
+    self.cost = kernel_cost(ast)  # (split_across_cores)
     self.reds: list[UOp] = []
     self.gates: list[list[UOp]] = []
     self.tiled = False  # a register tile was chosen: the reduce steps leave the kernel alone
@@ -113,16 +114,17 @@ def loop_width(n: int, simd: int) -> tuple[int, int]:
   w = max((w for w in (2 * simd, simd, simd // 2) if w >= 4), key=score)
   return w, -(-n // w) * w
 
-def tile_rows(p: Plan, i: int, cap: int) -> None:
+def tile_rows(p: Plan, i: int, cap: int, more: tuple[int, ...] = ()) -> None:
   """A tile's rows: 6, where they divide the axis or the padding's reads stay in the spare page after a buffer (a padded
-  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2, with the accumulators in at
-  most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's, keeps its 8 rows.)"""
+  row gates every read of its copy otherwise: 1024^3 fell from 53 to 47), else 8 down to 2 (after `more`, the caller's
+  first choices), with the accumulators in at most `cap`. (Measured on written-out columns; a SIMD loop's tile, a conv's,
+  keeps its 8 rows.)"""
   rows = const_size(axes(p.ast)[i]) or 0
   padded = -(-rows // 6) * 6
   reduced = prod(const_size(r) or 0 for r in axes(p.ast) if r.arg[1] is AxisKind.REDUCE)
   six = ((Opt(OptOps.PADTO, i, 6),) if padded != rows else ()) + (Opt(OptOps.UPCAST, i, 6),)
   fits = (padded - rows) * reduced * 4 <= 4096 and copies(p.ast) * 6 <= cap and not ranges_of(p.ast, AxisKind.SIMD)
-  p.first(*((six,) if fits else ()), *(Opt(OptOps.UPCAST, i, a) for a in dividing(rows, (8, 6, 4, 5, 3, 2)) if copies(p.ast) * a <= cap))
+  p.first(*((six,) if fits else ()), *(Opt(OptOps.UPCAST, i, a) for a in dividing(rows, (*more, 8, 6, 4, 5, 3, 2)) if copies(p.ast) * a <= cap))
 
 # ***** the CPU steps, in order *****
 
@@ -359,6 +361,24 @@ def small_window_tile(p: Plan, i: int, j: int, loads: list[list[UOp]], contiguou
 #   5x5 conv 32->32 at 24x24 (batch 32) + relu 5.6 -> 52 (its 20 wide rows padded to 32)
 # while a bias add (loads, adds, multiplies) stays vectorized written out: 1024^3 + bias 106 written, 88 looped (a loop of
 # 16; one of 32, LOOP_TILES, is as fast as written out)
+# a loop two registers wide whose reads are gated along the width (masked loads: a padded conv's input) ran 2.5-3.5x
+# slower than a loop of one register once the inputs one row of outputs sums over (the reduce's size x the width, 4
+# bytes each) outgrew this, and a row is more than one step of the wide loop (AMD Zen 5, AVX-512, 48 KiB L1d, 1 MiB
+# L2; one core, 3x3 convs padded by 1, + relu, 8 rows of output channels, loop of 32 -> 16): 96 -> 24 channels at
+# 160x160 (PP-OCR det's head, 553 KB) 23.8 -> 10.3 ms, 48 -> 48 at 160x160 23.9 -> 7.5, 64 -> 64 at 128x128 27.3 ->
+# 10.4, 32 -> 32 at 256x256 22.6 -> 8.2, 128 -> 64 at 64x64 11.9 -> 4.0, 96 -> 24 at 64x64 (221 KB) 3.1 -> 0.95.
+# Under it the wide loop stays: 64 -> 64 at 64x64 (147 KB) 1.34 vs 1.72 ms, 32 -> 32 at 128x128 (147 KB) even; a row
+# of one wide step too (192 -> 32 at 32x32, 0.47 vs 0.63). Not the gate alone: unpadded (no gate), 96 -> 24 at 160x160
+# ran 8.5 ms in the wide loop, 12.3 in the narrow one; nor a small window's sum (PP-OCR det's 2x2 transposed conv of 12
+# channels at 320 wide, 61 KB, 0.82 vs 0.89 ms)
+GATED_WIDE_BYTES = 192 << 10
+# and such a loop of one register (AVX-512's 16 floats) takes up to 24 rows (CHANNEL_TILE_REGISTERS accumulators), the
+# first of these that divides them, where 8 rows were the default: each masked input load feeds 24 multiply-adds, and
+# the input is read once per 24 output channels. One core, Zen 5, 3x3 convs 96 -> 24 channels padded by 1 (PP-OCR det's
+# head, min of 25 under load, 8 -> 24 rows): at 160x160 6.8 -> 5.3 ms (12 rows 5.8), at 80x80 1.9 -> 1.27, at 40x40
+# (padded to 48 wide) 0.44 -> 0.41
+GATED_ROWS = (24, 16, 12)
+
 LOOPED_EPILOGUE = GroupOp.Transcendental | {Ops.WHERE, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.FDIV, Ops.RECIP, Ops.SQRT}
 
 def epilogue(ast: UOp, red: UOp) -> list[UOp]:
@@ -376,8 +396,15 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   computed from them (LOOPED_EPILOGUE) goes in a SIMD loop first: written out, gcc leaves its copies scalar (32x4 tile
   with a GELU's gradient after it, 4.9 ms; a SIMD loop of 16 by 8 rows, 0.69)."""
   width = const_size(p.ax[j])
+  reduced = prod(const_size(r) or 0 for r in p.ax if r.arg[1] is AxisKind.REDUCE)
   written = [Opt(OptOps.UPCAST, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 32, 8))))]
-  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys((2 * p.simd, 16, 8))) if LOOP_TILES else (16, 8))]
+  widths = (2 * p.simd, 16, 8) if LOOP_TILES else (16, 8)
+  # reads gated along the width (a padded conv's input) over a wide window of sums: a loop of one register first (AVX-512,
+  # where it was measured)
+  gated = any(p.ax[j] in g for g in p.gates)
+  if gated and p.simd >= 16 and (width or 0) > 2 * p.simd and reduced * (width or 0) * 4 > GATED_WIDE_BYTES:
+    widths = (p.simd, *widths)
+  looped: list[Opt | tuple[Opt, ...]] = [Opt(OptOps.SIMD, j, a) for a in dividing(width, tuple(dict.fromkeys(widths)))]
   # a width neither divides is padded for the loop: a 5x5 conv's 20 to 16s (32, with a relu after it: 52 GFLOPS,
   # written out 5.6), a 3x3 conv's 6 to 8 (64 -> 64 channels at 8x8 with a relu: 1.3 GFLOPS with no tile, 44 in a loop
   # of 8 by 8 rows)
@@ -387,7 +414,6 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   # a width only a loop narrower than a register divides (24: 8s) is padded where that keeps more lanes busy (24 -> 32),
   # if each output sums enough for the multiply-adds to outweigh its store, gated once padded: a 5x5 conv's input gradient
   # (800 a sum) 101 -> 71 ms at batch 128, while the first 5x5 conv of one channel (25 a sum) went 2.8 -> 5.5
-  reduced = prod(const_size(r) or 0 for r in p.ax if r.arg[1] is AxisKind.REDUCE)
   if looped and contiguous_j and width is not None and a != looped[0].amount and to != width and reduced >= PADDED_LOOP_SUM:
     looped = [(Opt(OptOps.PADTO, j, to), Opt(OptOps.SIMD, j, a)), *looped]
   # a width written out that is no whole number of 8-float vectors (12, 10, 9) only where no loop can take it: gcc leaves
@@ -408,7 +434,9 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
     trial = Plan.__new__(Plan)
     trial.__dict__.update(p.__dict__, opts=list(p.opts))
     if not trial.first(choice): continue
-    tile_rows(trial, i, TILE_REGISTERS * p.simd)
+    # a padded conv's loop of one AVX-512 register: rows up to CHANNEL_TILE_REGISTERS (GATED_ROWS)
+    one = p.simd >= 16 and gated and any(o.op is OptOps.SIMD and o.amount == p.simd for o in (choice if isinstance(choice, tuple) else (choice,)))
+    tile_rows(trial, i, (CHANNEL_TILE_REGISTERS if one else TILE_REGISTERS) * p.simd, GATED_ROWS if one else ())
     if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
     if best[0] >= enough: break
   p.ast, p.opts = best[1], best[2]
@@ -537,7 +565,14 @@ def window_loop(p: Plan) -> None:
   # vectorizes as it is (3x3 on 24x64: 66 us; with a SIMD loop of 32 too, 84); a loop of 8 gained nothing (3x3, 40 wide)
   inner = max((r for r in red.src[1:] if r.arg[1] is AxisKind.REDUCE), key=lambda r: r.arg)
   if inner not in cur or not any(cur[j] in ix.toposort and unit_stride(ix, inner) for ix in reads): return
-  if not p.first(*(Opt(OptOps.SIMD, j, a) for a in dividing(const_size(cur[j]), (32, 16, 8, 4)))): return
+  widths = dividing(const_size(cur[j]), (32, 16, 8, 4))
+  # a long window's loop (LONG_WINDOW) one register wide with rows where two registers take none (3 rows of 32 lanes are
+  # over WINDOW_REGISTERS): more chains in flight. PP-OCR cls's 5x5 depthwise convs at 3x96 (AVX-512, one core, min of 41,
+  # a loop of 32 -> 16 by 3 rows): 88 channels 34 -> 29 us, 48 26 -> 23, 32 22 -> 21
+  if len(p.glob) >= 2 and p.simd >= 16 and prod(window) >= LONG_WINDOW and widths and widths[0] > p.simd:
+    fit = lambda a: [r for r in dividing(const_size(cur[p.glob[-2]]), (4, 3, 2)) if a * r <= WINDOW_REGISTERS * p.simd]
+    if not fit(widths[0]) and p.simd in widths and fit(p.simd): widths = (p.simd, *widths)
+  if not p.first(*(Opt(OptOps.SIMD, j, a) for a in widths)): return
   p.tiled = True
   # the loop gets rows too, for as many accumulators in flight: one row's is one chain of multiply-adds (a 5x5 window's 25
   # dependent ones a vector), up to WINDOW_REGISTERS registers of them. A narrow loop (a width only 8 or 4 divides: PP-OCR
@@ -671,11 +706,34 @@ def transpose_tile(p: Plan) -> None:
   g = across[-1]
   if (const_size(ax[j]) or 0) % 4 == 0 and (const_size(ax[g]) or 0) % 4 == 0: p.first((Opt(OptOps.UPCAST, j, 4), Opt(OptOps.UPCAST, g, 4)))
 
+# float operations of a kernel (kernel_cost) from which it is cut across cores (split_across_cores). A threaded launch
+# cost 1.3-5 us more than the kernel run alone, about what a kernel of this many operations takes on one core: PP-OCR
+# cls (76 kernels, most under it), Zen 5, 2 threads, under load, each kernel alone (min of 200 calls): 1.5 -> 2.8 us,
+# 2.3 -> 3.6, 4.3 -> 5.7, 10.5 -> 13.3; the whole run (bench/onnx.py, 30 runs, median) 1.10-2.04 -> 0.66-0.70 ms with
+# its kernels on one core (onnxruntime, which runs it on one thread, 0.89-0.97), its CPU time 1.2-1.9 -> 0.7 ms (the
+# bound was 65536 iterations, whatever each did)
+THREAD_MIN_COST = 1 << 21
+TRANSCENDENTAL_COST = 16  # operations a transcendental counts for (exp2, sin: tens of instructions once expanded)
+
+def kernel_cost(ast: UOp) -> int:
+  """The kernel's float operations, roughly (of its AST before any Opt): each one in a sum's terms once per iteration of
+  the loops that sum's value depends on (its own and the outputs' it reads along: an SE block's sum over 50 channels
+  isn't redone for each of the 192 positions it scales), each one after the sums (or in a kernel with none) once per
+  output; at least one per iteration. Index arithmetic isn't counted."""
+  ax = axes(ast)
+  def weight(u: UOp) -> int: return TRANSCENDENTAL_COST if u.op in GroupOp.Transcendental else 1
+  def ops(us: list[UOp]) -> int: return sum(weight(u) for u in us if u.op in GroupOp.ALU and dtypes.is_float(u.dtype))
+  reds = [u for u in ast.toposort if u.op is Ops.REDUCE]
+  inner = {u for red in reds for u in red.src[0].toposort}
+  cost = sum(prod(const_size(r) or 1 for r in ax if r in red.toposort) * max(1, ops(red.src[0].toposort)) for red in reds)
+  outer = ops([u for u in ast.toposort if u not in inner])
+  return cost + prod(const_size(r) or 1 for r in ax if r.arg[1] is not AxisKind.REDUCE) * (outer if reds else max(1, outer))
+
 def split_across_cores(p: Plan) -> None:
-  """A big kernel (65536 iterations or more: below that, a launch on another core costs more than it saves) is cut in 4
+  """A big kernel (THREAD_MIN_COST operations or more: below that, a launch on another core costs more than it saves) is cut in 4
   slices per core, which the cores take as they come free (engine/realize.py): on a machine shared with other work, a
   core that another process holds back leaves its slices to the rest. On the outermost axis that splits evenly."""
-  if p.threads < 2 or p.work < 1 << 16: return
+  if p.threads < 2 or p.cost < THREAD_MIN_COST: return
   counts = (4 * p.threads, p.threads) if p.work >= 1 << 22 else (p.threads,)
   cur = axes(p.ast)
   # not an axis a sum's value doesn't move: each slice would redo that sum for its own share of the outputs (a layernorm's
