@@ -227,8 +227,12 @@ def _chain_largest(keys: UOp, k: int) -> UOp:
   left, one, none = _iota(out_shape, ax, dev), _full(1, I64, out_shape, dev), _full(0, I64, out_shape, dev)
   top = keys.reduce_axis(Ops.MAX, (ax,))
   out, zero = top.expand(out_shape), _full(0, U64, shape, dev)
+  # the keys below the last max as keys & -(key < max), not a select of key or 0: branch-free, and a loop gcc 12 can
+  # vectorize (AVX-512's vpmaxuq; over the select it can't). One core, the chain over topk(10) of 100k's 3125 chunk
+  # maxima, alternating in one process: 43 -> 37 us median (its cost model still leaves a loop of 3125 scalar)
   for _ in range(1, k):
-    top = _where(_bin(Ops.CMPLT, keys, top.expand(shape)), keys, zero).reduce_axis(Ops.MAX, (ax,))
+    below = _bin(Ops.SUB, zero, UOp(Ops.CAST, U64, (_bin(Ops.CMPLT, keys, top.expand(shape)),)))
+    top = _bin(Ops.AND, keys, below).reduce_axis(Ops.MAX, (ax,))
     out = _where(_bin(Ops.CMPLT, none, left), top.expand(out_shape), out)
     left = _bin(Ops.SUB, left, one)
   return out
