@@ -410,7 +410,7 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
@@ -425,6 +425,7 @@ class Template:
     self.fixed, self.n_leaves = fixed, len(leaves)
     self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
     self.outputs = tuple((u.shape, u.dtype) for u in (root.src if root.op is Ops.SINK else (root,)))
+    self.call_args = tuple((Call(self, i, shape), dt) for i, (shape, dt) in enumerate(self.outputs))  # (made once)
   def __call__(self, *xs: UOp) -> UOp:
     """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
     slots = self.fixed.copy()
@@ -433,7 +434,7 @@ class Template:
     return slots[-1]
   def calls(self, *xs: UOp) -> tuple[UOp, ...]:
     """A CALL node per output, over xs: the graph as a few nodes, expanded where it is scheduled."""
-    return tuple(UOp(Ops.CALL, dt, xs, Call(self, i, shape)) for i, (shape, dt) in enumerate(self.outputs))
+    return tuple(UOp(Ops.CALL, dt, xs, arg) for arg, dt in self.call_args)
 
 @dataclass(frozen=True)
 class Call:
