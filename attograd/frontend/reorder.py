@@ -300,15 +300,19 @@ def _topk_indices(x: UOp, k: int, largest: bool, T: type) -> UOp:
   return ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1).uop
 
 def _sort_pair(x: UOp, descending: bool, T: type) -> UOp:
-  """SINK(values, indices) of the stable sort of x (R, n) along the row, where no gradient flows (_merge_sort)."""
-  v, i = T(x)._merge_sort_rows(descending, False)
-  return UOp(Ops.SINK, dtypes.void, (v.uop, i.uop))
+  """SINK(values, indices) of the stable sort of x along its last axis, where no gradient flows (_merge_sort). The rows
+  are made one axis (R, n) and back inside the template: reshapes made each call were nodes to build and walk too."""
+  lead, n = x.shape[:-1], x.shape[-1]
+  v, i = T(x.reshape((math.prod(lead), n)))._merge_sort_rows(descending, False)
+  return UOp(Ops.SINK, dtypes.void, (v.uop.reshape(x.shape), i.uop.reshape(x.shape)))
 
 def _topk_pair(x: UOp, k: int, largest: bool, T: type) -> UOp:
-  """SINK(values, indices) of topk along the row of x (R, n): the values' gather is in the template too (through the
-  Tensor API it cost a third of a call's graph building)."""
-  idx = T(_topk_indices(x, k, largest, T))
-  return UOp(Ops.SINK, dtypes.void, (T(x)._gather(1, idx).uop, idx.uop))
+  """SINK(values, indices) of topk along the last axis of x: the values' gather is in the template too (through the
+  Tensor API it cost a third of a call's graph building), and the reshapes to rows (R, n) and back."""
+  lead, n = x.shape[:-1], x.shape[-1]
+  rows = x.reshape((math.prod(lead), n))
+  idx = T(_topk_indices(rows, k, largest, T))
+  return UOp(Ops.SINK, dtypes.void, (T(rows)._gather(1, idx).uop.reshape((*lead, k)), idx.uop.reshape((*lead, k))))
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
@@ -610,7 +614,7 @@ class ReorderOps:
     n, lead = self.shape[-1], self.shape[:-1]
     if not (grad := self._may_need_grad()):
       T = type(self)
-      return tuple(T(u.reshape((*lead, n))) for u in _templated(_sort_pair, self.uop.reshape((math.prod(lead), n)), descending, T))
+      return tuple(T(u) for u in _templated(_sort_pair, self.uop, descending, T))
     return self._merge_sort_rows(descending, grad)
 
   def _merge_sort_rows(self, descending: bool, grad: bool) -> tuple:
@@ -649,8 +653,7 @@ class ReorderOps:
     if k == 0:
       idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
       vals = self.reshape(R, n)._gather(1, idx)
-    elif not self._may_need_grad():  # (reshaped as nodes: Tensor views of tensors no one else holds would only cost their bookkeeping)
-      return tuple(T(u.reshape((*lead, k))) for u in _templated(_topk_pair, self.uop.reshape((R, n)), k, largest, T))
+    elif not self._may_need_grad(): return tuple(T(u) for u in _templated(_topk_pair, self.uop, k, largest, T))
     else:  # the values gathered outside the template, where their gradient flows
       idx = T(_templated(_topk_indices, self.uop.reshape((R, n)), k, largest, T)[0])
       vals = self.reshape(R, n)._gather(1, idx)

@@ -426,6 +426,7 @@ class Template:
     self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
     self.outputs = tuple((u.shape, u.dtype) for u in (root.src if root.op is Ops.SINK else (root,)))
     self.call_args = tuple((Call(self, i, shape), dt) for i, (shape, dt) in enumerate(self.outputs))  # (made once)
+  def __repr__(self) -> str: return f"Template({len(self.steps)} nodes over {self.n_leaves} input(s), {len(self.outputs)} output(s))"
   def __call__(self, *xs: UOp) -> UOp:
     """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
     slots = self.fixed.copy()
