@@ -9,6 +9,8 @@ from attograd.helpers import Switch, argsort
 from attograd.uop.ops import UOp, Ops, GroupOp, Vjp
 from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.schedule.multi import shard_uop
+from attograd.schedule.schedule import CALL_EXPANDED
+from attograd.uop.patterns import graph_rewrite
 
 def _c(like: UOp, v: float) -> UOp: return like.const_shaped(v)
 
@@ -115,11 +117,15 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.WITH_DERIVATIVE, name="ret"), lambda ctx, ret: (None,) + sum(((ctx * d, None) for d in ret.src[2::2]), ())),
 ])
 
+_CALL_BIT, _calls_expanded = 1 << Ops.CALL.value, PatternMatcher([CALL_EXPANDED])
+
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   """Gradients of root with respect to each target, by reverse-mode accumulation."""
   # only walk nodes that lie on a path from root to some target
   # (plain loops, no any() over a generator: a model's graph has thousands of nodes, walked twice per backward)
   on_path: dict[UOp, bool] = {}
+  # a CALL (a sort's or topk's graph as one node: uop/ops.py) is differentiated as the graph it stands for
+  if root.opmask & _CALL_BIT: root = graph_rewrite(root, _calls_expanded, name="calls_expanded")
   topo = root.toposort
   for u in topo:
     if u in targets: on_path[u] = True; continue

@@ -437,15 +437,44 @@ def test_template_rebuilds_the_substituted_graph(device):
   # a template rebuilds only the nodes above its stand-in: nodes are hash-consed, so the graph it gives over another input
   # is the very node substitute() gives, for a sort's and a topk's key graphs (fixed nodes below and beside the input)
   if device != "CPU": pytest.skip("graph building only")
-  from attograd.frontend.reorder import _Template, _build_sorted_keys, _topk_pair, _SORT_BLOCK, _SEARCH_WAYS
-  from attograd.uop.ops import UOp, Ops
+  from attograd.frontend.reorder import _build_sorted_keys, _topk_pair, _SORT_BLOCK, _SEARCH_WAYS
+  from attograd.uop.ops import UOp, Ops, Template
   rng = np.random.default_rng(3)
   for a, build, args in [(rng.permutation(600).astype(np.uint64).reshape(2, 300), _build_sorted_keys, (_SORT_BLOCK, _SEARCH_WAYS)),
                          (rng.standard_normal((2, 5000)).astype(np.float32), _topk_pair, (7, True, Tensor))]:
     x = Tensor(a, device=device).realize().uop
     leaf = UOp(Ops.CONST, x.dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), "stand-in").reshape((1, 1)).expand(a.shape)
     root = build(leaf, *args)
-    assert _Template(leaf, root)(x) is root.substitute({leaf: x})
+    assert Template((leaf,), root)(x) is root.substitute({leaf: x})
+
+def test_sort_topk_are_calls(device):
+  # where no gradient flows, a sort's and a topk's graphs are CALL nodes over the input (uop/ops.py): the realize of a later
+  # call of the shape walks a few nodes, finds the schedule by them and expands nothing; values still each input's own
+  if device != "CPU": pytest.skip("graph building only")
+  from attograd.uop.ops import Ops
+  import attograd.schedule.schedule as sched
+  rng = np.random.default_rng(5)
+  for fa, ft in [(lambda t: t.sort(), lambda t: torch.sort(t, stable=True)), (lambda t: t.topk(7), lambda t: torch.topk(t, 7))]:
+    for i in range(3):
+      a = rng.standard_normal((2, 3000)).astype(np.float32)
+      out = fa(Tensor(a, device=device).realize())
+      nodes = {u for o in out for u in o.uop.toposort}
+      assert sum(u.op is Ops.CALL for u in nodes) == 2 and len(nodes) < 12, len(nodes)
+      seen = len(sched._schedule_cache)
+      Tensor.realize_all(list(out))
+      if i: assert len(sched._schedule_cache) == seen  # the second and third: the first's schedule
+      for o, t in zip(out, ft(torch.from_numpy(a))): np.testing.assert_array_equal(o.numpy(), t.numpy())
+
+def test_call_gradient(device):
+  # a CALL in a graph a gradient flows through is differentiated as the graph it stands for
+  if device != "CPU": pytest.skip("CPU is enough")
+  from attograd.frontend.reorder import _templated, _topk_pair
+  a = np.random.default_rng(6).standard_normal((2, 3000)).astype(np.float32)
+  x, tx = Tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+  v, _ = (Tensor(u) for u in _templated(_topk_pair, x.uop, 5, True, Tensor))
+  (v * v).sum().backward()
+  (torch.topk(tx, 5)[0] ** 2).sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-6)
 
 def test_topk_stored_ranks(device):
   # k * m^2 past _RANK_INLINE_MAX: the chunk maxima's ranks are stored before the pick (256 of 512 maxima)

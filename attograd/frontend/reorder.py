@@ -17,7 +17,8 @@ come for free. Scans (cumsum, cumprod, cummax/cummin, logcumsumexp) and sort avo
   it (a search whose steps read several entries at once, see _search), then a scatter puts every key at its place:
   O(P log P) reads in 2 log2(P/_SORT_BLOCK) + 3 kernels. The key graphs are built as UOps directly (no gradient flows
   through keys, and a level is a few hundred nodes, which through the Tensor API would cost ~30 us each), and once per
-  shape (_templated): a later sort of that shape only swaps its input in.
+  shape (_templated): a later sort of that shape is two CALL nodes over its input (uop/ops.py), whose realize finds the
+  schedule by those few nodes, where rebuilding and walking the thousands of the sort's graph took ~9 ms of a 100k sort.
   The indices are the keys' low bits; the values are read from the input at them: exact, and differentiable (when a
   gradient may flow, the read also checks the inverse permutation, found by searching the sorted keys, so the
   backward reads one element per element too). 64-bit dtypes don't fit value and index in one word: they sort twice
@@ -38,7 +39,7 @@ from attograd.errors import ArgumentError
 from attograd.helpers import gc_paused
 from attograd.frontend.pairs import ValuesIndices
 from attograd.dtype import dtypes, least_upper_dtype
-from attograd.uop.ops import UOp, Ops, device_leaf
+from attograd.uop.ops import UOp, Ops, Template, device_leaf
 
 # scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
 # cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
@@ -132,50 +133,30 @@ def _largest(keys: UOp, k: int, unit: int = 1, source=None) -> UOp:
   cand = _where(_bin(Ops.CMPLT, pos, m), cand, _full(0, U64, cand.shape, dev)).reshape((R, kc * C))
   return _largest(cand, k, unit)
 
-class _Template:
-  """A graph built over a stand-in leaf, kept as the steps that rebuild it over another node: only the nodes above the
-  leaf are rebuilt (about two thirds of a topk's or sort's: constants, aranges and their broadcasts stay as they are), each
-  from a row of (op, dtype, source slots, arg), without the walk of the whole graph and the per-node replace() a
-  substitute() does (topk(10) of 100k: 265 nodes, 172 above the leaf)."""
-  __slots__ = ("fixed", "steps")
-  def __init__(self, leaf: UOp, root: UOp):
-    above: dict[UOp, None] = {}
-    for u in root.toposort:
-      if u is not leaf and any(s is leaf or s in above for s in u.src): above[u] = None
-    if root is not leaf and root not in above: raise AssertionError("a template's graph must depend on its input")
-    # slots: the fixed sources (nodes not above the leaf) first, then the leaf's replacement, then each rebuilt node
-    fixed = list(dict.fromkeys(s for u in above for s in u.src if s is not leaf and s not in above))
-    slot = {s: i for i, s in enumerate(fixed)}
-    slot[leaf] = len(fixed)
-    for i, u in enumerate(above): slot[u] = len(fixed) + 1 + i
-    self.fixed = fixed
-    self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
-  def __call__(self, x: UOp) -> UOp:
-    slots = self.fixed.copy()
-    slots.append(x)
-    for op, dtype, src, arg in self.steps: slots.append(UOp(op, dtype, tuple([slots[i] for i in src]), arg))
-    return slots[-1]
-
-_templates: dict[tuple, _Template] = {}
+_templates: dict[tuple, Template] = {}
 _TEMPLATES_KEPT = 64
 
-def _templated(build, x: UOp, *args) -> UOp:
-  """build(x, *args), where the graph depends on x only through x's shape, dtype and device: built once per those (and
-  args) over a stand-in leaf, then rebuilt over x (_Template). A sort's key graph is a few thousand nodes; rebuilding the
-  nodes above one leaf skips the builders' work (a sort of 100k, CPU time to build its graph on a loaded machine: 45-54
-  ms built each call, 11-18 ms swapped in)."""
+def _templated(build, x: UOp, *args) -> tuple[UOp, ...]:
+  """The outputs of build(x, *args) (the sources of the SINK it returns, or its one result), where the graph depends on
+  x only through x's shape, dtype and device: built once per those (and args) over a stand-in leaf, kept as a Template,
+  and given as CALL nodes over x (uop/ops.py): a later call of that shape makes a node per output, and its realize finds
+  the schedule by walking those few nodes, not the thousands of a sort's key graph (a sort of 100k, CPU time to build
+  its graph: 45-54 ms built each call, 11-18 ms rebuilt from the template, ~0 as a CALL). On several devices (a sharded
+  x) the graph is rebuilt over x instead."""
   key = (build, x.shape, x.dtype, x.device, args)
   if (t := _templates.get(key)) is None:
     dev = UOp(Ops.DEVICE, dtypes.void, (), x.device)
     leaf = UOp(Ops.CONST, x.dtype, (dev,), "stand-in").reshape((1,) * len(x.shape)).expand(x.shape)
     if len(_templates) >= _TEMPLATES_KEPT: del _templates[next(iter(_templates))]  # the oldest: a bounded cache
-    t = _templates[key] = _Template(leaf, build(leaf, *args))
-  with gc_paused(): return t(x)  # hundreds to thousands of acyclic nodes: no collection (helpers.gc_paused)
+    with gc_paused(): t = _templates[key] = Template((leaf,), build(leaf, *args))
+  if isinstance(x.device, str): return t.calls(x)
+  with gc_paused(): root = t(x)  # hundreds to thousands of acyclic nodes: no collection (helpers.gc_paused)
+  return root.src if root.op is Ops.SINK else (root,)
 
 def _sorted_keys(keys: UOp) -> UOp:
   """Unique uint64 keys (R, m) sorted along the row: padded to a power of two P with keys above every real one, blocks
   of _SORT_BLOCK sorted by counting, then two kernels per merge level. (R, P), the first m being the real keys."""
-  return _templated(_build_sorted_keys, keys, _SORT_BLOCK, _SEARCH_WAYS)
+  return _templated(_build_sorted_keys, keys, _SORT_BLOCK, _SEARCH_WAYS)[0]
 
 def _build_sorted_keys(keys: UOp, block: int, ways: int) -> UOp:
   R, m = keys.shape
@@ -246,8 +227,12 @@ def _chain_largest(keys: UOp, k: int) -> UOp:
   left, one, none = _iota(out_shape, ax, dev), _full(1, I64, out_shape, dev), _full(0, I64, out_shape, dev)
   top = keys.reduce_axis(Ops.MAX, (ax,))
   out, zero = top.expand(out_shape), _full(0, U64, shape, dev)
+  # the keys below the last max as keys & -(key < max), not a select of key or 0: branch-free, and a loop gcc 12 can
+  # vectorize (AVX-512's vpmaxuq; over the select it can't). One core, the chain over topk(10) of 100k's 3125 chunk
+  # maxima, alternating in one process: 43 -> 37 us median (its cost model still leaves a loop of 3125 scalar)
   for _ in range(1, k):
-    top = _where(_bin(Ops.CMPLT, keys, top.expand(shape)), keys, zero).reduce_axis(Ops.MAX, (ax,))
+    below = _bin(Ops.SUB, zero, UOp(Ops.CAST, U64, (_bin(Ops.CMPLT, keys, top.expand(shape)),)))
+    top = _bin(Ops.AND, keys, below).reduce_axis(Ops.MAX, (ax,))
     out = _where(_bin(Ops.CMPLT, none, left), top.expand(out_shape), out)
     left = _bin(Ops.SUB, left, one)
   return out
@@ -314,11 +299,20 @@ def _topk_indices(x: UOp, k: int, largest: bool, T: type) -> UOp:
   top = _largest(key_of(x, _iota((R, n), 1, x.device)), k, 1, (x, key_of))
   return ((T(top) ^ ((1 << 64) - 1)) & 0xFFFFFFFF).cast(dtypes.int64).minimum(n - 1).uop
 
+def _sort_pair(x: UOp, descending: bool, T: type) -> UOp:
+  """SINK(values, indices) of the stable sort of x along its last axis, where no gradient flows (_merge_sort). The rows
+  are made one axis (R, n) and back inside the template: reshapes made each call were nodes to build and walk too."""
+  lead, n = x.shape[:-1], x.shape[-1]
+  v, i = T(x.reshape((math.prod(lead), n)))._merge_sort_rows(descending, False)
+  return UOp(Ops.SINK, dtypes.void, (v.uop.reshape(x.shape), i.uop.reshape(x.shape)))
+
 def _topk_pair(x: UOp, k: int, largest: bool, T: type) -> UOp:
-  """SINK(values, indices) of topk along the row of x (R, n): the values' gather is in the template too (through the
-  Tensor API it cost a third of a call's graph building)."""
-  idx = T(_topk_indices(x, k, largest, T))
-  return UOp(Ops.SINK, dtypes.void, (T(x)._gather(1, idx).uop, idx.uop))
+  """SINK(values, indices) of topk along the last axis of x: the values' gather is in the template too (through the
+  Tensor API it cost a third of a call's graph building), and the reshapes to rows (R, n) and back."""
+  lead, n = x.shape[:-1], x.shape[-1]
+  rows = x.reshape((math.prod(lead), n))
+  idx = T(_topk_indices(rows, k, largest, T))
+  return UOp(Ops.SINK, dtypes.void, (T(rows)._gather(1, idx).uop.reshape((*lead, k)), idx.uop.reshape((*lead, k))))
 
 def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   n = max(ndim + extra, 1)
@@ -615,12 +609,19 @@ class ReorderOps:
   def _merge_sort(self, descending: bool) -> tuple:
     """(values, int64 indices) of the rows of self along the last axis by merge sorts of unique keys: one pass over the
     32-bit order word, or for 64-bit dtypes two (low word, then high word: each pass keeps the order of the last one
-    among equal words, its position being the key's low half)."""
+    among equal words, its position being the key's low half). Where no gradient flows, the whole sort is a template
+    (two CALL nodes: _sort_pair)."""
+    n, lead = self.shape[-1], self.shape[:-1]
+    if not (grad := self._may_need_grad()):
+      T = type(self)
+      return tuple(T(u) for u in _templated(_sort_pair, self.uop, descending, T))
+    return self._merge_sort_rows(descending, grad)
+
+  def _merge_sort_rows(self, descending: bool, grad: bool) -> tuple:
     n, lead = self.shape[-1], self.shape[:-1]
     R, P, T, mask = math.prod(lead), 1 << (n - 1).bit_length(), type(self), 0xFFFFFFFF
     wide = self.dtype.itemsize > 4
     w = self._order_word(descending, 64 if wide else 32).reshape(R, n)
-    grad = self._may_need_grad()
     order = pos = None  # the input index at each position of the order so far, and each input's position in it
     for word in ([w & mask, w >> 32] if wide else [w]):
       word = word.pad(((0, 0), (0, P - n)), value=mask)  # padding sorts last: the largest word, indices past n
@@ -652,9 +653,10 @@ class ReorderOps:
     if k == 0:
       idx = T.zeros(R, 0, dtype=dtypes.int64, device=self.device)
       vals = self.reshape(R, n)._gather(1, idx)
-    else:  # (reshaped as nodes: Tensor views of tensors no one else holds would only cost their bookkeeping)
-      pair = _templated(_topk_pair, self.uop.reshape((R, n)), k, largest, T)
-      return tuple(T(u.reshape((*lead, k))) for u in pair.src)
+    elif not self._may_need_grad(): return tuple(T(u) for u in _templated(_topk_pair, self.uop, k, largest, T))
+    else:  # the values gathered outside the template, where their gradient flows
+      idx = T(_templated(_topk_indices, self.uop.reshape((R, n)), k, largest, T)[0])
+      vals = self.reshape(R, n)._gather(1, idx)
     return vals.reshape(*lead, k), idx.reshape(*lead, k)
 
   def _long_sort(self, descending: bool) -> tuple:
@@ -742,7 +744,7 @@ class ReorderOps:
       rows = x.transpose(d, -1)
       lead = rows.shape[:-1]
       rows = rows.reshape(math.prod(lead), n)
-      i = type(self)(_templated(_median_indices, rows.uop, type(self)))
+      i = type(self)(_templated(_median_indices, rows.uop, type(self))[0])
       v, i = (t.reshape(*lead, 1).transpose(d, -1) for t in (rows._gather(1, i), i))
     else:
       shape = tuple(1 if a == d else s for a, s in enumerate(x.shape))

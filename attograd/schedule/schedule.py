@@ -799,8 +799,10 @@ def split_batch_sum(red: UOp) -> UOp | None:
 # each WITH_DERIVATIVE node becomes its value: the derivative it carries is autograd's (a graph without one is left as it
 # is at the cost of one check of its op mask); a long sum into many outputs is split (split_long_sum)
 VALUE_OF_DERIVATIVE = (UPat(Ops.WITH_DERIVATIVE, name="x"), lambda x: x.src[0])
-derivatives_dropped = PatternMatcher([VALUE_OF_DERIVATIVE])
-values_only = PatternMatcher([VALUE_OF_DERIVATIVE, (UPat(Ops.REDUCE_AXIS, name="red"), split_long_sum)])
+# and each CALL its graph over its sources (a CALL inside it, in turn): they have a schedule only once expanded
+CALL_EXPANDED = (UPat(Ops.CALL, name="c"), lambda c: c.arg.expand(c.src))
+derivatives_dropped = PatternMatcher([VALUE_OF_DERIVATIVE, CALL_EXPANDED])
+values_only = PatternMatcher([VALUE_OF_DERIVATIVE, CALL_EXPANDED, (UPat(Ops.REDUCE_AXIS, name="red"), split_long_sum)])
 
 def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels to run, in order, and what each target becomes afterwards (a graph over views of the new

@@ -21,6 +21,11 @@ class Ops(Enum):
   # reads P, its own output, where the chain rule through its exp and row sum made a backward pass recompute both;
   # attention's reads its probabilities and its output
   WITH_DERIVATIVE = auto()
+  # CALL(x, ...): output arg.index of a graph built once over stand-ins for its sources (arg: a Call, its Template kept by
+  # the front end per shape), this graph being that one over x, ... . Scheduling expands it (Call.expand) where it has no
+  # schedule yet; where it has, the few CALL nodes are all the graph structure's walk sees of it: a sort of 100k is
+  # thousands of nodes rebuilt and walked per call, a topk's hundreds, for a schedule found by its structure alone
+  CALL = auto()
   BIND = auto()  # a DEFINE_VAR with its value for this run: BIND(var, CONST)
   # elementwise ALU, shared by every level
   # EXP (e**x) is a primitive so the graph holds one node and its derivative is itself; codegen expands it (uop/mathlib.py)
@@ -411,6 +416,48 @@ def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) 
   if isinstance(device, tuple): return UOp(Ops.MULTI, dtype, tuple(device_leaf(op, dtype, d, arg) for d in device), None)
   return UOp(op, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), arg)
 
+class Template:
+  """A graph built over stand-in leaves, kept as the steps that rebuild it over other nodes: only the nodes above the
+  leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
+  slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
+  sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
+  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "__weakref__")
+  def __init__(self, leaves: tuple[UOp, ...], root: UOp):
+    above: dict[UOp, None] = {}
+    leaf_set = set(leaves)
+    for u in root.toposort:
+      if u not in leaf_set and any(s in leaf_set or s in above for s in u.src): above[u] = None
+    if root not in leaf_set and root not in above: raise AssertionError("a template's graph must depend on its inputs")
+    # slots: the fixed sources (nodes not above a leaf) first, then the leaves' replacements, then each rebuilt node
+    fixed = list(dict.fromkeys(s for u in above for s in u.src if s not in leaf_set and s not in above))
+    slot = {s: i for i, s in enumerate(fixed)}
+    for i, leaf in enumerate(leaves): slot[leaf] = len(fixed) + i
+    for i, u in enumerate(above): slot[u] = len(fixed) + len(leaves) + i
+    self.fixed, self.n_leaves = fixed, len(leaves)
+    self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
+    self.outputs = tuple((u.shape, u.dtype) for u in (root.src if root.op is Ops.SINK else (root,)))
+    self.call_args = tuple((Call(self, i, shape), dt) for i, (shape, dt) in enumerate(self.outputs))  # (made once)
+  def __repr__(self) -> str: return f"Template({len(self.steps)} nodes over {self.n_leaves} input(s), {len(self.outputs)} output(s))"
+  def __call__(self, *xs: UOp) -> UOp:
+    """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
+    slots = self.fixed.copy()
+    slots += xs
+    for op, dtype, src, arg in self.steps: slots.append(UOp(op, dtype, tuple([slots[i] for i in src]), arg))
+    return slots[-1]
+  def calls(self, *xs: UOp) -> tuple[UOp, ...]:
+    """A CALL node per output, over xs: the graph as a few nodes, expanded where it is scheduled."""
+    return tuple(UOp(Ops.CALL, dt, xs, arg) for arg, dt in self.call_args)
+
+@dataclass(frozen=True)
+class Call:
+  """A CALL node's arg: output `index` of `body` (a Template, compared by identity), of this shape."""
+  body: Template
+  index: int
+  shape: tuple[int, ...]
+  def expand(self, xs: tuple[UOp, ...]) -> UOp:
+    root = self.body(*xs)
+    return root.src[self.index] if root.op is Ops.SINK else root
+
 def _multi_shape(u: UOp) -> tuple:  # the logical shape: the parts laid end to end along the axis
   if u.arg is None: return u.src[0].shape
   return tuple(sym_sum(*(s.shape[i] for s in u.src)) if i == u.arg else n for i, n in enumerate(u.src[0].shape))
@@ -430,7 +477,8 @@ _SHAPE_OF: dict[Ops, Callable[[UOp], tuple]] = {
   Ops.SHRINK: lambda u: tuple(sym_sum(e, sym_neg(b)) for b, e in u.arg),
   Ops.REDUCE_AXIS: lambda u: tuple(1 if i in u.arg[1] else s for i, s in enumerate(u.src[0].shape)),
   Ops.ASSIGN: _first_src_shape, Ops.MULTI: _multi_shape, Ops.SHARD: _shard_shape,
-  Ops.MSELECT: _first_src_shape, Ops.ALLREDUCE: _first_src_shape}  # (an ALLREDUCE's: each part's)
+  Ops.MSELECT: _first_src_shape, Ops.ALLREDUCE: _first_src_shape,  # (an ALLREDUCE's: each part's)
+  Ops.CALL: lambda u: u.arg.shape}
 
 def _shape(u: UOp) -> tuple[int, ...]:
   if (f := _SHAPE_OF.get(u.op)) is not None: return f(u)
