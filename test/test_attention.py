@@ -110,8 +110,9 @@ def test_attention_kernel_ceiling():
   # then dS = P * (dO @ V^T - rowsum(dO * O)) and the three matmuls dQ = dS @ K, dK = dS^T @ Q, dV = P^T @ dO. Before
   # the backward read the softmax's output (a vector-Jacobian product over GRAD_IN), it recomputed the row max, the sum
   # and the exps and stored dO @ V^T: 11 kernels. The target is one kernel each way (flash attention: online
-  # softmax over key blocks); see docs/pipeline.md for what is left
-  assert _kernels(hand=False) <= 7
+  # softmax over key blocks); see docs/pipeline.md for what is left. (rowsum(dO * O) has a buffer of its own, one value a
+  # row: inside dS's register tile it was summed again for every panel of keys)
+  assert _kernels(hand=False) <= 8
   # written out by hand, the softmax's backward still sums dP * P over the keys, so dP = dO @ V^T is stored: one more
   assert _kernels(hand=True) <= 8
 
