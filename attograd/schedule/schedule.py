@@ -220,6 +220,11 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
   (and likewise a costly value) gets its own buffer, as does a reduce computed in two of the kernel's loop nests."""
   walk = KernelWalk({p}, set(), {})
+  # a write to a slice computes only its value, in the value's loops (region_of): the pads around it are no concatenation's
+  root = region[0] if p.op is Ops.ASSIGN and (region := region_of(p)) is not None else p
+  if root is not p:
+    if root.op in {Ops.BUFFER, Ops.DEVICE} or root in points: return walk
+    walk.reached.add(root)
   # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those loops are
   # reduce loops), whether an expand was passed on an unaligned path, whether the node is needed in every iteration
   # of the loops around it (no expand since the last reduce: not hoisted out of them), and whether a pad of the output's
@@ -227,7 +232,7 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   seen: set[tuple] = set()
   # (and whether arithmetic was passed since the last reduce: a sum computed on, not only moved, as a nested one)
   # (and how many times the kernel's loops repeat each element: the broadcasts passed that the loops don't make free)
-  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool, int]] = [(p, True, frozenset(), False, True, False, False, 1)]
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool, int]] = [(root, True, frozenset(), False, True, False, False, 1)]
   # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
   nests: dict[UOp, set[frozenset[int]]] = {}
   while stack:
