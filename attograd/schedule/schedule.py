@@ -557,6 +557,7 @@ def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp, at: Regi
   if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64, at=at)
   return ast, params
 
+_ALL_KEPT = frozenset(GroupOp.Movement - {Ops.PAD})  # movement ops that keep a tensor of one value all that value
 # where a value goes in a bigger buffer: the buffer's shape and the value's first element along each axis
 Region = tuple[tuple[int, ...], tuple[sint, ...]]
 
@@ -569,7 +570,9 @@ def region_of(assign: UOp) -> tuple[UOp, Region] | None:
   if w.op is not Ops.WHERE or w.src[2] is not target or not is_contiguous_buffer(target) or target.base.arg.offset: return None
   mask, val = w.src[0], w.src[1]
   if mask.op is not Ops.PAD or val.op is not Ops.PAD or mask.arg != val.arg or not all(isinstance(s, int) for s in target.shape): return None
-  if (m := mask.src[0].base).op is not Ops.CONST or m.arg is not True or target.size != target.base.arg.size: return None
+  m = mask.src[0]
+  while m.op in _ALL_KEPT: m = m.src[0]  # (a pad inside would make some of the box False: a strided slice's write)
+  if m.op is not Ops.CONST or m.arg is not True or target.size != target.base.arg.size: return None
   return val.src[0], (target.shape, tuple(b for b, _ in val.arg))
 
 def merge_loops(sink: UOp) -> UOp:
