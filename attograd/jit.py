@@ -291,5 +291,8 @@ class TinyJit(Generic[ReturnType]):
     kept.add(id(old))
     nodes[id(old)] = before.base
     assigned_to.pop(before.base)  # t stays in its old memory: nothing moved
-    if in_place: return [ExecItem(ei.ast, ei.runner, [old if b is new else b for b in ei.bufs]) for ei in items]
+    # (in place, a copy of the old values into the new memory, before a kernel that writes only a box of it, copies
+    # the memory onto itself: dropped)
+    if in_place: return [ExecItem(ei.ast, ei.runner, bufs) for ei in items
+                         if (bufs := [old if b is new else b for b in ei.bufs]) and not (ei.ast.op is Ops.COPY and bufs[0] is bufs[1])]
     return [*items, ExecItem(UOp(Ops.COPY, before.dtype, (), before.device), BufferCopy(old.nbytes, old.device, new.device), [old, new])]

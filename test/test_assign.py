@@ -33,3 +33,36 @@ def test_assign_broadcasts_and_casts_like_copy_():
   a.assign(Tensor([1, 2, 3]))
   assert a.tolist() == [[1., 2., 3.], [1., 2., 3.]]
   with pytest.raises(ValueError, match=r"\(4,\)"): a.assign(Tensor([1., 2., 3., 4.]))
+
+def _loop_elements(ast) -> int:
+  """How many elements a kernel's output loops visit (the product of its RANGEs' sizes)."""
+  from attograd.uop.ops import Ops
+  n = 1
+  for u in ast.toposort:
+    if u.op is Ops.RANGE: n *= u.src[0].arg
+  return n
+
+def test_write_to_a_slice_moves_only_the_slice():
+  # a KV cache's write of one position: the kernel stores one row (after a copy of the old values into new memory,
+  # which a TinyJit replay drops and writes in place), not a select over the whole buffer
+  from attograd import TinyJit, Variable
+  from attograd.uop.ops import Ops
+  cache = Tensor.arange(16 * 2 * 4).float().reshape(16, 2, 4).contiguous().realize()
+  lazy_old = cache[2:4] * 1  # computed from the old values: keeps them
+  cache[Variable("p", 0, 15).bind(3):Variable("p", 0, 15).bind(3) + 1].assign(Tensor.ones(1, 2, 4).contiguous())
+  want = np.arange(128, dtype=np.float32).reshape(16, 2, 4); old = want[2:4].copy(); want[3] = 1
+  np.testing.assert_equal(cache.numpy(), want)
+  np.testing.assert_equal(lazy_old.numpy(), old)
+  cache = Tensor.zeros(16, 2, 4).contiguous().realize()
+  @TinyJit
+  def step(x: Tensor, p, c: Tensor) -> Tensor:
+    c[p:p + 1].assign(x.contiguous())
+    return c[:p + 1].sum(0).realize()
+  for i in range(5):
+    out = step(Tensor.full((1, 2, 4), float(i + 1)).contiguous().realize(), Variable("p", 0, 15).bind(i), cache)
+    np.testing.assert_equal(out.numpy(), np.full((2, 4), sum(range(1, i + 2)), np.float32))
+  np.testing.assert_equal(cache.numpy()[:, 0, 0], [1, 2, 3, 4, 5] + [0] * 11)
+  items = step.replay.plan.items
+  assert not any(ei.ast.op is Ops.COPY for ei in items)
+  writer = next(ei for ei in items if ei.bufs[0].size == 128)  # the one that writes the cache
+  assert _loop_elements(writer.ast) == 8  # one row of (2, 4), not the 128 of the cache

@@ -13,7 +13,7 @@ from attograd.uop.serialize import graph_data, graph_from_data, graph_key
 from attograd.uop.symbolic import symbolic, gated_index, inbounds_load
 from attograd.codegen.lower import reduce_identity, fresh_range_id
 from attograd.schedule.flash import fuse_attention, flash_kernel, softmax_weighted
-from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype
+from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype, as_index_size
 
 @dataclass(frozen=True)
 class ScheduleItem:
@@ -220,6 +220,11 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   """A reduce read through an expand is kept in the kernel when the loops keep it cheap (see inline_is_free), else it
   (and likewise a costly value) gets its own buffer, as does a reduce computed in two of the kernel's loop nests."""
   walk = KernelWalk({p}, set(), {})
+  # a write to a slice computes only its value, in the value's loops (region_of): the pads around it are no concatenation's
+  root = region[0] if p.op is Ops.ASSIGN and (region := region_of(p)) is not None else p
+  if root is not p:
+    if root.op in {Ops.BUFFER, Ops.DEVICE} or root in points: return walk
+    walk.reached.add(root)
   # state: node, whether the path from p keeps axes aligned with p's loops, the axes reduced on the way (those loops are
   # reduce loops), whether an expand was passed on an unaligned path, whether the node is needed in every iteration
   # of the loops around it (no expand since the last reduce: not hoisted out of them), and whether a pad of the output's
@@ -227,7 +232,7 @@ def walk_kernel(p: UOp, points: dict[UOp, None], cost: dict[UOp, int]) -> Kernel
   seen: set[tuple] = set()
   # (and whether arithmetic was passed since the last reduce: a sum computed on, not only moved, as a nested one)
   # (and how many times the kernel's loops repeat each element: the broadcasts passed that the loops don't make free)
-  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool, int]] = [(p, True, frozenset(), False, True, False, False, 1)]
+  stack: list[tuple[UOp, bool, frozenset[int], bool, bool, bool, bool, int]] = [(root, True, frozenset(), False, True, False, False, 1)]
   # the loop nests each reduce is computed in (by the reduces around it): in two of them, it is computed twice
   nests: dict[UOp, set[frozenset[int]]] = {}
   while stack:
@@ -527,29 +532,48 @@ def index_math_fits(ast: UOp) -> bool:
 
 _ast_cache: dict[tuple[UOp, tuple[int, ...], UOp], tuple[UOp, list[int]]] = {}
 
-def kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
-  """The AST that stores `value` (a tensor graph over BUFFERs) contiguously into out_buf, PARAM 0.
-  Returns it and the input BUFFERs in PARAM order (1, 2, ...). The same graph over other buffers
-  gives the same AST, so it is built once: buffers are renamed to their order of appearance."""
+def kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp, at: Region | None = None) -> tuple[UOp, list[UOp]]:
+  """The AST that stores `value` (a tensor graph over BUFFERs) contiguously into out_buf, PARAM 0 (or, with `at`, into
+  that box of it: region_of). Returns it and the input BUFFERs in PARAM order (1, 2, ...). The same graph over other
+  buffers gives the same AST, so it is built once: buffers are renamed to their order of appearance."""
   bufs = dedup([out_buf] + [u for u in value.toposort if u.op is Ops.BUFFER])
   anon = {b: b.replace(arg=BufferArg(-i, "", b.arg.size)) for i, b in enumerate(bufs)}
-  key = (value.substitute(anon), shape, anon[out_buf])
+  key = (value.substitute(anon), shape, anon[out_buf], at)
   if (hit := _ast_cache.get(key)) is None:
     if len(_ast_cache) > 4096: _ast_cache.clear()
     ast, params = _build_kernel_ast(*key)
     hit = _ast_cache[key] = (ast, [-p.arg.uid for p in params])
   return hit[0], [bufs[i] for i in hit[1]]
 
-def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp) -> tuple[UOp, list[UOp]]:
+def _build_kernel_ast(value: UOp, shape: tuple[int, ...], out_buf: UOp, at: Region | None = None) -> tuple[UOp, list[UOp]]:
   buf_sizes = [u.arg.size for u in value.toposort if u.op is Ops.BUFFER]
   # constants of the index math (a dim, a pad or shrink offset) must fit the dtype before bounds can say anything
   consts = [abs(smax(c)) for u in value.toposort if u.op in GroupOp.Movement for c in
             (*u.shape, *(x for p in (u.arg if u.op in {Ops.PAD, Ops.SHRINK} else ()) for x in p))]
+  consts += [abs(smax(c)) for c in (at[0] + at[1] if at is not None else ())]
   # int32 index math where it provably can't overflow, else int64: a reshape of an expand can index a
   # virtual 2**32 elements on the way to a small buffer
-  ast, params = _pushdown(value, shape, out_buf, index_dtype_for(out_buf.arg.size, prod(smax(s) for s in shape), *buf_sizes, *consts))
-  if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64)
+  ast, params = _pushdown(value, shape, out_buf, index_dtype_for(out_buf.arg.size, prod(smax(s) for s in shape), *buf_sizes, *consts), at=at)
+  if not index_math_fits(ast): ast, params = _pushdown(value, shape, out_buf, dtypes.int64, at=at)
   return ast, params
+
+_ALL_KEPT = frozenset(GroupOp.Movement - {Ops.PAD})  # movement ops that keep a tensor of one value all that value
+# where a value goes in a bigger buffer: the buffer's shape and the value's first element along each axis
+Region = tuple[tuple[int, ...], tuple[sint, ...]]
+
+def region_of(assign: UOp) -> tuple[UOp, Region] | None:
+  """An assign that writes only a box of its target (a write to a slice: where(pad(True), pad(v), target), with one pad
+  for both, Tensor._assign_through's form) as (v, where v goes), else None. Its kernel stores v there, over the target's
+  values copied first, instead of selecting between v and the target at every element: a KV cache's write of one
+  position moves one row, not the whole cache."""
+  target, w = assign.src
+  if w.op is not Ops.WHERE or w.src[2] is not target or not is_contiguous_buffer(target) or target.base.arg.offset: return None
+  mask, val = w.src[0], w.src[1]
+  if mask.op is not Ops.PAD or val.op is not Ops.PAD or mask.arg != val.arg or not all(isinstance(s, int) for s in target.shape): return None
+  m = mask.src[0]
+  while m.op in _ALL_KEPT: m = m.src[0]  # (a pad inside would make some of the box False: a strided slice's write)
+  if m.op is not Ops.CONST or m.arg is not True or target.size != target.base.arg.size: return None
+  return val.src[0], (target.shape, tuple(b for b, _ in val.arg))
 
 def merge_loops(sink: UOp) -> UOp:
   """Neighbouring loops of one kind that every index reads as one become one loop: output loops (a batch and its rows,
@@ -595,14 +619,20 @@ INDEXING_PASSES: list[Pass] = [
   ("flash_attention", lambda sink, ctx: sink if (f := flash_kernel(sink)) is None else f),
 ]
 
-def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True) -> tuple[UOp, list[UOp]]:
+def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, cleanup: bool = True,
+              at: Region | None = None) -> tuple[UOp, list[UOp]]:
   """The kernel AST with index math in idx_dtype: movement ops pushed into indices, then simplified
-  (bench/rewrite.py times the two steps apart)."""
+  (bench/rewrite.py times the two steps apart). With `at`, the value is stored at that box of out_buf (region_of)."""
   out = UOp(Ops.PARAM, value.dtype.ptr(out_buf.arg.size), (), 0)
   value, shape = sizes_in_index_dtype(value, shape, idx_dtype)
   ctx = IndexingContext(idx_dtype, len(shape), {out_buf: out})  # PARAM 0 is the output, inputs count from 1
   ranges = tuple(UOp(Ops.RANGE, ctx.idx_dtype, (UOp.const(ctx.idx_dtype, s),), (i, AxisKind.GLOBAL)) for i, s in enumerate(shape))
-  store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
+  if at is None: store_idx = linearize_index(ranges, shape, UOp.const(ctx.idx_dtype, 0))
+  else:  # element (r0, r1, ...) of the value lands at (start0 + r0, start1 + r1, ...) of the buffer's shape
+    full, starts = at
+    starts = tuple(as_index_size(b, idx_dtype) if isinstance(b, UOp) else b for b in starts)
+    store_idx = linearize_index(tuple(r + b if not (isinstance(b, int) and b == 0) else r for r, b in zip(ranges, starts)), full,
+                                UOp.const(ctx.idx_dtype, 0))
   sink = UOp(Ops.INDEX, out.dtype, (out, store_idx)).store(tindex(value, UOp.const(dtypes.bool, True), ranges)).end(*ranges).sink()
   sink = run_passes(sink, INDEXING_PASSES if cleanup else INDEXING_PASSES[:1], ctx)
   # a buffer whose every read simplified away (a pad of an empty tensor) is no argument: renumber
@@ -856,6 +886,16 @@ def _schedule_graph(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp], list
     if u.op is Ops.COPY:
       out = new_buffer(u.device, u.size, u.dtype)
       schedule.append(ScheduleItem(src, (out, src.src[0].base)))
+    elif u.op is Ops.ASSIGN and (region := region_of(src)) is not None:
+      # a write to a box of the target: the target's values copied to the new memory, then the box stored over them (a
+      # TinyJit capture that finds the old memory free drops the copy and writes the box in place: jit._write_in_place)
+      value, at = region
+      out = new_buffer(u.device, u.size, u.dtype)
+      schedule.append(ScheduleItem(UOp(Ops.COPY, u.dtype, (src.src[0].base, UOp(Ops.DEVICE, dtypes.void, (), u.device))), (out, src.src[0].base)))
+      why.append("assign")
+      ast, ins = kernel_ast(value, value.shape, out, at)
+      schedule.append(ScheduleItem(ast, (out, *ins)))
+      if kernel_made is not None: kernel_made(ast, out.arg.device)
     else:
       # an assign's value goes to new memory too: graphs built before it still read the old values
       value = src.src[1] if u.op is Ops.ASSIGN else src.src[0] if u.op is Ops.CONTIGUOUS else src
