@@ -707,12 +707,12 @@ def transpose_tile(p: Plan) -> None:
   if (const_size(ax[j]) or 0) % 4 == 0 and (const_size(ax[g]) or 0) % 4 == 0: p.first((Opt(OptOps.UPCAST, j, 4), Opt(OptOps.UPCAST, g, 4)))
 
 # float operations of a kernel (kernel_cost) from which it is cut across cores (split_across_cores). A threaded launch
-# cost 1.3-5 us more than the kernel run alone, about what a kernel of this many operations takes on one core: PP-OCR
-# cls (76 kernels, most under it), Zen 5, 2 threads, under load, each kernel alone (min of 200 calls): 1.5 -> 2.8 us,
-# 2.3 -> 3.6, 4.3 -> 5.7, 10.5 -> 13.3; the whole run (bench/onnx.py, 30 runs, median) 1.10-2.04 -> 0.66-0.70 ms with
-# its kernels on one core (onnxruntime, which runs it on one thread, 0.89-0.97), its CPU time 1.2-1.9 -> 0.7 ms (the
-# bound was 65536 iterations, whatever each did)
-THREAD_MIN_COST = 1 << 21
+# cost 1.3-5 us more than the kernel run alone, about what a kernel of this many operations takes on one core (the bound
+# was 65536 iterations, whatever each did). Under load (a helper's runs, 8+ processes on 2 cores) 1 << 21 looked best for
+# PP-OCR cls; on the quiet machine, Zen 5, 2 threads, alternating runs, 1 << 18 against 1 << 21: cls 0.95/0.98 against
+# 1.11/1.15 x onnxruntime, rec 0.82/0.84 against 0.88/0.88, SmolLM2 decode 143.6/110.5 against 101.4/103.3 tok/s (its
+# quantized matvecs, 1-2.6M operations a token's kernel, went back to one core under 1 << 21)
+THREAD_MIN_COST = 1 << 18
 TRANSCENDENTAL_COST = 16  # operations a transcendental counts for (exp2, sin: tens of instructions once expanded)
 
 def kernel_cost(ast: UOp) -> int:

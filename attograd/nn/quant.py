@@ -37,7 +37,7 @@ class Blocks:
       return (lo | (hi << 8)).bitcast(dtypes.float16)
     return self._part(("f16", start, 2), make).cast(dtypes.float32)
 
-SCALE_DTYPE = dtypes.float16  # how split_fields keeps a block's float16 scale (see there)
+SCALE_DTYPE = dtypes.float32  # how split_fields keeps a block's float16 scale (see there)
 
 def split_fields(raw: Tensor, ggml_type: int) -> dict[tuple[str, int, int], Tensor]:
   """Every field the decoder of `ggml_type` reads, as realized buffers (raw's size, its scales widened to SCALE_DTYPE)."""
@@ -48,12 +48,11 @@ def split_fields(raw: Tensor, ggml_type: int) -> dict[tuple[str, int, int], Tens
   for key in dict.fromkeys(probe.asked):
     kind, start, n = key
     src = probe.raw[:, start:start + n]
-    # a scale is kept as the file's float16. As float32 (2 more bytes a block, +14 MiB for SmolLM2-135M Q4_1) a matvec's
-    # kernel broadcasts it from memory instead of converting it per block and row, faster for a matrix the caches hold
-    # (one core, a Q4_1 576 x 1536 matvec alone 112 -> 89 us, on a Sapphire Rapids whose L3 held the whole model); but
-    # a decode step streams every weight from memory once the model outgrows the L3 (a Zen 5's 32 MiB), and there the
-    # bytes count: SmolLM2's decode step (one thread, CPU ms a token, 5 pairs of runs) float32 11.55-12.65, float16
-    # 10.44-11.71, faster in every pair (median -7%)
+    # a scale is kept as float32 (2 more bytes a block, +14 MiB for SmolLM2-135M Q4_1): a matvec's kernel broadcasts it
+    # from memory instead of converting it per block and row (one core, a Q4_1 576 x 1536 matvec alone 112 -> 89 us). On
+    # a Zen 5 whose 32 MiB L3 the model outgrows, float16 won one thread under load (bytes from memory: 11.55-12.65 ->
+    # 10.44-11.71 CPU ms a token) but lost at 2 threads on the quiet machine (bench/llm.py decode, alternating runs:
+    # float32 102.5 and 122.7 tok/s, float16 78.4 and 101.6), the issue's setting
     parts[key] = (src if kind == "u8" else Blocks(probe.raw).f16(start).cast(SCALE_DTYPE)).contiguous()
   # without gradients: a realized tensor would keep the graph it came from (for backward), and with it the raw bytes
   # (the weights twice in memory)

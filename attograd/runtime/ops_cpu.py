@@ -227,7 +227,8 @@ def has_float16(cc: str, flags: tuple[str, ...]) -> bool:
 
 def simd_floats() -> int:
   """Floats in one vector register of this CPU, which -march=native compiles for: 16 with AVX-512, else 8 (AVX2)."""
-  try: cpuinfo = open("/proc/cpuinfo").read()
+  try:
+    with open("/proc/cpuinfo") as f: cpuinfo = f.read()
   except OSError: return 8
   return 16 if " avx512f" in cpuinfo else 8
 
