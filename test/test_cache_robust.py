@@ -19,7 +19,7 @@ import numpy as np
 from attograd import Tensor
 import attograd.engine.realize as realize
 rng = np.random.default_rng(0)
-na, nb, nbig = (rng.integers(-3, 4, s).astype(np.float32) for s in ((24, 16), (16, 8), (512, 256)))
+na, nb, nbig = (rng.integers(-3, 4, s).astype(np.float32) for s in ((24, 16), (16, 8), (1024, 512)))
 a, b, big = Tensor(na), Tensor(nb), Tensor(nbig)
 got = {"matmul": (a @ b).relu().tolist(), "rows": (big * 2).sum(1).tolist(), "max": (a - 1).max(axis=0).tolist()}
 want = {"matmul": np.maximum(na @ nb, 0).tolist(), "rows": (nbig * 2).sum(1).tolist(), "max": (na - 1).max(0).tolist()}
