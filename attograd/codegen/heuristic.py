@@ -708,7 +708,7 @@ def transpose_tile(p: Plan) -> None:
 
 # float operations of a kernel (kernel_cost) from which it is cut across cores (split_across_cores). A threaded launch
 # cost 1.3-5 us more than the kernel run alone, about what a kernel of this many operations takes on one core (the bound
-# was 65536 iterations, whatever each did). Under load (a helper's runs, 8+ processes on 2 cores) 1 << 21 looked best for
+# was 65536 iterations, whatever each did). Under load (8+ processes on the 2 cores) 1 << 21 had looked best for
 # PP-OCR cls; on the quiet machine, Zen 5, 2 threads, alternating runs, 1 << 18 against 1 << 21: cls 0.95/0.98 against
 # 1.11/1.15 x onnxruntime, rec 0.82/0.84 against 0.88/0.88, SmolLM2 decode 143.6/110.5 against 101.4/103.3 tok/s (its
 # quantized matvecs, 1-2.6M operations a token's kernel, went back to one core under 1 << 21)

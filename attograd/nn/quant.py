@@ -52,7 +52,7 @@ def split_fields(raw: Tensor, ggml_type: int) -> dict[tuple[str, int, int], Tens
     # from memory instead of converting it per block and row (one core, a Q4_1 576 x 1536 matvec alone 112 -> 89 us). On
     # a Zen 5 whose 32 MiB L3 the model outgrows, float16 won one thread under load (bytes from memory: 11.55-12.65 ->
     # 10.44-11.71 CPU ms a token) but lost at 2 threads on the quiet machine (bench/llm.py decode, alternating runs:
-    # float32 102.5 and 122.7 tok/s, float16 78.4 and 101.6), the setting
+    # float32 102.5 and 122.7 tok/s, float16 78.4 and 101.6), which bench/llm.py and the decode target measure
     parts[key] = (src if kind == "u8" else Blocks(probe.raw).f16(start).cast(SCALE_DTYPE)).contiguous()
   # without gradients: a realized tensor would keep the graph it came from (for backward), and with it the raw bytes
   # (the weights twice in memory)
