@@ -611,11 +611,8 @@ class ReorderOps:
     32-bit order word, or for 64-bit dtypes two (low word, then high word: each pass keeps the order of the last one
     among equal words, its position being the key's low half). Where no gradient flows, the whole sort is a template
     (two CALL nodes: _sort_pair)."""
-    n, lead = self.shape[-1], self.shape[:-1]
-    if not (grad := self._may_need_grad()):
-      T = type(self)
-      return tuple(T(u) for u in _templated(_sort_pair, self.uop, descending, T))
-    return self._merge_sort_rows(descending, grad)
+    if not self._may_need_grad(): return tuple(type(self)(u) for u in _templated(_sort_pair, self.uop, descending, type(self)))
+    return self._merge_sort_rows(descending, True)
 
   def _merge_sort_rows(self, descending: bool, grad: bool) -> tuple:
     n, lead = self.shape[-1], self.shape[:-1]
