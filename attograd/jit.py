@@ -147,11 +147,11 @@ class _Replay:
   def __init__(self, items: list[ExecItem], inputs: list[Buffer], outside: dict[int, UOp]):
     where = {id(b): i for i, b in enumerate(inputs)}
     self.plan = ExecPlan(items, print_at=2)
-    self.patches = [(ei.raw, j, where[id(b)]) for ei in items for j, b in enumerate(ei.bufs) if id(b) in where]
+    self.patches = [(ei, j, where[id(b)]) for ei in items for j, b in enumerate(ei.bufs) if id(b) in where]
     self.outside = [[node, [(ei, j) for ei in items for j, b in enumerate(ei.bufs) if id(b) == key]] for key, node in outside.items()]
     self.seen_writes = -1  # assigned_to.writes at the last scan of the outside memory's notes (none yet)
   def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int]) -> None:
-    for raw, j, i in self.patches: raw[j] = inputs[i].ensure_allocated()._buf
+    for ei, j, i in self.patches: ei.bind(j, inputs[i].ensure_allocated()._buf)
     # no forwarding note written since the last replay's scan (a decode loop's steps: no realized assign moved a tensor
     # between them): no weight moved, and the scan of every one (~700 for a 30-layer model, ~1 ms) is skipped
     if assigned_to.writes != self.seen_writes:
