@@ -285,7 +285,7 @@ class ExecPlan:
     self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
     # the plan as runs of CPU kernels, each one native call (threadpool.Steps), between the items Python runs; made on the
     # second quiet run: a plan run once (an eager realize's) would spend more on the tables than they save
-    self.quiet_runs, self.native = 0, None
+    self.ran_quiet, self.native = False, None
     self.variables: list[UOp] = []  # the Variables of the native runs' kernels, by their number in self.table
     self.table: ctypes.Array = (ctypes.c_int64 * 1)()
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
@@ -293,17 +293,16 @@ class ExecPlan:
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
     if self.side_by_side and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
       self.lanes.run((lambda i: items[i].runner(items[i].raw, var_vals)) if quiet else (lambda i: self._run_one(i, var_vals)))
+    elif quiet and not self.ran_quiet:
+      self.ran_quiet = True
+      for ei in items: ei.runner(ei.raw, var_vals)
     elif quiet:
-      if self.native is None and self.quiet_runs >= 1: self.native = self._native_runs()
-      if self.native is None:
-        self.quiet_runs += 1
-        for ei in items: ei.runner(ei.raw, var_vals)
-      else:
-        table, cores = self.table, lane_cores()
-        for k, v in enumerate(self.variables): table[k] = int(unwrap(var_vals)[v])
-        for part in self.native:
-          if type(part) is Steps: part(table, cores)
-          else: part.runner(part.raw, var_vals)
+      if self.native is None: self.native = self._native_runs()
+      table, cores = self.table, lane_cores()
+      for k, v in enumerate(self.variables): table[k] = int(unwrap(var_vals)[v])
+      for part in self.native:
+        if type(part) is Steps: part(table, cores)
+        else: part.runner(part.raw, var_vals)
     else:
       for i in range(len(items)): self._run_one(i, var_vals)
     GlobalCounters.time_sum += time.perf_counter() - st
@@ -319,8 +318,8 @@ class ExecPlan:
     run: list[ExecItem] = []
     def end_run() -> None:
       if not run: return
-      parts.append(Steps(run[0].runner.program.pool, [(native_entry(ei), ei.addrs, [numbers.setdefault(v, len(numbers)) for v in ei.runner.user_vars],
-                                                       ei.runner.threads) for ei in run]))
+      steps = [(native_entry(ei), ei.addrs, [numbers.setdefault(v, len(numbers)) for v in ei.runner.user_vars], ei.runner.threads) for ei in run]
+      parts.append(Steps(run[0].runner.program.pool, steps))
       run.clear()
     for ei in self.items:
       if native_entry(ei) is None:
