@@ -178,9 +178,8 @@ class CPUProgram:
     fn(*[b.addr for b in bufs], *vals)
   @functools.cached_property
   def slice_entry(self) -> int | None:
-    """The address of the entry point the renderers give every kernel (a threaded one's core id is its argument); None
-    for a library built before they did (a program cache's source from an older attograd would be a new key, a binary
-    handed in directly may not have it)."""
+    """The address of the entry point the renderers give every kernel (a threaded one's core id is its argument), or None
+    for a library without one (source written by hand or by an older renderer): the run loop then calls it from Python."""
     try: return ctypes.cast(getattr(self.lib, f"{self.name}_slice"), ctypes.c_void_p).value
     except AttributeError: return None
   def run_slices(self, bufs: list[CPUMemory], vals: list[int], n: int, cores: int) -> None:

@@ -212,9 +212,9 @@ class Step(ctypes.Structure):
               ("nvals", ctypes.c_int), ("n", ctypes.c_int)]
 
 class Steps:
-  """Consecutive kernels on one pool's device, run by one native call (run_steps). Each is (its slice entry's address, the
-  array of its buffers' addresses, which it reads there at every run: writing an address rebinds the memory, the numbers
-  of its Variables in the table the caller fills, its slice count)."""
+  """Consecutive kernels on one pool's device, run by one native call (run_steps). Each kernel is given as (the address of
+  its slice entry, the array of its buffers' addresses, the numbers of its Variables in the table each call passes, its
+  slice count). The address arrays are read at every run: writing one of their entries rebinds that buffer's memory."""
   def __init__(self, pool_name: str, steps: list[tuple[int, ctypes.Array, list[int], int]]):
     self.pool, self.count, self.steps = pool(pool_name), len(steps), (Step * len(steps))()
     self.keep: list[ctypes.Array] = []  # the arrays the steps point into
