@@ -421,6 +421,21 @@ def device_leaf(op: Ops, dtype: DType, device: str | tuple[str, ...], arg: Any) 
   if isinstance(device, tuple): return UOp(Ops.MULTI, dtype, tuple(device_leaf(op, dtype, d, arg) for d in device), None)
   return UOp(op, dtype, (UOp(Ops.DEVICE, dtypes.void, (), device),), arg)
 
+def _walk_to(root: UOp, stop: set[UOp]) -> dict[UOp, None]:
+  """root's graph down to the nodes in stop, children first (as toposort, but the sources of a node in stop are not
+  walked: a Template's leaf may be a graph that reads another leaf, an optimizer update's gradient its parameter)."""
+  out: dict[UOp, None] = {}
+  nodes, sources = [root], [iter(() if root in stop else root.src)]
+  while sources:
+    for s in sources[-1]:
+      if s not in out:
+        nodes.append(s); sources.append(iter(() if s in stop else s.src))
+        break
+    else:
+      sources.pop()
+      out[nodes.pop()] = None
+  return out
+
 class Template:
   """A graph built over stand-in leaves, kept as the steps that rebuild it over other nodes: only the nodes above the
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
@@ -430,7 +445,7 @@ class Template:
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
-    for u in root.toposort:
+    for u in _walk_to(root, leaf_set):
       if u not in leaf_set and any(s in leaf_set or s in above for s in u.src): above[u] = None
     if root not in leaf_set and root not in above: raise AssertionError("a template's graph must depend on its inputs")
     # slots: the fixed sources (nodes not above a leaf) first, then the leaves' replacements, then each rebuilt node
