@@ -9,7 +9,7 @@ from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Pro
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
-from attograd.runtime.threadpool import Steps
+from attograd.runtime.threadpool import Steps, array_type
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.renderer import scalar_args
@@ -287,7 +287,7 @@ class ExecPlan:
     # second quiet run: a plan run once (an eager realize's) would spend more on the tables than they save
     self.ran_quiet, self.native = False, None
     self.variables: list[UOp] = []  # the Variables of the native runs' kernels, by their number in self.table
-    self.table: ctypes.Array = (ctypes.c_int64 * 1)()
+    self.table: ctypes.Array = array_type(ctypes.c_int64, 1)()
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st, items = time.perf_counter(), self.items
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
@@ -327,10 +327,10 @@ class ExecPlan:
         parts.append(ei)
         continue
       if run and ei.runner.program.pool != run[0].runner.program.pool: end_run()
-      if ei.addrs is None: ei.addrs = (ctypes.c_void_p * max(len(ei.raw), 1))(*[m.addr for m in ei.raw])
+      if ei.addrs is None: ei.addrs = array_type(ctypes.c_void_p, max(len(ei.raw), 1))(*[m.addr for m in ei.raw])
       run.append(ei)
     end_run()
-    self.variables, self.table = list(numbers), (ctypes.c_int64 * max(len(numbers), 1))()
+    self.variables, self.table = list(numbers), array_type(ctypes.c_int64, max(len(numbers), 1))()
     return parts
   def _run_one(self, i: int, var_vals: dict[UOp, int] | None) -> None:
     """Item i, timed: on VIZ's timeline and (from DEBUG=print_at) a line."""
