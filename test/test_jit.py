@@ -282,3 +282,22 @@ def test_replay_follows_an_input_assigned_inside_and_outside():
     c[0:3].assign(Tensor.full((3,), float(i + 2)).contiguous()).realize()
     assert step(p.bind(3), c).item() == 3 * (i + 2) + 1
   assert c.tolist() == [5.0, 5.0, 5.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+def test_capture_keeps_no_graph_nor_moved_input_memory():
+  # the captured outputs carry no graph (a replay refills them), and a replay binds the memory its input holds at the
+  # call: memory the input held before it moved (an assign outside) is free once the next replay has run. Kept, an LLM's
+  # prompt pass held its 30 layers' graph and a stale copy of its KV cache
+  import gc, weakref
+  from attograd.engine.realize import buffer_of
+  from attograd.engine import registry
+  @TinyJit
+  def f(x): return (x * 2 + 1).sum(1).reshape(-1).realize()
+  x = Tensor.rand(4, 8).realize()
+  for _ in range(3): f(x)
+  assert registry.sources.get(f.ret.uop) is None and f.ret._view_of is None
+  old = weakref.ref(buffer_of(x.uop.base))
+  x.assign(Tensor.rand(4, 8)).realize()
+  assert buffer_of(x.uop.base) is not old()  # moved to new memory
+  np.testing.assert_allclose(f(x).numpy(), (x.numpy() * 2 + 1).sum(1), rtol=1e-6)
+  gc.collect()
+  assert old() is None
