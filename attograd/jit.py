@@ -11,7 +11,7 @@ from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to, sources
 import attograd.tensor as tensor_module
 from attograd.tensor import Tensor
-from attograd.schedule.schedule import is_contiguous_buffer
+from attograd.schedule.schedule import is_contiguous_buffer, forget_schedules
 
 JIT = ContextVar("JIT", 1)
 ReturnType = TypeVar("ReturnType")
@@ -253,6 +253,7 @@ class TinyJit(Generic[ReturnType]):
       Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
     finally: _captures.pop()
     for t in outputs: _forget_graph(t)
+    forget_schedules(capture.templates)
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
     kept = kept_inputs | {id(buffer_of(p.base)) for t in outputs for p in _parts(t.uop) if p.base.op is Ops.BUFFER}

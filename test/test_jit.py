@@ -221,7 +221,8 @@ def test_capture_reuses_first_calls_schedule_with_index_checks():
   np.testing.assert_allclose(f(Tensor(idx[0])).numpy(), (table.numpy()[idx[0]] * 2).sum(1))
   n = len(_schedule_cache)
   for v in idx[1:]: np.testing.assert_allclose(f(Tensor(v)).numpy(), (table.numpy()[v] * 2).sum(1))
-  assert f.cnt == 2 and len(_schedule_cache) == n
+  # the capture found the first call's schedule, and forgot it once captured (a replay schedules nothing)
+  assert f.cnt == 2 and len(_schedule_cache) == n - 1
   g = TinyJit(lambda i: table[i].sum().realize())
   with pytest.raises(IndexError, match="index 6 is out of bounds"): g(Tensor(np.array([0, 6], dtype=np.int32)))
 
