@@ -163,6 +163,15 @@ def test_memory_plan_never_aliases_live_buffers(seed):
       if not (b < c or d < a): assert slot_of[i] != slot_of[j], f"buffers {i} and {j} overlap in steps {(a, b)} and {(c, d)}"
   assert any(slot_of[k] == slot_of[j] for k in kept for j in range(40) if j != k), "no kept buffer reused dead memory"
 
+def test_memory_plan_gives_big_buffers_used_one_at_a_time_one_slot():
+  # an LLM prompt pass's pattern: a big dequantized weight, the small product read two steps later, the next weight...
+  # placed in step order, a small buffer took the free big slot and the third weight grew another (220 bytes); biggest
+  # first, the three weights share one slot and the small ones their own (130)
+  steps = [["B1"], ["B1", "s1"], ["B2"], ["B2", "s2"], ["s1", "s2", "s3"], ["B3"], ["B3", "s3"]]
+  internal = {k: ("CPU", 100 if k[0] == "B" else 10) for k in ("B1", "s1", "B2", "s2", "s3", "B3")}
+  slot_of, slots = plan_slots(steps, internal)
+  assert slot_of["B1"] == slot_of["B2"] == slot_of["B3"] and sum(n for _, n in slots) == 130
+
 def test_many_overlapping_lifetimes_match_jit_off():
   def f(x):
     outs = [x]
