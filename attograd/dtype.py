@@ -6,20 +6,29 @@ from typing import Any, Final, Literal
 
 ConstType = float | int | bool
 
+class _Interned(type):
+  """Each DType value is made once: building an equal one returns the first. Equality is then identity and the hash
+  object's own, both C code: every graph node's key holds a dtype, hashed when the node is built, when it dies (the
+  hash-cons table's entry is dropped) and in each graph structure key, ~9,000 calls of a Python __hash__ in a small
+  transformer's training step, and the front end compares dtypes on every op."""
+  _by_args: dict[tuple, Any] = {}   # (class, arguments as given) -> the DType: the usual way back, no instance built
+  _by_value: dict[tuple, Any] = {}  # (class, every field's value) -> the DType: the one instance per value
+  def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+    if not kwargs and (d := _Interned._by_args.get((cls, args))) is not None: return d
+    d = super().__call__(*args, **kwargs)
+    d = _Interned._by_value.setdefault((cls, d._key), d)
+    if not kwargs: _Interned._by_args[(cls, args)] = d
+    return d
+
 @dataclass(frozen=True, eq=False)
-class DType:
+class DType(metaclass=_Interned):
   priority: int        # orders dtypes of one category (used only for sorting and display)
   itemsize: int        # bytes per element (of one lane for vectors)
   name: str
   fmt: str | None      # struct/memoryview format, None where Python has none (bfloat16)
   count: int = 1       # lanes: 1 for scalars
-  # equal by value, but hashed once: every graph node's key holds a dtype, and the generated methods rebuilt a tuple
-  # of the fields on each call (9% of building a softmax)
-  def __post_init__(self):
-    object.__setattr__(self, "_key", tuple(getattr(self, f.name) for f in fields(self)))
-    object.__setattr__(self, "_hash", hash(self._key))
-  def __eq__(self, o: object) -> bool: return self is o or (isinstance(o, DType) and self._hash == o._hash and self._key == o._key)
-  def __hash__(self) -> int: return self._hash
+  # equal by value through interning (_Interned): == and hash are object's, identity
+  def __post_init__(self): object.__setattr__(self, "_key", tuple(getattr(self, f.name) for f in fields(self)))
   def __reduce__(self): return type(self), self._key  # rebuilt, not restored: a string's hash differs between processes
   def __repr__(self) -> str: return f"dtypes.{self.name}" + (f".vec({self.count})" if self.count > 1 else "")
   def __lt__(self, o: DType) -> bool: return (self.priority, self.itemsize, self.name) < (o.priority, o.itemsize, o.name)

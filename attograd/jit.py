@@ -155,13 +155,22 @@ class _Replay:
   def __init__(self, items: list[ExecItem], inputs: list[Buffer], outside: dict[int, UOp]):
     where = {id(b): i for i, b in enumerate(inputs)}
     self.plan = ExecPlan(items, print_at=2)
-    # (each slot's Buffer is swapped with its memory: a slot left naming the capture's input kept that memory alive after
-    # the tensor moved to new memory, a KV cache's old copy (10 MiB for SmolLM2) in a prompt's captured pass)
-    self.patches = [(ei.bufs, ei.raw, j, where[id(b)]) for ei in items for j, b in enumerate(ei.bufs) if id(b) in where]
+    # each input's slots in the items, and the memory they hold now: a decode step's KV caches come back in the same
+    # memory every call, and their ~120 slots are left as they are
+    self.slots: list[list[tuple[ExecItem, int]]] = [[] for _ in inputs]
+    for ei in items:
+      for j, b in enumerate(ei.bufs):
+        if id(b) in where: self.slots[where[id(b)]].append((ei, j))
+    self.bound: list[Any] = [None] * len(inputs)
     self.outside = [[node, [(ei, j) for ei in items for j, b in enumerate(ei.bufs) if id(b) == key]] for key, node in outside.items()]
     self.seen_writes = -1  # assigned_to.writes at the last scan of the outside memory's notes (none yet)
   def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int]) -> None:
-    for bufs, raw, j, i in self.patches: bufs[j] = b = inputs[i]; raw[j] = b.ensure_allocated()._buf
+    for i, b in enumerate(inputs):
+      if (mem := b.ensure_allocated()._buf) is not self.bound[i]:
+        self.bound[i] = mem
+        # the Buffer too, not only its memory: a slot left naming the capture's input kept that memory alive after the
+        # tensor moved to new memory (an LLM prompt pass's captured KV cache: a 10 MiB copy)
+        for ei, j in self.slots[i]: ei.bufs[j] = b; ei.bind(j, mem)
     # no forwarding note written since the last replay's scan (a decode loop's steps: no realized assign moved a tensor
     # between them): no weight moved, and the scan of every one (~700 for a 30-layer model, ~1 ms) is skipped
     if assigned_to.writes != self.seen_writes:

@@ -311,3 +311,69 @@ def test_capture_keeps_no_graph_nor_moved_input_memory():
   np.testing.assert_allclose(f(x).numpy(), (x.numpy() * 2 + 1).sum(1), rtol=1e-6)
   gc.collect()
   assert old() is None
+
+# ***** the native run loop: a replay's CPU kernels run by one native call per run of them (threadpool.Steps) *****
+
+def _parts(f) -> list[str]: return [type(p).__name__ for p in f.replay.plan.native]
+
+def test_native_replay_follows_variables_inputs_outside_and_copies():
+  # two Variables (numbered in the plan's table in the order kernels name them), a new input each call, a weight moved by
+  # an assign outside, a copy to another device between kernels (which splits the native runs), a threaded matmul
+  from attograd import Variable
+  from attograd.engine.realize import CompiledKernel
+  a, b = Variable("a", 1, 16), Variable("b", 0, 7)
+  w = Tensor.ones(256, 256).contiguous().realize()
+  rng = np.random.default_rng(0)
+  @TinyJit
+  def f(x, m, pa, pb):
+    h = (x @ w).relu()  # ~33M ops: threaded when the pool has cores
+    s = (Tensor.arange(16) < pa).where(h[0, :16], 0).sum() + pb * 2  # both Variables in the kernels
+    t = ((s.to("PYTHON") * 3).to("CPU") + (Tensor.arange(8) < pb).where(m, 0).sum() + pa).reshape(1)
+    return t.cat(h.sum(0)[:3]).realize()
+  with Context(THREADS=2):
+    for i in range(7):
+      if i == 5: w.assign(Tensor.full((256, 256), 0.5)).realize()  # moved to new memory outside the function
+      x, m = rng.standard_normal((4, 256)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+      va, vb = 1 + (i * 5) % 16, (i * 3) % 8
+      got = f(Tensor(x), Tensor(m), a.bind(va), b.bind(vb)).numpy()
+      h = np.maximum(x @ w.numpy(), 0)
+      want = [(h[0, :va].sum() + vb * 2) * 3 + m[:vb].sum() + va, *h.sum(0)[:3]]
+      np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4)
+  assert _parts(f).count("Steps") >= 2 and "ExecItem" in _parts(f), _parts(f)
+  assert len(f.replay.plan.variables) == 2
+  assert any(isinstance(ei.runner, CompiledKernel) and ei.runner.threads > 1 for ei in f.replay.plan.items), "no threaded kernel"
+
+def test_native_replay_equals_the_python_loop():
+  # the same plan run by the Python loop (DEBUG at the replay's print level runs each item by itself) and natively
+  from attograd import Variable
+  p = Variable("p", 1, 64)
+  w = Tensor(np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)).realize()
+  @TinyJit
+  def f(x, p): return ((x @ w).softmax(1)[:, :p].sum(1) * p).realize()
+  x = Tensor(np.random.default_rng(2).standard_normal((8, 64)).astype(np.float32)).realize()
+  for i in range(3): f(x, p.bind(5))
+  for v in (3, 64, 17):
+    with Context(DEBUG=2): by_python = f(x, p.bind(v)).numpy()
+    natively = f(x, p.bind(v)).numpy()
+    np.testing.assert_array_equal(natively, by_python)
+  assert f.replay.plan.native is not None and "Steps" in _parts(f)
+
+def test_native_replay_still_prints_each_kernel_at_debug2(capsys):
+  @TinyJit
+  def f(x): return ((x + 1).contiguous() * 2).sum().realize()
+  for _ in range(4): f(Tensor.ones(8).contiguous())
+  assert f.replay.plan.native is not None
+  x = Tensor.ones(8).contiguous().realize()  # (an eager run prints its kernels too)
+  capsys.readouterr()
+  with Context(DEBUG=2): f(x)
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("***")]
+  assert len(lines) == len(f.replay.plan.items) >= 2
+
+def test_native_replay_items_on_the_viz_timeline():
+  from attograd.uop import trace
+  @TinyJit
+  def f(x): return ((x - 1).contiguous() * 3).sum().realize()
+  for _ in range(4): f(Tensor.ones(8).contiguous())
+  assert f.replay.plan.native is not None
+  with trace.recording() as tr: f(Tensor.ones(8).contiguous())
+  assert len([e for e in tr.events if e.jit]) == len(f.replay.plan.items)

@@ -193,3 +193,26 @@ def test_mlp_learns_a_separable_problem():
     opt.step()
   acc = (l2(l1(Tensor(x[256:])).relu()).argmax(1).numpy() == y[256:]).mean()
   assert acc > 0.95, acc
+
+def test_update_is_called_from_its_templates_after_the_first_step():
+  # each kind of parameter's update is built by _update once and then made as CALL nodes of its templates (realize walks
+  # a few nodes for each parameter); the values stay torch's with amsgrad (a state write that reads another) and a
+  # learning rate changed between steps
+  from attograd import Ops
+  ours, theirs = _mlp()
+  opt = optim.Adam(_params(ours), lr=0.01, amsgrad=True, weight_decay=0.1)
+  topt = torch.optim.Adam(_params(theirs), lr=0.01, amsgrad=True, weight_decay=0.1)
+  xa, ya, xt, yt = Tensor(X), Tensor(Y), torch.tensor(X), torch.tensor(Y)
+  for s, lr in enumerate((0.01, 0.02, 0.005)):
+    opt.param_groups[0]["lr"] = lr
+    for g in topt.param_groups: g["lr"] = lr
+    opt.zero_grad()
+    _loss(ours, xa, ya).backward()
+    targets = opt.schedule_step()
+    called = [p.uop.op is Ops.ASSIGN and p.uop.src[1].op is Ops.CALL for p in _params(ours)]
+    Tensor.realize_all(targets)
+    assert called == [s > 0] * len(called)
+    topt.zero_grad()
+    _loss(theirs, xt, yt).backward()
+    topt.step()
+    _close(_params(ours), _params(theirs), what=f"step {s}:")

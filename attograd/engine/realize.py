@@ -1,6 +1,6 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import json, math, operator, time, weakref
+import ctypes, json, math, operator, time, weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -9,6 +9,7 @@ from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Pro
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
+from attograd.runtime.threadpool import Steps
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.renderer import scalar_args
@@ -249,11 +250,23 @@ NOT_KERNELS: dict[Ops, Callable[[UOp, list[Buffer]], Any]] = {
 class ExecItem:
   """One step of a run: a kernel or a copy (its runner) with the buffers it binds, and their memory as the runner takes
   it. A new kind of step (an all-reduce) is a new runner: ExecPlan runs every kind the same way."""
-  __slots__ = ("ast", "runner", "bufs", "raw")
+  __slots__ = ("ast", "runner", "bufs", "raw", "addrs")
   def __init__(self, ast: UOp, runner: CompiledKernel | BufferCopy, bufs: list[Buffer]):
     self.ast, self.runner, self.bufs = ast, runner, bufs  # ast: the kernel's, or the COPY
     self.raw = [b._buf if b._buf is not None else b.ensure_allocated()._buf for b in bufs]  # (most are: no call)
-  def rebind(self, j: int, buf: Buffer) -> None: self.bufs[j], self.raw[j] = buf, buf.ensure_allocated()._buf
+    self.addrs: ctypes.Array | None = None  # raw's addresses, read by a native run loop (ExecPlan.native) once it has one
+  def bind(self, j: int, mem: Any) -> None:
+    """Buffer j's memory is now mem (a replay's input, rebound), for the native run loop too."""
+    self.raw[j] = mem
+    if self.addrs is not None: self.addrs[j] = mem.addr
+  def rebind(self, j: int, buf: Buffer) -> None:
+    self.bufs[j] = buf
+    self.bind(j, buf.ensure_allocated()._buf)
+
+def native_entry(ei: ExecItem) -> int | None:
+  """The address of the item's entry point for a native run loop (threadpool.Steps): a CPU kernel's slice entry, or None
+  for a runner Python must call (a copy, an all-reduce, a GPU kernel)."""
+  return getattr(ei.runner.program, "slice_entry", None) if isinstance(ei.runner, CompiledKernel) and ei.runner.launch is None else None
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
 
@@ -270,19 +283,55 @@ class ExecPlan:
     self.lanes = Lanes([] if one else [tuple(dict.fromkeys(b.device for b in ei.bufs)) for ei in items])
     # ... when there is work enough: handing a lane to a thread costs ~50-100 us, more than a few tiny kernels take
     self.side_by_side = len(self.lanes) > 1 and (self.ops >= LANES_MIN_OPS or self.nbytes >= LANES_MIN_BYTES)
+    # the plan as runs of CPU kernels, each one native call (threadpool.Steps), between the items Python runs; made on the
+    # second quiet run: a plan run once (an eager realize's) would spend more on the tables than they save
+    self.ran_quiet, self.native = False, None
+    self.variables: list[UOp] = []  # the Variables of the native runs' kernels, by their number in self.table
+    self.table: ctypes.Array = (ctypes.c_int64 * 1)()
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st, items = time.perf_counter(), self.items
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
     if self.side_by_side and LANES:  # each device's items on its own thread (a timeline and DEBUG lines as they end)
       self.lanes.run((lambda i: items[i].runner(items[i].raw, var_vals)) if quiet else (lambda i: self._run_one(i, var_vals)))
-    elif quiet:
+    elif quiet and not self.ran_quiet:
+      self.ran_quiet = True
       for ei in items: ei.runner(ei.raw, var_vals)
+    elif quiet:
+      if self.native is None: self.native = self._native_runs()
+      table, cores = self.table, lane_cores()
+      for k, v in enumerate(self.variables): table[k] = int(unwrap(var_vals)[v])
+      for part in self.native:
+        if type(part) is Steps: part(table, cores)
+        else: part.runner(part.raw, var_vals)
     else:
       for i in range(len(items)): self._run_one(i, var_vals)
     GlobalCounters.time_sum += time.perf_counter() - st
     GlobalCounters.kernel_count += len(self.items)
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.nbytes
+  def _native_runs(self) -> list[Steps | ExecItem]:
+    """The items as runs of consecutive CPU kernels of one device, a native call each, and the items between them (copies:
+    Python runs those). Each kernel's buffer addresses go in an array of its own (ExecItem.addrs: rebinding writes it), its
+    Variables are numbered in self.variables, whose values each run writes in self.table once for all the kernels."""
+    numbers: dict[UOp, int] = {}
+    parts: list[Steps | ExecItem] = []
+    run: list[ExecItem] = []
+    def end_run() -> None:
+      if not run: return
+      steps = [(native_entry(ei), ei.addrs, [numbers.setdefault(v, len(numbers)) for v in ei.runner.user_vars], ei.runner.threads) for ei in run]
+      parts.append(Steps(run[0].runner.program.pool, steps))
+      run.clear()
+    for ei in self.items:
+      if native_entry(ei) is None:
+        end_run()
+        parts.append(ei)
+        continue
+      if run and ei.runner.program.pool != run[0].runner.program.pool: end_run()
+      if ei.addrs is None: ei.addrs = (ctypes.c_void_p * max(len(ei.raw), 1))(*[m.addr for m in ei.raw])
+      run.append(ei)
+    end_run()
+    self.variables, self.table = list(numbers), (ctypes.c_int64 * max(len(numbers), 1))()
+    return parts
   def _run_one(self, i: int, var_vals: dict[UOp, int] | None) -> None:
     """Item i, timed: on VIZ's timeline and (from DEBUG=print_at) a line."""
     ei = self.items[i]

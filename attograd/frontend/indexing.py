@@ -52,21 +52,24 @@ def _known_range(u: UOp) -> tuple[int, int] | None:
   """(min, max) an index computed from arange and constants can take, from the symbolic rules' bounds of the same
   arithmetic on one element (an arange is a variable over its range; movement ops don't change values); None when
   it depends on data."""
-  memo: dict[UOp, UOp | None] = {}
-  def scalar(n: UOp) -> UOp | None:
-    if n in memo: return memo[n]
-    if n.op is Ops.IOTA and isinstance(n.arg, int): r = UOp.variable(f"iota{n.arg}", 0, max(n.arg - 1, 0), n.dtype)
-    elif n.op is Ops.CONST: r = n
-    elif n.op in GroupOp.Movement and n.op is not Ops.PAD: r = scalar(n.src[0])
-    elif n.op in GroupOp.ALU or n.op is Ops.CAST:
-      srcs = [scalar(x) for x in n.src]
-      r = None if any(x is None for x in srcs) else n.replace(src=tuple(srcs))  # type: ignore[arg-type]
-    else: r = None
-    memo[n] = r
-    return r
-  if (s := scalar(u)) is None: return None
+  if (s := _as_scalar(u, {})) is None: return None
   s = s.simplify()
   return int(s.vmin), int(s.vmax)
+
+def _as_scalar(n: UOp, memo: dict[UOp, UOp | None]) -> UOp | None:
+  """_known_range's one element of n, or None. A module function with its memo passed, not a closure calling itself:
+  that one held itself through its cell, a reference cycle only the cycle collector freed (every embedding's index
+  check, each training step)."""
+  if n in memo: return memo[n]
+  if n.op is Ops.IOTA and isinstance(n.arg, int): r = UOp.variable(f"iota{n.arg}", 0, max(n.arg - 1, 0), n.dtype)
+  elif n.op is Ops.CONST: r = n
+  elif n.op in GroupOp.Movement and n.op is not Ops.PAD: r = _as_scalar(n.src[0], memo)
+  elif n.op in GroupOp.ALU or n.op is Ops.CAST:
+    srcs = [_as_scalar(x, memo) for x in n.src]
+    r = None if any(x is None for x in srcs) else n.replace(src=tuple(srcs))  # type: ignore[arg-type]
+  else: r = None
+  memo[n] = r
+  return r
 
 _SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}  # scatter(reduce=)'s names -> scatter_reduce's
 

@@ -12,6 +12,7 @@ from attograd.dtype import DType, dtypes
 from attograd.helpers import gc_paused
 from attograd.nn.module import as_tensor
 from attograd.engine.realize import capturing, is_realized
+from attograd.uop.ops import UOp, Ops, Template
 import attograd.nn.lr_scheduler as lr_scheduler  # torch's torch.optim.lr_scheduler, here as nn.optim.lr_scheduler
 import sys as _sys
 # also importable by torch's path (from attograd.nn.optim.lr_scheduler import StepLR), though optim is a module
@@ -166,11 +167,45 @@ class Optimizer:
       step = g.t("step")
       step.assign(step + 1)
       self._group_step(g)
+      inputs = None
       for p in g["params"]:
         if p.grad is None: continue
         grad = p.grad.detach().cast(p.dtype)
-        p.assign(self._update(p, grad, g, self.state[p]).cast(p.dtype))
+        if inputs is None: inputs = _group_inputs(g) if type(self)._update in _OWN_UPDATES else ()
+        p.assign(self._called_update(p, grad, g, inputs).cast(p.dtype))
     return [*self.params, *self.state_tensors()]
+  def _called_update(self, p: Tensor, grad: Tensor, group: ParamGroup, inputs: tuple) -> Tensor:
+    """_update, as CALL nodes (uop/ops.py): its graph is built by _update once for each kind of parameter (shape, dtype,
+    device, the group's entries) and kept as Templates over its inputs (the parameter, its gradient and state, the
+    group's tensors and factors): one for each state tensor's new value, over those inputs and the state written before
+    it, and one for the parameter's, over all of them. Later steps make a CALL node for each, and the state writes
+    (Tensor.assign) between them: the scheduler expands the CALLs into the very graph _update builds (the same kernels),
+    and realize's walk of a step's graph sees a few nodes for each parameter, where AdamW's update was ~33 built by the
+    front end each step. This module's own updates only (_OWN_UPDATES): their graphs depend on nothing else, where a
+    subclass's may read a Python number that changes (test_eager_step). `inputs`: the group's part (_group_inputs), ()
+    for an update built every step."""
+    state = self.state[p]
+    if not inputs or not isinstance(p.device, str): return self._update(p, grad, group, state)
+    group_uops, group_key = inputs
+    names = tuple(state)
+    leaves = [p.uop, grad.uop, *(state[n].uop for n in names), *group_uops]
+    unique = list(dict.fromkeys(leaves))  # (a factor may be a group tensor itself: Adam's eps)
+    key = (type(self), p.shape, p.dtype, p.device, grad.dtype, names, group_key,
+           len(unique) == len(leaves) or tuple(map(unique.index, leaves)))
+    # (a state tensor not in memory, or a view's base, Tensor.assign writes otherwise: built as _update builds it)
+    if (t := _update_templates.get(key)) is None or t is _UNUSABLE or \
+       not all(is_realized(state[n].uop) and state[n]._view_of is None for n in names):
+      before = [state[n].uop for n in names]
+      out = self._update(p, grad, group, state)
+      if t is None:
+        if len(_update_templates) >= _UPDATE_TEMPLATES_KEPT: del _update_templates[next(iter(_update_templates))]
+        _update_templates[key] = _update_templates_of(unique, names, before, [state[n].uop for n in names], out.uop)
+      return out
+    writes, value = t
+    for n, body in writes:
+      state[n].assign(Tensor(body.calls(*unique)[0]))
+      unique.append(state[n].uop)
+    return Tensor(value.calls(*unique)[0])
   def _init_group(self, group: ParamGroup) -> None: """Make per-group state tensors."""
   def _group_step(self, group: ParamGroup) -> None: """Per-group work before the parameter updates (bias corrections)."""
   def _init_state(self, p: Tensor, group: ParamGroup) -> dict[str, Tensor]: return {}
@@ -213,6 +248,41 @@ class Optimizer:
       for k, v in sg.items():
         if k != "params" and k in g.tensors and k != "step": g[k] = tuple(v) if isinstance(v, list) else v
         elif k != "params" and k not in g.tensors: dict.__setitem__(g, k, v)
+
+# ***** updates as CALLs of templates (Optimizer._called_update) *****
+_update_templates: dict[tuple, Any] = {}
+_UPDATE_TEMPLATES_KEPT = 256
+_UNUSABLE = object()  # a kind of update that can't be templated: built by _update every step
+_MEMORY_OPS = frozenset({Ops.BUFFER, Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR, Ops.CALL})
+
+def _group_inputs(g: ParamGroup) -> tuple[list[UOp], tuple] | tuple:
+  """The group's part of an update's inputs this step (its tensors' nodes and its factors') and of its templates' key
+  (the names of those, and the group's other entries: values an update reads in Python), or () when an entry can't be
+  part of a key."""
+  uops = [u for t in g.tensors.values() for u in ((x.uop for x in t) if isinstance(t, tuple) else (t.uop,))]
+  uops += [t.uop for t in g.factors.values()]
+  key = (tuple(g.tensors), tuple(g.factors), tuple((k, v) for k, v in dict.items(g) if k != "params" and k not in g.tensors))
+  try: hash(key)
+  except TypeError: return ()
+  return uops, key
+
+def _update_templates_of(inputs: list[UOp], names: tuple[str, ...], before: list[UOp], after: list[UOp], value: UOp) -> Any:
+  """The templates of an update _update built over these inputs: ((state name, template of its new value), ...) in
+  the order the writes depend on each other, and the parameter's value's template; or _UNUSABLE when a state tensor's
+  node afterwards is neither what it was nor an ASSIGN to it, or when a node below the update that isn't one of its
+  inputs reads memory (a tensor the inputs don't name: rebuilt, it would be read as it was then, a stale value)."""
+  written = {a: n for n, a, b in zip(names, after, before) if a is not b}
+  if any(a.op is not Ops.ASSIGN or a.src[0] is not b for n, a, b in zip(names, after, before) if a is not b): return _UNUSABLE
+  order = [a for a in UOp(Ops.SINK, dtypes.void, (value, *written)).toposort if a in written]  # (a write may read another)
+  leaves, writes = list(inputs), []
+  try:
+    for a in order:
+      writes.append((written[a], Template(tuple(leaves), a.src[1])))
+      leaves.append(a)
+    body = Template(tuple(leaves), value)
+  except AssertionError: return _UNUSABLE  # (a value that reads none of the inputs)
+  if any(u.op in _MEMORY_OPS for t in (*(t for _, t in writes), body) for f in t.fixed for u in f.toposort): return _UNUSABLE
+  return tuple(writes), body
 
 def _zeros(p: Tensor) -> Tensor:
   if not p.uop.symbolic_shape and (t := _filled(bytes(p.numel() * p.dtype.itemsize), p.shape, p.dtype, p.device)) is not None: return t
@@ -363,3 +433,6 @@ class OptimizerGroup(Optimizer):
   def state_dict(self) -> dict[str, Any]: return {"optimizers": [o.state_dict() for o in self.optimizers]}
   def load_state_dict(self, state_dict: dict[str, Any]) -> None:
     for o, sd in zip(self.optimizers, state_dict["optimizers"]): o.load_state_dict(sd)
+
+# the updates whose graphs depend only on their inputs and the group's entries (Optimizer._called_update)
+_OWN_UPDATES = frozenset({SGD._update, Adam._update, LAMB._update, LARS._update, Muon._update})

@@ -182,8 +182,9 @@ class CStyleRenderer(Renderer):
       f"{self.func_prefix}void {name}({', '.join(args)})"
 
   def slice_entry(self, name: str, params: list[UOp], variables: list[UOp]) -> str:
-    """A threaded kernel's second entry point, of one C type for every kernel: the thread pool (runtime/threadpool.py)
-    calls it once per slice with the buffers and variables in arrays and the slice as the core id."""
+    """Every CPU kernel's second entry point, of one C type for all: the thread pool (runtime/threadpool.py) calls it once
+    per slice of a threaded kernel with the buffers and variables in arrays and the slice as the core id, and a replay's
+    native run loop calls any kernel through it (a kernel that isn't threaded has no core id: its slice is all of it)."""
     args = [f"({self.dt(p.dtype)})bufs[{i}]" for i, p in enumerate(params)] + \
            ["core" if v.op is Ops.CORE_ID else f"vals[{i}]" for i, v in enumerate(variables)]
     return f"void {name}_slice(void *const *bufs, const long long *vals, long long core) {{ {name}({', '.join(args)}); }}\n"
@@ -267,5 +268,5 @@ class CStyleRenderer(Renderer):
         else: var(u, "alu", expr)
       else: raise NotImplementedError(f"C renderer can't render {op}")
     src = f"{self.prelude_for(uops)}{self.signature(name, params, names, uops)} {{\n{body.text()}\n}}\n"
-    if self.has_threads and any(v.op is Ops.CORE_ID for v in variables): src += self.slice_entry(name, params, variables)
+    if self.has_threads: src += self.slice_entry(name, params, variables)
     return src

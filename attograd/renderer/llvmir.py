@@ -215,15 +215,16 @@ class LLVMRenderer(Renderer):
       else: raise NotImplementedError(f"LLVM renderer can't render {op}")
     args = [f"ptr noalias %data{p.arg}" for p in params] + [f"i64 %var{i}" for i in range(len(variables))]
     body = "\n".join(allocas + lines)
-    # a threaded kernel is called per slice from its entry point: not inlined there, one copy of it to compile
-    threaded = any(v.op is Ops.CORE_ID for v in variables)
-    return (f"define void @{name}({', '.join(args)}) nounwind{' noinline' if threaded else ''} {{\nentry:\n{body}\n  ret void\n}}\n" +
-            "".join(d + "\n" for d in sorted(declares)) + (self.slice_entry(name, len(params), variables) if threaded else ""))
+    # every kernel is also called through its slice entry (a threaded one per slice, any of them by a replay's native run
+    # loop): not inlined there, one copy of it to compile
+    return (f"define void @{name}({', '.join(args)}) nounwind noinline {{\nentry:\n{body}\n  ret void\n}}\n" +
+            "".join(d + "\n" for d in sorted(declares)) + self.slice_entry(name, len(params), variables))
 
   @staticmethod
   def slice_entry(name: str, nparams: int, variables: list[UOp]) -> str:
-    """A threaded kernel's second entry point, of one C type for every kernel: the thread pool (runtime/threadpool.py) calls
-    void <name>_slice(void *const *bufs, const long long *vals, long long core) once per slice."""
+    """Every kernel's second entry point, of one C type for all: the thread pool (runtime/threadpool.py) calls
+    void <name>_slice(void *const *bufs, const long long *vals, long long core) once per slice of a threaded kernel, and a
+    replay's native run loop calls any kernel through it."""
     lines = [f"  %b{i}.at = getelementptr inbounds ptr, ptr %bufs, i64 {i}\n  %b{i} = load ptr, ptr %b{i}.at" for i in range(nparams)]
     lines += [f"  %v{i}.at = getelementptr inbounds i64, ptr %vals, i64 {i}\n  %v{i} = load i64, ptr %v{i}.at"
               for i, v in enumerate(variables) if v.op is not Ops.CORE_ID]

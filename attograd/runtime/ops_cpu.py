@@ -177,9 +177,11 @@ class CPUProgram:
       fn = self._call = proto(ctypes.cast(self.fxn, ctypes.c_void_p).value)
     fn(*[b.addr for b in bufs], *vals)
   @functools.cached_property
-  def slice_entry(self) -> int:
-    """The address of the entry point the renderers give a threaded kernel (the core id is its argument)."""
-    return ctypes.cast(getattr(self.lib, f"{self.name}_slice"), ctypes.c_void_p).value
+  def slice_entry(self) -> int | None:
+    """The address of the entry point the renderers give every kernel (a threaded one's core id is its argument), or None
+    for a library without one (source written by hand or by an older renderer): the run loop then calls it from Python."""
+    try: return ctypes.cast(getattr(self.lib, f"{self.name}_slice"), ctypes.c_void_p).value
+    except AttributeError: return None
   def run_slices(self, bufs: list[CPUMemory], vals: list[int], n: int, cores: int) -> None:
     """A threaded kernel's n slices (core_id 0..n-1) on up to `cores` cores, results as if run one after another."""
     threadpool.run_slices(self.slice_entry, [b.addr for b in bufs], vals, n, cores, self.pool)

@@ -170,6 +170,19 @@ void pool_run(struct pool *p, slice_fn fn, void *const *bufs, const long long *v
   }
   pthread_mutex_unlock(&p->launch_mu);
 }
+
+/* a run of consecutive kernels of a replayed plan (engine/realize.py ExecPlan), called once for all of them: each step's
+   entry point, its buffers' addresses (rebinding memory writes them), its values (filled here from the replay's table of
+   Variable values, by number) and its slices. Threaded steps go to the pool without a trip through Python between them:
+   its workers, still polling from the step before, take the next one's slices at once */
+struct step { slice_fn fn; void *const *bufs; long long *vals; const int *vars; int nvals, n; };
+void run_steps(struct pool *p, const struct step *s, int count, const long long *table, int cores) {
+  for (const struct step *end = s + count; s < end; s++) {
+    for (int k = 0; k < s->nvals; k++) s->vals[k] = table[s->vars[k]];
+    if (s->n <= 1) s->fn(s->bufs, s->vals, 0);
+    else pool_run(p, s->fn, s->bufs, s->vals, s->n, s->n < cores ? s->n : cores);
+  }
+}
 """
 
 @functools.cache
@@ -177,6 +190,7 @@ def _library() -> ctypes.CDLL:
   lib = load_library(compile_c(find_c_compiler(), SRC, ["-O2", "-fPIC", "-shared", "-pthread"], "the thread pool"))
   lib.pool_run.argtypes, lib.pool_run.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int], None
   lib.pool_new.argtypes, lib.pool_new.restype = [], ctypes.c_void_p
+  lib.run_steps.argtypes, lib.run_steps.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int], None
   return lib
 
 _pools: dict[str, int] = {}
@@ -192,3 +206,24 @@ def run_slices(entry: int, addrs: list[int], vals: list[int], n: int, cores: int
   """Calls the slice entry point at address `entry` for core = 0..n-1, on up to `cores` cores of the named pool, and returns
   when all are done. Each core takes the next slice when it finished one: a core another process holds back does fewer."""
   _library().pool_run(pool(pool_name), entry, (ctypes.c_void_p * len(addrs))(*addrs), (ctypes.c_int64 * len(vals))(*vals), n, cores)
+
+class Step(ctypes.Structure):
+  _fields_ = [("fn", ctypes.c_void_p), ("bufs", ctypes.c_void_p), ("vals", ctypes.c_void_p), ("vars", ctypes.c_void_p),
+              ("nvals", ctypes.c_int), ("n", ctypes.c_int)]
+
+class Steps:
+  """Consecutive kernels on one pool's device, run by one native call (run_steps). Each kernel is given as (the address of
+  its slice entry, the array of its buffers' addresses, the numbers of its Variables in the table each call passes, its
+  slice count). The address arrays are read at every run: writing one of their entries rebinds that buffer's memory."""
+  def __init__(self, pool_name: str, steps: list[tuple[int, ctypes.Array, list[int], int]]):
+    self.pool, self.count, self.steps = pool(pool_name), len(steps), (Step * len(steps))()
+    self.keep: list[ctypes.Array] = []  # the arrays the steps point into
+    for st, (entry, addrs, numbers, n) in zip(self.steps, steps):
+      vals, idx = (ctypes.c_int64 * max(len(numbers), 1))(), (ctypes.c_int * max(len(numbers), 1))(*numbers)
+      st.fn, st.bufs, st.vals, st.vars = entry, ctypes.addressof(addrs), ctypes.addressof(vals), ctypes.addressof(idx)
+      st.nvals, st.n = len(numbers), n
+      self.keep += [addrs, vals, idx]
+    self.run = _library().run_steps
+  def __call__(self, table: ctypes.Array, cores: int) -> None:
+    """Run them all, the Variables' values in table, each threaded one on up to `cores` cores."""
+    self.run(self.pool, self.steps, self.count, table, cores)

@@ -15,12 +15,15 @@ from attograd.codegen.lower import reduce_identity, fresh_range_id
 from attograd.schedule.flash import fuse_attention, flash_kernel, softmax_weighted
 from attograd.schedule.indexing import IndexingContext, pushdown, tindex, linearize_index, sizes_in_index_dtype, as_index_size
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ScheduleItem:
   """One unit of work: a kernel AST over PARAMs (ast.op is SINK) or a COPY, and the BUFFERs
   it binds, output first."""
   ast: UOp
   bufs: tuple[UOp, ...]
+  def __init__(self, ast: UOp, bufs: tuple[UOp, ...]):  # (as BufferArg's: a schedule filled in makes 250 a training step)
+    d = self.__dict__
+    d["ast"], d["bufs"] = ast, bufs
 
 _buffer_ids = itertools.count()
 def new_buffer(device: str, size: sint, dtype) -> UOp:
@@ -860,7 +863,8 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
-  made = tuple(ScheduleItem(ast, tuple(bufs[i] for i in numbers)) for ast, numbers in template.items)
+  at = bufs.__getitem__  # (each item's buffers by map: a generator per item was a fifth of filling a template in)
+  made = tuple(ScheduleItem(ast, tuple(map(at, numbers))) for ast, numbers in template.items)
   schedule = Schedule(made)
   schedule.template, schedule.numbered, schedule.made = template, bufs, made
   fill = {p: bufs[i] for p, i in template.placeholders}
