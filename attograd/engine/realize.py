@@ -355,6 +355,7 @@ class Capture:
     self.nodes: dict[int, UOp] = {}  # the BUFFER node of each Buffer seen, by id
     self.var_vals: dict[UOp, int] = {}
     self.assigned: dict[Any, UOp] = {}
+    self.templates: list[ScheduleTemplate] = []  # the schedules the function's realizes used (a replay needs none of them)
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 # TinyJit calls running (its first, plain call and its capture): work that the capture must do as kernels (an index
@@ -520,6 +521,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
   with trace.group("schedule", "schedule") as rec, schedule_lowering():
     schedule, becomes = create_schedule([out[i] for i in todo], structure if len(todo) == len(out) else None)
+  if (capture := capturing()) is not None: capture.templates.append(schedule.template)
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
