@@ -170,7 +170,7 @@ class _Replay:
         self.bound[i] = mem
         # the Buffer too, not only its memory: a slot left naming the capture's input kept that memory alive after the
         # tensor moved to new memory (an LLM prompt pass's captured KV cache: a 10 MiB copy)
-        for ei, j in self.slots[i]: ei.bufs[j] = b; ei.bind(j, mem)
+        for ei, j in self.slots[i]: ei.rebind(j, b)
     # no forwarding note written since the last replay's scan (a decode loop's steps: no realized assign moved a tensor
     # between them): no weight moved, and the scan of every one (~700 for a 30-layer model, ~1 ms) is skipped
     if assigned_to.writes != self.seen_writes:
