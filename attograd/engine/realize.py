@@ -433,23 +433,29 @@ class PlannedRun:
   (the kernels find them where they were), the buffers read from outside those (inputs, kept buffers, slots a kept one
   shares) are rebound (ExecItem.bind, which the native run loop reads), and no Buffer, ExecItem or plan is made for the
   ~250 kernels of a training step. The ExecPlan's items keep the memory of the last run's outside buffers until the next.
-  The plan is kept from the second quiet run on (a one-off realize holds no memory) and runs natively from the fourth."""
+  The plan is kept from the second quiet run on (a one-off realize holds no memory) and runs natively from then."""
   def __init__(self, slot_of: dict[int, int], slots: list[tuple[str, int]], created: tuple[int, ...], kept: frozenset[int]):
     self.slot_of, self.slots, self.created, self.kept = slot_of, slots, created, kept
     self.plan: ExecPlan | None = None
     self.seen = False  # has a quiet run used it
     self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
-    self.outside: list[tuple[int, list[tuple[ExecItem, int]]]] = []  # buffer numbers to rebind and where each is bound
+    # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
+    self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
   def adopt(self, plan: ExecPlan, template: ScheduleTemplate, memory: list[Buffer]) -> None:
     """Keep plan, which runs the schedule this run placed in `memory` (its slots' allocations), for the next ones."""
     fresh = {self.slot_of[n] for n in self.created if n in self.kept}
     self.held = [None if s in fresh else m for s, m in enumerate(memory)]
     inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
-    where: dict[int, list[tuple[ExecItem, int]]] = {}
+    # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
+    plan.native, plan.ran_quiet = plan._native_runs(), True
+    where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
     for ei, (_, numbers) in zip(plan.items, template.items):
       for j, n in enumerate(numbers):
-        if n not in inside: where.setdefault(n, []).append((ei, j))
-    self.outside, self.plan = list(where.items()), plan
+        if n in inside: continue
+        raws, addrs = where.setdefault(n, ([], []))
+        raws.append((ei.raw, j))
+        if ei.addrs is not None: addrs.append((ei.addrs, j))
+    self.outside, self.plan = [(n, raws, addrs) for n, (raws, addrs) in where.items()], plan
     # (the items' Buffers were this run's: the plan keeps memory, not them)
     for ei in plan.items: ei.bufs = []
     _holding.pop(id(self), None)
@@ -468,12 +474,15 @@ class PlannedRun:
         b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[slot_of[n]])
         mem[n] = b.ensure_allocated()._buf
       elif self.held[s := slot_of[n]] is None: mem[n] = memory[s].ensure_allocated()._buf
-    for n, where in self.outside:
+    for n, raws, addrs in self.outside:  # (ExecItem.bind inlined: ~600 positions a training step)
       if (m := mem.get(n)) is None:
         b = buffer_of(numbered[n])
         m = b._buf if b._buf is not None else b.ensure_allocated()._buf
-      if where[0][0].raw[where[0][1]] is m: continue  # (a parameter, the optimizer's state: the same memory every step)
-      for ei, j in where: ei.bind(j, m)
+      if raws[0][0][raws[0][1]] is m: continue  # (a parameter, the optimizer's state: the same memory every step)
+      for raw, j in raws: raw[j] = m
+      if addrs:
+        addr = m.addr
+        for arr, j in addrs: arr[j] = addr
     self.plan(var_vals)
 
 def _planned_run(schedule: Schedule, keep: set[UOp]) -> tuple[PlannedRun, tuple[int, ...]]:
