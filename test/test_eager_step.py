@@ -132,6 +132,23 @@ def test_later_steps_reuse_the_run(monkeypatch):
   assert any(r.plan is not None and r.plan.native is not None for r in realize._holding.values())
   for o, x in zip(outs, xs): np.testing.assert_allclose(o.numpy(), want(x), rtol=1e-4)
 
+def test_run_another_thread_is_in_is_not_shared(monkeypatch):
+  # a planned run's held memory and items belong to the thread running it: a realize of the same plan meanwhile (a
+  # DataLoader worker's) is placed and run afresh
+  w = Tensor.rand(8, 8).realize()
+  def f(x: Tensor) -> Tensor: return ((x @ w).exp() @ w).sum(1)
+  xs = [np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32) for i in range(3)]
+  for x in xs: f(Tensor(x)).realize()
+  run = list(realize._holding.values())[-1]  # the most recently run: f's
+  counter = _Counter(monkeypatch, ExecPlan=realize)
+  f(Tensor(xs[1])).realize()
+  assert counter.calls["ExecPlan"] == 0
+  with run.lock:  # as if another thread were running it
+    out = f(Tensor(xs[0])).realize()
+  assert counter.calls["ExecPlan"] == 1
+  out = out.numpy()
+  np.testing.assert_allclose(out, (np.exp(xs[0] @ w.numpy()) @ w.numpy()).sum(1), rtol=1e-4)
+
 def test_runs_holding_memory_are_few():
   # a planned run holds its internal buffers' memory between runs: only the last HOLDING_MAX do, so graphs of many
   # structures don't each keep theirs; one let go runs again (planned afresh) with the right values

@@ -1,6 +1,6 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import ctypes, json, math, operator, time, weakref
+import ctypes, json, math, operator, threading, time, weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -370,17 +370,26 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
   A schedule filled in from a template (create_schedule's) has its memory plan made once per template and set of
   buffers created and kept (schedule.ScheduleTemplate.plans): a plan is a function of those alone. So is the run: the
   next schedule of that plan reuses the first's ExecPlan with its buffers rebound (PlannedRun)."""
-  planned: tuple[PlannedRun, list[Buffer]] | None = None
   # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
   if keep is not None and not all(si.bufs[0] in keep for si in schedule):
     if isinstance(schedule, Schedule) and _as_filled_in(schedule):
       run, created = _planned_run(schedule, keep)
-      if run.plan is not None and _reusable(): return run(schedule.numbered, created, var_vals)
-      planned = run, _place_planned(run, created, schedule.numbered)
+      # (a run another thread is in, a DataLoader worker's realize, isn't shared: its held memory and items are the run's)
+      if _reusable() and run.lock.acquire(blocking=False):
+        try:
+          if run.plan is not None: return run(schedule.numbered, created, var_vals)
+          planned = run, _place_planned(run, created, schedule.numbered)
+          return _run_items(schedule, var_vals, planned)
+        finally: run.lock.release()
+      _place_planned(run, created, schedule.numbered)
     else:
       internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
                   if si.bufs[0] not in registry.buffers}
       for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
+  _run_items(schedule, var_vals, None)
+
+def _run_items(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None, planned: tuple[PlannedRun, list[Buffer]] | None) -> None:
+  """Make the schedule's items (compiling what isn't) and run them; a planned run (with the slots' memory) may keep them."""
   progress: Progress | None = None
   items: list[ExecItem] = []
   placed = registry.buffers.by_id.get
@@ -403,7 +412,7 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
     _captures[-1].nodes.update((id(b), u) for si, ei in zip(schedule, items) for b, u in zip(ei.bufs, si.bufs))
     _captures[-1].var_vals.update(var_vals or {})
   plan = ExecPlan(items)
-  if planned is not None and _reusable() and not plan.side_by_side:
+  if planned is not None and not plan.side_by_side:
     # (a plan run once, a one-off realize's, holds nothing: from its second run on, it is likely a loop's)
     if planned[0].seen: planned[0].adopt(plan, schedule.template, planned[1])
     planned[0].seen = True
@@ -438,6 +447,7 @@ class PlannedRun:
     self.slot_of, self.slots, self.created, self.kept = slot_of, slots, created, kept
     self.plan: ExecPlan | None = None
     self.seen = False  # has a quiet run used it
+    self.lock = threading.Lock()  # held by the thread running it
     self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
     # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
     self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
@@ -460,11 +470,16 @@ class PlannedRun:
     for ei in plan.items: ei.bufs = []
     _holding.pop(id(self), None)
     _holding[id(self)] = self
-    while len(_holding) > HOLDING_MAX: _holding.pop(next(iter(_holding))).release()
+    while len(_holding) > HOLDING_MAX:
+      # (one another thread is running keeps what it holds)
+      if (old := _holding.pop(next(iter(_holding)))).lock.acquire(blocking=False):
+        try: old.release()
+        finally: old.lock.release()
   def release(self) -> None: self.plan, self.held, self.outside = None, [], []
   def __call__(self, numbered: list[UOp], created: tuple[int, ...], var_vals: dict[UOp, int] | None) -> None:
     """Run the plan over this schedule's buffers (numbered): kept ones get fresh memory in the plan's layout."""
-    _holding[id(self)] = _holding.pop(id(self))
+    _holding.pop(id(self), None)  # the most recently run last
+    _holding[id(self)] = self
     memory = [m if m is not None else Buffer(device, nbytes, dtypes.uint8) for m, (device, nbytes) in zip(self.held, self.slots)]
     slot_of, kept, buffers = self.slot_of, self.kept, registry.buffers
     mem: dict[int, Any] = {}
