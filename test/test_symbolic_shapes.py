@@ -215,6 +215,23 @@ def test_slices_at_int_offsets_reuse_kernels():
   np.testing.assert_array_equal(x.shrink(((5, 15), None, None)).shrink((None, (1, 8), None)).numpy(), n[5:15, 1:8])
   np.testing.assert_array_equal((x[5:15][2:4, 1:8] * 2).numpy(), n[5:15][2:4, 1:8] * 2)
 
+def test_each_layers_slice_at_the_same_place_is_one_kernel():
+  # layers that each slice their own stored weight at the same int offsets (a quantized block's second scale) read it at
+  # one variable with one value: their kernels are one kernel, where a variable of its own per slice compiled one per layer
+  from attograd.engine import realize
+  rng = np.random.default_rng(0)
+  ws = [rng.standard_normal((8, 3)).astype(np.float32) for _ in range(4)]
+  stored = [Tensor(w).realize() for w in ws]
+  x = Tensor(np.linspace(0, 1, 8, dtype=np.float32)).realize()
+  before = len(realize._kernel_cache)
+  h, ref = x, np.linspace(0, 1, 8, dtype=np.float32)
+  for t, w in zip(stored, ws): h, ref = (h * t[:, 1:2].reshape(8) + 1).contiguous(), ref * w[:, 1] + 1
+  np.testing.assert_allclose(h.numpy(), ref, rtol=1e-6)
+  assert len(realize._kernel_cache) - before == 1
+  # slices at different offsets of the same place in one graph stay apart
+  a, b = (x * stored[0][:, 1:2].reshape(8)).contiguous(), (x * stored[1][:, 2:3].reshape(8)).contiguous()
+  np.testing.assert_allclose((a + b).numpy(), np.linspace(0, 1, 8) * (ws[0][:, 1] + ws[1][:, 2]), rtol=1e-6)
+
 def test_masked_softmax_over_a_symbolic_length_of_transposed_scores():
   # 8 queries a thread over a KV cache's symbolic length: gcc 12.2's loop vectorizer miscompiled this kernel (rows of
   # the softmax summed to 0.7), so kernels with a loop of variable count compile without it (renderer/cstyle.py)

@@ -549,7 +549,7 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
   def value_of(b: UOp) -> None:
     if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg:
       raise ValueError(f"variable {b.src[0].arg[0]!r} is bound to both {vals[b.src[0]]} and {b.src[1].arg} in one graph")
-  offsets = 0
+  offsets: dict[tuple[int, int, int], list[int]] = {}  # the offsets given variables, by where they slice
   memo = registry.realized.by_id.get  # (realized_view inlined: no Python call a node of a training step's thousands)
   BIND, SHRINK, sized = Ops.BIND, Ops.SHRINK, GroupOp.Sized  # (bound once: the loop runs for every node of the graph)
   for n in roots.toposort:
@@ -563,10 +563,15 @@ def runnable(roots: UOp) -> tuple[UOp, dict[UOp, int], dict[UOp, UOp]]:
       # a slice of stored data at Python-int offsets (a batch cut from a dataset: data[i:i+T]) is read at variable ones,
       # so the next batch's offsets reuse the kernel and the schedule instead of compiling new ones
       arg = []
-      for (b, e), size in zip(n.arg, n.src[0].shape):
+      for axis, ((b, e), size) in enumerate(zip(n.arg, n.src[0].shape)):
         if b == 0: arg.append((b, e)); continue
-        var = UOp.variable(f"offset{offsets}", 0, size - (e - b))
-        offsets += 1
+        # named by where it slices (axis, size, length) and which of the offsets such slices have here: each layer's
+        # slice of its own weight at the same place (a quantized block's second scale) is one variable with one value,
+        # and the layers' kernels one kernel. Numbered in the graph's order, each was a variable of its own, and 30
+        # layers compiled 30 copies of each kernel (SmolLM2's first decode: 406 kernels, 36 s)
+        held = offsets.setdefault((axis, size, e - b), [])
+        if b not in held: held.append(b)
+        var = UOp.variable(f"offset{axis}_{size}_{e - b}_{held.index(b)}", 0, size - (e - b))
         vals[var] = b
         arg.append((var, var + (e - b)))
       swap[n] = n.replace(arg=tuple(arg))
