@@ -74,8 +74,7 @@ def test_resident_and_tensor_source(written):
   for name in ("Q4_1.2", "Q6_K.0", "F16.0", "BF16.2"):
     np.testing.assert_allclose(res[name].float().numpy(), expected[name], rtol=1e-6, err_msg=name)
     np.testing.assert_allclose(from_bytes[name].float().numpy(), expected[name], rtol=1e-6, err_msg=name)
-  # every block type with its rows interleaved in groups of 16 (32 rows): the decoders read the fields' views back in
-  # row order
+  # every block type at 32 rows: those interleaved in groups of 16 (nn.quant.ROW_GROUPED) read back in row order
   for name in (f"{t.name}.3" for t in GGML_TYPES.values() if t.block_elements > 1):
     np.testing.assert_allclose(res[name].numpy(), expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
 

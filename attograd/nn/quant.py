@@ -39,15 +39,21 @@ class Blocks:
 
 SCALE_DTYPE = dtypes.float32  # how split_fields keeps a block's float16 scale (see there)
 ROW_GROUP = 16  # rows split_fields interleaves block by block (see there)
+# the types whose rows split_fields interleaves: a matvec over them is light enough to wait on memory. One core, 576x1536,
+# us a matvec (weights hot in cache / from DRAM), GGUF order -> interleaved: Q4_0 33.2/47.7 -> 28.3/32.7, Q8_0
+# 32.6/71.0 -> 21.3/54.8 (Q4_1 as Q4_0); slower: Q5_0 283/297 -> 322/339, Q5_1 288/307 -> 328/332 (their fifth bits
+# cost more than memory), Q4_K 48.8/70.3 -> 55.6/93.2, Q6_K 77.8/125 -> 77.5/163 (their kernels take another shape)
+ROW_GROUPED = {"Q4_0", "Q4_1", "Q8_0"}
 
 def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = None) -> dict[tuple[str, int, int], Tensor]:
   """Every field the decoder of `ggml_type` reads, as realized buffers (raw's size, its scales widened to SCALE_DTYPE).
-  Given the tensor's `shape` (numpy order), rows in groups of ROW_GROUP are interleaved block by block: a field is kept
-  as (row groups, blocks of a row, ROW_GROUP, bytes), the scales all in one buffer (..., ROW_GROUP, scales), and
-  each field handed back as a view in the block order the decoder reads. A matrix-vector product that computes a
-  group's rows together then reads two runs of memory front to back (the bytes, the scales) instead of three per row
-  (the hardware prefetcher follows a few streams, and a row of SmolLM2's is 12 cache lines: one core, a Q4_1 576x1536
-  matvec whose weights come from DRAM, 16 rows in one group 33-34 us against 43-67 as 4 rows of the GGUF order)."""
+  Given the tensor's `shape` (numpy order), a type of ROW_GROUPED has its rows in groups of ROW_GROUP interleaved block
+  by block: a field is kept as (row groups, blocks of a row, ROW_GROUP, bytes), the scales all in one buffer (...,
+  ROW_GROUP, scales), and each field handed back as a view in the block order the decoder reads. A matrix-vector
+  product that computes a group's rows together then reads two runs of memory front to back (the bytes, the scales)
+  instead of three per row (the hardware prefetcher follows a few streams, and a row of SmolLM2's is 12 cache lines:
+  one core, a Q4_1 576x1536 matvec whose weights come from DRAM, 16 rows in one group 33-34 us against 43-67 as 4 rows
+  of the GGUF order)."""
   t = GGML_TYPES[ggml_type]
   probe = Blocks(raw.reshape(-1, t.block_bytes))
   t.decode(probe)
@@ -56,7 +62,7 @@ def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = No
   rows = 1
   for d in (shape or (1,))[:-1]: rows *= d
   per_row = nb // rows if shape is not None and shape[-1] % t.block_elements == 0 else 0
-  grouped = per_row > 0 and rows % ROW_GROUP == 0
+  grouped = t.name in ROW_GROUPED and per_row > 0 and rows % ROW_GROUP == 0
   def field(key: tuple[str, int, int]) -> Tensor:
     kind, start, n = key
     # a scale is kept as float32 (2 more bytes a block, +14 MiB for SmolLM2-135M Q4_1): a matvec's kernel broadcasts it
