@@ -26,8 +26,9 @@ def random_blocks(name: str, rows: int, cols: int) -> np.ndarray:
   for o in F16_AT[name]: raw[:, o:o + 2] = (rng.standard_normal((nb, 1)) * 0.1).astype(np.float16).view(np.uint8)
   return raw.reshape(rows, -1)
 
-# (rows, cols) per type: several blocks per row, several rows, a single block
-SHAPES = [(3, 2), (1, 1), (4, 3)]
+# (rows, cols) per type: several blocks per row, several rows, a single block, rows in groups (nn.quant.ROW_GROUP) that a
+# resident load interleaves
+SHAPES = [(3, 2), (1, 1), (4, 3), (32, 2)]
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
@@ -73,6 +74,9 @@ def test_resident_and_tensor_source(written):
   for name in ("Q4_1.2", "Q6_K.0", "F16.0", "BF16.2"):
     np.testing.assert_allclose(res[name].float().numpy(), expected[name], rtol=1e-6, err_msg=name)
     np.testing.assert_allclose(from_bytes[name].float().numpy(), expected[name], rtol=1e-6, err_msg=name)
+  # every block type at 32 rows: those interleaved in groups of 16 (nn.quant.ROW_GROUPED) read back in row order
+  for name in (f"{t.name}.3" for t in GGML_TYPES.values() if t.block_elements > 1):
+    np.testing.assert_allclose(res[name].numpy(), expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 def test_matmul_with_quantized_weight(written):
   path, expected = written
@@ -144,3 +148,22 @@ def test_quantized_matvec_several_rows_at_once():
   np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
   conv = Tensor.empty(1, 64, 26, 66).conv2d(Tensor.empty(64, 1, 3, 3), groups=64)
   assert not any(o.op is OptOps.UPCAST and o.axis == 0 for o in cpu_opts(conv.schedule()[-1].ast, 1, 16))
+
+def test_quantized_matvec_reads_a_row_group_together():
+  """Given the tensor's shape, split_fields interleaves its rows in groups of 16 block by block (nn.quant.ROW_GROUP):
+  a decode step's matvec then computes a group's 16 rows at once (codegen/heuristic.py matvec_rows), reading the
+  weights as one run front to back, and its values still match gguf's dequantization. Without the shape, the GGUF
+  order and 4 rows."""
+  from attograd.codegen.heuristic import cpu_opts
+  from attograd.codegen.opt import Opt, OptOps
+  from attograd.nn.quant import split_fields, dequantize, ROW_GROUP
+  rows, cols = 96, 576
+  raw = random_blocks("Q4_1", rows, cols)
+  x = Tensor(rng.standard_normal((1, cols)).astype(np.float32)).realize()
+  ref = x.numpy().astype(np.float64) @ gguf.quants.dequantize(raw, Q.Q4_1).reshape(rows, cols).astype(np.float64).T
+  for shape, amount in (((rows, cols), ROW_GROUP), (None, 4)):
+    w = dequantize(split_fields(Tensor(raw.reshape(-1)), Q.Q4_1.value, shape), Q.Q4_1.value, (rows, cols))
+    y = x @ w.T
+    opts = cpu_opts(y.schedule()[-1].ast, 1, 16)
+    assert Opt(OptOps.UPCAST, 0, amount) in opts, (shape, opts)
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -481,7 +481,7 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
     # resident: quantized tensors are kept as their fields apart (nn.quant.split_fields: the same bytes), plain ones as
     # they are; one tensor at a time, so its raw bytes are freed before the next is read (all read first, the weights
     # were twice in memory at the peak)
-    if resident: raws[name] = raws[name].realize() if info.ggml_type in _GGUF_PLAIN else split_fields(raws[name], info.ggml_type)
+    if resident: raws[name] = raws[name].realize() if info.ggml_type in _GGUF_PLAIN else split_fields(raws[name], info.ggml_type, info.shape)
   if resident:
     if not isinstance(path_or_tensor, Tensor) and device == "CPU": f.close()
     # the raw bytes' buffers are free now, and no later buffer has their sizes: kept for reuse, they would hold the
