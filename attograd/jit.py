@@ -8,10 +8,10 @@ from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
 from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls
 from attograd.engine.memory import planned_buffers
-from attograd.engine.registry import assigned_to
+from attograd.engine.registry import assigned_to, sources
 import attograd.tensor as tensor_module
 from attograd.tensor import Tensor
-from attograd.schedule.schedule import is_contiguous_buffer
+from attograd.schedule.schedule import is_contiguous_buffer, forget_schedules
 
 JIT = ContextVar("JIT", 1)
 ReturnType = TypeVar("ReturnType")
@@ -86,6 +86,14 @@ def _as_plain_buffers(tensors: list[Tensor]) -> None:
   for t in tensors:
     if any(not (u.op is Ops.BUFFER or is_contiguous_buffer(u)) or u.base.arg.offset for u in _parts(t.uop)):
       t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))).realize().uop
+
+def _forget_graph(t: Tensor) -> None:
+  """A captured output keeps no graph: a replay refills its memory, so a backward() through the graph the capture built
+  would read the capture's buffers. Held (its view note for backward, and the graph of a base tensor that died, which
+  a view keeps to redo writes through it) it kept every node of the traced function alive, and the memory they name:
+  SmolLM2's 30-layer prompt pass held 17k nodes and its KV cache's copy from before the cache moved (10 MiB)."""
+  for u in (t.uop, *(_parts(t.uop) if t.uop.op is Ops.MULTI else ())): sources.pop(u)
+  if (vo := t._view_of) is not None and vo[0]() is None: t._view_of = None
 
 def _mismatch(old: tuple, new: tuple) -> str:
   (oa, ok), (na, nk) = old, new
@@ -185,7 +193,9 @@ class _Replay:
     for i, b in enumerate(inputs):
       if (mem := b.ensure_allocated()._buf) is not self.bound[i]:
         self.bound[i] = mem
-        for ei, j in self.slots[i]: ei.bind(j, mem)
+        # the Buffer too, not only its memory: a slot left naming the capture's input kept that memory alive after the
+        # tensor moved to new memory (an LLM prompt pass's captured KV cache: a 10 MiB copy)
+        for ei, j in self.slots[i]: ei.rebind(j, b)
     # no forwarding note written since the last replay's scan (a decode loop's steps: no realized assign moved a tensor
     # between them): no weight moved, and the scan of every one (~700 for a 30-layer model, ~1 ms) is skipped
     if assigned_to.writes != self.seen_writes:
@@ -285,6 +295,8 @@ class TinyJit(Generic[ReturnType]):
       outputs = _tensors_in(ret)
       Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
     finally: _captures.pop()
+    for t in outputs: _forget_graph(t)
+    forget_schedules(capture.templates)
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
     kept = kept_inputs | {id(buffer_of(p.base)) for t in outputs for p in _parts(t.uop) if p.base.op is Ops.BUFFER}

@@ -109,6 +109,55 @@ def test_changed_schedule_list_is_planned_afresh():
   sched.pop(0)
   assert not realize._as_filled_in(sched)
 
+def test_later_steps_reuse_the_run(monkeypatch):
+  # from the third run of a template's plan, the run is the second's ExecPlan over rebound memory, in the native run loop:
+  # no ExecItem, ExecPlan or Buffer of an internal buffer is made; each result is its own memory (a later run doesn't
+  # write over an earlier one's) and the values are numpy's
+  w = Tensor.rand(16, 16).realize()
+  def f(x: Tensor) -> Tensor:
+    h = ((x @ w).relu() @ w).exp()  # internal buffers: the products
+    return (h * 0.5).sum(1)
+  xs = [np.random.default_rng(i).standard_normal((4, 16)).astype(np.float32) for i in range(5)]
+  def want(x: np.ndarray) -> np.ndarray: return (np.exp(np.maximum(x @ w.numpy(), 0) @ w.numpy()) * 0.5).sum(1)
+  outs = [f(Tensor(x)).realize() for x in xs[:2]]
+  counter = _Counter(monkeypatch, ExecItem=realize, ExecPlan=realize)
+  made = [0]
+  orig = realize.Buffer.__init__
+  def counted(self, *a, **k): made[0] += 1; orig(self, *a, **k)
+  monkeypatch.setattr(realize.Buffer, "__init__", counted)
+  outs += [f(Tensor(x)).realize() for x in xs[2:]]
+  assert counter.calls == {"ExecItem": 0, "ExecPlan": 0}
+  # per run: the input's buffer, the result's and the memory of the result's slot (the products' memory is held)
+  assert made[0] <= 3 * len(xs[2:])
+  assert any(r.plan is not None and r.plan.native is not None for r in realize._holding.values())
+  for o, x in zip(outs, xs): np.testing.assert_allclose(o.numpy(), want(x), rtol=1e-4)
+
+def test_run_another_thread_is_in_is_not_shared(monkeypatch):
+  # a planned run's held memory and items belong to the thread running it: a realize of the same plan meanwhile (a
+  # DataLoader worker's) is placed and run afresh
+  w = Tensor.rand(8, 8).realize()
+  def f(x: Tensor) -> Tensor: return ((x @ w).exp() @ w).sum(1)
+  xs = [np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32) for i in range(3)]
+  for x in xs: f(Tensor(x)).realize()
+  run = list(realize._holding.values())[-1]  # the most recently run: f's
+  counter = _Counter(monkeypatch, ExecPlan=realize)
+  f(Tensor(xs[1])).realize()
+  assert counter.calls["ExecPlan"] == 0
+  with run.lock:  # as if another thread were running it
+    out = f(Tensor(xs[0])).realize()
+  assert counter.calls["ExecPlan"] == 1
+  out = out.numpy()
+  np.testing.assert_allclose(out, (np.exp(xs[0] @ w.numpy()) @ w.numpy()).sum(1), rtol=1e-4)
+
+def test_runs_holding_memory_are_few():
+  # a planned run holds its internal buffers' memory between runs: only the last HOLDING_MAX do, so graphs of many
+  # structures don't each keep theirs; one let go runs again (planned afresh) with the right values
+  xs = [Tensor.rand(4, n).realize() for n in range(3, 3 + realize.HOLDING_MAX + 2)]
+  def f(x: Tensor) -> Tensor: return (x.exp() @ x.T).sum(1)
+  for _ in range(2):
+    for x in xs: np.testing.assert_allclose(f(x).numpy(), (np.exp(x.numpy()) @ x.numpy().T).sum(1), rtol=1e-5)
+  assert len(realize._holding) == realize.HOLDING_MAX
+
 def test_subclass_update_reading_numbers_is_built_every_step():
   # a subclass's own _update may read a hyperparameter as a Python number: it is called every step, so a new lr counts
   class MySGD(optim.SGD):

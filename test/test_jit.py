@@ -163,6 +163,15 @@ def test_memory_plan_never_aliases_live_buffers(seed):
       if not (b < c or d < a): assert slot_of[i] != slot_of[j], f"buffers {i} and {j} overlap in steps {(a, b)} and {(c, d)}"
   assert any(slot_of[k] == slot_of[j] for k in kept for j in range(40) if j != k), "no kept buffer reused dead memory"
 
+def test_memory_plan_gives_big_buffers_used_one_at_a_time_one_slot():
+  # an LLM prompt pass's pattern: a big dequantized weight, the small product read two steps later, the next weight...
+  # placed in step order, a small buffer took the free big slot and the third weight grew another (220 bytes); biggest
+  # first, the three weights share one slot and the small ones their own (130)
+  steps = [["B1"], ["B1", "s1"], ["B2"], ["B2", "s2"], ["s1", "s2", "s3"], ["B3"], ["B3", "s3"]]
+  internal = {k: ("CPU", 100 if k[0] == "B" else 10) for k in ("B1", "s1", "B2", "s2", "s3", "B3")}
+  slot_of, slots = plan_slots(steps, internal)
+  assert slot_of["B1"] == slot_of["B2"] == slot_of["B3"] and sum(n for _, n in slots) == 130
+
 def test_many_overlapping_lifetimes_match_jit_off():
   def f(x):
     outs = [x]
@@ -221,7 +230,8 @@ def test_capture_reuses_first_calls_schedule_with_index_checks():
   np.testing.assert_allclose(f(Tensor(idx[0])).numpy(), (table.numpy()[idx[0]] * 2).sum(1))
   n = len(_schedule_cache)
   for v in idx[1:]: np.testing.assert_allclose(f(Tensor(v)).numpy(), (table.numpy()[v] * 2).sum(1))
-  assert f.cnt == 2 and len(_schedule_cache) == n
+  # the capture found the first call's schedule, and forgot it once captured (a replay schedules nothing)
+  assert f.cnt == 2 and len(_schedule_cache) == n - 1
   g = TinyJit(lambda i: table[i].sum().realize())
   with pytest.raises(IndexError, match="index 6 is out of bounds"): g(Tensor(np.array([0, 6], dtype=np.int32)))
 
@@ -282,6 +292,25 @@ def test_replay_follows_an_input_assigned_inside_and_outside():
     c[0:3].assign(Tensor.full((3,), float(i + 2)).contiguous()).realize()
     assert step(p.bind(3), c).item() == 3 * (i + 2) + 1
   assert c.tolist() == [5.0, 5.0, 5.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+def test_capture_keeps_no_graph_nor_moved_input_memory():
+  # the captured outputs carry no graph (a replay refills them), and a replay binds the memory its input holds at the
+  # call: memory the input held before it moved (an assign outside) is free once the next replay has run. Kept, an LLM's
+  # prompt pass held its 30 layers' graph and a stale copy of its KV cache
+  import gc, weakref
+  from attograd.engine.realize import buffer_of
+  from attograd.engine import registry
+  @TinyJit
+  def f(x): return (x * 2 + 1).sum(1).reshape(-1).realize()
+  x = Tensor.rand(4, 8).realize()
+  for _ in range(3): f(x)
+  assert registry.sources.get(f.ret.uop) is None and f.ret._view_of is None
+  old = weakref.ref(buffer_of(x.uop.base))
+  x.assign(Tensor.rand(4, 8)).realize()
+  assert buffer_of(x.uop.base) is not old()  # moved to new memory
+  np.testing.assert_allclose(f(x).numpy(), (x.numpy() * 2 + 1).sum(1), rtol=1e-6)
+  gc.collect()
+  assert old() is None
 
 # ***** the native run loop: a replay's CPU kernels run by one native call per run of them (threadpool.Steps) *****
 

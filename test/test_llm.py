@@ -37,6 +37,11 @@ def test_tokenizer_matches_llama_cpp(engine):
     assert ids == ref.tokenize(s.encode(), add_bos=False, special=True), s
     assert engine.tok.decode(ids) == s and b"".join(engine.tok.token_bytes(i) for i in ids) == s.encode()
 
+def test_tokenizer_pieces_are_the_files(engine):
+  from attograd.nn.state import gguf_read
+  tokens = gguf_read(MODEL)[0]["tokenizer.ggml.tokens"]
+  assert [engine.tok.piece(i) for i in range(len(tokens))] == tokens
+
 # ***** a float64 reference: torch, weights dequantized by the gguf package *****
 
 @functools.cache

@@ -46,7 +46,14 @@ def test_ids_match_sentencepiece(vocab):
     assert tok.decode(ids) == s, s
     # piece by piece (as generation streams them): a space before the text, bytes of a character joined back
     assert b"".join(tok.token_bytes(i) for i in ids) == (b" " + s.encode() if s else b""), s
-  assert any(tok.tokens[i].startswith("<0x") for i in tok.encode(CORPUS[3]))  # the emoji fell back to bytes
+  assert any(tok.piece(i).startswith("<0x") for i in tok.encode(CORPUS[3]))  # the emoji fell back to bytes
+
+def test_pieces_are_the_vocabulary(vocab):
+  # the tokenizer keeps no list of its own: each piece comes from the BPE model, and equals the file's
+  _, tok, path = vocab
+  tokens = gguf_load(path)[0]["tokenizer.ggml.tokens"]
+  assert [tok.piece(i) for i in range(len(tokens))] == tokens and not hasattr(tok, "tokens")
+  with pytest.raises(IndexError): tok.piece(len(tokens))
 
 def test_ids_match_llama_cpp_with_special_tokens(vocab):
   _, tok, path = vocab

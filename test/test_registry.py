@@ -23,7 +23,8 @@ def test_nodes_hold_no_engine_state():
     m.assign(m * 0.9 + w.grad)  # an assign over a whole buffer: the replay follows it
     return loss.realize()
   for _ in range(4): step(Tensor.rand(4, 8)).item()
-  (w * 2).sum().item()  # realized values, a graph kept for backward
+  kept = (w * 2).sum()
+  kept.item()  # realized values, a graph kept for backward (a TinyJit's outputs keep none: a replay refills them)
   found = {k for u in gc.get_objects() if type(u) is UOp for k in vars(u)} - PURE_CACHES
   assert not found, f"state written onto UOps: {found}"
   assert len(registry.buffers) and len(registry.realized) and len(registry.sources) and len(registry.assigned_to)

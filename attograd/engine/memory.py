@@ -2,6 +2,7 @@
 Used for the buffers a schedule creates and drops (a reduce read by two kernels, the layers of an MLP
 in between) and for everything internal to a captured TinyJit graph."""
 from __future__ import annotations
+import bisect
 from typing import Container, Hashable, Sequence, TypeVar
 from attograd.dtype import dtypes
 from attograd.helpers import DEBUG
@@ -11,10 +12,13 @@ K = TypeVar("K", bound=Hashable)
 
 def plan_slots(steps: Sequence[Sequence[K]], internal: dict[K, tuple[str, int]], kept: Container[K] = ()) -> tuple[dict[K, int], list[tuple[str, int]]]:
   """Give each internal buffer (key -> device, nbytes) a slot so that buffers used by overlapping
-  ranges of steps never share one. A buffer lives from the first step that names it to the last; it is
-  freed after that step's new buffers are placed, so a kernel never writes over its own inputs.
-  A kept buffer outlives the steps: its slot is never freed, and it takes no free slot bigger than
-  itself (it would hold the rest of it for as long as it lives)."""
+  ranges of steps never share one. A buffer lives from the first step that names it to the last (a kernel never writes
+  over its own inputs: one ending at a step and one starting there overlap). A kept buffer outlives the steps, and
+  shares only a slot of its own size (a bigger one would stay held, all of it, for as long as the buffer lives).
+  Biggest first, each into the first slot of its device whose buffers' lifetimes miss its own, else a new slot of its
+  size: every slot is as big as its first buffer. (Placed in step order instead, a slot grown for one big buffer was
+  taken later by small ones while the next big one grew another: a 128-token LLM prompt pass's dequantized weights,
+  3.4 MiB each and used one at a time, held two slots of 3.4 MiB, 11.5 MiB of scratch in all where 5.8 do.)"""
   first: dict[K, int] = {}
   last: dict[K, int] = {}
   for i, step in enumerate(steps):
@@ -22,28 +26,24 @@ def plan_slots(steps: Sequence[Sequence[K]], internal: dict[K, tuple[str, int]],
       if k in internal:
         first.setdefault(k, i)
         last[k] = i
+  end = len(steps)  # a kept buffer's lifetime runs past the last step
   slots: list[tuple[str, int]] = []
-  free: list[int] = []
+  lives: list[list[tuple[int, int]]] = []  # each slot's buffers' (first, last) steps, sorted
   slot_of: dict[K, int] = {}
-  starting: dict[int, list[K]] = {}
-  ending: dict[int, list[K]] = {}
-  for k in first:
-    starting.setdefault(first[k], []).append(k)
-    if k not in kept: ending.setdefault(last[k], []).append(k)
-  for i in range(len(steps)):
-    for k in starting.get(i, []):
-      device, nbytes = internal[k]
-      fits = [s for s in free if slots[s][0] == device and (k not in kept or slots[s][1] <= nbytes)]
-      if fits:
-        # the smallest free slot that fits; else grow the biggest one (memory grows once, then is reused)
-        s = min((s for s in fits if slots[s][1] >= nbytes), key=lambda s: slots[s][1], default=max(fits, key=lambda s: slots[s][1]))
-        free.remove(s)
-        slots[s] = (device, max(slots[s][1], nbytes))
-      else:
-        s = len(slots)
-        slots.append((device, nbytes))
-      slot_of[k] = s
-    free.extend(slot_of[k] for k in ending.get(i, []))
+  for k in sorted(first, key=lambda k: (-internal[k][1], first[k])):
+    device, nbytes = internal[k]
+    a, b = first[k], end if k in kept else last[k]
+    for s, (d, size) in enumerate(slots):
+      if d != device or (k in kept and size != nbytes): continue
+      at = bisect.bisect_left(lives[s], (a, a))
+      # the lifetimes in a slot never overlap: only the neighbours on each side can reach this one
+      if (at == 0 or lives[s][at - 1][1] < a) and (at == len(lives[s]) or b < lives[s][at][0]): break
+    else:
+      s = len(slots)
+      slots.append((device, nbytes)); lives.append([])
+      at = 0
+    lives[s].insert(at, (a, b))
+    slot_of[k] = s
   return slot_of, slots
 
 def planned_buffers(steps: Sequence[Sequence[K]], internal: dict[K, Buffer], kept: Container[K] = ()) -> dict[K, Buffer]:

@@ -1,6 +1,6 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import ctypes, json, math, operator, time, weakref
+import ctypes, json, math, operator, threading, time, weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -9,7 +9,7 @@ from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Pro
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
-from attograd.runtime.threadpool import Steps
+from attograd.runtime.threadpool import Steps, array_type
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.renderer import scalar_args
@@ -287,7 +287,7 @@ class ExecPlan:
     # second quiet run: a plan run once (an eager realize's) would spend more on the tables than they save
     self.ran_quiet, self.native = False, None
     self.variables: list[UOp] = []  # the Variables of the native runs' kernels, by their number in self.table
-    self.table: ctypes.Array = (ctypes.c_int64 * 1)()
+    self.table: ctypes.Array = array_type(ctypes.c_int64, 1)()
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st, items = time.perf_counter(), self.items
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
@@ -327,10 +327,10 @@ class ExecPlan:
         parts.append(ei)
         continue
       if run and ei.runner.program.pool != run[0].runner.program.pool: end_run()
-      if ei.addrs is None: ei.addrs = (ctypes.c_void_p * max(len(ei.raw), 1))(*[m.addr for m in ei.raw])
+      if ei.addrs is None: ei.addrs = array_type(ctypes.c_void_p, max(len(ei.raw), 1))(*[m.addr for m in ei.raw])
       run.append(ei)
     end_run()
-    self.variables, self.table = list(numbers), (ctypes.c_int64 * max(len(numbers), 1))()
+    self.variables, self.table = list(numbers), array_type(ctypes.c_int64, max(len(numbers), 1))()
     return parts
   def _run_one(self, i: int, var_vals: dict[UOp, int] | None) -> None:
     """Item i, timed: on VIZ's timeline and (from DEBUG=print_at) a line."""
@@ -355,6 +355,7 @@ class Capture:
     self.nodes: dict[int, UOp] = {}  # the BUFFER node of each Buffer seen, by id
     self.var_vals: dict[UOp, int] = {}
     self.assigned: dict[Any, UOp] = {}
+    self.templates: list[ScheduleTemplate] = []  # the schedules the function's realizes used (a replay needs none of them)
 _captures: list[Capture] = []
 def capturing() -> Capture | None: return _captures[-1] if _captures else None
 # TinyJit calls running (its first, plain call and its capture): work that the capture must do as kernels (an index
@@ -368,14 +369,28 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
   schedule), the buffers the schedule creates share memory where lifetimes don't overlap (engine/memory.py): a kept
   one may take the memory of one that died before it was written (an MLP's output, that of its second-last layer).
   A schedule filled in from a template (create_schedule's) has its memory plan made once per template and set of
-  buffers created and kept (schedule.ScheduleTemplate.plans): a plan is a function of those alone."""
+  buffers created and kept (schedule.ScheduleTemplate.plans): a plan is a function of those alone. So is the run: the
+  next schedule of that plan reuses the first's ExecPlan with its buffers rebound (PlannedRun)."""
   # (when every buffer the schedule creates outlives it, none can share: each gets its own memory below)
   if keep is not None and not all(si.bufs[0] in keep for si in schedule):
-    if isinstance(schedule, Schedule) and _as_filled_in(schedule): _place_planned(schedule, keep, schedule.template, schedule.numbered)
+    if isinstance(schedule, Schedule) and _as_filled_in(schedule):
+      run, created = _planned_run(schedule, keep)
+      # (a run another thread is in, a DataLoader worker's realize, isn't shared: its held memory and items are the run's)
+      if _reusable() and run.lock.acquire(blocking=False):
+        try:
+          if run.plan is not None: return run(schedule.numbered, created, var_vals)
+          planned = run, _place_planned(run, created, schedule.numbered)
+          return _run_items(schedule, var_vals, planned)
+        finally: run.lock.release()
+      _place_planned(run, created, schedule.numbered)
     else:
       internal = {si.bufs[0]: Buffer(si.bufs[0].arg.device, si.bufs[0].arg.size, si.bufs[0].dtype) for si in schedule
                   if si.bufs[0] not in registry.buffers}
       for u, b in planned_buffers([si.bufs for si in schedule], internal, keep).items(): registry.buffers[u] = b
+  _run_items(schedule, var_vals, None)
+
+def _run_items(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None, planned: tuple[PlannedRun, list[Buffer]] | None) -> None:
+  """Make the schedule's items (compiling what isn't) and run them; a planned run (with the slots' memory) may keep them."""
   progress: Progress | None = None
   items: list[ExecItem] = []
   placed = registry.buffers.by_id.get
@@ -397,7 +412,17 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
     _captures[-1].items += items
     _captures[-1].nodes.update((id(b), u) for si, ei in zip(schedule, items) for b, u in zip(ei.bufs, si.bufs))
     _captures[-1].var_vals.update(var_vals or {})
-  ExecPlan(items)(var_vals)
+  plan = ExecPlan(items)
+  if planned is not None and not plan.side_by_side:
+    # (a plan run once, a one-off realize's, holds nothing: from its second run on, it is likely a loop's)
+    if planned[0].seen: planned[0].adopt(plan, schedule.template, planned[1])
+    planned[0].seen = True
+  plan(var_vals)
+
+def _reusable() -> bool:
+  """May a planned run's ExecPlan run this schedule: nothing watches each item (DEBUG lines, VIZ's timeline) nor records
+  it (a TinyJit capture keeps its items and their buffers)?"""
+  return DEBUG < 1 and trace.current is None and not _captures
 
 def _as_filled_in(schedule: Schedule) -> bool:
   """Is the schedule still the one its template was filled in with (each item its AST over those buffers)? A list can
@@ -406,18 +431,93 @@ def _as_filled_in(schedule: Schedule) -> bool:
   # each item's buffers with the template's numbers built a tuple per item, 250 a training step)
   return len(schedule) == len(schedule.made) and all(map(operator.is_, schedule, schedule.made))
 
-def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: ScheduleTemplate, numbered: list[UOp]) -> None:
-  """planned_buffers for a schedule filled in from template (its buffers by number in `numbered`), with the plan (slots
-  by buffer number) made once per template and numbers of the buffers created and kept: a training step's 250 buffers
-  are placed without planning again (3 ms a step)."""
+# planned runs holding memory between their runs, most recently run last: a few, so graphs of many structures (a model
+# run at many shapes) don't each keep their scratch memory
+_holding: dict[int, PlannedRun] = {}
+HOLDING_MAX = 4
+
+class PlannedRun:
+  """A template's memory plan for one set of buffers created and kept (slots by buffer number), and once a quiet run
+  used it, that run's ExecPlan. The next schedule filled in from the template with the same sets runs the same kernels
+  over the same layout, so it reuses the plan: the slots only its internal buffers use keep their memory between runs
+  (the kernels find them where they were), the buffers read from outside those (inputs, kept buffers, slots a kept one
+  shares) are rebound (ExecItem.bind, which the native run loop reads), and no Buffer, ExecItem or plan is made for the
+  ~250 kernels of a training step. The ExecPlan's items keep the memory of the last run's outside buffers until the next.
+  The plan is kept from the second quiet run on (a one-off realize holds no memory) and runs natively from then."""
+  def __init__(self, slot_of: dict[int, int], slots: list[tuple[str, int]], created: tuple[int, ...], kept: frozenset[int]):
+    self.slot_of, self.slots, self.created, self.kept = slot_of, slots, created, kept
+    self.plan: ExecPlan | None = None
+    self.seen = False  # has a quiet run used it
+    self.lock = threading.Lock()  # held by the thread running it
+    self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
+    # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
+    self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
+  def adopt(self, plan: ExecPlan, template: ScheduleTemplate, memory: list[Buffer]) -> None:
+    """Keep plan, which runs the schedule this run placed in `memory` (its slots' allocations), for the next ones."""
+    fresh = {self.slot_of[n] for n in self.created if n in self.kept}
+    self.held = [None if s in fresh else m for s, m in enumerate(memory)]
+    inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
+    # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
+    plan.native, plan.ran_quiet = plan._native_runs(), True
+    where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
+    for ei, (_, numbers) in zip(plan.items, template.items):
+      for j, n in enumerate(numbers):
+        if n in inside: continue
+        raws, addrs = where.setdefault(n, ([], []))
+        raws.append((ei.raw, j))
+        if ei.addrs is not None: addrs.append((ei.addrs, j))
+    self.outside, self.plan = [(n, raws, addrs) for n, (raws, addrs) in where.items()], plan
+    # (the items' Buffers were this run's: the plan keeps memory, not them)
+    for ei in plan.items: ei.bufs = []
+    _holding.pop(id(self), None)
+    _holding[id(self)] = self
+    while len(_holding) > HOLDING_MAX:
+      # (one another thread is running keeps what it holds)
+      if (old := _holding.pop(next(iter(_holding)))).lock.acquire(blocking=False):
+        try: old.release()
+        finally: old.lock.release()
+  def release(self) -> None: self.plan, self.held, self.outside = None, [], []
+  def __call__(self, numbered: list[UOp], created: tuple[int, ...], var_vals: dict[UOp, int] | None) -> None:
+    """Run the plan over this schedule's buffers (numbered): kept ones get fresh memory in the plan's layout."""
+    _holding.pop(id(self), None)  # the most recently run last
+    _holding[id(self)] = self
+    memory = [m if m is not None else Buffer(device, nbytes, dtypes.uint8) for m, (device, nbytes) in zip(self.held, self.slots)]
+    slot_of, kept, buffers = self.slot_of, self.kept, registry.buffers
+    mem: dict[int, Any] = {}
+    for n in created:
+      if n in kept:
+        u = numbered[n]
+        b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[slot_of[n]])
+        mem[n] = b.ensure_allocated()._buf
+      elif self.held[s := slot_of[n]] is None: mem[n] = memory[s].ensure_allocated()._buf
+    for n, raws, addrs in self.outside:  # (ExecItem.bind inlined: ~600 positions a training step)
+      if (m := mem.get(n)) is None:
+        b = buffer_of(numbered[n])
+        m = b._buf if b._buf is not None else b.ensure_allocated()._buf
+      if raws[0][0][raws[0][1]] is m: continue  # (a parameter, the optimizer's state: the same memory every step)
+      for raw, j in raws: raw[j] = m
+      if addrs:
+        addr = m.addr
+        for arr, j in addrs: arr[j] = addr
+    self.plan(var_vals)
+
+def _planned_run(schedule: Schedule, keep: set[UOp]) -> tuple[PlannedRun, tuple[int, ...]]:
+  """The template's planned run for the numbers of the buffers schedule creates and keeps (made once: planning a training
+  step's 250 buffers took 3 ms), and the numbers of those it creates."""
+  template, numbered = schedule.template, schedule.numbered
   number = {u: i for i, u in enumerate(numbered)}
   created = tuple(number[si.bufs[0]] for si in schedule if si.bufs[0] not in registry.buffers)
   kept = frozenset(number[u] for u in keep if u in number)
-  if (plan := template.plans.get(key := (created, kept))) is None:
+  if (run := template.plans.get(key := (created, kept))) is None:
     if len(template.plans) >= 8: template.plans.clear()  # (a template sees one or two sets in practice)
     sizes = {n: (numbered[n].arg.device, numbered[n].arg.size * numbered[n].dtype.itemsize) for n in created}
-    plan = template.plans[key] = plan_slots([numbers for _, numbers in template.items], sizes, kept)
-  slot_of, slots = plan
+    run = template.plans[key] = PlannedRun(*plan_slots([numbers for _, numbers in template.items], sizes, kept), created, kept)
+  return run, created
+
+def _place_planned(run: PlannedRun, created: tuple[int, ...], numbered: list[UOp]) -> list[Buffer]:
+  """planned_buffers for a schedule filled in from a template (its buffers by number in `numbered`), laid out as the
+  planned run says; the slots' allocations."""
+  slot_of, slots = run.slot_of, run.slots
   if DEBUG >= 2 and created:
     before = sum(numbered[n].arg.size * numbered[n].dtype.itemsize for n in created)
     print(f"memory plan: {len(created)} buffers in {len(slots)} allocations, {sum(nb for _, nb in slots) / 1e6:.2f} MB instead of {before / 1e6:.2f} MB")
@@ -425,6 +525,7 @@ def _place_planned(schedule: list[ScheduleItem], keep: set[UOp], template: Sched
   for n in created:
     u = numbered[n]
     registry.buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[slot_of[n]])
+  return memory
 
 def _uncompiled(items: list[ScheduleItem]) -> int:
   """How many distinct kernels of items this process hasn't compiled yet."""
@@ -520,6 +621,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
   with trace.group("schedule", "schedule") as rec, schedule_lowering():
     schedule, becomes = create_schedule([out[i] for i in todo], structure if len(todo) == len(out) else None)
+  if (capture := capturing()) is not None: capture.templates.append(schedule.template)
   rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
   run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():

@@ -41,7 +41,10 @@ class GGUFTokenizer:
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
     vocab = {t: i for i, t in enumerate(tokens)}  # not kept: the BPE model has its own copy (49k strings, ~5 MiB)
-    self.tokens, self.kind = tokens, kind
+    # nor is the list: a piece is asked of the BPE model (id_to_token), which holds each string (kept, SmolLM2's 49k were
+    # 3.4 MiB resident); only a piece whose string an earlier id has too is kept here (the BPE maps the string to one id)
+    self.kind, self.n_tokens = kind, len(tokens)
+    self._repeated = {i: t for i, t in enumerate(tokens) if vocab[t] != i}
     if kind == "llama":
       scores = meta.get("tokenizer.ggml.scores")
       if scores is None or len(scores) != len(tokens): raise ValueError(f"{path}: a 'llama' vocabulary needs tokenizer.ggml.scores, one per token")
@@ -52,8 +55,7 @@ class GGUFTokenizer:
       tok.normalizer = normalizers.Sequence(([normalizers.Prepend(SPACE)] if self.space_prefix else []) + [normalizers.Replace(" ", SPACE)])
       tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()] +
                                       ([decoders.Strip(" ", 1, 0)] if self.space_prefix else []))
-      self._bytes = [bytes([int(t[3:5], 16)]) if ty == BYTE and len(t) == 6 and t.startswith("<0x") else t.replace(SPACE, " ").encode()
-                     for t, ty in zip(tokens, types)]
+      self._byte_of = {i: bytes([int(t[3:5], 16)]) for i, (t, ty) in enumerate(zip(tokens, types)) if ty == BYTE and len(t) == 6 and t.startswith("<0x")}
     else:
       pre = meta.get("tokenizer.ggml.pre", "default")
       if pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
@@ -86,7 +88,13 @@ class GGUFTokenizer:
     """The bytes of one token (byte-level BPE maps each byte to a printable character; a SentencePiece piece has ▁ for
     a space, or is one byte as <0xNN>)."""
     if i in self.special_ids: return self._tok.decode([i], skip_special_tokens=False).encode("utf-8", "surrogatepass")
-    return self._bytes[i] if self.kind == "llama" else bytes(_BYTE_OF[c] for c in self.tokens[i])
+    if self.kind == "llama": return b if (b := self._byte_of.get(i)) is not None else self.piece(i).replace(SPACE, " ").encode()
+    return bytes(_BYTE_OF[c] for c in self.piece(i))
+
+  def piece(self, i: int) -> str:
+    """Token i as the vocabulary spells it (tokenizer.ggml.tokens[i])."""
+    if not 0 <= i < self.n_tokens: raise IndexError(f"token id {i} is outside the vocabulary of {self.n_tokens}")
+    return t if (t := self._repeated.get(i)) is not None else self._tok.id_to_token(i)
 
   def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """The prompt text for a conversation, from the model's own template (ChatML when the file has none)."""
@@ -95,7 +103,7 @@ class GGUFTokenizer:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     tpl = env.from_string(self.chat_template or _CHATML)
-    name = lambda i: self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""
+    name = lambda i: self.piece(i) if i is not None and 0 <= i < self.n_tokens else ""
     return tpl.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=name(self.bos_id), eos_token=name(self.eos_id))
 
 _CHATML = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}"

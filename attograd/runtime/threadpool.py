@@ -193,6 +193,13 @@ def _library() -> ctypes.CDLL:
   lib.run_steps.argtypes, lib.run_steps.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int], None
   return lib
 
+@functools.cache
+def array_type(ctype: type, n: int) -> type:
+  """ctypes' type of an array of n ctype, made once and kept: ctypes holds its array types only weakly, and each is a
+  reference cycle, so an array of a length no live array had made a type only the garbage collector freed (an eager step's
+  run made two, a threaded launch one)."""
+  return ctype * n
+
 _pools: dict[str, int] = {}
 def pool(name: str = "") -> int:
   """The native pool of this name (a device's; "" the shared one), made on first use: each device's threaded kernels run
@@ -205,7 +212,7 @@ def pool(name: str = "") -> int:
 def run_slices(entry: int, addrs: list[int], vals: list[int], n: int, cores: int, pool_name: str = "") -> None:
   """Calls the slice entry point at address `entry` for core = 0..n-1, on up to `cores` cores of the named pool, and returns
   when all are done. Each core takes the next slice when it finished one: a core another process holds back does fewer."""
-  _library().pool_run(pool(pool_name), entry, (ctypes.c_void_p * len(addrs))(*addrs), (ctypes.c_int64 * len(vals))(*vals), n, cores)
+  _library().pool_run(pool(pool_name), entry, array_type(ctypes.c_void_p, len(addrs))(*addrs), array_type(ctypes.c_int64, len(vals))(*vals), n, cores)
 
 class Step(ctypes.Structure):
   _fields_ = [("fn", ctypes.c_void_p), ("bufs", ctypes.c_void_p), ("vals", ctypes.c_void_p), ("vars", ctypes.c_void_p),
@@ -216,10 +223,10 @@ class Steps:
   its slice entry, the array of its buffers' addresses, the numbers of its Variables in the table each call passes, its
   slice count). The address arrays are read at every run: writing one of their entries rebinds that buffer's memory."""
   def __init__(self, pool_name: str, steps: list[tuple[int, ctypes.Array, list[int], int]]):
-    self.pool, self.count, self.steps = pool(pool_name), len(steps), (Step * len(steps))()
+    self.pool, self.count, self.steps = pool(pool_name), len(steps), array_type(Step, len(steps))()
     self.keep: list[ctypes.Array] = []  # the arrays the steps point into
     for st, (entry, addrs, numbers, n) in zip(self.steps, steps):
-      vals, idx = (ctypes.c_int64 * max(len(numbers), 1))(), (ctypes.c_int * max(len(numbers), 1))(*numbers)
+      vals, idx = array_type(ctypes.c_int64, max(len(numbers), 1))(), array_type(ctypes.c_int, max(len(numbers), 1))(*numbers)
       st.fn, st.bufs, st.vals, st.vars = entry, ctypes.addressof(addrs), ctypes.addressof(vals), ctypes.addressof(idx)
       st.nvals, st.n = len(numbers), n
       self.keep += [addrs, vals, idx]

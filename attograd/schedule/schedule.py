@@ -751,6 +751,13 @@ def _load_template(key: str) -> ScheduleTemplate | None:
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
+def forget_schedules(templates: list[ScheduleTemplate]) -> None:
+  """Drop these templates from the cache (by identity): a TinyJit's, once it has captured them, which no replay reads
+  again. Each is keyed by its graph's whole structure, a tuple a node: a 30-layer LLM's prompt pass and decode step
+  held 4.5 MiB of them. (The same graph realized again outside the TinyJit is scheduled anew, or read from disk.)"""
+  drop = {id(t) for t in templates}
+  for key in [k for k, t in _schedule_cache.items() if id(t) in drop]: del _schedule_cache[key]
+
 SPLIT_REDUCE_LENGTH = 2048  # a float sum at least this long over at least SPLIT_REDUCE_OUTPUTS outputs is split
 SPLIT_REDUCE_OUTPUTS = 1 << 16
 SPLIT_REDUCE_CHUNK = 1024
