@@ -377,3 +377,30 @@ def test_native_replay_items_on_the_viz_timeline():
   assert f.replay.plan.native is not None
   with trace.recording() as tr: f(Tensor.ones(8).contiguous())
   assert len([e for e in tr.events if e.jit]) == len(f.replay.plan.items)
+
+def test_same_tensors_again_skip_the_checks_and_a_change_does_not(monkeypatch):
+  # a decode loop passes the very same cache tensors every call: the replay takes them as they were, without describing
+  # the arguments again; a new tensor, a reassigned one, another shape or another value still takes the checked path
+  import attograd.jit as jit
+  from attograd import Variable
+  @TinyJit
+  def f(x, cache, v): return (x + cache[v:v + 1].sum()).realize()
+  cache = Tensor(np.arange(8, dtype=np.float32)).realize()
+  x = Tensor([1.0]).realize()
+  var = Variable("i", 0, 7)
+  for i in range(3): f(x, cache, var.bind(i))
+  described = []
+  real = jit._describe
+  monkeypatch.setattr(jit, "_describe", lambda a, k: described.append(1) or real(a, k))
+  assert f(x, cache, var.bind(5)).item() == 6.0 and not described  # same tensors: the quick path, the Variable's new value
+  cache.assign(cache + 10).realize()  # reassigned outside: new memory, which the replay must read
+  assert f(x, cache, var.bind(5)).item() == 16.0 and len(described) == 1
+  assert f(x, cache, var.bind(2)).item() == 13.0 and len(described) == 1  # (unchanged since: quick again)
+  y = Tensor([2.0]).realize()
+  assert f(y, cache, var.bind(2)).item() == 14.0 and len(described) == 2  # a new tensor
+  x.uop = Tensor([3.0]).realize().uop  # the same object holding other memory
+  assert f(x, cache, var.bind(2)).item() == 15.0 and len(described) == 3
+  with pytest.raises(JitError, match="captured for other inputs"): f(Tensor([1.0, 2.0]), cache, var.bind(2))  # another shape
+  with pytest.raises(JitError, match="captured for other inputs"): f(x, cache, 3)  # a value for the Variable
+  x2 = x + 1  # a lazy input is realized first
+  assert f(x2, cache, var.bind(2)).item() == 16.0

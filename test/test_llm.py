@@ -106,6 +106,25 @@ def test_model_matches_float64_reference(engine):
     toks.append(nxt)
   assert got.text == engine.tok.decode(toks[len(ids):])
 
+def test_decode_logits_in_place_cache_prefix_and_stop_strings(engine):
+  # a decode step's logits are read where the kernel wrote them (read-only, no copy), a history that changes in the middle
+  # runs again from the change, and a stop string is found wherever it starts (the scan covers only what could be new)
+  from attograd.engine.realize import buffer_of
+  ids = engine.tok.encode("One, two, three, four, five")
+  engine.cached = []
+  engine._logits(ids)
+  step = engine._logits(ids + [ids[1]])
+  out = engine.model._decode.ret
+  assert not step.flags.writeable and np.shares_memory(step, np.frombuffer(buffer_of(out.uop.base).host_view(), np.float32))
+  changed = ids[:3] + [ids[5]] + ids[4:]
+  again = engine._logits(changed).copy()
+  engine.cached = []
+  np.testing.assert_allclose(again, engine._logits(changed), rtol=1e-4, atol=1e-4)  # as a fresh prompt
+  greedy = engine.complete(ids, Sampling(max_new_tokens=12))
+  for stop in (greedy.text[5:9], greedy.text[-3:]):
+    stopped = engine.complete(ids, Sampling(max_new_tokens=12, stop=["zzzzzz", stop]))
+    assert stopped.text == greedy.text[:greedy.text.find(stop)] and stopped.finish_reason == "stop"
+
 FULL = pytest.mark.skipif(not os.getenv("ATTOGRAD_FULL_LLM"), reason="ATTOGRAD_FULL_LLM=1 runs it (kernel compiles and generation take tens of seconds on 2 cores)")
 
 @FULL

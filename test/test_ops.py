@@ -940,6 +940,15 @@ def test_tolist_item_numpy(device):
   assert bool(T([1], device)) and not bool(T(0.0, device))
   with pytest.raises(RuntimeError, match="ambiguous"): bool(T([1, 2], device))
 
+def test_reading_a_whole_buffer_runs_no_kernel(device):
+  from attograd.helpers import GlobalCounters
+  x = (T([[1.0, 2.0, 3.0]], device) * 2).reshape(1, 3, 1).realize().reshape(1, 3).reshape(3)  # reshapes stacked on a buffer
+  before = GlobalCounters.kernel_count
+  a = x.numpy()
+  assert GlobalCounters.kernel_count == before and a.tolist() == [2.0, 4.0, 6.0]  # no copy kernel: the buffer is read
+  a[0] = 7.0  # the array owns its values: writable, and writing it leaves the tensor alone
+  assert x.tolist() == [2.0, 4.0, 6.0] and x.numpy()[0] == 2.0
+
 def test_properties(device):
   x = Tensor.zeros(2, 3, 4, device=device, dtype=f16)
   assert x.shape == (2, 3, 4) and x.ndim == 3 and x.numel() == 24 and x.element_size() == 2 and x.nbytes() == 48

@@ -39,7 +39,8 @@ def buffer_view(buf: UOp, shape: tuple[sint, ...]) -> UOp:
 
 def is_contiguous_buffer(u: UOp) -> bool:
   """A whole buffer seen in some shape, or the prefix of one that a symbolic shape fills (buffer_view)."""
-  if u.op is Ops.RESHAPE: u = u.src[0]
+  # (reshapes can stack: a realized (1, 1, V) result reshaped to (V,) is a whole buffer still, and reading it must not copy)
+  while u.op is Ops.RESHAPE: u = u.src[0]
   if u.op is Ops.SHRINK and len(u.arg) == 1 and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp): u = u.src[0]
   return u.op is Ops.BUFFER
 
