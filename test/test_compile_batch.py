@@ -120,7 +120,8 @@ def test_schedule_compiled_in_batches_gives_the_same_results(cache, monkeypatch)
   rng = np.random.default_rng(0)
   xs = [rng.standard_normal((16, 24)).astype(np.float32) for _ in range(3)]
   def f(a, b, c):  # a dozen kernels of different shapes in one schedule
-    out = [(a @ b.T).relu().sum(1), (a * 3).exp().max(axis=0), (b.sin() + c).mean(1), (a - c).square().sum(), a.softmax(1) @ c.T]
+    out = [(a @ b.T).relu().sum(1), (a * 3).exp().max(axis=0), (b.sin() + c).mean(1), (a - c).square().sum(), a.softmax(1) @ c.T,
+           (a.abs() + 1).log().sum(0), (b * c).tanh(), (a.T @ c).amax(1)]
     Tensor.realize_all(out)
     return [t.numpy() for t in out]
   def fresh(where: str, batches: bool) -> None:

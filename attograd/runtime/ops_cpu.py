@@ -63,7 +63,7 @@ class CPUMemory:
     """The buffer's bytes, without the spare ones around them."""
     return memoryview(self.mem)[self.start:self.start + self.nbytes]
   def __del__(self):
-    if not isinstance(self.mem, mmap.mmap): return
+    if type(self.mem) is bytearray: return  # (a builtin: at interpreter shutdown the mmap module may be gone already)
     try: POOL.give(self.mem, self.addr)
     except Exception: pass  # interpreter shutdown: the pool may already be gone
 
