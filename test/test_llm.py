@@ -125,6 +125,19 @@ def test_decode_logits_in_place_cache_prefix_and_stop_strings(engine):
     stopped = engine.complete(ids, Sampling(max_new_tokens=12, stop=["zzzzzz", stop]))
     assert stopped.text == greedy.text[:greedy.text.find(stop)] and stopped.finish_reason == "stop"
 
+def test_decode_warm_up_ends_with_a_heap_trim(engine, monkeypatch):
+  # the decode step's capture frees C heap without growing the process past the trim threshold: the third decode step
+  # (the warm-up's last, the first replay) gives it back once, later steps don't walk the heap
+  import attograd.llm.generate as G
+  trims: list[int] = []
+  monkeypatch.setattr(G, "trim_heap", lambda: trims.append(engine.decode_runs))
+  monkeypatch.setattr(G, "resident_mib", lambda: 100.0)  # the process never grows: only the warm-up's end trims
+  ids = engine.tok.encode("One, two, three")
+  engine.cached, engine.decode_runs, engine.trimmed_at = [], 0, 100.0
+  engine._logits(ids)
+  for i in range(5): engine._logits(ids + ids[:i + 1])
+  assert trims == [3]
+
 FULL = pytest.mark.skipif(not os.getenv("ATTOGRAD_FULL_LLM"), reason="ATTOGRAD_FULL_LLM=1 runs it (kernel compiles and generation take tens of seconds on 2 cores)")
 
 @FULL
