@@ -287,7 +287,7 @@ class ExecPlan:
     # second quiet run: a plan run once (an eager realize's) would spend more on the tables than they save
     self.ran_quiet, self.native = False, None
     self.variables: list[UOp] = []  # the Variables of the native runs' kernels, by their number in self.table
-    self.table: ctypes.Array = array_type(ctypes.c_int64, 1)()
+    self.table: ctypes.Array | None = None  # (made with the native runs)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
     st, items = time.perf_counter(), self.items
     quiet = DEBUG < self.print_at and trace.current is None  # nothing to say per item: the counters are the plan's totals
