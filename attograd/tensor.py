@@ -1,7 +1,7 @@
 """The front end: a lazy Tensor that builds UOps. Shapes, broadcasting, dtype promotion and error
 messages live here; composite ops are written in terms of a few primitive UOps (DESIGN §3.1)."""
 from __future__ import annotations
-import math, os, struct, sys, weakref
+import functools, math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
@@ -18,6 +18,8 @@ from attograd.frontend.indexing import IndexingOps, full_index, index_checks
 from attograd.frontend.reorder import ReorderOps
 from attograd.frontend.pairs import ValuesIndices, _VI_HINT
 from attograd.frontend.elementwise import ElementwiseOps
+from attograd.frontend import replay
+from attograd.frontend.replay import replayed
 
 # tensors that require grad, by id: a WeakSet would compare two entries with ==, which is elementwise for tensors
 _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
@@ -1178,6 +1180,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return (-self if dtypes.is_float(self.dtype) else self.logical_not() if self.dtype == dtypes.bool else ~self).argmax(axis, keepdim, dim=dim)
 
   # ***** composites *****
+  @replayed
   def matmul(self, x: Tensor) -> Tensor:
     """PyTorch's matmul: 1-D operands are vectors, leading dims broadcast."""
     if not isinstance(x, Tensor): raise TypeError(f"matmul with {type(x).__name__}")
@@ -1286,9 +1289,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return close
   def allclose(self, other: Tensor | ConstType, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
     return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+  @replayed
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     out = self @ weight.T  # a 1-D weight is one output feature: x @ w, as in torch
     return out + bias if bias is not None else out
+  @replayed
   def softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self._float_unary() if dtype is None else self.cast(dtype)  # ints first: x - max would wrap for unsigned ones
@@ -1298,7 +1303,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     p = e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element (torch's CPU kernel does the same)
     # the backward reads p itself, P * (g - sum(g * P)): the chain rule through e and its sum made a backward pass recompute
     # the row max, the sum and the exps in kernels of their own (attention's backward: 10 kernels)
-    return p._with_vjp(x, lambda g: p * (g - (g * p).sum(axis, keepdim=True)))
+    return p._with_vjp((x,), functools.partial(_softmax_vjps, axis), p)
+  @replayed
   def log_softmax(self, axis: int = -1, dtype: DType | None = None, *, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self._float_unary() if dtype is None else self.cast(dtype)
@@ -1492,6 +1498,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def avg_pool2d(self, kernel_size=(2, 2), *args, **kw) -> Tensor: return self._avg_pool(2, kernel_size, *args, **kw)
   def avg_pool3d(self, kernel_size=(2, 2, 2), *args, **kw) -> Tensor: return self._avg_pool(3, kernel_size, *args, **kw)
 
+  @replayed
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
     y = self - self.mean(axis, keepdim=True)
     return y * (y.square().mean(axis, keepdim=True) + eps).rsqrt()
@@ -1516,16 +1523,21 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
     """torch.nn.functional.cross_entropy for logits (N, C, ...) and class indices or probabilities."""
     if reduction not in ("mean", "sum", "none"): raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    logp = self.log_softmax(1 if self.ndim > 1 else 0)
+    n = self.shape[1 if self.ndim > 1 else 0]
     if dtypes.is_float(Y.dtype):  # class probabilities
-      n = self.shape[1 if self.ndim > 1 else 0]
+      logp = self.log_softmax(1 if self.ndim > 1 else 0)
       target = Y * (1 - label_smoothing) + label_smoothing / n
       loss = -(logp * target).sum(1 if self.ndim > 1 else 0)
       return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
+    if Y.dtype == dtypes.bool: raise TypeError(f"cross_entropy targets must be class indices (integers) or probabilities (floats), got {Y.dtype}")
+    self._check_index_values(Y, 0, n, "cross_entropy's classes", ignore_index)  # torch raises for a target outside [0, n)
+    return self._cross_entropy_indices(Y, reduction, label_smoothing, ignore_index)
+  @replayed
+  def _cross_entropy_indices(self, Y: Tensor, reduction: str, label_smoothing: float, ignore_index: int) -> Tensor:
+    """cross_entropy against class indices Y, checked: built once per signature (frontend/replay.py)"""
+    logp = self.log_softmax(1 if self.ndim > 1 else 0)
     n = self.shape[1 if self.ndim > 1 else 0]
     classes = Tensor.arange(n, device=self.device).reshape(*((1, n) + (1,) * (self.ndim - 2) if self.ndim > 1 else (n,)))
-    if dtypes.is_float(Y.dtype) or Y.dtype == dtypes.bool: raise TypeError(f"cross_entropy targets must be class indices (integers) or probabilities (floats), got {Y.dtype}")
-    self._check_index_values(Y.ne(ignore_index).where(Y, 0), 0, n, "cross_entropy's classes")  # torch raises for a target outside [0, n)
     y = Y.unsqueeze(1) if self.ndim > 1 else Y
     picked = (classes == y).where(logp, 0).sum(1 if self.ndim > 1 else 0)
     loss = -(picked * (1 - label_smoothing) + logp.mean(1 if self.ndim > 1 else 0) * label_smoothing)
@@ -1577,7 +1589,13 @@ def _one_dim(dim: Any) -> bool:
 _LOGIC_NAMES = {Ops.AND: "bitwise_and (&)", Ops.OR: "bitwise_or (|)", Ops.XOR: "bitwise_xor (^)", Ops.SHL: "lshift (<<)",
                 Ops.SHR: "rshift (>>)"}
 
+replay.tensor_class = Tensor
+
 _FLOATS = frozenset(dt for dt in vars(dtypes).values() if isinstance(dt, DType) and dtypes.is_float(dt))
+
+def _softmax_vjps(axis: int, p: Tensor) -> tuple[Callable[[Tensor], Tensor]]:
+  """softmax's backward, P * (g - sum(g * P)), reading P = softmax(x) itself"""
+  return (lambda g: p * (g - (g * p).sum(axis, keepdim=True)),)
 
 def _weak_promote(strong: DType, weak: DType) -> DType:
   """PyTorch's rule for a weak operand (a Python scalar, or a 0-d tensor beside a tensor with dimensions):

@@ -5,7 +5,7 @@ The transcendental functions without a primitive (erf, asin, atan, ...) are poly
 coefficients were fitted for this file (least squares on Chebyshev nodes against float64 references,
 then checked in float32 arithmetic); the maximum errors measured are noted next to each table."""
 from __future__ import annotations
-import math
+import functools, math
 from typing import Sequence
 from attograd.errors import ArgumentError
 from attograd.dtype import dtypes
@@ -13,6 +13,7 @@ from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops, Vjp
 from attograd.gradient import GradMode
 from attograd.schedule.flash import flash_backward
+from attograd.frontend.replay import replayed
 
 def _sum_to(t, shape: tuple):
   """t summed over the axes a broadcast to its shape added or expanded: the gradient of a broadcast input."""
@@ -60,6 +61,38 @@ def _in_range(cond, x, safe: float):
 # interpolate's modes -> the input rank torch requires (None: any; 'linear' is tinygrad's on any rank)
 _INTERP_RANK = {"nearest": None, "nearest-exact": None, "linear": None, "bilinear": 4, "bicubic": 4, "trilinear": 5}
 
+def _attention_vjps(s: float, additive: bool, q, key, value, mask, attn, out) -> tuple:
+  """scaled_dot_product_attention's backward, reading its probabilities attn and its output out"""
+  # (the row sum has a buffer of its own, one value a row: inside dS's kernel, a register tile whose loop over column
+  # panels of keys runs outside its rows, it was summed again for every panel, in scalar code, 8 times at 256 keys.
+  # One core, AVX-512 (Zen 5), under load: dS of (16, 6, 256, 64) alone 13.1 -> 9.7 ms with the row sum's kernel; the
+  # large transformer's step (bench/step_ab.py --model large, in one process) 1736 -> 1719 ms, its 6 dS 65.9 -> 46.4 ms)
+  def d_scores(g): return attn * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True).contiguous())
+  vjps = [lambda g: (d_scores(g) @ key) * s, lambda g: (d_scores(g).transpose(-2, -1) @ q) * s, lambda g: attn.transpose(-2, -1) @ g]
+  return (*vjps, lambda g: _sum_to(d_scores(g), mask.shape)) if additive else tuple(vjps)
+
+def _flash_attention_vjps(s: float, additive: bool, q, key, value, mask, out, x, empty) -> tuple:
+  """scaled_dot_product_attention's backward as flash attention's (schedule/flash.py: fuse_attention_grads): the
+  probabilities recomputed from q, k and the rows' logsumexp, P = exp(q @ k^T * scale + mask - lse), inside each
+  gradient's kernel, where the chain rule read the T x S probabilities (and stored the scores and dS, two more T x S
+  buffers). lse is the forward softmax's own max and sum over the logits x (the same nodes: no pass of its own); the
+  recomputed scores are (q * scale) @ k^T, not the forward's nodes, so the forward keeps its schedule (its one-kernel
+  pass over the keys needs no probabilities). empty: the rows with every key masked (None: no such test)"""
+  def probs():
+    m = x.amax(-1, keepdim=True).detach()
+    lse = (m + (x - m).exp().sum(-1, keepdim=True).log()).contiguous()
+    sc = (q * s) @ key.transpose(-2, -1)
+    if mask is not None: sc = mask.where(sc, -math.inf) if mask.dtype == dtypes.bool else sc + mask
+    p = (sc - lse).exp()
+    return p if empty is None else empty.where(0.0, p)
+  def d_scores(g): return probs() * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
+  vjps = [lambda g: (d_scores(g) * s) @ key, lambda g: (d_scores(g) * s).transpose(-2, -1) @ q, lambda g: probs().transpose(-2, -1) @ g]
+  return (*vjps, lambda g: _sum_to(d_scores(g), mask.shape)) if additive else tuple(vjps)
+
+def _tensor_vjps(wrap, make, *captured: UOp | None) -> tuple:
+  """A Vjp's functions of nodes: make's, of tensors, over the captured nodes as tensors (ElementwiseOps._with_vjp)."""
+  return tuple((lambda g, vjp=vjp: vjp(wrap(g)).uop) for vjp in make(*(None if c is None else wrap(c) for c in captured)))
+
 class ElementwiseOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -78,18 +111,18 @@ class ElementwiseOps:
     pairs = (x, d, *more)
     srcs = tuple(t._broadcast_to(self.shape).uop if isinstance(t, type(self)) else self._const_like(t) for t in pairs)
     return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *srcs)))
-  def _with_vjp(self, *pairs):
-    """self, a function of tensors x1, x2, ... given as pairs (x1, vjp1, x2, vjp2, ...): autograd takes the gradient of xi
-    to be vjpi(g) for the gradient g flowing into self (uop/ops.py, Vjp), calling vjpi only when a backward pass runs.
-    Softmax's backward then reads its own output, where the chain rule through its exp and row sum recomputed both in
-    the backward pass; attention's reads its probabilities and output once each. A vjp must read the tensors of this
-    call as they are now (not a user's tensor that may be written in place before the backward pass)."""
+  def _with_vjp(self, xs: tuple, make, *captured):
+    """self, a function of the tensors xs: autograd takes the gradient of xs[i] to be vjps[i](g) for the gradient g flowing
+    into self, where vjps = make(*captured) (tensors in place of captured, None kept), made and called only when a
+    backward pass runs (uop/ops.py, Vjp). Softmax's backward then reads its own output, where the chain rule through its
+    exp and row sum recomputed both in the backward pass; attention's reads its probabilities and output once each.
+    make reads only captured, the tensors of this call as they are now (not a user's tensor that may be written in place
+    before the backward pass): a composite replayed over other inputs (frontend/replay.py) makes its products over them."""
     if not GradMode.enabled: return self  # no_grad (inference, decoding): no backward to write
     # a symbolic size: the chain rule, as a Variable's binding must reach every node of the backward
     if any(not isinstance(n, int) for n in self.shape): return self
-    wrap = type(self)
-    fns = tuple((lambda g, vjp=vjp: vjp(wrap(g)).uop) for vjp in pairs[1::2])
-    return wrap(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *(x.uop for x in pairs[::2])), Vjp(fns)))
+    vjp = Vjp(make=functools.partial(_tensor_vjps, type(self), make), captured=tuple(None if c is None else c.uop for c in captured))
+    return type(self)(UOp(Ops.WITH_DERIVATIVE, self.dtype, (self.uop, *(x.uop for x in xs)), vjp))
   def _const_like(self, v: float) -> UOp: return type(self).full(self.shape, v, dtype=self.dtype, device=self.device).uop
   def _keep_nan(self, r):
     return self.isnan().where(self, r)
@@ -262,6 +295,7 @@ class ElementwiseOps:
     x, dt = self._math_dtype()
     return (x * x.sigmoid()).cast(dt)
   swish = silu
+  @replayed
   def gelu(self, approximate: str = "none"):
     """x * Phi(x), with Phi's tail Phi(-|x|) = erfc(|x|/sqrt 2)/2 in relative terms, so the tiny values for very
     negative x keep their precision. gelu(inf) is inf (torch returns nan there)."""
@@ -483,6 +517,9 @@ class ElementwiseOps:
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True
     positions; dropout (p > 0) is applied as torch does, whatever the training mode. enable_gqa: key/value heads
     (dim -3) are shared by groups of query heads, each repeated in place as torch does."""
+    # (replayed without dropout: dropout draws new random numbers each call)
+    return (self._attention if dropout_p > 0 else self._attention_replayed)(key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+  def _attention(self, key, value, attn_mask, dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool):
     q = self
     if enable_gqa and key.ndim >= 3 and (hq := q.shape[-3]) != (hk := key.shape[-3]):
       if hq % hk or hq % value.shape[-3]:
@@ -520,40 +557,13 @@ class ElementwiseOps:
     out = attn @ value
     if dropout_p > 0: return out
     # the backward as flash attention's: dS = P * (dO @ V^T - rowsum(dO * O)), whose row sum is over the head dimension
-    # (the chain rule's, sum(dP * P), is over the keys, and made the scheduler store dP = dO @ V^T to read it twice)
-    # (the functions read this call's inputs, not the caller's tensors, which an in-place write may change before backward)
-    t = type(self)
-    q, key, value = t(q.uop), t(key.uop), t(value.uop)
-    if attn_mask is not None: attn_mask = t(attn_mask.uop)
-    # (the row sum has a buffer of its own, one value a row: inside dS's kernel, a register tile whose loop over column
-    # panels of keys runs outside its rows, it was summed again for every panel, in scalar code, 8 times at 256 keys.
-    # One core, AVX-512 (Zen 5), under load: dS of (16, 6, 256, 64) alone 13.1 -> 9.7 ms with the row sum's kernel; the
-    # large transformer's step (bench/step_ab.py --model large, in one process) 1736 -> 1719 ms, its 6 dS 65.9 -> 46.4 ms)
-    def d_scores(g): return attn * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True).contiguous())
-    if flash_bwd:
-      # flash attention's backward (schedule/flash.py: fuse_attention_grads): the probabilities recomputed from q, k and
-      # the rows' logsumexp, P = exp(q @ k^T * scale + mask - lse), inside each gradient's kernel, where the chain rule
-      # read the T x S probabilities (and stored the scores and dS, two more T x S buffers). lse is the forward softmax's
-      # own max and sum (the same nodes: no pass of its own); the recomputed scores are (q * scale) @ k^T, not the
-      # forward's nodes, so the forward keeps its schedule (its one-kernel pass over the keys needs no probabilities)
-      x, mask, empty = t(logits.uop), attn_mask, none if none is None else t(none.uop)
-      def probs():
-        m = x.amax(-1, keepdim=True).detach()
-        lse = (m + (x - m).exp().sum(-1, keepdim=True).log()).contiguous()
-        sc = (q * s) @ key.transpose(-2, -1)
-        if mask is not None: sc = mask.where(sc, -math.inf) if mask.dtype == dtypes.bool else sc + mask
-        p = (sc - lse).exp()
-        return p if empty is None else empty.where(0.0, p)
-      def d_scores(g): return probs() * (g @ value.transpose(-2, -1) - (g * out).sum(-1, keepdim=True))
-      pairs = [q, lambda g: (d_scores(g) * s) @ key, key, lambda g: (d_scores(g) * s).transpose(-2, -1) @ q,
-               value, lambda g: probs().transpose(-2, -1) @ g]
-      if attn_mask is not None and attn_mask.dtype != dtypes.bool: pairs += [attn_mask, lambda g: _sum_to(d_scores(g), attn_mask.shape)]
-      return out._with_vjp(*pairs)
-    pairs = [q, lambda g: (d_scores(g) @ key) * s, key, lambda g: (d_scores(g).transpose(-2, -1) @ q) * s,
-             value, lambda g: attn.transpose(-2, -1) @ g]
-    if attn_mask is not None and attn_mask.dtype != dtypes.bool:  # an additive float mask (a learned bias) is differentiable
-      pairs += [attn_mask, lambda g: _sum_to(d_scores(g), attn_mask.shape)]
-    return out._with_vjp(*pairs)
+    # (the chain rule's, sum(dP * P), is over the keys, and made the scheduler store dP = dO @ V^T to read it twice).
+    # The products read this call's nodes (not the caller's tensors, which an in-place write may change before backward)
+    additive = attn_mask is not None and attn_mask.dtype != dtypes.bool  # an additive float mask (a learned bias) is differentiable
+    xs = (q, key, value, attn_mask) if additive else (q, key, value)
+    if flash_bwd: return out._with_vjp(xs, functools.partial(_flash_attention_vjps, s, additive), q, key, value, attn_mask, out, logits, none)
+    return out._with_vjp(xs, functools.partial(_attention_vjps, s, additive), q, key, value, attn_mask if additive else None, attn, out)
+  _attention_replayed = replayed(_attention)
   def _resize_matrix(self, n_in: int, n_out: int, mode: str, align_corners: bool | None, scale: float | None, dtype):
     """(n_in, n_out) weights taking an axis of n_in samples to n_out, torch's source-index arithmetic."""
     rows = [[0.0] * n_out for _ in range(n_in)]

@@ -77,17 +77,22 @@ class IndexingOps:
   __slots__ = ()  # Tensor defines the slots
 
   # ***** helpers *****
-  def _check_index_values(self, idx: Any, lo: int, hi: int, what: str) -> None:
-    """Values of idx outside [lo, hi) raise IndexError: now if idx is realized (and not huge), else at the next realize."""
+  def _check_index_values(self, idx: Any, lo: int, hi: int, what: str, ignore: int | None = None) -> None:
+    """Values of idx outside [lo, hi) (other than ignore) raise IndexError: now if idx is realized (and not huge), else at
+    the next realize."""
     if idx.numel() == 0: return
     size = hi if lo == 0 else -lo
     # (not inside a TinyJit call: a replay must check new values, and its first call computes the check as the capture
     # does, so the two build the same graph)
     if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and not in_jit_call():
       vals = idx.numpy()
-      bad = vals[(vals < lo) | (vals >= hi)]
+      out = (vals < lo) | (vals >= hi)
+      bad = vals[out if ignore is None else out & (vals != ignore)]
       if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for {what} with size {size}")
       return
+    # (a target's ignored entries count as lo: a batch of class indices read as it is, when it is in memory, above; a
+    # lazy one checked by the kernels)
+    if ignore is not None: idx = idx.ne(ignore).where(idx, lo)
     if (r := _known_range(idx.uop)) is not None and lo <= r[0] and r[1] < hi: return  # in range by construction
     i = idx.cast(dtypes.int64)
     bad = (i < lo) | (i >= hi)

@@ -109,9 +109,7 @@ class LayerNorm(Module):
   def forward(self, x: Tensor) -> Tensor:
     if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
       raise ArgumentError(f"LayerNorm over {self.normalized_shape} got input of shape {x.shape}")
-    y = x.layernorm(tuple(range(-len(self.normalized_shape), 0)), self.eps)
-    if self.weight is not None: y = y * self.weight
-    return y if self.bias is None else y + self.bias
+    return functional._layer_norm(x, self.weight, self.bias, len(self.normalized_shape), self.eps)
 
 class GroupNorm(Module):
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):

@@ -6,12 +6,12 @@ from typing import Any, Sequence
 from attograd.errors import ArgumentError  # a ValueError and a RuntimeError: code written for torch catches it
 from attograd.tensor import Tensor
 from attograd.dtype import DType, dtypes
+from attograd.frontend.replay import replayed
 
 def _check_range(idx: Tensor, hi: int, what: str, ignore: int | None = None) -> None:
   """IndexError for index values outside [0, hi) (other than ignore), as torch raises: now when idx is in memory, else
   at the next realize (a check the kernels run, frontend/indexing.py), under TinyJit at every replay."""
-  if ignore is not None: idx = idx.ne(ignore).where(idx, 0)
-  idx._check_index_values(idx, 0, hi, what)
+  idx._check_index_values(idx, 0, hi, what, ignore)
 
 # ***** activations *****
 
@@ -154,7 +154,12 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 def layer_norm(input: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
   shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
   if input.shape[input.ndim - len(shape):] != shape: raise ArgumentError(f"layer_norm over {shape} got input of shape {input.shape}")
-  y = input.layernorm(tuple(range(-len(shape), 0)), eps)
+  return _layer_norm(input, weight, bias, len(shape), eps)
+
+@replayed
+def _layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, dims: int, eps: float) -> Tensor:
+  """x normalized over its last dims axes, times weight, plus bias (either may be None)"""
+  y = x.layernorm(tuple(range(-dims, 0)), eps)
   if weight is not None: y = y * weight
   return y + bias if bias is not None else y
 
@@ -191,8 +196,12 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
   """Rows of weight picked by integer indices (the gradient of padding_idx's row is zero)."""
   if max_norm is not None or scale_grad_by_freq or sparse: raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse")
   if dtypes.is_float(input.dtype): raise TypeError(f"embedding indices must be integers, got {input.dtype}")
+  _check_range(input, weight.shape[0], "embedding index")
+  return _embedding_rows(input, weight, padding_idx)
+
+@replayed
+def _embedding_rows(input: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
   n = weight.shape[0]
-  _check_range(input, n, "embedding index")
   rows = Tensor.arange(n, device=input.device)
   if padding_idx is not None: weight = (rows.unsqueeze(1) == padding_idx % n).where(weight.detach(), weight)
   hit = input.unsqueeze(-1) == rows

@@ -150,9 +150,18 @@ class Vjp:
   """A WITH_DERIVATIVE's vector-Jacobian products: fns[i](g) is the gradient of its source i+1 for the gradient g of its
   value. Called by autograd only when a backward pass runs: a forward pass builds none of them (attention's were a third
   of its nodes), and the backward is built over the gradient itself, with no placeholder to substitute through the
-  graph below. Compared by identity: each function call makes its own node."""
-  __slots__ = ("fns",)
-  def __init__(self, fns: tuple[Callable[[UOp], UOp], ...]): self.fns = fns
+  graph below. Compared by identity: each function call makes its own node.
+  Given as `make` and the nodes it reads (`captured`, None for an absent one) rather than as functions, the products are
+  make(*captured), made when autograd first asks: a Template rebuilding the node over other inputs makes a Vjp of the
+  same make over its own nodes (functions closing over one call's tensors would give another call this call's gradient)."""
+  __slots__ = ("_fns", "make", "captured")
+  def __init__(self, fns: tuple[Callable[[UOp], UOp], ...] | None = None, make: Callable[..., tuple] | None = None,
+               captured: tuple[UOp | None, ...] = ()):
+    self._fns, self.make, self.captured = fns, make, captured
+  @property
+  def fns(self) -> tuple[Callable[[UOp], UOp], ...]:
+    if self._fns is None: self._fns = self.make(*self.captured)  # type: ignore[misc]
+    return self._fns
   def __repr__(self) -> str: return f"Vjp({len(self.fns)})"
 
 _OP_BIT = {op: 1 << op.value for op in Ops}  # (Enum's .value is a Python property: a dict is 5x faster)
@@ -441,20 +450,32 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "rebinds", "opaque", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
     for u in _walk_to(root, leaf_set):
       if u not in leaf_set and any(s in leaf_set or s in above for s in u.src): above[u] = None
     if root not in leaf_set and root not in above: raise AssertionError("a template's graph must depend on its inputs")
-    # slots: the fixed sources (nodes not above a leaf) first, then the leaves' replacements, then each rebuilt node
-    fixed = list(dict.fromkeys(s for u in above for s in u.src if s not in leaf_set and s not in above))
+    # slots: the fixed sources (nodes not above a leaf) first, then the leaves' replacements, then each rebuilt node.
+    # A Vjp's captured nodes that don't depend on a leaf are fixed too (a causal mask attention's backward reads)
+    captured = [c for u in above if isinstance(u.arg, Vjp) for c in u.arg.captured
+                if c is not None and c not in leaf_set and c not in above and not any(n in leaf_set for n in c.toposort)]
+    fixed = list(dict.fromkeys([*(s for u in above for s in u.src if s not in leaf_set and s not in above), *captured]))
     slot = {s: i for i, s in enumerate(fixed)}
     for i, leaf in enumerate(leaves): slot[leaf] = len(fixed) + i
     for i, u in enumerate(above): slot[u] = len(fixed) + len(leaves) + i
     self.fixed, self.n_leaves = fixed, len(leaves)
     self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
+    # a Vjp given by its make is made again over the rebuilt nodes it reads: (step, the slots of its captured nodes, -1
+    # for None). `opaque`: a node the rebuilt graph can't have as it is, a Vjp of functions over this graph's nodes, or
+    # of a make reading a node outside the slots or not below it (the rebuilt graph would take this one's gradients)
+    self.rebinds: list[tuple[int, tuple[int, ...]]] = []
+    self.opaque = False
+    for i, u in enumerate(above):
+      if isinstance(u.arg, Vjp):
+        if u.arg.make is None or any(c is not None and (c not in slot or slot[c] >= slot[u]) for c in u.arg.captured): self.opaque = True
+        else: self.rebinds.append((i, tuple(-1 if c is None else slot[c] for c in u.arg.captured)))
     self.outputs = tuple((u.shape, u.dtype) for u in (root.src if root.op is Ops.SINK else (root,)))
     self.call_args = tuple((Call(self, i, shape), dt) for i, (shape, dt) in enumerate(self.outputs))  # (made once)
   def __repr__(self) -> str: return f"Template({len(self.steps)} nodes over {self.n_leaves} input(s), {len(self.outputs)} output(s))"
@@ -462,7 +483,16 @@ class Template:
     """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
     slots = self.fixed.copy()
     slots += xs
-    for op, dtype, src, arg in self.steps: slots.append(UOp(op, dtype, tuple([slots[i] for i in src]), arg))
+    if not self.rebinds:
+      for op, dtype, src, arg in self.steps: slots.append(UOp(op, dtype, tuple([slots[i] for i in src]), arg))
+      return slots[-1]
+    base, steps = len(slots), self.steps
+    for i, cap in self.rebinds:  # (each Vjp's captured nodes are built before its node: they are its sources' graph)
+      for op, dtype, src, arg in steps[len(slots) - base:i]: slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
+      op, dtype, src, arg = steps[i]
+      arg = Vjp(make=arg.make, captured=tuple(None if j < 0 else slots[j] for j in cap))
+      slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
+    for op, dtype, src, arg in steps[len(slots) - base:]: slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
     return slots[-1]
   def calls(self, *xs: UOp) -> tuple[UOp, ...]:
     """A CALL node per output, over xs: the graph as a few nodes, expanded where it is scheduled."""
