@@ -12,6 +12,7 @@ from attograd.dtype import dtypes
 from attograd.helpers import prod
 from attograd.uop.ops import UOp, Ops, Vjp
 from attograd.gradient import GradMode
+from attograd.schedule import flash as _flash
 from attograd.schedule.flash import flash_backward
 from attograd.frontend.replay import replayed
 
@@ -563,7 +564,8 @@ class ElementwiseOps:
     xs = (q, key, value, attn_mask) if additive else (q, key, value)
     if flash_bwd: return out._with_vjp(xs, functools.partial(_flash_attention_vjps, s, additive), q, key, value, attn_mask, out, logits, none)
     return out._with_vjp(xs, functools.partial(_attention_vjps, s, additive), q, key, value, attn_mask if additive else None, attn, out)
-  _attention_replayed = replayed(_attention)
+  # (whether the backward is flash attention's is decided by the shapes and schedule/flash.py's thresholds, which tests set)
+  _attention_replayed = replayed(_attention, switches=lambda: (_flash.FLASH_BWD_MIN_KEYS, _flash.FLASH_BWD_MIN_BYTES, _flash.FLASH_MAX_COLUMNS))
   def _resize_matrix(self, n_in: int, n_out: int, mode: str, align_corners: bool | None, scale: float | None, dtype):
     """(n_in, n_out) weights taking an axis of n_in samples to n_out, torch's source-index arithmetic."""
     rows = [[0.0] * n_out for _ in range(n_in)]

@@ -44,15 +44,18 @@ def _arg_key(a: Any) -> Any:
   return _UNKEYED
 _UNKEYED: Any = object()
 
-def replayed(fn: Callable) -> Callable:
+def replayed(fn: Callable | None = None, *, switches: Callable[[], tuple] | None = None) -> Callable:
   """fn (a composite whose tensor arguments are positional) built once per signature and replayed after: see above.
   The signature: fn, each argument (a tensor by shape, dtype, device and which earlier tensor argument it is, if the
   same), keyword arguments, and the switches a composite's graph may depend on (grad mode, Tensor.training, the default
-  dtypes). Symbolic shapes and sharded tensors are built as they are."""
+  dtypes, and what `switches()` gives: the module settings fn reads). Symbolic shapes and sharded tensors are built as
+  they are."""
+  if fn is None: return functools.partial(replayed, switches=switches)
   @functools.wraps(fn)
   def call(*args: Any, **kw: Any) -> Any:
     tc = tensor_class
     key: list[Any] = [fn, GradMode.enabled, tc.training, dtypes.default_float, dtypes.default_int]
+    if switches is not None: key.append(switches())
     leaves: list[UOp] = []
     for a in args:
       if isinstance(a, tc):

@@ -1,0 +1,150 @@
+"""Composites built once per signature and replayed (frontend/replay.py): a replay builds the very graph the composite
+builds (the same nodes; a Vjp's products over this call's nodes), its gradients are this call's, and what a replay must
+not take for the signature (another shape, aliasing arguments, grad mode, dropout, a view of an argument) is built as it is."""
+import math
+import numpy as np
+import pytest
+from attograd import Tensor, nn, no_grad
+from attograd.uop.ops import UOp, UOpMeta, Vjp
+from attograd.nn import functional as F
+from attograd.frontend import replay
+from attograd.frontend.replay import replayed
+
+torch = pytest.importorskip("torch")
+
+def _same(a: UOp, b: UOp, memo: dict | None = None) -> bool:
+  """One graph: the same nodes, but for Vjp args (compared by identity), which must make the same products of
+  nodes of the same graph."""
+  memo = {} if memo is None else memo
+  if a is b: return True
+  if (id(a), id(b)) in memo: return memo[(id(a), id(b))]
+  ok = a.op is b.op and a.dtype == b.dtype and len(a.src) == len(b.src) and all(_same(x, y, memo) for x, y in zip(a.src, b.src))
+  if ok and isinstance(a.arg, Vjp):
+    ma, mb = a.arg.make.args[1], b.arg.make.args[1]  # (the front end's make: partial(_tensor_vjps, Tensor, make))
+    ok = isinstance(b.arg, Vjp) and ma.func is mb.func and ma.args == mb.args and len(a.arg.captured) == len(b.arg.captured) and \
+      all((x is None and y is None) or (x is not None and y is not None and _same(x, y, memo)) for x, y in zip(a.arg.captured, b.arg.captured))
+  elif ok: ok = a.arg == b.arg
+  memo[(id(a), id(b))] = ok
+  return ok
+
+def _rand(*shape, seed=0) -> Tensor: return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+def _unreplayed(f):
+  """f with every replayed composite built as it is (the graph to compare a replay with)"""
+  saved = dict(replay._templates)
+  replay._templates.clear()
+  key_none = {}
+  class Never(dict):
+    def get(self, k, d=None): return None  # every signature: "can't be replayed", built as it is
+    def __setitem__(self, k, v): key_none[k] = v
+  replay._templates = Never()
+  try: return f()
+  finally: replay._templates = saved
+
+CASES = {
+  "linear": lambda x, y: x.linear(y[:24, :16], y[0, :24]),
+  "matmul_broadcast": lambda x, y: x @ y[:16, :5],
+  "layernorm_module": lambda x, y: _ln(x),
+  "layer_norm_functional": lambda x, y: F.layer_norm(x, (16,), y[0, :16], None, 1e-3),
+  "gelu": lambda x, y: x.gelu(),
+  "gelu_tanh": lambda x, y: x.gelu(approximate="tanh"),
+  "softmax": lambda x, y: x.softmax(-1),
+  "softmax_axis0": lambda x, y: x.softmax(0),
+  "log_softmax": lambda x, y: x.log_softmax(1),
+  "sdpa_causal": lambda x, y: x.reshape(2, 2, 2, 16).scaled_dot_product_attention(x.reshape(2, 2, 2, 16) * 2, x.reshape(2, 2, 2, 16) + 1, is_causal=True),
+  "sdpa_bool_mask": lambda x, y: x.reshape(1, 4, 2, 16).scaled_dot_product_attention(x.reshape(1, 4, 2, 16), y[:4, :16].reshape(1, 2, 2, 16).repeat(1, 2, 1, 1), y[:2, :2] > 0),
+  "sdpa_additive_mask": lambda x, y: x.reshape(1, 2, 4, 16).scaled_dot_product_attention(y[:4, :16].reshape(1, 1, 4, 16), x.reshape(1, 2, 4, 16), y[:4, :4]),
+  "cross_entropy": lambda x, y: x.reshape(-1, 16).cross_entropy(_target, label_smoothing=0.1, ignore_index=-100),
+  "embedding": lambda x, y: _emb(_idx),
+}
+_ln, _emb = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3)
+_target, _idx = Tensor([1, 2, 15, -100, 0, 3, 4, 5]), Tensor([[1, 0, 2], [3, 3, 1]])
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replay_builds_the_same_graph(name):
+  f = CASES[name]
+  for seed in (1, 2, 3):  # new inputs each time: the first call builds, the next ones replay
+    x, y = _rand(4, 2, 16, seed=seed) * 1, _rand(32, 32, seed=seed + 10).realize()
+    got = f(x, y)
+    want = _unreplayed(lambda: f(x, y))
+    assert _same(got.uop, want.uop), f"{name}: the replay's graph differs"
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+def test_replay_builds_only_its_nodes():
+  # a replayed linear makes the nodes of its template and nothing else: no Tensor method runs
+  x, w, b = _rand(8, 16), _rand(24, 16), _rand(24)
+  x.linear(w, b)
+  x2 = _rand(8, 16, seed=5)
+  made = []
+  real = UOpMeta.__call__
+  UOpMeta.__call__ = lambda cls, *a, **k: made.append(a[0]) or real(cls, *a, **k)
+  try: x2.linear(w, b)
+  finally: UOpMeta.__call__ = real
+  template = next(e[0] for k, e in replay._templates.items() if k[0] is Tensor.linear.__wrapped__ and e is not None and k[5][0] == (8, 16))
+  assert len(made) == len(template.steps)
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_replayed_attention_gradients_are_this_calls(monkeypatch, flash):
+  from attograd.schedule import flash as fl
+  if flash:  # flash attention's backward (probabilities recomputed) at this small size
+    monkeypatch.setattr(fl, "FLASH_BWD_MIN_KEYS", 8)
+    monkeypatch.setattr(fl, "FLASH_BWD_MIN_BYTES", 0)
+  rng = np.random.default_rng(0)
+  for _ in range(3):  # the second and third calls replay: their gradients must be theirs, not the first call's
+    q, k, v, g = (rng.standard_normal((2, 2, 8, 16)).astype(np.float32) for _ in range(4))
+    tq, tk, tv = (Tensor(a, requires_grad=True) for a in (q, k, v))
+    (tq.scaled_dot_product_attention(tk, tv, is_causal=True) * Tensor(g)).sum().backward()
+    rq, rk, rv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    (torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True) * torch.tensor(g)).sum().backward()
+    for ours, theirs in ((tq, rq), (tk, rk), (tv, rv)): np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+def test_replayed_softmax_gradients_are_this_calls():
+  rng = np.random.default_rng(1)
+  for _ in range(3):
+    a, g = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal((2, 3, 8)).astype(np.float32)
+    t = Tensor(a, requires_grad=True)
+    (t.softmax(-1) * Tensor(g)).sum().backward()
+    r = torch.tensor(a, requires_grad=True)
+    (r.softmax(-1) * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+def test_argument_equal_to_a_constant_inside():
+  # Tensor.ones(shape) is the node gelu's graph makes for its constant 1 of that shape: built over stand-ins, the
+  # template keeps the two apart (built over the argument itself, a replay would put the next argument in the constant's place)
+  for x in (Tensor.ones(3, 5), _rand(3, 5), Tensor.zeros(3, 5), _rand(3, 5, seed=4)):
+    want = torch.nn.functional.gelu(torch.tensor(x.numpy()))
+    np.testing.assert_allclose(x.gelu().numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+def test_aliased_arguments():
+  # x @ x and x @ y have one signature of shapes: which arguments are the same tensor is part of it
+  x, y = _rand(6, 6), _rand(6, 6, seed=1)
+  for a, b in ((x, x), (x, y), (y, y), (y, x)):
+    np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5, atol=1e-5)
+
+def test_grad_mode_is_part_of_the_signature():
+  x = _rand(4, 8)
+  with no_grad(): plain = x.softmax(-1)
+  assert plain.uop.op.name != "WITH_DERIVATIVE"
+  assert x.softmax(-1).uop.op.name == "WITH_DERIVATIVE"
+  with no_grad(): assert x.softmax(-1).uop.op.name != "WITH_DERIVATIVE"
+
+def test_dropout_draws_each_call():
+  q = _rand(1, 1, 16, 8)
+  a = q.scaled_dot_product_attention(q, q, dropout_p=0.5).numpy()
+  b = q.scaled_dot_product_attention(q, q, dropout_p=0.5).numpy()
+  assert not np.array_equal(a, b)
+
+def test_a_view_of_an_argument_is_not_replayed():
+  # a composite handing back a view of its argument (a write to the argument shows in it) is built each call
+  @replayed
+  def flat(x): return x.reshape(-1)
+  for _ in range(2):
+    base = Tensor([[1.0, 2.0], [3.0, 4.0]]).contiguous().realize()
+    v = flat(base)
+    base.assign(Tensor([[5.0, 6.0], [7.0, 8.0]]))
+    assert v.tolist() == [5.0, 6.0, 7.0, 8.0]
+
+def test_errors_are_the_calls_own():
+  x = _rand(4, 8)
+  for _ in range(2):
+    with pytest.raises(Exception, match="matmul"): x @ _rand(5, 3)
