@@ -661,8 +661,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     d = _normalize_axis(dim, self.ndim)
     return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
   def unsqueeze(self, dim: int) -> Tensor:
-    d = _normalize_axis(dim, self.ndim, extra=1)
-    return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+    shape = self.uop.shape
+    d = _normalize_axis(dim, len(shape), extra=1)
+    if type(math.prod(shape)) is not int: return self.reshape(shape[:d] + (1,) + shape[d:])  # (symbolic sizes: checked)
+    return self._view(UOp(Ops.RESHAPE, self.uop.dtype, (self.uop,), shape[:d] + (1,) + shape[d:]))
   def repeat(self, *repeats) -> Tensor:
     repeats = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
     if len(repeats) < self.ndim: raise ArgumentError(f"repeat {repeats} needs at least {self.ndim} counts")
@@ -1009,7 +1011,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def square(self) -> Tensor:
     # a float squares to x * x with the derivative 2x: the nodes pow(2) builds, without its dispatch (optimizers and
     # gradient clipping square every parameter's gradient each step). Not self * self in general: a bool squares to int64
-    if dtypes.is_float(self.dtype): return (self * self)._with_derivative(self, self * 2)
+    if (dt := (u := self.uop).dtype) in _FLOATS:  # (the nodes (self * self)._with_derivative(self, self * 2) builds)
+      return Tensor(UOp(Ops.WITH_DERIVATIVE, dt, (UOp(Ops.MUL, dt, (u, u)), u, UOp(Ops.MUL, dt, (u, _broadcast_const(2, dt, u.device, u.shape))))))
     return self.pow(2)
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
   def sigmoid(self) -> Tensor:
@@ -1073,6 +1076,18 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if len(out) != len(axis): raise ArgumentError(f"axis {axis} has repeated entries")
     return out if self.ndim else ()  # a 0-d tensor takes axis 0 or -1 (as torch) and has nothing to reduce
   def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
+    u = self.uop
+    shape = u.shape
+    if type(numel := math.prod(shape)) is int and numel:  # static sizes, none 0 (the common case, its nodes directly)
+      n = len(shape)
+      axes = (axis % n,) if type(axis) is int and -n <= axis < n else self._axes(axis)
+      if len(axes) == n and (parts := _split_for_cores(numel)) > 1:
+        ret = self.reshape(parts, numel // parts)._reduce(op, 1).contiguous()._reduce(op, 0)
+        return ret.reshape((1,) * n) if keepdim else ret
+      if not axes: return self
+      r = UOp(Ops.REDUCE_AXIS, u.dtype, (u,), (op, axes))
+      # (the sum's own node reshaped: the REDUCE tensor a reshape would be a view of is held by no one)
+      return Tensor(r if keepdim else UOp(Ops.RESHAPE, u.dtype, (r,), tuple([s for i, s in enumerate(shape) if i not in axes])))
     axes = self._axes(axis)
     if len(axes) == self.ndim and (parts := _split_for_cores(self.numel())) > 1:
       # a big full reduction is one loop no core can share: reduce `parts` rows apart (a kernel whose
@@ -1604,7 +1619,7 @@ def _weak_promote(strong: DType, weak: DType) -> DType:
 
 def _binop(op: Ops, a: Tensor, x: Any, reverse: bool = False) -> Tensor:
   l, r = a._operands(x, reverse)
-  return l._alu(op, r)
+  return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else r.uop.dtype, (l.uop, r.uop)))  # (l._alu(op, r))
 
 def _lowbias32(x: int) -> int:
   x ^= x >> 16; x = (x * 0x7FEB352D) & 0xFFFFFFFF

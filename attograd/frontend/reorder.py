@@ -354,7 +354,10 @@ class ReorderOps:
       # a stack of a model's 30 gradient norms (clipping by global norm) took 2.5 ms
       p = type(t)(UOp(Ops.PAD, dt, (t.uop,), pos)) if type(total) is int else t.pad(pos)
       off += n
-      out = p if out is None else (out | p if dt == dtypes.bool else out + p)
+      # (pieces of one shape and dtype: the node `out + p` (`out | p` for bools) builds, directly)
+      if out is None: out = p
+      elif type(total) is int: out = type(t)(UOp(Ops.OR if dt == dtypes.bool else Ops.ADD, dt, (out.uop, p.uop)))
+      else: out = out | p if dt == dtypes.bool else out + p
     return out
 
   def stack(self, *args, dim: int = 0):
@@ -365,6 +368,12 @@ class ReorderOps:
     for t in tensors:
       if t.shape != tensors[0].shape: raise ArgumentError(f"stack expects tensors of equal shape, got {tensors[0].shape} and {t.shape}")
     d = _axis(dim, tensors[0].ndim, extra=1)
+    if len(tensors) > 1 and type(math.prod(shape := tensors[0].shape)) is int:
+      # the pieces, read by cat alone, reshaped as nodes of their own, not as views of the tensors (a view is registered
+      # with its base, for a write to the base to reach it: a model's 30 gradient norms stacked, each a new base)
+      shape = shape[:d] + (1,) + shape[d:]
+      pieces = [type(t)(UOp(Ops.RESHAPE, t.dtype, (t.uop,), shape)) for t in tensors]
+      return pieces[0].cat(*pieces[1:], dim=d)
     return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
 
   def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple:
