@@ -572,9 +572,10 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
   def view(self, *shape) -> Tensor: return self.reshape(*shape)
   def permute(self, *order) -> Tensor:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
-    axes = tuple(_normalize_axis(o, self.ndim) for o in order)
-    if sorted(axes) != list(range(self.ndim)): raise ArgumentError(f"permute order {order} is not a permutation of {self.ndim} axes")
-    if axes == tuple(range(self.ndim)): return self
+    n = len(self.uop.shape)
+    axes = tuple([o % n if type(o) is int and -n <= o < n else _normalize_axis(o, n) for o in order])
+    if sorted(axes) != list(range(n)): raise ArgumentError(f"permute order {order} is not a permutation of {n} axes")
+    if axes == tuple(range(n)): return self
     return self._view(UOp(Ops.PERMUTE, self.dtype, (self.uop,), axes))
   def expand(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
@@ -619,6 +620,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return inside.where(out, Tensor(_const(value, self.dtype, self.device)))  # the value takes the tensor's dtype, as in torch
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
     if len(arg) != self.ndim: raise ArgumentError(f"shrink {arg} needs one entry per axis ({self.ndim})")
+    shape = self.uop.shape
+    # static sizes and bounds (the common case, chunk's and a slice's): each bound checked as ints
+    if all(type(a) is tuple and len(a) == 2 and type(a[0]) is int and type(a[1]) is int and type(s) is int and 0 <= a[0] <= a[1] <= s
+           or a is None and type(s) is int for a, s in zip(arg, shape)):
+      arg = tuple((0, s) if a is None else a for a, s in zip(arg, shape))
+      if all(b == 0 and e == s for (b, e), s in zip(arg, shape)): return self
+      return self._view(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
     arg = tuple((0, s) if a is None else tuple(x if type(x) is int else _check_size(x, f"shrink {arg}") for x in a) for a, s in zip(arg, self.shape))
     for (b, e), s in zip(arg, self.shape):
       # with Variables it must hold for every value they can take: a TinyJit replay may bind any of them

@@ -20,8 +20,8 @@ from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
-from attograd.schedule.schedule import is_view_of_buffer
-from attograd.engine.realize import in_jit_call
+from attograd.schedule.schedule import is_view_of_buffer, is_contiguous_buffer
+from attograd.engine.realize import in_jit_call, buffer_of
 
 _CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
 
@@ -71,6 +71,15 @@ def _as_scalar(n: UOp, memo: dict[UOp, UOp | None]) -> UOp | None:
   memo[n] = r
   return r
 
+def _host_values(t: Any) -> Any:
+  """t's values as a numpy array; read in place (read-only) when t is a whole buffer of integers in host memory: an index
+  check reads a batch of indices every training step, where numpy() realized, copied the memory and copied it again"""
+  import numpy as np
+  u = t.uop
+  if dtypes.is_int(u.dtype) and type(u.device) is str and is_contiguous_buffer(u) and (mv := buffer_of(u.base).host_view()) is not None:
+    return np.frombuffer(mv, dtype=np.dtype(u.dtype.fmt)).reshape(u.shape)
+  return t.numpy()
+
 _SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}  # scatter(reduce=)'s names -> scatter_reduce's
 
 class IndexingOps:
@@ -85,7 +94,7 @@ class IndexingOps:
     # (not inside a TinyJit call: a replay must check new values, and its first call computes the check as the capture
     # does, so the two build the same graph)
     if idx.numel() <= _CHECK_LIMIT and is_view_of_buffer(idx.uop) and not in_jit_call():
-      vals = idx.numpy()
+      vals = _host_values(idx)
       out = (vals < lo) | (vals >= hi)
       bad = vals[out if ignore is None else out & (vals != ignore)]
       if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for {what} with size {size}")

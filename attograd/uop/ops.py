@@ -450,7 +450,7 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "rebinds", "opaque", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "rebinds", "opaque", "root_memo", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
@@ -478,6 +478,9 @@ class Template:
         else: self.rebinds.append((i, tuple(-1 if c is None else slot[c] for c in u.arg.captured)))
     self.outputs = tuple((u.shape, u.dtype) for u in (root.src if root.op is Ops.SINK else (root,)))
     self.call_args = tuple((Call(self, i, shape), dt) for i, (shape, dt) in enumerate(self.outputs))  # (made once)
+    # a one-output root's shape and device, given to the rebuilt root (when the leaves have this graph's devices), so the
+    # next op over it doesn't find them by walking down the rebuilt nodes, none of which had them asked
+    self.root_memo = None if root.op is Ops.SINK else (root.shape, root.device, tuple(x.device for x in leaves))
   def __repr__(self) -> str: return f"Template({len(self.steps)} nodes over {self.n_leaves} input(s), {len(self.outputs)} output(s))"
   def __call__(self, *xs: UOp) -> UOp:
     """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
@@ -485,7 +488,7 @@ class Template:
     slots += xs
     if not self.rebinds:
       for op, dtype, src, arg in self.steps: slots.append(UOp(op, dtype, tuple([slots[i] for i in src]), arg))
-      return slots[-1]
+      return self._memo_root(slots[-1], xs)
     base, steps = len(slots), self.steps
     for i, cap in self.rebinds:  # (each Vjp's captured nodes are built before its node: they are its sources' graph)
       for op, dtype, src, arg in steps[len(slots) - base:i]: slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
@@ -493,7 +496,11 @@ class Template:
       arg = Vjp(make=arg.make, captured=tuple(None if j < 0 else slots[j] for j in cap))
       slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
     for op, dtype, src, arg in steps[len(slots) - base:]: slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
-    return slots[-1]
+    return self._memo_root(slots[-1], xs)
+  def _memo_root(self, root: UOp, xs: tuple[UOp, ...]) -> UOp:
+    if (m := self.root_memo) is not None and root._shape_memo is _UNSET and all(x.device == d for x, d in zip(xs, m[2])):
+      root._shape_memo, root._device_memo = m[0], m[1]
+    return root
   def calls(self, *xs: UOp) -> tuple[UOp, ...]:
     """A CALL node per output, over xs: the graph as a few nodes, expanded where it is scheduled."""
     return tuple(UOp(Ops.CALL, dt, xs, arg) for arg, dt in self.call_args)
