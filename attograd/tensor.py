@@ -1023,11 +1023,13 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       return Tensor(UOp(Ops.WITH_DERIVATIVE, dt, (UOp(Ops.MUL, dt, (u, u)), u, UOp(Ops.MUL, dt, (u, _broadcast_const(2, dt, u.device, u.shape))))))
     return self.pow(2)
   def relu(self) -> Tensor: return (self <= 0).where(0, self)  # NaN stays NaN; the gradient at 0 is 0, as in torch
+  @replayed
   def sigmoid(self) -> Tensor:
     # the derivative s*(1-s), as torch: through 1/(1 + exp(-x)) it is 0 * inf = nan for x below -88
     x = self._float_unary()
     s = (1 + (-x).exp()).reciprocal()
     return s._with_derivative(x, s * (1 - s))
+  @replayed
   def tanh(self) -> Tensor:
     """expm1(2x) / (expm1(2x) + 2): 2*sigmoid(2x) - 1 cancels near 0 (tanh(1e-8) was 0). Past |x| = 20 it is +-1.
     The derivative is 1 - tanh^2, as torch (not the chain rule through the clip at +-20)."""
@@ -1381,6 +1383,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if len(padding) == n: return tuple((p, p) for p in padding)
     if len(padding) == 2 * n: return tuple((padding[2 * i], padding[2 * i + 1]) for i in range(n))
     raise ArgumentError(f"padding {padding} must be 'same', 'valid', an int, {n} ints or {2 * n} ints")
+  @replayed
   def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0) -> Tensor:
     """Convolution over the trailing spatial axes (1-, 2- or 3-D), PyTorch's layout: x (N, Cin, *S),
     weight (Cout, Cin/groups, *K)."""

@@ -56,8 +56,12 @@ CASES = {
   "sdpa_additive_mask": lambda x, y: x.reshape(1, 2, 4, 16).scaled_dot_product_attention(y[:4, :16].reshape(1, 1, 4, 16), x.reshape(1, 2, 4, 16), y[:4, :4]),
   "cross_entropy": lambda x, y: x.reshape(-1, 16).cross_entropy(_target, label_smoothing=0.1, ignore_index=-100),
   "embedding": lambda x, y: _emb(_idx),
+  "conv2d": lambda x, y: _conv(x.reshape(2, 4, 16)[None].reshape(2, 4, 4, 4)),
+  "conv2d_functional": lambda x, y: x.reshape(1, 8, 4, 4).conv2d(y[:12, :8].reshape(3, 8, 2, 2).contiguous(), None, stride=2, padding=(1, 0)),
+  "sigmoid": lambda x, y: x.sigmoid(), "tanh": lambda x, y: x.tanh(), "silu": lambda x, y: x.silu(), "mish": lambda x, y: x.mish(),
+  "softplus": lambda x, y: x.softplus(2.0), "erf": lambda x, y: x.erf(),
 }
-_ln, _emb = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3)
+_ln, _emb, _conv = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3), nn.Conv2d(4, 6, 3, padding=1, groups=2)
 _target, _idx = Tensor([1, 2, 15, -100, 0, 3, 4, 5]), Tensor([[1, 0, 2], [3, 3, 1]])
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -159,6 +159,7 @@ class ElementwiseOps:
     """d erf(x)/dx = 2/sqrt(pi) exp(-x*x); past |x| = 16 it is 0 in float64 too (there, and at +-inf, x - h was nan)"""
     small = (self.abs() >= 16).logical_not()  # NaN stays in: its slope is NaN, as torch's
     return _in_range(small, self, 16.0)._exp_neg_square() * small.where(2 / math.sqrt(math.pi), 0.0)
+  @replayed
   def erf(self):
     """The error function; abs error <= ~1.5e-7 against float64 erf (see the tables above)."""
     x, dt = self._math_dtype()
@@ -256,6 +257,7 @@ class ElementwiseOps:
     r = 0.5 * (2 * a / (1 - a)).log1p()
     return x._keep_nan((x < 0).where(-r, r))._with_derivative(x, (1 - x * x).reciprocal()).cast(dt)
   arcsinh, arccosh, arctanh = asinh, acosh, atanh
+  @replayed
   def softplus(self, beta: float = 1.0, threshold: float = 20.0):
     """log(1 + exp(beta*x)) / beta, and x itself where beta*x > threshold, as torch."""
     x, dt = self._math_dtype()
@@ -292,6 +294,7 @@ class ElementwiseOps:
   def selu(self):
     x, dt = self._math_dtype()
     return (_SELU_SCALE * x.elu(_SELU_ALPHA)).cast(dt)
+  @replayed
   def silu(self):
     x, dt = self._math_dtype()
     return (x * x.sigmoid()).cast(dt)
@@ -322,6 +325,7 @@ class ElementwiseOps:
   def leaky_relu(self, neg_slope: float = 0.01):
     x = self._float_unary()
     return (x > 0).where(x, x * neg_slope)
+  @replayed
   def mish(self):
     x, dt = self._math_dtype()
     t = x.softplus().tanh()
