@@ -620,13 +620,16 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     return inside.where(out, Tensor(_const(value, self.dtype, self.device)))  # the value takes the tensor's dtype, as in torch
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
     if len(arg) != self.ndim: raise ArgumentError(f"shrink {arg} needs one entry per axis ({self.ndim})")
-    shape = self.uop.shape
-    # static sizes and bounds (the common case, chunk's and a slice's): each bound checked as ints
-    if all(type(a) is tuple and len(a) == 2 and type(a[0]) is int and type(a[1]) is int and type(s) is int and 0 <= a[0] <= a[1] <= s
-           or a is None and type(s) is int for a, s in zip(arg, shape)):
-      arg = tuple((0, s) if a is None else a for a, s in zip(arg, shape))
-      if all(b == 0 and e == s for (b, e), s in zip(arg, shape)): return self
-      return self._view(UOp(Ops.SHRINK, self.dtype, (self.uop,), arg))
+    # static sizes and bounds (the common case, chunk's and a slice's): each bound checked as ints, in one loop
+    out, whole = [], True
+    for a, n in zip(arg, self.uop.shape):
+      if type(n) is not int: break
+      if a is None: out.append((0, n))
+      elif type(a) is tuple and len(a) == 2 and type(b := a[0]) is int and type(e := a[1]) is int and 0 <= b <= e <= n:
+        out.append(a)
+        whole = whole and b == 0 and e == n
+      else: break
+    else: return self if whole else self._view(UOp(Ops.SHRINK, self.uop.dtype, (self.uop,), tuple(out)))
     arg = tuple((0, s) if a is None else tuple(x if type(x) is int else _check_size(x, f"shrink {arg}") for x in a) for a, s in zip(arg, self.shape))
     for (b, e), s in zip(arg, self.shape):
       # with Variables it must hold for every value they can take: a TinyJit replay may bind any of them

@@ -75,7 +75,7 @@ def _host_values(t: Any) -> Any:
   """t's values as a numpy array; read in place (read-only) when t is a whole buffer of integers in host memory: an index
   check reads a batch of indices every training step, where numpy() realized, copied the memory and copied it again"""
   import numpy as np
-  u = t.uop
+  u = t.realize().uop  # (what is pending is realized first, as numpy() does: a write lands before a later read)
   if dtypes.is_int(u.dtype) and type(u.device) is str and is_contiguous_buffer(u) and (mv := buffer_of(u.base).host_view()) is not None:
     return np.frombuffer(mv, dtype=np.dtype(u.dtype.fmt)).reshape(u.shape)
   return t.numpy()

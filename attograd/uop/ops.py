@@ -498,7 +498,7 @@ class Template:
     for op, dtype, src, arg in steps[len(slots) - base:]: slots.append(UOp(op, dtype, tuple([slots[j] for j in src]), arg))
     return self._memo_root(slots[-1], xs)
   def _memo_root(self, root: UOp, xs: tuple[UOp, ...]) -> UOp:
-    if (m := self.root_memo) is not None and root._shape_memo is _UNSET and all(x.device == d for x, d in zip(xs, m[2])):
+    if (m := self.root_memo) is not None and root._shape_memo is _UNSET and m[2] == tuple([x.device for x in xs]):
       root._shape_memo, root._device_memo = m[0], m[1]
     return root
   def calls(self, *xs: UOp) -> tuple[UOp, ...]:
