@@ -687,6 +687,7 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     """Basic indexing: ints, slices (any step), None and Ellipsis. Tensors (and lists) as indices go to
     IndexingOps._tensor_getitem (advanced indexing, bool masks)."""
     idx = list(index) if isinstance(index, tuple) else [index]
+    if (t := self._static_index(idx)) is not None: return t
     if any(isinstance(i, (Tensor, list)) or type(i).__module__ == "numpy" or (isinstance(i, tuple) and isinstance(index, tuple)) for i in idx):
       return self._tensor_getitem(index)
     idx = full_index(idx, self.ndim)
@@ -722,6 +723,44 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
       t = t.shrink(tuple(flatten(((0, s // k), (0, 1)) for s, k in zip(padded, steps))))
     t = t.reshape(tuple(out_shape))
     return t if t is self else self._mark_view(t)  # a basic index is a view, as in PyTorch
+
+  def _static_index(self, idx: list[Any]) -> Tensor | None:
+    """The common basic index (ints, slices of step 1, None, one Ellipsis, into static sizes) as __getitem__ builds it
+    (a SHRINK, then a RESHAPE, the result a view of self), without its general path's per-axis lists and the views
+    of its steps; None for any other index (the general path checks it and builds it, or raises)."""
+    shape = self.uop.shape
+    if type(math.prod(shape)) is not int: return None
+    n_ell = 0
+    for i in idx:
+      if type(i) is int or i is None: continue
+      if i is Ellipsis: n_ell += 1; continue
+      if type(i) is slice and (i.step is None or type(i.step) is int and i.step == 1) and (i.start is None or type(i.start) is int) \
+         and (i.stop is None or type(i.stop) is int): continue
+      return None
+    consumed = len(idx) - n_ell - idx.count(None)
+    if n_ell > 1 or consumed > len(shape): return None
+    if len(shape) > consumed:  # the axes the index doesn't name: whole, at its Ellipsis or its end
+      e = idx.index(Ellipsis) if n_ell else len(idx)
+      idx = idx[:e] + [slice(None)] * (len(shape) - consumed) + idx[e + 1:]
+    elif n_ell: idx = [i for i in idx if i is not Ellipsis]
+    arg, cut, out, dim, whole = [], [], [], 0, True
+    for i in idx:
+      if i is None: out.append(1); continue
+      size = shape[dim]
+      if type(i) is int:
+        if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for axis {dim} with size {size}")
+        i %= size
+        arg.append((i, i + 1)); cut.append(1)
+        whole = whole and size == 1
+      else:
+        start, stop, _ = i.indices(size)
+        k = max(stop - start, 0)
+        arg.append((start, start + k)); cut.append(k); out.append(k)
+        whole = whole and start == 0 and k == size
+      dim += 1
+    u = self.uop if whole else UOp(Ops.SHRINK, self.uop.dtype, (self.uop,), tuple(arg))
+    if (out_shape := tuple(out)) != tuple(cut): u = UOp(Ops.RESHAPE, u.dtype, (u,), out_shape)
+    return self if u is self.uop else self._mark_view(Tensor(u))
 
   # ***** elementwise *****
   def _operands(self, x: Tensor | ConstType, reverse: bool = False, out_dtype: DType | None = None) -> tuple[Tensor, Tensor]:
