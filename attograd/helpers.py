@@ -26,10 +26,12 @@ def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
   if len(shapes) == 2:  # a binary op's (every one of a training step's whose shapes differ: ~300 a step)
     a, b = shapes
     if a == b: return tuple(a)
-    if len(a) == len(b):
-      # one rank (a bias, a row's mean against its row): two comprehensions, where the general loop below took 7 us
-      out = tuple([x if y == 1 else y for x, y in zip(a, b)])
-      if all([x == 1 or x == o for x, o in zip(a, out)]): return out
+    # (the shorter shape with 1s in front, as broadcasting reads it: a bias (C,) beside (B, T, C))
+    if (d := len(a) - len(b)) > 0: b = (1,) * d + tuple(b)
+    elif d < 0: a = (1,) * -d + tuple(a)
+    # a row's mean against its row, a bias: two comprehensions, where the general loop below took 7 us
+    out = tuple([x if y == 1 else y for x, y in zip(a, b)])
+    if all([x == 1 or x == o for x, o in zip(a, out)]): return out
   if all(s == shapes[0] for s in shapes[1:]): return tuple(shapes[0]) if shapes else ()  # the common case, cheaply
   n = max(len(s) for s in shapes)
   out = []
