@@ -27,8 +27,11 @@ def phases(steps: int) -> None:
   wrap(R, "runnable", "  realize: runnable (bind, read realized nodes)")
   # (a graph runnable leaves as it is is walked once, for that and its structure: the structure's walk counts here)
   wrap(R, "runnable_structure", "  realize: runnable (bind, read realized nodes)")
-  wrap(R, "create_schedule", "  realize: create_schedule (structure, template)")
+  wrap(R, "schedule_template", "  realize: create_schedule (structure, template)")
+  wrap(R, "fill_in", "  realize: create_schedule (structure, template)")
   wrap(R, "run_schedule", "  realize: run_schedule (plan, kernels)")
+  # (a template whose planned run is kept runs without a schedule filled in: run_fresh, not run_schedule)
+  wrap(R.PlannedRun, "run_fresh", "  realize: run_schedule (plan, kernels)")
   wrap(R.ExecPlan, "__call__", "    of which running the kernels")
   cfg = T.CONFIGS["small"]
   Tensor.manual_seed(0)

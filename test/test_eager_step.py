@@ -111,8 +111,9 @@ def test_changed_schedule_list_is_planned_afresh():
 
 def test_later_steps_reuse_the_run(monkeypatch):
   # from the third run of a template's plan, the run is the second's ExecPlan over rebound memory, in the native run loop:
-  # no ExecItem, ExecPlan or Buffer of an internal buffer is made; each result is its own memory (a later run doesn't
-  # write over an earlier one's) and the values are numpy's
+  # no ExecItem, ExecPlan or Buffer of an internal buffer is made, nor a ScheduleItem (no schedule is filled in) or a BUFFER
+  # node but the result's; each result is its own memory (a later run doesn't write over an earlier one's) and the values
+  # are numpy's
   w = Tensor.rand(16, 16).realize()
   def f(x: Tensor) -> Tensor:
     h = ((x @ w).relu() @ w).exp()  # internal buffers: the products
@@ -120,13 +121,13 @@ def test_later_steps_reuse_the_run(monkeypatch):
   xs = [np.random.default_rng(i).standard_normal((4, 16)).astype(np.float32) for i in range(5)]
   def want(x: np.ndarray) -> np.ndarray: return (np.exp(np.maximum(x @ w.numpy(), 0) @ w.numpy()) * 0.5).sum(1)
   outs = [f(Tensor(x)).realize() for x in xs[:2]]
-  counter = _Counter(monkeypatch, ExecItem=realize, ExecPlan=realize)
+  counter = _Counter(monkeypatch, ExecItem=realize, ExecPlan=realize, ScheduleItem=S, new_buffer=realize)
   made = [0]
   orig = realize.Buffer.__init__
   def counted(self, *a, **k): made[0] += 1; orig(self, *a, **k)
   monkeypatch.setattr(realize.Buffer, "__init__", counted)
   outs += [f(Tensor(x)).realize() for x in xs[2:]]
-  assert counter.calls == {"ExecItem": 0, "ExecPlan": 0}
+  assert counter.calls == {"ExecItem": 0, "ExecPlan": 0, "ScheduleItem": 0, "new_buffer": len(xs[2:])}
   # per run: the input's buffer, the result's and the memory of the result's slot (the products' memory is held)
   assert made[0] <= 3 * len(xs[2:])
   assert any(r.plan is not None and r.plan.native is not None for r in realize._holding.values())

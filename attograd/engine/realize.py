@@ -17,7 +17,7 @@ from attograd.codegen.opt import Opt, THREADS
 from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
-from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, graph_structure, is_view_of_buffer
+from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, becomes_of, fill_in, graph_structure, is_view_of_buffer, new_buffer, schedule_template
 import attograd.schedule.schedule as schedule_module
 from attograd.schedule.multi import MULTI_MASK, lower_graphs
 from attograd.engine.memory import planned_buffers, plan_slots
@@ -419,6 +419,13 @@ def _run_items(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None, pl
     planned[0].seen = True
   plan(var_vals)
 
+def _fresh_run(template: ScheduleTemplate) -> PlannedRun | None:
+  """The template's planned run for realize's set, locked by this thread, when its plan can run realize's next schedule
+  of the template (a loop's step from its third run): PlannedRun.run_fresh runs it, then the caller releases the lock."""
+  if not _reusable() or (run := template.plans.get(template.fresh_key)) is None or not run.lock.acquire(blocking=False): return None
+  if run.plan is None: run.lock.release(); return None  # (not adopted yet, or released: no longer among _holding's)
+  return run
+
 def _reusable() -> bool:
   """May a planned run's ExecPlan run this schedule: nothing watches each item (DEBUG lines, VIZ's timeline) nor records
   it (a TinyJit capture keeps its items and their buffers)?"""
@@ -500,6 +507,17 @@ class PlannedRun:
         addr = m.addr
         for arr, j in addrs: arr[j] = addr
     self.plan(var_vals)
+  def run_fresh(self, template: ScheduleTemplate, inputs: list[UOp], targets: list[UOp], var_vals: dict[UOp, int] | None) -> dict[UOp, UOp]:
+    """Run the template over these inputs as realize_graphs' schedule of it would run (its plan's set: every other buffer
+    created, the targets' kept), without filling the schedule in: only a buffer that outlives the run gets a BUFFER node;
+    an internal one is its slot's memory, and no ScheduleItem is made (a training step's 250 of each, and their deaths,
+    were a third of its realize's Python). What each target becomes."""
+    numbered: list[UOp | None] = [*inputs, *[None] * len(template.outputs)]
+    outputs, n_inputs = template.outputs, template.n_inputs
+    for n in self.kept:
+      if n >= n_inputs: numbered[n] = new_buffer(*outputs[n - n_inputs])
+    self(numbered, self.created, var_vals)
+    return becomes_of(template, numbered, targets)
 
 def _planned_run(schedule: Schedule, keep: set[UOp]) -> tuple[PlannedRun, tuple[int, ...]]:
   """The template's planned run for the numbers of the buffers schedule creates and keeps (made once: planning a training
@@ -623,12 +641,19 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     # a view runs no kernel: its slices keep their int offsets (a variable one, bound, is no view a later kernel renders)
     elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
+  targets = [out[i] for i in todo]
   # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
   with trace.group("schedule", "schedule") as rec, schedule_lowering():
-    schedule, becomes = create_schedule([out[i] for i in todo], structure if len(todo) == len(out) else None)
-  if (capture := capturing()) is not None: capture.templates.append(schedule.template)
-  rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
-  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
+    template, inputs = schedule_template(targets, structure if len(todo) == len(out) else None)
+    # a template whose planned run for realize's set has its plan (a loop's step, from its third run) runs it as it is
+    if (fresh := _fresh_run(template)) is None: schedule, becomes = fill_in(template, inputs, targets)
+  if fresh is not None:
+    try: becomes = fresh.run_fresh(template, inputs, targets, var_vals)
+    finally: fresh.lock.release()
+  else:
+    if (capture := capturing()) is not None: capture.templates.append(template)
+    rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
+    run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
   graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}

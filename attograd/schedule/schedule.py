@@ -5,7 +5,7 @@ import itertools, json
 from dataclasses import dataclass, field
 from typing import Callable, Container
 from attograd.dtype import dtypes, DType
-from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
+from attograd.helpers import cached_property, gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
 from attograd.uop import patterns
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
@@ -704,6 +704,11 @@ class ScheduleTemplate:
   why: tuple[str, ...] = ()                          # why each item's output is a buffer (REALIZE_WHY keys; () from disk)
   # what realize derives from the template alone, kept with it: its memory plans, by (buffers created, buffers kept) numbers
   plans: dict = field(default_factory=dict, compare=False, repr=False)
+  @cached_property
+  def fresh_key(self) -> tuple[tuple[int, ...], frozenset[int]]:
+    """The (buffers created, buffers kept) numbers of realize's schedule filled in anew from it (fill_in): every item's
+    output created, the buffers its targets' views name kept. Its plan's key in `plans`."""
+    return tuple(numbers[0] for _, numbers in self.items), frozenset(n for _, n in self.placeholders)
 
 class Schedule(list):
   """create_schedule's items (a list of ScheduleItems), with the template they were filled in from and its buffers by
@@ -851,6 +856,13 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2). `structure` is graph_structure of the targets' SINK when the caller found it already (realize finds
   it in the walk that checks the graph for realized nodes: one walk of a training step's thousands of nodes fewer)."""
+  template, inputs = schedule_template(targets, structure)
+  return fill_in(template, inputs, targets)
+
+def schedule_template(targets: list[UOp], structure: tuple[tuple, list[UOp]] | None = None) -> tuple[ScheduleTemplate, list[UOp]]:
+  """The template of the targets' graph (scheduled, or read from disk, the first time its structure is seen) and the
+  graph's buffers it numbers as its inputs, in order. create_schedule fills it in; realize may run it without that
+  (a template whose planned run is kept needs no node for a buffer that lives only inside the run)."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink) if structure is None else structure
   if (template := _schedule_cache.get(structure)) is None:
@@ -863,15 +875,24 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
     _schedule_cache[structure] = template
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
+  if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
+    patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
+  return template, inputs
+
+def fill_in(template: ScheduleTemplate, inputs: list[UOp], targets: list[UOp]) -> tuple[Schedule, dict[UOp, UOp]]:
+  """The template's schedule over these input buffers and new ones for what it creates, and what each target becomes."""
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
   at = bufs.__getitem__  # (each item's buffers by map: a generator per item was a fifth of filling a template in)
   made = tuple(ScheduleItem(ast, tuple(map(at, numbers))) for ast, numbers in template.items)
   schedule = Schedule(made)
   schedule.template, schedule.numbered, schedule.made = template, bufs, made
-  fill = {p: bufs[i] for p, i in template.placeholders}
-  if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
-    patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
-  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
+  return schedule, becomes_of(template, bufs, targets)
+
+def becomes_of(template: ScheduleTemplate, numbered: list[UOp | None], targets: list[UOp]) -> dict[UOp, UOp]:
+  """What each target becomes, over the buffers by number (`numbered` needs only those the targets' views name:
+  template.placeholders)."""
+  fill = {p: numbered[i] for p, i in template.placeholders}
+  return {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
 
 # told of each kernel (its AST and device) as _schedule_graph makes it, when set: realize sets it while it schedules what it
 # will run, so a kernel is lowered and handed to the compiler while the ones after it are still being scheduled
