@@ -611,14 +611,19 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
       # property that would give each of a training step's ~700 reshapes and expands a __dict__)
       # (a static shape's product is an int, one C call; a generator over the sizes was a third of this check)
       if type(math.prod(u.arg) if op is not IOTA else u.arg) is not int: return True
+      if len(_static) >= 4096: _static.clear()  # (distinct shapes: a model's are a few hundred)
+      _static.add((op, u.arg))  # the next graph's nodes of this shape are checked only if realized
       return id(u) in realized and (e := memo(id(u))).value() is not None and u not in top
     if op is BIND or ((e := memo(id(u))) is not None and e.value() is not None and u not in top): return True
     if op is SHRINK or op is PAD:
       if u.sym_args: return True
       if op is SHRINK and is_view_of_buffer(u.src[0]) and u not in top and any(b for b, _ in u.arg): return True
     return False
-  return graph_structure(roots, changed, _WATCHED, realized)
+  return graph_structure(roots, changed, _WATCHED, realized, _static)
 _SIZED_INT = frozenset(GroupOp.Sized - {Ops.SHRINK, Ops.PAD})  # sized ops whose arg is the sizes themselves
+# (op, arg) of the sized-int ops found static: the check of their sizes is a function of the two, made once for each (it
+# was a Python call for each of a training step's ~570 reshapes and expands, a third of runnable_structure)
+_static: set[tuple[Ops, Any]] = set()
 _WATCHED = frozenset({Ops.BIND, *GroupOp.Sized})
 
 def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:

@@ -646,16 +646,21 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   return sink.substitute(renumber) if renumber else sink, [b for b, _ in kept if b is not out_buf]
 
 def graph_structure(sink: UOp, stop: Callable[[UOp], bool] | None = None, watch: Container[Ops] = (),
-                    watch_ids: Container[int] = ()) -> tuple[tuple, list[UOp]] | None:
+                    watch_ids: Container[int] = (), quiet: Container[tuple] = ()) -> tuple[tuple, list[UOp]] | None:
   """The graph as the scheduler sees it, with its buffers anonymized (two graphs that differ only in which memory they read
   have the same structure) and those buffers in order of appearance. A WITH_DERIVATIVE node reads as its value (the
   derivative it carries is autograd's): walking through it here, rather than stripping it first, spares rebuilding every
   node above it on each call, when the schedule is a cached one.
   `stop`: a check made in the same walk (realize's: would the graph be run as it is?), called on each node whose op is
   in `watch` or whose id is in `watch_ids`, and on the nodes below the sources a WITH_DERIVATIVE carries besides its
-  value (not part of the structure, walked for the check after the rest); the first True ends the walk with None."""
+  value (not part of the structure, walked for the check after the rest); the first True ends the walk with None.
+  `quiet`: (op, arg) pairs of watched ops that stop is known to pass for (the caller's memo of a check that is a function
+  of them alone): such a node is checked only if its id is in `watch_ids`."""
   position: dict[UOp, int] = {}
-  parts: list[tuple] = []
+  # four entries a node, in one flat tuple (op, dtype, arg, its sources' positions; a buffer's: BUFFER, dtype, device,
+  # (size, offset)): a tuple a node was ~1,700 more objects a training step's realize made, freed, and while its template is
+  # cached, one more for each full pass of the cycle collector to walk
+  parts: list = []
   bufs: list[UOp] = []
   extra: list[UOp] = []  # a WITH_DERIVATIVE's derivative sources, for stop
   # (names bound locally and the sources' numbers by map: ~30% of this walk's time, which every realize pays per node)
@@ -670,19 +675,19 @@ def graph_structure(sink: UOp, stop: Callable[[UOp], bool] | None = None, watch:
       sources.pop()
       u = nodes.pop()
       op = u.op
-      if stop is not None and (op in watch or id(u) in watch_ids) and stop(u): return None
+      if stop is not None and ((op in watch and (op, u.arg) not in quiet) or id(u) in watch_ids) and stop(u): return None
       if op is WD:
         position[u] = position[u.src[0]]
         if stop is not None: extra += u.src[1:]
       elif op is BUF:
         position[u] = len(parts)
         a = u.arg
-        parts.append((BUF, u.dtype, a.device, a.size, a.offset))
+        parts += (BUF, u.dtype, a.device, (a.size, a.offset))
         bufs.append(u)
       else:
         position[u] = len(parts)
         arg = u.arg  # (arg_key inlined: one call fewer per node of a training step's thousands)
-        parts.append((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src))))
+        parts += (op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src)))
   seen: set[UOp] = set()
   while extra:
     if (u := extra.pop()) in position or u in seen: continue
