@@ -27,6 +27,8 @@ def phases(steps: int) -> None:
   wrap(R, "runnable", "  realize: runnable (bind, read realized nodes)")
   # (a graph runnable leaves as it is is walked once, for that and its structure: the structure's walk counts here)
   wrap(R, "runnable_structure", "  realize: runnable (bind, read realized nodes)")
+  # (a loop's graph its compiled structure recognises is not walked: the matcher's time counts here)
+  wrap(R, "_matched", "  realize: runnable (bind, read realized nodes)")
   wrap(R, "schedule_template", "  realize: create_schedule (structure, template)")
   wrap(R, "fill_in", "  realize: create_schedule (structure, template)")
   wrap(R, "run_schedule", "  realize: run_schedule (plan, kernels)")

@@ -20,6 +20,7 @@ from attograd.codegen.gpudims import launch_dims, eval_dims
 from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, becomes_of, fill_in, graph_structure, is_view_of_buffer, new_buffer, schedule_template
 import attograd.schedule.schedule as schedule_module
 from attograd.schedule.multi import MULTI_MASK, lower_graphs
+from attograd.schedule.match import StructureMatcher
 from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
@@ -602,6 +603,10 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
   nothing (None otherwise: no node below the roots realized, no Variable, no slice of stored data at int offsets). A
   training step's realize is that case: runnable's walk of its 2,000 nodes and graph_structure's were two. The check
   (the same as runnable's) is graph_structure's stop hook, called on the ops it is about and on realized nodes."""
+  return graph_structure(roots, _change_check(roots), _WATCHED, registry.realized.by_id, _static)
+
+def _change_check(roots: UOp) -> Callable[[UOp], bool]:
+  """runnable_structure's check of a node below roots: would runnable change it?"""
   top = set(roots.src)
   realized = registry.realized.by_id
   memo = realized.get
@@ -619,12 +624,60 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
       if u.sym_args: return True
       if op is SHRINK and is_view_of_buffer(u.src[0]) and u not in top and any(b for b, _ in u.arg): return True
     return False
-  return graph_structure(roots, changed, _WATCHED, realized, _static)
+  return changed
 _SIZED_INT = frozenset(GroupOp.Sized - {Ops.SHRINK, Ops.PAD})  # sized ops whose arg is the sizes themselves
 # (op, arg) of the sized-int ops found static: the check of their sizes is a function of the two, made once for each (it
 # was a Python call for each of a training step's ~570 reshapes and expands, a third of runnable_structure)
 _static: set[tuple[Ops, Any]] = set()
 _WATCHED = frozenset({Ops.BIND, *GroupOp.Sized})
+
+# ***** a loop's graphs recognised by their compiled structure (schedule/match.py) *****
+# A template whose kept plan has run MATCH_AFTER times gets a matcher of the graph realize last ran it for; the next graphs
+# are tried against the matchers first, most recently matched first: one that matches is that template's, with its
+# buffers found, and no generic walk nor structure key is made. (Building one compiles ~60 us of Python a node, once:
+# a training step's 1,500 nodes take ~85 ms, which its ~1 ms a step less pays back after about a hundred steps.)
+MATCH_AFTER, MATCHERS_MAX, MATCH_NODES_MAX = 4, 4, 20000
+_matchers: list[tuple[StructureMatcher, ScheduleTemplate]] = []  # most recently matched first
+_matchers_lock = threading.Lock()
+_fresh_runs: dict[int, int] = {}  # id(template) -> its kept plan's runs by realize_graphs, until it has a matcher (-1: had one)
+
+def _matched(roots: UOp) -> tuple[ScheduleTemplate, list[UOp]] | None:
+  """The template and the buffers (in graph_structure's order) of the first matcher that accepts roots, when runnable
+  would leave the graph as it is (None otherwise: the generic walk decides)."""
+  for entry in tuple(_matchers):
+    m, template = entry
+    if (found := m(roots)) is None: continue
+    if entry is not _matchers[0]:
+      with _matchers_lock:  # (another thread's realize may reorder them meanwhile)
+        if entry in _matchers: _matchers.remove(entry); _matchers.insert(0, entry)
+    # runnable_structure's check: structure equal, the graph holds no Variable and no slice at int offsets (the recorded
+    # one held none); what can differ is a node realized since (by id: any such node, alive or not, leaves it to the walk)
+    realized = registry.realized.by_id
+    if realized and not (realized.keys().isdisjoint(map(id, found.nodes)) and realized.keys().isdisjoint(m.inside_ids)): return None
+    if found.derivs:  # and the derivative sources a WITH_DERIVATIVE carries, as graph_structure's walk checks them
+      changed, named, seen = _change_check(roots), set(found.nodes), set()
+      extra = [s for d in found.derivs for s in d.src[1:]]
+      while extra:
+        if (u := extra.pop()) in named or u in seen: continue
+        seen.add(u)
+        if (u.op in _WATCHED or id(u) in realized) and changed(u): return None
+        extra += u.src
+    return template, found.bufs
+  return None
+
+def _note_fresh_run(template: ScheduleTemplate, roots: UOp) -> None:
+  """A realize ran template's kept plan for the graph roots (of the template's whole structure): from its MATCH_AFTER-th
+  run, roots' structure is compiled into a matcher (once a template: one evicted isn't compiled again)."""
+  if (n := _fresh_runs.get(key := id(template), 0)) < 0: return
+  if n + 1 < MATCH_AFTER: _fresh_runs[key] = n + 1; return
+  _fresh_runs[key] = -1
+  if len(roots.toposort) > MATCH_NODES_MAX: return
+  # (a template that dies frees its key: the note goes with it)
+  weakref.finalize(template, _fresh_runs.pop, key, None)
+  matcher = StructureMatcher(roots)
+  with _matchers_lock:
+    _matchers.insert(0, (matcher, template))
+    del _matchers[MATCHERS_MAX:]
 
 def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
   """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
@@ -637,8 +690,11 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   if any(g.opmask & MULTI_MASK for g in graphs): return _realize_sharded(graphs, keep_source)
   roots = UOp(Ops.SINK, dtypes.void, tuple(graphs))
   bound_graphs = roots.src
-  # a graph runnable leaves as it is (a training step's) is scheduled with the structure found while checking that
-  if (structure := runnable_structure(roots)) is not None: var_vals, sliced = {}, {}
+  # a graph a matcher knows (a loop's step) is its template's; one runnable leaves as it is (a training step's) is
+  # scheduled with the structure found while checking that
+  structure: tuple[tuple, list[UOp]] | None = None
+  if (matched := _matched(roots) if _matchers and _reusable() else None) is not None: var_vals, sliced = {}, {}
+  elif (structure := runnable_structure(roots)) is not None: var_vals, sliced = {}, {}
   else: roots, var_vals, sliced = runnable(roots)
   out, todo = list(roots.src), []
   for i, u in enumerate(roots.src):
@@ -649,12 +705,14 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   targets = [out[i] for i in todo]
   # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
   with trace.group("schedule", "schedule") as rec, schedule_lowering():
-    template, inputs = schedule_template(targets, structure if len(todo) == len(out) else None)
+    # (a matched graph is all targets: its structure is that of a graph that was)
+    template, inputs = matched if matched is not None else schedule_template(targets, structure if len(todo) == len(out) else None)
     # a template whose planned run for realize's set has its plan (a loop's step, from its third run) runs it as it is
     if (fresh := _fresh_run(template)) is None: schedule, becomes = fill_in(template, inputs, targets)
   if fresh is not None:
     try: becomes = fresh.run_fresh(template, inputs, targets, var_vals)
     finally: fresh.lock.release()
+    if matched is None and structure is not None and len(todo) == len(out): _note_fresh_run(template, roots)
   else:
     if (capture := capturing()) is not None: capture.templates.append(template)
     rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
