@@ -379,7 +379,7 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
       # (a run another thread is in, a DataLoader worker's realize, isn't shared: its held memory and items are the run's)
       if _reusable() and run.lock.acquire(blocking=False):
         try:
-          if run.plan is not None: return run(schedule.numbered, created, var_vals)
+          if run.plan is not None: return run(schedule.numbered, var_vals)
           planned = run, _place_planned(run, created, schedule.numbered)
           return _run_items(schedule, var_vals, planned)
         finally: run.lock.release()
@@ -458,6 +458,8 @@ class PlannedRun:
     self.seen = False  # has a quiet run used it
     self.lock = threading.Lock()  # held by the thread running it
     self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
+    self.placed: list[tuple[int, int]] = []     # (buffer, slot) numbers of the kept buffers created, and of the internal
+    self.unheld: list[tuple[int, int]] = []     # ones in their slots (adopt)
     # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
     self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
   def adopt(self, plan: ExecPlan, template: ScheduleTemplate, memory: list[Buffer]) -> None:
@@ -465,6 +467,11 @@ class PlannedRun:
     fresh = {self.slot_of[n] for n in self.created if n in self.kept}
     self.held = [None if s in fresh else m for s, m in enumerate(memory)]
     inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
+    # the created buffers a run places: each kept one gets a Buffer of its own in its slot's fresh memory, and an internal
+    # one in such a slot that memory (those in held slots are placed already); a run loops over these alone
+    created = dict.fromkeys(self.created)
+    self.placed = [(n, self.slot_of[n]) for n in created if n in self.kept]
+    self.unheld = [(n, self.slot_of[n]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
     # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
     plan.native, plan.ran_quiet = plan._native_runs(), True
     where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
@@ -484,23 +491,24 @@ class PlannedRun:
       if (old := _holding.pop(next(iter(_holding)))).lock.acquire(blocking=False):
         try: old.release()
         finally: old.lock.release()
-  def release(self) -> None: self.plan, self.held, self.outside = None, [], []
-  def __call__(self, numbered: list[UOp], created: tuple[int, ...], var_vals: dict[UOp, int] | None) -> None:
-    """Run the plan over this schedule's buffers (numbered): kept ones get fresh memory in the plan's layout."""
+  def release(self) -> None: self.plan, self.held, self.outside, self.placed, self.unheld = None, [], [], [], []
+  def __call__(self, numbered: list[UOp | None], var_vals: dict[UOp, int] | None) -> None:
+    """Run the plan over the buffers by number (those read from outside it and the kept ones; an internal one may be
+    None): kept ones get fresh memory in the plan's layout."""
     _holding.pop(id(self), None)  # the most recently run last
     _holding[id(self)] = self
     memory = [m if m is not None else Buffer(device, nbytes, dtypes.uint8) for m, (device, nbytes) in zip(self.held, self.slots)]
-    slot_of, kept, buffers = self.slot_of, self.kept, registry.buffers
+    buffers = registry.buffers
     mem: dict[int, Any] = {}
-    for n in created:
-      if n in kept:
-        u = numbered[n]
-        b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[slot_of[n]])
-        mem[n] = b.ensure_allocated()._buf
-      elif self.held[s := slot_of[n]] is None: mem[n] = memory[s].ensure_allocated()._buf
+    for n, s in self.placed:
+      u = numbered[n]
+      b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[s])
+      mem[n] = b.ensure_allocated()._buf
+    for n, s in self.unheld: mem[n] = memory[s].ensure_allocated()._buf
+    placed = buffers.by_id.get
     for n, raws, addrs in self.outside:  # (ExecItem.bind inlined: ~600 positions a training step)
       if (m := mem.get(n)) is None:
-        b = buffer_of(numbered[n])
+        b = e.value if (e := placed(id(u := numbered[n]))) is not None else buffer_of(u)  # (buffer_of inlined)
         m = b._buf if b._buf is not None else b.ensure_allocated()._buf
       if raws[0][0][raws[0][1]] is m: continue  # (a parameter, the optimizer's state: the same memory every step)
       for raw, j in raws: raw[j] = m
@@ -517,7 +525,7 @@ class PlannedRun:
     outputs, n_inputs = template.outputs, template.n_inputs
     for n in self.kept:
       if n >= n_inputs: numbered[n] = new_buffer(*outputs[n - n_inputs])
-    self(numbered, self.created, var_vals)
+    self(numbered, var_vals)
     return becomes_of(template, numbered, targets)
 
 def _planned_run(schedule: Schedule, keep: set[UOp]) -> tuple[PlannedRun, tuple[int, ...]]:
