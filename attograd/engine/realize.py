@@ -643,8 +643,9 @@ _WATCHED = frozenset({Ops.BIND, *GroupOp.Sized})
 # A template whose kept plan has run MATCH_AFTER times gets a matcher of the graph realize last ran it for; the next graphs
 # are tried against the matchers first, most recently matched first: one that matches is that template's, with its
 # buffers found, and no generic walk nor structure key is made. (Building one compiles ~60 us of Python a node, once:
-# a training step's 1,500 nodes take ~85 ms, which its ~1 ms a step less pays back after about a hundred steps.)
-MATCH_AFTER, MATCHERS_MAX, MATCH_NODES_MAX = 4, 4, 20000
+# a training step's 1,500 nodes take ~85 ms, which its ~1 ms a step less pays back after about a hundred steps: only a
+# loop gets one, from its sixth step or so, and not for a graph so big that its compile would stall the loop long.)
+MATCH_AFTER, MATCHERS_MAX, MATCH_NODES_MAX = 4, 4, 8000
 _matchers: list[tuple[StructureMatcher, ScheduleTemplate]] = []  # most recently matched first
 _matchers_lock = threading.Lock()
 _fresh_runs: dict[int, int] = {}  # id(template) -> its kept plan's runs by realize_graphs, until it has a matcher (-1: had one)
@@ -663,7 +664,7 @@ def _matched(roots: UOp) -> tuple[ScheduleTemplate, list[UOp]] | None:
     realized = registry.realized.by_id
     if realized and not (realized.keys().isdisjoint(map(id, found.nodes)) and realized.keys().isdisjoint(m.inside_ids)): return None
     if found.derivs:  # and the derivative sources a WITH_DERIVATIVE carries, as graph_structure's walk checks them
-      changed, named, seen = _change_check(roots), set(found.nodes), set()
+      changed, named, seen = _change_check(roots), found.nodes, set()
       extra = [s for d in found.derivs for s in d.src[1:]]
       while extra:
         if (u := extra.pop()) in named or u in seen: continue

@@ -20,7 +20,7 @@ class Match:
   nodes (their derivative sources are not part of the structure: a caller that needs them clean checks them) and the
   nodes it went through (each compared by op, dtype and arg, or by identity)."""
   __slots__ = ("bufs", "derivs", "nodes")
-  def __init__(self, bufs: list[UOp], derivs: tuple[UOp, ...], nodes: tuple[UOp, ...]):
+  def __init__(self, bufs: list[UOp], derivs: tuple[UOp, ...], nodes: set[UOp]):
     self.bufs, self.derivs, self.nodes = bufs, derivs, nodes
 
 class StructureMatcher:
@@ -100,8 +100,8 @@ class StructureMatcher:
                       "  try:",
                       *(f"   {line}" for line in lines),
                       "  except ValueError: return None  # (a node with another number of sources than the recorded one's)",
-                      f"  nodes = ({''.join(v + ', ' for v in visited)})",
-                      f"  if len(set(nodes)) != {len(visited)}: return None  # (one node where the recorded graph had two)",
+                      f"  nodes = {{{', '.join(visited)}}}",
+                      f"  if len(nodes) != {len(visited)}: return None  # (one node where the recorded graph had two)",
                       f"  return Match([{', '.join(order)}], ({''.join(d + ', ' for d in derivs)}), nodes)",
                       " return match"])
     scope: dict[str, Any] = {"Match": Match}
