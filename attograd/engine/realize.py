@@ -678,7 +678,11 @@ def _note_fresh_run(template: ScheduleTemplate, roots: UOp) -> None:
   """A realize ran template's kept plan for the graph roots (of the template's whole structure): from its MATCH_AFTER-th
   run, roots' structure is compiled into a matcher (once a template: one evicted isn't compiled again)."""
   if (n := _fresh_runs.get(key := id(template), 0)) < 0: return
-  if n + 1 < MATCH_AFTER: _fresh_runs[key] = n + 1; return
+  if n + 1 < MATCH_AFTER:
+    if len(_fresh_runs) >= 4096:  # (counts of templates run a few times each: forgotten, not piled up)
+      for k in [k for k, v in _fresh_runs.items() if v >= 0]: del _fresh_runs[k]
+    _fresh_runs[key] = n + 1
+    return
   _fresh_runs[key] = -1
   if len(roots.toposort) > MATCH_NODES_MAX: return
   # (a template that dies frees its key: the note goes with it)
