@@ -152,3 +152,19 @@ def test_errors_are_the_calls_own():
   x = _rand(4, 8)
   for _ in range(2):
     with pytest.raises(Exception, match="matmul"): x @ _rand(5, 3)
+
+def test_cross_entropy_target_checked_at_the_call():
+  # a target in memory is read where cross_entropy is called (torch raises there too), ignored entries skipped; no
+  # check kernel is left for the next realize
+  from attograd.errors import IndexOutOfRange
+  from attograd.frontend.indexing import index_checks
+  logits = _rand(4, 5)
+  with pytest.raises(IndexOutOfRange, match="index 7 is out of bounds"): logits.cross_entropy(Tensor([1, 7, -100, 2]))
+  with pytest.raises(IndexOutOfRange, match="index -3 is out of bounds"): logits.cross_entropy(Tensor([1, -3, 0, 2]), ignore_index=-1)
+  loss = logits.cross_entropy(Tensor([1, -100, 4, -100]))
+  assert not index_checks
+  want = torch.nn.functional.cross_entropy(torch.tensor(logits.numpy()), torch.tensor([1, -100, 4, -100]))
+  np.testing.assert_allclose(loss.item(), want.item(), rtol=1e-5)
+  # a lazy target is checked by the kernels at the next realize, as before
+  lazy = Tensor([1, 9, 0, 2]) + 0
+  with pytest.raises(IndexOutOfRange, match="index 9 is out of bounds"): logits.cross_entropy(lazy).item()
