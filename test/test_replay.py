@@ -60,8 +60,9 @@ CASES = {
   "conv2d_functional": lambda x, y: x.reshape(1, 8, 4, 4).conv2d(y[:12, :8].reshape(3, 8, 2, 2).contiguous(), None, stride=2, padding=(1, 0)),
   "sigmoid": lambda x, y: x.sigmoid(), "tanh": lambda x, y: x.tanh(), "silu": lambda x, y: x.silu(), "mish": lambda x, y: x.mish(),
   "softplus": lambda x, y: x.softplus(2.0), "erf": lambda x, y: x.erf(),
+  "rmsnorm_module": lambda x, y: _rms(x), "rms_norm_functional": lambda x, y: F.rms_norm(x, 16, y[1, :16]),
 }
-_ln, _emb, _conv = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3), nn.Conv2d(4, 6, 3, padding=1, groups=2)
+_ln, _emb, _conv, _rms = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3), nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.RMSNorm(16)
 _target, _idx = Tensor([1, 2, 15, -100, 0, 3, 4, 5]), Tensor([[1, 0, 2], [3, 3, 1]])
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -12,6 +12,7 @@ from typing import Any
 from attograd import Tensor, TinyJit, Variable, dtypes
 from attograd.uop.ops import UOp
 from attograd.nn.state import gguf_load
+from attograd.frontend.replay import replayed
 
 __all__ = ["LlamaConfig", "Llama"]
 
@@ -54,6 +55,7 @@ class LlamaConfig:
                        get("attention.key_length", dim // heads), vocab, get("attention.layer_norm_rms_epsilon"),
                        get("rope.freq_base", 10000.0), ARCHITECTURES[arch]["rope"], get("context_length"))
 
+@replayed
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
   return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
 

@@ -137,8 +137,7 @@ class RMSNorm(Module):
     if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
       raise ArgumentError(f"RMSNorm over {self.normalized_shape} got input of shape {x.shape}")
     eps = self.eps if self.eps is not None else _FLOAT_EPS.get(x.dtype, _FLOAT_EPS[dtypes.float32])
-    y = x * (x.square().mean(tuple(range(-len(self.normalized_shape), 0)), keepdim=True) + eps).rsqrt()
-    return y if self.weight is None else y * self.weight
+    return functional._rms_norm(x, self.weight, len(self.normalized_shape), eps)
 
 class Embedding(Module):
   """torch.nn.Embedding; padding_idx's row starts at zero and gets no gradient, as in torch."""

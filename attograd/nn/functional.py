@@ -166,8 +166,13 @@ def _layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, dims: int
 def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
   shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
   eps = eps if eps is not None else {dtypes.float16: 2.0 ** -10, dtypes.bfloat16: 2.0 ** -7, dtypes.float64: 2.0 ** -52}.get(input.dtype, 2.0 ** -23)
-  y = input * (input.square().mean(tuple(range(-len(shape), 0)), True) + eps).rsqrt()
-  return y * weight if weight is not None else y
+  return _rms_norm(input, weight, len(shape), eps)
+
+@replayed
+def _rms_norm(x: Tensor, weight: Tensor | None, dims: int, eps: float) -> Tensor:
+  """x over the root mean square of its last dims axes, times weight (None: none)"""
+  y = x * (x.square().mean(tuple(range(-dims, 0)), keepdim=True) + eps).rsqrt()
+  return y if weight is None else y * weight
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
   if input.shape[1] % num_groups: raise ArgumentError(f"{input.shape[1]} channels can't be split into {num_groups} groups")
