@@ -554,9 +554,12 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if None in shape:  # tinygrad's: None keeps the size of that dimension (torch refuses None)
       if len(shape) != self.ndim: raise ArgumentError(f"reshape to {shape}: None keeps a dimension's size, so it needs {self.ndim} entries")
       shape = tuple(o if s is None else s for s, o in zip(shape, self.shape))
-    if all(type(s) is int and s >= 0 for s in shape) and type(numel := self.numel()) is int:  # concrete sizes: one check
-      if prod(shape) != numel: raise ArgumentError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) to {shape}")
-      return self if shape == self.shape else self._view(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
+    if type(numel := math.prod(cur := (u := self.uop).shape)) is int:  # concrete sizes: one check (a plain loop, C products)
+      for s in shape:
+        if type(s) is not int or s < 0: break
+      else:
+        if math.prod(shape) != numel: raise ArgumentError(f"cannot reshape tensor of shape {cur} ({numel} elements) to {shape}")
+        return self if shape == cur else self._view(UOp(Ops.RESHAPE, u.dtype, (u,), shape))
     if shape.count(-1) > 1: raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
     numel = self.numel()
     if -1 in shape:
@@ -1208,7 +1211,11 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     if dtype is not None: return self.cast(dtype).mean(axis, keepdim)
     # torch refuses the mean of ints and bools, tinygrad defines it (its (pred == y).mean()): the exact integer sum over
     # the count, a float (integer / gives the default float)
-    n = sym_prod(self.shape[a] for a in self._axes(axis))
+    axes = self._axes(axis)
+    n = sym_prod(self.shape[a] for a in axes)
+    if type(n) is int and n and (dt := self.uop.dtype) in _FLOATS:  # a float's sum over its count: the nodes sum and / build
+      u = self._reduce(Ops.ADD, axes, keepdim).uop
+      return Tensor(UOp(Ops.FDIV, dt, (u, _broadcast_const(n, dt, u.device, u.shape))))
     s = self.sum(axis, keepdim)
     return s / n if not isinstance(n, int) or n else s * math.nan  # a symbolic count of 0 divides 0 by 0: nan, as torch
   def var(self, axis=None, keepdim: bool = False, correction: int = 1, *, dim=None, unbiased: bool | None = None) -> Tensor:
