@@ -441,13 +441,19 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "used", "outputs", "call_args", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
-    for u in _walk_to(root, leaf_set):
+    walked = _walk_to(root, leaf_set)
+    for u in walked:
       if u not in leaf_set and any(s in leaf_set or s in above for s in u.src): above[u] = None
     if root not in leaf_set and root not in above: raise AssertionError("a template's graph must depend on its inputs")
+    # the leaves (distinct nodes) the graph reads, by place: a CALL's sources are those only (an optimizer update's inputs
+    # hold group tensors only its factors read, a gradient's the forward pass's every buffer), each one more node in
+    # every walk of the step's graph, and an input of its schedule the kernels don't read
+    self.used = tuple(i for i, leaf in enumerate(leaves) if leaf in walked)
+    leaves = tuple(leaves[i] for i in self.used)
     # slots: the fixed sources (nodes not above a leaf) first, then the leaves' replacements, then each rebuilt node
     fixed = list(dict.fromkeys(s for u in above for s in u.src if s not in leaf_set and s not in above))
     slot = {s: i for i, s in enumerate(fixed)}
@@ -459,13 +465,16 @@ class Template:
     self.call_args = tuple((Call(self, i, shape), dt) for i, (shape, dt) in enumerate(self.outputs))  # (made once)
   def __repr__(self) -> str: return f"Template({len(self.steps)} nodes over {self.n_leaves} input(s), {len(self.outputs)} output(s))"
   def __call__(self, *xs: UOp) -> UOp:
-    """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
+    """The graph over xs in place of the leaves it reads (`used`: a CALL's sources), its root a SINK of the outputs when
+    there are several."""
     slots = self.fixed.copy()
     slots += xs
     for op, dtype, src, arg in self.steps: slots.append(UOp(op, dtype, tuple([slots[i] for i in src]), arg))
     return slots[-1]
   def calls(self, *xs: UOp) -> tuple[UOp, ...]:
-    """A CALL node per output, over xs: the graph as a few nodes, expanded where it is scheduled."""
+    """A CALL node per output, over xs in place of the leaves the template was made with (its sources: those it reads):
+    the graph as a few nodes, expanded where it is scheduled."""
+    if len(xs) != len(self.used): xs = tuple([xs[i] for i in self.used])
     return tuple(UOp(Ops.CALL, dt, xs, arg) for arg, dt in self.call_args)
 
 @dataclass(frozen=True)
