@@ -161,29 +161,32 @@ def _fn_key(fn: Any, at: dict[UOp, int], depth: int = 0) -> Any:
 def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp]) -> tuple[tuple, list[UOp], list[UOp]] | None:
   """(key, leaves, targets in the graph in the key's order) of a backward pass, or None when the key can't cover it."""
   at: dict[UOp, int] = {}
-  parts: list[tuple] = []
+  # the graph as one flat tuple, node after node: (BUFFER, dtype, device, size, offset) or (op, dtype, arg, number of
+  # sources, each source's place): read from the start it can only be this graph. (A tuple a node was a third slower to
+  # build, and to hash and compare when looked up)
+  flat: list = []
+  ext = flat.extend
   leaves: list[UOp] = []
   vjps: list[UOp] = []
   pos, BUF, WD = at.__getitem__, Ops.BUFFER, Ops.WITH_DERIVATIVE
   for nodes in (topo, root_grad.toposort):
     for u in nodes:
       if u in at: continue
-      op = u.op
-      if op is BUF:
+      at[u] = len(at)
+      if (op := u.op) is BUF:
         a = u.arg
-        part: tuple = (BUF, u.dtype, a.device, a.size, a.offset)
+        ext((BUF, u.dtype, a.device, a.size, a.offset))
         leaves.append(u)
       else:
-        arg = u.arg
+        arg, src = u.arg, u.src
         if op is WD and type(arg) is Vjp: vjps.append(u); leaves.append(u); arg = None  # (its functions: below)
-        part = (op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(pos, u.src)))
-      at[u] = len(parts)
-      parts.append(part)
+        ext((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, len(src)))
+        ext(map(pos, src))
   vjp_keys = tuple(_fn_key(f, at) for u in vjps for f in u.arg.fns)
   if any(k is _UNUSABLE for k in vjp_keys): return None
   wanted = sorted((t for t in targets if t in at), key=pos)
   switches = (GradMode.enabled, dtypes.default_float, tuple(v.value for v in ContextVar._all.values()))
-  key = (tuple(parts), vjp_keys, tuple(map(pos, wanted)), at[root], at[root_grad], switches)
+  key = (tuple(flat), vjp_keys, tuple(map(pos, wanted)), at[root], at[root_grad], switches)
   return key, leaves, wanted
 
 def _backward_template(leaves: list[UOp], outputs: list[UOp]) -> Any:
