@@ -170,7 +170,9 @@ class Optimizer:
       inputs = None
       for p in g["params"]:
         if p.grad is None: continue
-        grad = p.grad.detach().cast(p.dtype)
+        # (the gradient's values without its graph, as detach() gives them, but no view of p.grad: nothing writes to
+        # this tensor, and a view's bookkeeping, weak references both ways, was 2 us a parameter every step)
+        grad = Tensor(UOp(Ops.DETACH, p.grad.dtype, (p.grad.uop,))).cast(p.dtype)
         if inputs is None: inputs = _group_inputs(g) if type(self)._update in _OWN_UPDATES else ()
         p.assign(self._called_update(p, grad, g, inputs).cast(p.dtype))
     return [*self.params, *self.state_tensors()]
