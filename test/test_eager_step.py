@@ -111,8 +111,9 @@ def test_changed_schedule_list_is_planned_afresh():
 
 def test_later_steps_reuse_the_run(monkeypatch):
   # from the third run of a template's plan, the run is the second's ExecPlan over rebound memory, in the native run loop:
-  # no ExecItem, ExecPlan or Buffer of an internal buffer is made; each result is its own memory (a later run doesn't
-  # write over an earlier one's) and the values are numpy's
+  # no ExecItem, ExecPlan or Buffer of an internal buffer is made, nor a ScheduleItem (no schedule is filled in) or a BUFFER
+  # node but the result's; each result is its own memory (a later run doesn't write over an earlier one's) and the values
+  # are numpy's
   w = Tensor.rand(16, 16).realize()
   def f(x: Tensor) -> Tensor:
     h = ((x @ w).relu() @ w).exp()  # internal buffers: the products
@@ -120,13 +121,13 @@ def test_later_steps_reuse_the_run(monkeypatch):
   xs = [np.random.default_rng(i).standard_normal((4, 16)).astype(np.float32) for i in range(5)]
   def want(x: np.ndarray) -> np.ndarray: return (np.exp(np.maximum(x @ w.numpy(), 0) @ w.numpy()) * 0.5).sum(1)
   outs = [f(Tensor(x)).realize() for x in xs[:2]]
-  counter = _Counter(monkeypatch, ExecItem=realize, ExecPlan=realize)
+  counter = _Counter(monkeypatch, ExecItem=realize, ExecPlan=realize, ScheduleItem=S, new_buffer=realize)
   made = [0]
   orig = realize.Buffer.__init__
   def counted(self, *a, **k): made[0] += 1; orig(self, *a, **k)
   monkeypatch.setattr(realize.Buffer, "__init__", counted)
   outs += [f(Tensor(x)).realize() for x in xs[2:]]
-  assert counter.calls == {"ExecItem": 0, "ExecPlan": 0}
+  assert counter.calls == {"ExecItem": 0, "ExecPlan": 0, "ScheduleItem": 0, "new_buffer": len(xs[2:])}
   # per run: the input's buffer, the result's and the memory of the result's slot (the products' memory is held)
   assert made[0] <= 3 * len(xs[2:])
   assert any(r.plan is not None and r.plan.native is not None for r in realize._holding.values())
@@ -295,6 +296,85 @@ def test_training_step_leaves_no_reference_cycles():
     gc.set_debug(0)
     gc.garbage.clear()
   assert garbage == []
+
+# ***** a loop's graphs matched by their compiled structure (schedule/match.py) *****
+
+def test_matcher_finds_a_step_graph_and_its_buffers():
+  """A training step's graph compiled into a matcher accepts another step's graph (other buffers, same structure) and
+  finds its buffers in graph_structure's order; the WITH_DERIVATIVE nodes it went through are handed back."""
+  from attograd.schedule.match import StructureMatcher
+  recorded, other = _step_graph(), _step_graph()
+  assert other is not recorded and S.graph_structure(other)[0] == S.graph_structure(recorded)[0]
+  m = StructureMatcher(recorded)
+  for g in (recorded, other):
+    found = m(g)
+    assert found is not None and found.bufs == S.graph_structure(g)[1]
+    assert found.derivs and all(d.op is Ops.WITH_DERIVATIVE for d in found.derivs)
+  assert m(UOp(Ops.SINK, dtypes.void, other.src[1:])) is None  # one target fewer
+
+@pytest.mark.parametrize("case", list(CHANGED))
+def test_matcher_declines_a_changed_graph(case):
+  """Only a graph of the recorded structure is accepted: the same buffer twice where there were two, another constant, a
+  negative zero, another shape are declined (and their structure does differ), the recorded structure over other buffers
+  is accepted."""
+  from attograd.schedule.match import StructureMatcher
+  first, second, _ = CHANGED[case]
+  a, b, c = (Tensor([[1.0 + i, 2.0, 3.0]]).realize() for i in range(3))
+  recorded = UOp(Ops.SINK, dtypes.void, (first(a, b).uop,))
+  m = StructureMatcher(recorded)
+  same = UOp(Ops.SINK, dtypes.void, (first(c, b).uop,))
+  assert (found := m(same)) is not None and found.bufs == S.graph_structure(same)[1] and {c.uop.base} <= set(found.bufs) <= {c.uop.base, b.uop.base}
+  changed = UOp(Ops.SINK, dtypes.void, (second(c, b).uop,))
+  assert S.graph_structure(changed)[0] != S.graph_structure(recorded)[0]
+  assert m(changed) is None
+
+def test_loop_steps_are_matched_without_a_walk(monkeypatch):
+  """From a few runs of a template's kept plan on, a training step's graph is found by its matcher: no graph_structure
+  walk, no structure key, and the values stay torch's."""
+  ours, theirs = _models()
+  params = [p for l in ours for p in (l.weight, l.bias)]
+  opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+  topt = torch.optim.AdamW([p for l in theirs for p in l.parameters()], lr=1e-2, weight_decay=0.1)
+  rng = np.random.default_rng(0)
+  def step(x: np.ndarray, y: np.ndarray) -> float:
+    with Tensor.train():
+      opt.zero_grad()
+      loss = (ours[1](ours[0](Tensor(x)).gelu()) - Tensor(y)).square().mean().backward()
+      opt.step()
+      return loss.item()
+  def torch_step(x: np.ndarray, y: np.ndarray) -> float:
+    topt.zero_grad()
+    loss = (theirs[1](torch.nn.functional.gelu(theirs[0](torch.tensor(x)))) - torch.tensor(y)).square().mean()
+    loss.backward()
+    topt.step()
+    return loss.item()
+  n = realize.MATCH_AFTER + 4
+  data = [(rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)) for _ in range(n + 3)]
+  for x, y in data[:n]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
+  counter = _Counter(monkeypatch, graph_structure=realize, runnable=realize)
+  monkeypatch.setattr(S, "graph_structure", lambda *a: pytest.fail("a matched step walked its graph"))
+  for x, y in data[n:]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
+  # (loss.item()'s realize of the loss alone is a graph of another structure: walked)
+  assert counter.calls["runnable"] == 0 and counter.calls["graph_structure"] <= len(data[n:])
+  for p, t in zip(params, (p for l in theirs for p in l.parameters())):
+    np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+def test_matched_graph_with_a_realized_node_takes_the_walk(monkeypatch):
+  """A graph of a matcher's structure in which a node was realized since (read from its buffer by runnable) is left to
+  the generic walk: runnable reads the buffer, and the values are right."""
+  w = Tensor.rand(8, 8).realize()
+  xs = [np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32) for i in range(realize.MATCH_AFTER + 6)]
+  def want(x: np.ndarray) -> np.ndarray: return (np.exp(x @ w.numpy()) * 2).sum(1)
+  for x in xs[:-1]:
+    h = Tensor(x) @ w
+    np.testing.assert_allclose((h.exp() * 2).sum(1).numpy(), want(x), rtol=1e-4)
+  assert realize._matchers
+  counter = _Counter(monkeypatch, runnable=realize)
+  h = Tensor(xs[-1]) @ w
+  out = (h.exp() * 2).sum(1)
+  h.realize()
+  np.testing.assert_allclose(out.numpy(), want(xs[-1]), rtol=1e-4)
+  assert counter.calls["runnable"] == 1
 
 def test_update_calls_read_only_what_their_graph_reads():
   # a CALL's sources are its template's leaves that its graph reaches (Template.used): AdamW's update reads the group's

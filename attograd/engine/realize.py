@@ -17,9 +17,10 @@ from attograd.codegen.opt import Opt, THREADS
 from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
-from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, create_schedule, graph_structure, is_view_of_buffer
+from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, becomes_of, fill_in, graph_structure, is_view_of_buffer, new_buffer, schedule_template
 import attograd.schedule.schedule as schedule_module
 from attograd.schedule.multi import MULTI_MASK, lower_graphs
+from attograd.schedule.match import StructureMatcher
 from attograd.engine.memory import planned_buffers, plan_slots
 from attograd.engine import registry
 from attograd.engine import roofline
@@ -378,7 +379,7 @@ def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None =
       # (a run another thread is in, a DataLoader worker's realize, isn't shared: its held memory and items are the run's)
       if _reusable() and run.lock.acquire(blocking=False):
         try:
-          if run.plan is not None: return run(schedule.numbered, created, var_vals)
+          if run.plan is not None: return run(schedule.numbered, var_vals)
           planned = run, _place_planned(run, created, schedule.numbered)
           return _run_items(schedule, var_vals, planned)
         finally: run.lock.release()
@@ -419,6 +420,13 @@ def _run_items(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None, pl
     planned[0].seen = True
   plan(var_vals)
 
+def _fresh_run(template: ScheduleTemplate) -> PlannedRun | None:
+  """The template's planned run for realize's set, locked by this thread, when its plan can run realize's next schedule
+  of the template (a loop's step from its third run): PlannedRun.run_fresh runs it, then the caller releases the lock."""
+  if not _reusable() or (run := template.plans.get(template.fresh_key)) is None or not run.lock.acquire(blocking=False): return None
+  if run.plan is None: run.lock.release(); return None  # (not adopted yet, or released: no longer among _holding's)
+  return run
+
 def _reusable() -> bool:
   """May a planned run's ExecPlan run this schedule: nothing watches each item (DEBUG lines, VIZ's timeline) nor records
   it (a TinyJit capture keeps its items and their buffers)?"""
@@ -450,6 +458,8 @@ class PlannedRun:
     self.seen = False  # has a quiet run used it
     self.lock = threading.Lock()  # held by the thread running it
     self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
+    self.placed: list[tuple[int, int]] = []     # (buffer, slot) numbers of the kept buffers created, and of the internal
+    self.unheld: list[tuple[int, int]] = []     # ones in their slots (adopt)
     # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
     self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
   def adopt(self, plan: ExecPlan, template: ScheduleTemplate, memory: list[Buffer]) -> None:
@@ -457,6 +467,11 @@ class PlannedRun:
     fresh = {self.slot_of[n] for n in self.created if n in self.kept}
     self.held = [None if s in fresh else m for s, m in enumerate(memory)]
     inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
+    # the created buffers a run places: each kept one gets a Buffer of its own in its slot's fresh memory, and an internal
+    # one in such a slot that memory (those in held slots are placed already); a run loops over these alone
+    created = dict.fromkeys(self.created)
+    self.placed = [(n, self.slot_of[n]) for n in created if n in self.kept]
+    self.unheld = [(n, self.slot_of[n]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
     # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
     plan.native, plan.ran_quiet = plan._native_runs(), True
     where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
@@ -476,23 +491,24 @@ class PlannedRun:
       if (old := _holding.pop(next(iter(_holding)))).lock.acquire(blocking=False):
         try: old.release()
         finally: old.lock.release()
-  def release(self) -> None: self.plan, self.held, self.outside = None, [], []
-  def __call__(self, numbered: list[UOp], created: tuple[int, ...], var_vals: dict[UOp, int] | None) -> None:
-    """Run the plan over this schedule's buffers (numbered): kept ones get fresh memory in the plan's layout."""
+  def release(self) -> None: self.plan, self.held, self.outside, self.placed, self.unheld = None, [], [], [], []
+  def __call__(self, numbered: list[UOp | None], var_vals: dict[UOp, int] | None) -> None:
+    """Run the plan over the buffers by number (those read from outside it and the kept ones; an internal one may be
+    None): kept ones get fresh memory in the plan's layout."""
     _holding.pop(id(self), None)  # the most recently run last
     _holding[id(self)] = self
     memory = [m if m is not None else Buffer(device, nbytes, dtypes.uint8) for m, (device, nbytes) in zip(self.held, self.slots)]
-    slot_of, kept, buffers = self.slot_of, self.kept, registry.buffers
+    buffers = registry.buffers
     mem: dict[int, Any] = {}
-    for n in created:
-      if n in kept:
-        u = numbered[n]
-        b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[slot_of[n]])
-        mem[n] = b.ensure_allocated()._buf
-      elif self.held[s := slot_of[n]] is None: mem[n] = memory[s].ensure_allocated()._buf
+    for n, s in self.placed:
+      u = numbered[n]
+      b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[s])
+      mem[n] = b.ensure_allocated()._buf
+    for n, s in self.unheld: mem[n] = memory[s].ensure_allocated()._buf
+    placed = buffers.by_id.get
     for n, raws, addrs in self.outside:  # (ExecItem.bind inlined: ~600 positions a training step)
       if (m := mem.get(n)) is None:
-        b = buffer_of(numbered[n])
+        b = e.value if (e := placed(id(u := numbered[n]))) is not None else buffer_of(u)  # (buffer_of inlined)
         m = b._buf if b._buf is not None else b.ensure_allocated()._buf
       if raws[0][0][raws[0][1]] is m: continue  # (a parameter, the optimizer's state: the same memory every step)
       for raw, j in raws: raw[j] = m
@@ -500,6 +516,17 @@ class PlannedRun:
         addr = m.addr
         for arr, j in addrs: arr[j] = addr
     self.plan(var_vals)
+  def run_fresh(self, template: ScheduleTemplate, inputs: list[UOp], targets: list[UOp], var_vals: dict[UOp, int] | None) -> dict[UOp, UOp]:
+    """Run the template over these inputs as realize_graphs' schedule of it would run (its plan's set: every other buffer
+    created, the targets' kept), without filling the schedule in: only a buffer that outlives the run gets a BUFFER node;
+    an internal one is its slot's memory, and no ScheduleItem is made (a training step's 250 of each, and their deaths,
+    were a third of its realize's Python). What each target becomes."""
+    numbered: list[UOp | None] = [*inputs, *[None] * len(template.outputs)]
+    outputs, n_inputs = template.outputs, template.n_inputs
+    for n in self.kept:
+      if n >= n_inputs: numbered[n] = new_buffer(*outputs[n - n_inputs])
+    self(numbered, var_vals)
+    return becomes_of(template, numbered, targets)
 
 def _planned_run(schedule: Schedule, keep: set[UOp]) -> tuple[PlannedRun, tuple[int, ...]]:
   """The template's planned run for the numbers of the buffers schedule creates and keeps (made once: planning a training
@@ -584,6 +611,10 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
   nothing (None otherwise: no node below the roots realized, no Variable, no slice of stored data at int offsets). A
   training step's realize is that case: runnable's walk of its 2,000 nodes and graph_structure's were two. The check
   (the same as runnable's) is graph_structure's stop hook, called on the ops it is about and on realized nodes."""
+  return graph_structure(roots, _change_check(roots), _WATCHED, registry.realized.by_id, _static)
+
+def _change_check(roots: UOp) -> Callable[[UOp], bool]:
+  """runnable_structure's check of a node below roots: would runnable change it?"""
   top = set(roots.src)
   realized = registry.realized.by_id
   memo = realized.get
@@ -593,15 +624,73 @@ def runnable_structure(roots: UOp) -> tuple[tuple, list[UOp]] | None:
       # property that would give each of a training step's ~700 reshapes and expands a __dict__)
       # (a static shape's product is an int, one C call; a generator over the sizes was a third of this check)
       if type(math.prod(u.arg) if op is not IOTA else u.arg) is not int: return True
+      if len(_static) >= 4096: _static.clear()  # (distinct shapes: a model's are a few hundred)
+      _static.add((op, u.arg))  # the next graph's nodes of this shape are checked only if realized
       return id(u) in realized and (e := memo(id(u))).value() is not None and u not in top
     if op is BIND or ((e := memo(id(u))) is not None and e.value() is not None and u not in top): return True
     if op is SHRINK or op is PAD:
       if u.sym_args: return True
       if op is SHRINK and is_view_of_buffer(u.src[0]) and u not in top and any(b for b, _ in u.arg): return True
     return False
-  return graph_structure(roots, changed, _WATCHED, realized)
+  return changed
 _SIZED_INT = frozenset(GroupOp.Sized - {Ops.SHRINK, Ops.PAD})  # sized ops whose arg is the sizes themselves
+# (op, arg) of the sized-int ops found static: the check of their sizes is a function of the two, made once for each (it
+# was a Python call for each of a training step's ~570 reshapes and expands, a third of runnable_structure)
+_static: set[tuple[Ops, Any]] = set()
 _WATCHED = frozenset({Ops.BIND, *GroupOp.Sized})
+
+# ***** a loop's graphs recognised by their compiled structure (schedule/match.py) *****
+# A template whose kept plan has run MATCH_AFTER times gets a matcher of the graph realize last ran it for; the next graphs
+# are tried against the matchers first, most recently matched first: one that matches is that template's, with its
+# buffers found, and no generic walk nor structure key is made. (Building one compiles ~60 us of Python a node, once:
+# a training step's 1,500 nodes take ~85 ms, which its ~1 ms a step less pays back after about a hundred steps: only a
+# loop gets one, from its sixth step or so, and not for a graph so big that its compile would stall the loop long.)
+MATCH_AFTER, MATCHERS_MAX, MATCH_NODES_MAX = 4, 4, 8000
+_matchers: list[tuple[StructureMatcher, ScheduleTemplate]] = []  # most recently matched first
+_matchers_lock = threading.Lock()
+_fresh_runs: dict[int, int] = {}  # id(template) -> its kept plan's runs by realize_graphs, until it has a matcher (-1: had one)
+
+def _matched(roots: UOp) -> tuple[ScheduleTemplate, list[UOp]] | None:
+  """The template and the buffers (in graph_structure's order) of the first matcher that accepts roots, when runnable
+  would leave the graph as it is (None otherwise: the generic walk decides)."""
+  for entry in tuple(_matchers):
+    m, template = entry
+    if (found := m(roots)) is None: continue
+    if entry is not _matchers[0]:
+      with _matchers_lock:  # (another thread's realize may reorder them meanwhile)
+        if entry in _matchers: _matchers.remove(entry); _matchers.insert(0, entry)
+    # runnable_structure's check: structure equal, the graph holds no Variable and no slice at int offsets (the recorded
+    # one held none); what can differ is a node realized since (by id: any such node, alive or not, leaves it to the walk)
+    realized = registry.realized.by_id
+    if realized and not (realized.keys().isdisjoint(map(id, found.nodes)) and realized.keys().isdisjoint(m.inside_ids)): return None
+    if found.derivs:  # and the derivative sources a WITH_DERIVATIVE carries, as graph_structure's walk checks them
+      changed, named, seen = _change_check(roots), found.nodes, set()
+      extra = [s for d in found.derivs for s in d.src[1:]]
+      while extra:
+        if (u := extra.pop()) in named or u in seen: continue
+        seen.add(u)
+        if (u.op in _WATCHED or id(u) in realized) and changed(u): return None
+        extra += u.src
+    return template, found.bufs
+  return None
+
+def _note_fresh_run(template: ScheduleTemplate, roots: UOp) -> None:
+  """A realize ran template's kept plan for the graph roots (of the template's whole structure): from its MATCH_AFTER-th
+  run, roots' structure is compiled into a matcher (once a template: one evicted isn't compiled again)."""
+  if (n := _fresh_runs.get(key := id(template), 0)) < 0: return
+  if n + 1 < MATCH_AFTER:
+    if len(_fresh_runs) >= 4096:  # (counts of templates run a few times each: forgotten, not piled up)
+      for k in [k for k, v in _fresh_runs.items() if v >= 0]: del _fresh_runs[k]
+    _fresh_runs[key] = n + 1
+    return
+  _fresh_runs[key] = -1
+  if len(roots.toposort) > MATCH_NODES_MAX: return
+  # (a template that dies frees its key: the note goes with it)
+  weakref.finalize(template, _fresh_runs.pop, key, None)
+  matcher = StructureMatcher(roots)
+  with _matchers_lock:
+    _matchers.insert(0, (matcher, template))
+    del _matchers[MATCHERS_MAX:]
 
 def bind_shapes(u: UOp, var_vals: dict[UOp, int]) -> UOp:
   """u with the Variables of its shapes bound to these values again (a realized symbolic tensor's view)."""
@@ -614,8 +703,11 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   if any(g.opmask & MULTI_MASK for g in graphs): return _realize_sharded(graphs, keep_source)
   roots = UOp(Ops.SINK, dtypes.void, tuple(graphs))
   bound_graphs = roots.src
-  # a graph runnable leaves as it is (a training step's) is scheduled with the structure found while checking that
-  if (structure := runnable_structure(roots)) is not None: var_vals, sliced = {}, {}
+  # a graph a matcher knows (a loop's step) is its template's; one runnable leaves as it is (a training step's) is
+  # scheduled with the structure found while checking that
+  structure: tuple[tuple, list[UOp]] | None = None
+  if (matched := _matched(roots) if _matchers and _reusable() else None) is not None: var_vals, sliced = {}, {}
+  elif (structure := runnable_structure(roots)) is not None: var_vals, sliced = {}, {}
   else: roots, var_vals, sliced = runnable(roots)
   out, todo = list(roots.src), []
   for i, u in enumerate(roots.src):
@@ -623,12 +715,21 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     # a view runs no kernel: its slices keep their int offsets (a variable one, bound, is no view a later kernel renders)
     elif var_vals: out[i] = bind_shapes(u.substitute(sliced) if sliced else u, var_vals)
   if not todo: return out
+  targets = [out[i] for i in todo]
   # (the structure found is of the SINK of all the graphs: of the targets' only when every graph is one)
   with trace.group("schedule", "schedule") as rec, schedule_lowering():
-    schedule, becomes = create_schedule([out[i] for i in todo], structure if len(todo) == len(out) else None)
-  if (capture := capturing()) is not None: capture.templates.append(schedule.template)
-  rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
-  run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
+    # (a matched graph is all targets: its structure is that of a graph that was)
+    template, inputs = matched if matched is not None else schedule_template(targets, structure if len(todo) == len(out) else None)
+    # a template whose planned run for realize's set has its plan (a loop's step, from its third run) runs it as it is
+    if (fresh := _fresh_run(template)) is None: schedule, becomes = fill_in(template, inputs, targets)
+  if fresh is not None:
+    try: becomes = fresh.run_fresh(template, inputs, targets, var_vals)
+    finally: fresh.lock.release()
+    if matched is None and structure is not None and len(todo) == len(out): _note_fresh_run(template, roots)
+  else:
+    if (capture := capturing()) is not None: capture.templates.append(template)
+    rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
+    run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
   graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}

@@ -5,7 +5,7 @@ import itertools, json
 from dataclasses import dataclass, field
 from typing import Callable, Container
 from attograd.dtype import dtypes, DType
-from attograd.helpers import gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
+from attograd.helpers import cached_property, gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
 from attograd.uop import patterns
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
@@ -646,16 +646,21 @@ def _pushdown(value: UOp, shape: tuple[int, ...], out_buf: UOp, idx_dtype, clean
   return sink.substitute(renumber) if renumber else sink, [b for b, _ in kept if b is not out_buf]
 
 def graph_structure(sink: UOp, stop: Callable[[UOp], bool] | None = None, watch: Container[Ops] = (),
-                    watch_ids: Container[int] = ()) -> tuple[tuple, list[UOp]] | None:
+                    watch_ids: Container[int] = (), quiet: Container[tuple] = ()) -> tuple[tuple, list[UOp]] | None:
   """The graph as the scheduler sees it, with its buffers anonymized (two graphs that differ only in which memory they read
   have the same structure) and those buffers in order of appearance. A WITH_DERIVATIVE node reads as its value (the
   derivative it carries is autograd's): walking through it here, rather than stripping it first, spares rebuilding every
   node above it on each call, when the schedule is a cached one.
   `stop`: a check made in the same walk (realize's: would the graph be run as it is?), called on each node whose op is
   in `watch` or whose id is in `watch_ids`, and on the nodes below the sources a WITH_DERIVATIVE carries besides its
-  value (not part of the structure, walked for the check after the rest); the first True ends the walk with None."""
+  value (not part of the structure, walked for the check after the rest); the first True ends the walk with None.
+  `quiet`: (op, arg) pairs of watched ops that stop is known to pass for (the caller's memo of a check that is a function
+  of them alone): such a node is checked only if its id is in `watch_ids`."""
   position: dict[UOp, int] = {}
-  parts: list[tuple] = []
+  # four entries a node, in one flat tuple (op, dtype, arg, its sources' positions; a buffer's: BUFFER, dtype, device,
+  # (size, offset)): a tuple a node was ~1,700 more objects a training step's realize made, freed, and while its template is
+  # cached, one more for each full pass of the cycle collector to walk
+  parts: list = []
   bufs: list[UOp] = []
   extra: list[UOp] = []  # a WITH_DERIVATIVE's derivative sources, for stop
   # (names bound locally and the sources' numbers by map: ~30% of this walk's time, which every realize pays per node)
@@ -670,19 +675,19 @@ def graph_structure(sink: UOp, stop: Callable[[UOp], bool] | None = None, watch:
       sources.pop()
       u = nodes.pop()
       op = u.op
-      if stop is not None and (op in watch or id(u) in watch_ids) and stop(u): return None
+      if stop is not None and ((op in watch and (op, u.arg) not in quiet) or id(u) in watch_ids) and stop(u): return None
       if op is WD:
         position[u] = position[u.src[0]]
         if stop is not None: extra += u.src[1:]
       elif op is BUF:
         position[u] = len(parts)
         a = u.arg
-        parts.append((BUF, u.dtype, a.device, a.size, a.offset))
+        parts += (BUF, u.dtype, a.device, (a.size, a.offset))
         bufs.append(u)
       else:
         position[u] = len(parts)
         arg = u.arg  # (arg_key inlined: one call fewer per node of a training step's thousands)
-        parts.append((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src))))
+        parts += (op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, tuple(map(at, u.src)))
   seen: set[UOp] = set()
   while extra:
     if (u := extra.pop()) in position or u in seen: continue
@@ -704,6 +709,13 @@ class ScheduleTemplate:
   why: tuple[str, ...] = ()                          # why each item's output is a buffer (REALIZE_WHY keys; () from disk)
   # what realize derives from the template alone, kept with it: its memory plans, by (buffers created, buffers kept) numbers
   plans: dict = field(default_factory=dict, compare=False, repr=False)
+  @cached_property
+  def becomes_sink(self) -> UOp: return UOp(Ops.SINK, dtypes.void, self.becomes)
+  @cached_property
+  def fresh_key(self) -> tuple[tuple[int, ...], frozenset[int]]:
+    """The (buffers created, buffers kept) numbers of realize's schedule filled in anew from it (fill_in): every item's
+    output created, the buffers its targets' views name kept. Its plan's key in `plans`."""
+    return tuple(numbers[0] for _, numbers in self.items), frozenset(n for _, n in self.placeholders)
 
 class Schedule(list):
   """create_schedule's items (a list of ScheduleItems), with the template they were filled in from and its buffers by
@@ -855,6 +867,13 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
   schedule: the Python work of scheduling a training step is done once, and once per machine when the disk cache is on
   (CACHELEVEL=2). `structure` is graph_structure of the targets' SINK when the caller found it already (realize finds
   it in the walk that checks the graph for realized nodes: one walk of a training step's thousands of nodes fewer)."""
+  template, inputs = schedule_template(targets, structure)
+  return fill_in(template, inputs, targets)
+
+def schedule_template(targets: list[UOp], structure: tuple[tuple, list[UOp]] | None = None) -> tuple[ScheduleTemplate, list[UOp]]:
+  """The template of the targets' graph (scheduled, or read from disk, the first time its structure is seen) and the
+  graph's buffers it numbers as its inputs, in order. create_schedule fills it in; realize may run it without that
+  (a template whose planned run is kept needs no node for a buffer that lives only inside the run)."""
   sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
   structure, inputs = graph_structure(sink) if structure is None else structure
   if (template := _schedule_cache.get(structure)) is None:
@@ -867,15 +886,25 @@ def create_schedule(targets: list[UOp], structure: tuple[tuple, list[UOp]] | Non
     _schedule_cache[structure] = template
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
+  if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
+    patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
+  return template, inputs
+
+def fill_in(template: ScheduleTemplate, inputs: list[UOp], targets: list[UOp]) -> tuple[Schedule, dict[UOp, UOp]]:
+  """The template's schedule over these input buffers and new ones for what it creates, and what each target becomes."""
   bufs = [*inputs, *(new_buffer(*o) for o in template.outputs)]
   at = bufs.__getitem__  # (each item's buffers by map: a generator per item was a fifth of filling a template in)
   made = tuple(ScheduleItem(ast, tuple(map(at, numbers))) for ast, numbers in template.items)
   schedule = Schedule(made)
   schedule.template, schedule.numbered, schedule.made = template, bufs, made
-  fill = {p: bufs[i] for p, i in template.placeholders}
-  if patterns.tracker is not None:  # VIZ: why each item's output is a buffer, for the schedule being recorded
-    patterns.tracker.note(why=[(w, REALIZE_WHY[w]) for w in template.why])
-  return schedule, {t: b.substitute(fill) for t, b in zip(targets, template.becomes)}
+  return schedule, becomes_of(template, bufs, targets)
+
+def becomes_of(template: ScheduleTemplate, numbered: list[UOp | None], targets: list[UOp]) -> dict[UOp, UOp]:
+  """What each target becomes, over the buffers by number (`numbered` needs only those the targets' views name:
+  template.placeholders)."""
+  fill = {p: numbered[i] for p, i in template.placeholders}
+  # (one walk of all of them, their SINK's, kept with the template: a substitute each walked ~100 small graphs apart)
+  return dict(zip(targets, template.becomes_sink.substitute(fill).src))
 
 # told of each kernel (its AST and device) as _schedule_graph makes it, when set: realize sets it while it schedules what it
 # will run, so a kernel is lowered and handed to the compiler while the ones after it are still being scheduled
