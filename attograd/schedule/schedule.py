@@ -742,8 +742,9 @@ def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
 
 def _disk_key(sink: UOp, inputs: list[UOp]) -> str:
   # the number of inputs too: a template numbers the buffers it creates after them, and a graph can have inputs it doesn't
-  # read (a CALL's sources its body leaves unused: a gradient's, gradient.py). Two graphs the same but for those had one
-  # key, and the second read the first's template: its kernels wrote the buffers it creates into its unused inputs
+  # read (a CALL's source its body reads only through a derivative, which scheduling drops: a gradient's, gradient.py).
+  # Two graphs the same but for those had one key, and the second read the first's template: its kernels wrote the
+  # buffers it creates into its unused inputs
   return content_hash("schedule", code_version(), str(len(inputs)),
                       graph_key(sink.substitute({b: _placeholder(i, b) for i, b in enumerate(inputs)})))
 
