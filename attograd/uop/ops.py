@@ -477,9 +477,11 @@ class Template:
     if len(xs) != len(self.used): xs = tuple([xs[i] for i in self.used])
     return tuple(UOp(Ops.CALL, dt, xs, arg) for arg, dt in self.call_args)
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Call:
-  """A CALL node's arg: output `index` of `body` (a Template, compared by identity), of this shape."""
+  """A CALL node's arg: output `index` of `body` (a Template), of this shape. Made once per output (Template.call_args),
+  so compared and hashed by identity, in C: a CALL node's key is hashed when it is built, stored and dropped, and a
+  dataclass's generated __hash__ was Python, 270 calls a training step's optimizer update."""
   body: Template
   index: int
   shape: tuple[int, ...]
