@@ -4,9 +4,9 @@ fuse like any other graph."""
 from __future__ import annotations
 import math
 from typing import Any, Callable
-from attograd.dtype import dtypes
-from attograd.helpers import Switch, argsort
-from attograd.uop.ops import UOp, Ops, GroupOp, Vjp
+from attograd.dtype import DType, dtypes
+from attograd.helpers import ContextVar, Switch, argsort
+from attograd.uop.ops import UOp, Ops, GroupOp, Vjp, Template
 from attograd.uop.patterns import UPat, PatternMatcher
 from attograd.schedule.multi import shard_uop
 from attograd.schedule.schedule import CALL_EXPANDED
@@ -119,14 +119,120 @@ pm_gradient = PatternMatcher([
 
 _CALL_BIT, _calls_expanded = 1 << Ops.CALL.value, PatternMatcher([CALL_EXPANDED])
 
+# ***** a backward pass as CALLs of a Template kept by the structure of the graph it differentiates *****
+# A training step differentiates a graph of one structure every step, over other buffers (the batch, the weights the last
+# step wrote). The rules build its gradients once; they are kept as a Template (uop/ops.py) over the graph's leaves, and
+# later passes make one CALL node per gradient over this pass's leaves: the scheduler expands them into the graph the rules
+# build (the same kernels), and realize's walk sees a node per gradient where the rules built ~400 a step.
+# The key is everything the rules read: each node's op, dtype, arg and sources by place (its buffers anonymous), the
+# functions a Vjp calls (their code and what their closures hold: a tensor by its node's place), which nodes are targets,
+# the gradient flowing in, and the switches the front-end ops a Vjp calls may read (grad mode, Context variables).
+_backward_templates: dict[tuple, Any] = {}
+_BACKWARD_TEMPLATES_KEPT = 16
+_seen_once: dict[int, None] = {}  # the keys' hashes of graphs differentiated once: a template is made the second time
+_SEEN_KEPT = 64
+_UNUSABLE = object()  # a graph whose gradients can't be a template (see _backward_template): the rules each time
+_NO_TEMPLATE_OPS = frozenset({Ops.BUFFER, Ops.BIND, Ops.ASSIGN, Ops.CALL, Ops.DEFINE_VAR})
+# graphs differentiated by the rules every time: sharded ones (a CALL is scheduled on one device, as the optimizers'
+# templates), symbolic sizes (a Variable's binding must reach every node) and pending writes (an ASSIGN's graph)
+_RULES_ONLY = sum(1 << op.value for op in (Ops.MULTI, Ops.SHARD, Ops.BIND, Ops.DEFINE_VAR, Ops.ASSIGN))
+
+def _value_key(v: Any, at: dict[UOp, int], depth: int) -> Any:
+  """What a vjp's closure holds, as part of a key (_UNUSABLE: something a key can't cover)."""
+  if v is None or type(v) in (int, bool, str): return (type(v), v)
+  if type(v) is float: return ("float", v.hex())
+  if isinstance(v, UOp): return ("node", at[v]) if v in at else _UNUSABLE
+  if isinstance(v, (type, DType, Ops)): return v  # a class (the Tensor type a vjp wraps its gradient in), a dtype
+  if isinstance(u := getattr(v, "uop", None), UOp): return ("tensor", at[u]) if u in at else _UNUSABLE  # a Tensor: its node
+  if isinstance(v, tuple):
+    out = tuple(_value_key(x, at, depth) for x in v)
+    return _UNUSABLE if any(x is _UNUSABLE for x in out) else out
+  if hasattr(v, "__code__"): return _fn_key(v, at, depth + 1)
+  return _UNUSABLE
+
+def _fn_key(fn: Any, at: dict[UOp, int], depth: int = 0) -> Any:
+  """A function a Vjp calls, as a key: its code, defaults and what its closure holds (nested functions in turn)."""
+  if depth > 6 or getattr(fn, "__kwdefaults__", None): return _UNUSABLE
+  try: held = (*(fn.__defaults__ or ()), *(c.cell_contents for c in fn.__closure__ or ()))
+  except ValueError: return _UNUSABLE  # (an empty cell)
+  out = (fn.__code__, fn.__module__, *(_value_key(v, at, depth) for v in held))
+  return _UNUSABLE if any(x is _UNUSABLE for x in out) else out
+
+def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp]) -> tuple[tuple, list[UOp], list[UOp]] | None:
+  """(key, leaves, targets in the graph in the key's order) of a backward pass, or None when the key can't cover it."""
+  at: dict[UOp, int] = {}
+  # the graph as one flat tuple, node after node: (BUFFER, dtype, device, size, offset) or (op, dtype, arg, number of
+  # sources, each source's place): read from the start it can only be this graph. (A tuple a node was a third slower to
+  # build, and to hash and compare when looked up)
+  flat: list = []
+  ext = flat.extend
+  leaves: list[UOp] = []
+  vjps: list[UOp] = []
+  pos, BUF, WD = at.__getitem__, Ops.BUFFER, Ops.WITH_DERIVATIVE
+  for nodes in (topo, root_grad.toposort):
+    for u in nodes:
+      if u in at: continue
+      at[u] = len(at)
+      if (op := u.op) is BUF:
+        a = u.arg
+        ext((BUF, u.dtype, a.device, a.size, a.offset))
+        leaves.append(u)
+      else:
+        arg, src = u.arg, u.src
+        if op is WD and type(arg) is Vjp: vjps.append(u); leaves.append(u); arg = None  # (its functions: below)
+        ext((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, len(src)))
+        ext(map(pos, src))
+  vjp_keys = tuple(_fn_key(f, at) for u in vjps for f in u.arg.fns)
+  if any(k is _UNUSABLE for k in vjp_keys): return None
+  wanted = sorted((t for t in targets if t in at), key=pos)
+  switches = (GradMode.enabled, dtypes.default_float, tuple(v.value for v in ContextVar._all.values()))
+  key = (tuple(flat), vjp_keys, tuple(map(pos, wanted)), at[root], at[root_grad], switches)
+  return key, leaves, wanted
+
+def _backward_template(leaves: list[UOp], outputs: list[UOp]) -> Any:
+  """The gradients' Template over the leaves, or _UNUSABLE when rebuilt they could go stale: a node no leaf is below that
+  reads memory (a vjp read a tensor outside the graph: rebuilt, it would read the values of then), or a Vjp made by the
+  backward pass itself (its functions hold that pass's tensors: a second-order gradient through a rebuilt one would
+  differentiate the graph of then)."""
+  try: t = Template(tuple(leaves), UOp(Ops.SINK, dtypes.void, tuple(outputs)))
+  except AssertionError: return _UNUSABLE  # (no gradient depends on a leaf)
+  if any(op is Ops.WITH_DERIVATIVE and type(arg) is Vjp for op, _, _, arg in t.steps): return _UNUSABLE
+  for f in t.fixed:
+    if any(u.op in _NO_TEMPLATE_OPS or (u.op is Ops.WITH_DERIVATIVE and type(u.arg) is Vjp) for u in f.toposort): return _UNUSABLE
+  return t
+
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-  """Gradients of root with respect to each target, by reverse-mode accumulation."""
-  # only walk nodes that lie on a path from root to some target
-  # (plain loops, no any() over a generator: a model's graph has thousands of nodes, walked twice per backward)
-  on_path: dict[UOp, bool] = {}
+  """Gradients of root with respect to each target, by reverse-mode accumulation: built by the rules, or as CALLs of the
+  template kept for graphs of this structure."""
   # a CALL (a sort's or topk's graph as one node: uop/ops.py) is differentiated as the graph it stands for
   if root.opmask & _CALL_BIT: root = graph_rewrite(root, _calls_expanded, name="calls_expanded")
   topo = root.toposort
+  structure = None if (root.opmask | root_grad.opmask) & _RULES_ONLY else _structure(topo, root, root_grad, targets)
+  if structure is None: return _rules_gradient(topo, root, root_grad, targets)
+  key, leaves, wanted = structure
+  if (t := _backward_templates.get(key)) is not None:
+    if t is _UNUSABLE: return _rules_gradient(topo, root, root_grad, targets)
+    body, which = t
+    return dict(zip([wanted[i] for i in which], body.calls(*leaves)))
+  grads = _rules_gradient(topo, root, root_grad, targets)
+  # the template is made the second time a graph of this structure is differentiated: one seen once may never come again
+  if (h := hash(key)) not in _seen_once:
+    if len(_seen_once) >= _SEEN_KEPT: del _seen_once[next(iter(_seen_once))]
+    _seen_once[h] = None
+    return grads
+  del _seen_once[h]
+  which = tuple(i for i, w in enumerate(wanted) if w in grads)
+  body = _backward_template(leaves, [grads[wanted[i]] for i in which])
+  if len(_backward_templates) >= _BACKWARD_TEMPLATES_KEPT: del _backward_templates[next(iter(_backward_templates))]
+  _backward_templates[key] = _UNUSABLE if body is _UNUSABLE else (body, which)
+  # (this pass's gradients as CALLs too: its schedule is the one the next passes reuse)
+  return grads if body is _UNUSABLE else dict(zip([wanted[i] for i in which], body.calls(*leaves)))
+
+def _rules_gradient(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+  """Gradients of root with respect to each target, built by the rules (reverse-mode accumulation over topo)."""
+  # only walk nodes that lie on a path from root to some target
+  # (plain loops, no any() over a generator: a model's graph has thousands of nodes, walked twice per backward)
+  on_path: dict[UOp, bool] = {}
   for u in topo:
     if u in targets: on_path[u] = True; continue
     on_path[u] = False

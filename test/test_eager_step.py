@@ -375,3 +375,26 @@ def test_matched_graph_with_a_realized_node_takes_the_walk(monkeypatch):
   h.realize()
   np.testing.assert_allclose(out.numpy(), want(xs[-1]), rtol=1e-4)
   assert counter.calls["runnable"] == 1
+
+def test_update_calls_read_only_what_their_graph_reads():
+  # a CALL's sources are its template's leaves that its graph reaches (Template.used): AdamW's update reads the group's
+  # factors, not the lr, weight decay, step and bias-correction tensors they are computed from (each source is one more
+  # node in every walk of the step's graph)
+  w = Tensor([1.0, -2.0], requires_grad=True)
+  opt = optim.AdamW([w], lr=0.1, weight_decay=0.1)
+  tw = torch.tensor([1.0, -2.0], requires_grad=True)
+  topt = torch.optim.AdamW([tw], lr=0.1, weight_decay=0.1)
+  for step in range(4):
+    opt.zero_grad(); (w * w * w).sum().backward()
+    topt.zero_grad(); (tw * tw * tw).sum().backward()
+    if step == 3:
+      opt.schedule_step()
+      call = w.uop.src[1]
+      assert w.uop.op is Ops.ASSIGN and call.op is Ops.CALL
+      g = opt.param_groups[0]
+      assert all(g.t(k).uop not in call.src for k in ("lr", "weight_decay", "step"))
+      assert len(call.src) == 7  # w, both moments as written, the factors decay, step_size, bc2_sqrt and eps (of 22 leaves)
+      Tensor.realize_all([w, *opt.state_tensors()])
+    else: opt.step()
+    topt.step()
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6)

@@ -136,3 +136,86 @@ def test_requires_grad_can_be_set_again():
   t.requires_grad_(True)
   (t * 2).sum().backward()
   np.testing.assert_array_equal(t.grad.numpy(), np.full((3, 3), 2.0, np.float32))
+
+# ***** a backward pass of a graph differentiated before: CALLs of the template kept for its structure (gradient.py) *****
+
+def _attention_loss(lib, x, w, v):
+  """a small attention-like graph with softmax (a Vjp whose closure holds tensors) and a matmul"""
+  if lib is torch: return ((x @ w).softmax(-1) @ v).square().mean()
+  return ((x @ w).softmax(-1) @ v).square().mean()
+
+def test_backward_of_a_graph_seen_before_is_calls_of_its_template(monkeypatch):
+  from attograd import gradient
+  from attograd.uop.ops import Ops
+  rng = np.random.default_rng(0)
+  wn, vn = rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+  w, v = Tensor(wn, requires_grad=True), Tensor(vn, requires_grad=True)
+  tw, tv = torch.tensor(wn, requires_grad=True), torch.tensor(vn, requires_grad=True)
+  ruled = [0]
+  rules = gradient._rules_gradient
+  monkeypatch.setattr(gradient, "_rules_gradient", lambda *a: (ruled.__setitem__(0, ruled[0] + 1), rules(*a))[1])
+  for step in range(4):
+    xn = rng.standard_normal((6, 4)).astype(np.float32)
+    w.grad = v.grad = tw.grad = tv.grad = None
+    _attention_loss(Tensor, Tensor(xn), w, v).backward()
+    _attention_loss(torch, torch.tensor(xn), tw, tv).backward()
+    # the first two passes run the rules (the second makes the template), the later ones only call it
+    assert ruled[0] == min(step + 1, 2)
+    assert (w.grad.uop.op is Ops.CALL) == (step >= 1)
+    for ours, theirs in ((w, tw), (v, tv)): np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
+    # new values in place: the same structure over the same buffers, then other ones
+    w.assign(w.detach() * 0.9).realize(); tw.data.mul_(0.9)
+
+def test_backward_template_follows_requires_grad():
+  rng = np.random.default_rng(1)
+  a, b = Tensor(rng.standard_normal((3, 3)).astype(np.float32), requires_grad=True), Tensor(rng.standard_normal(3).astype(np.float32), requires_grad=True)
+  for step in range(6):
+    frozen = step in (3, 4)
+    b.requires_grad = not frozen
+    a.grad = b.grad = None
+    x = Tensor(rng.standard_normal((2, 3)).astype(np.float32))
+    ((x @ a + b).exp()).sum().backward()
+    ta, tb = torch.tensor(a.numpy(), requires_grad=True), torch.tensor(b.numpy(), requires_grad=not frozen)
+    ((torch.tensor(x.numpy()) @ ta + tb).exp()).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-5)
+    if frozen: assert b.grad is None
+    else: np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), rtol=1e-5)
+
+def test_backward_template_keys_what_a_vjp_holds():
+  # the same forward graph every time, but the vjp's closure holds a number that changes, and (second case) reads a tensor
+  # outside the graph whose values change: each pass's gradient is its own
+  x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+  e = np.exp([1.0, 2.0, 3.0])
+  for scale in (1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 0.5):
+    x.grad = None
+    y = x.exp()
+    y._with_vjp(x, lambda g, s=scale: g * y * s).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), e * scale, rtol=1e-6)
+  outside = Tensor([1.0, 1.0, 1.0]).realize()
+  for k in range(5):
+    outside.assign(Tensor([k, 2.0 * k, 1.0])).realize()
+    x.grad = None
+    y = x.exp()
+    y._with_vjp(x, lambda g: g * y * outside).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), e * [k, 2.0 * k, 1.0], rtol=1e-6)
+
+def _rules_only(monkeypatch):
+  from attograd import gradient
+  monkeypatch.setattr(gradient, "_structure", lambda *a: None)
+
+def test_second_order_gradient_through_templated_gradients(monkeypatch):
+  # a gradient penalty: the gradients of a templated backward pass are differentiated again, step after step; the first
+  # pass's vjp calls softmax, so its gradient holds a Vjp of its own, which the second pass calls: it must be this step's
+  rng = np.random.default_rng(2)
+  w = Tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
+  def penalty(xn: np.ndarray) -> np.ndarray:
+    x = Tensor(xn, requires_grad=True)
+    y = (x @ w).tanh()
+    (gx,) = y._with_vjp(x, lambda g: ((g * y) @ w.T).softmax(-1)).sum().gradient(x)
+    w.grad = None
+    gx.square().sum().backward()
+    return w.grad.numpy()
+  xs = [rng.standard_normal((5, 3)).astype(np.float32) for _ in range(4)]
+  got = [penalty(xn) for xn in xs]
+  _rules_only(monkeypatch)
+  for g, xn in zip(got, xs): np.testing.assert_allclose(g, penalty(xn), rtol=1e-5, atol=1e-7)

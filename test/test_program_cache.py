@@ -164,6 +164,20 @@ def test_cache_read_checks_the_payload(tmp_path, capsys):
   atomic_write(p, b"new")
   assert p.read_bytes() == b"new" and [f.name for f in tmp_path.iterdir()] == ["x"]  # no temporary file left behind
 
+def test_unused_inputs_are_part_of_the_schedule_key(monkeypatch, tmp_path):
+  # a CALL whose body reads a source only through a derivative (a gradient's: gradient.py) is, once scheduled, the same
+  # graph as one over fewer inputs; a template numbers the buffers it makes after its inputs, so the disk key must count
+  # them: read with the smaller graph's template, the kernel wrote the result into the unused input
+  from attograd.uop.ops import Template
+  monkeypatch.setenv("ATTOGRAD_CACHE", str(tmp_path))
+  a, b = Tensor([1.0, 2.0]).realize(), Tensor([10.0, 20.0]).realize()
+  assert (a + 1).tolist() == [2.0, 3.0]
+  body = Template((a.uop, b.uop), UOp(Ops.WITH_DERIVATIVE, dtypes.float32, ((a + 1).uop, a.uop, b.uop)))
+  assert body.used == (0, 1)
+  a2, b2 = Tensor([3.0, 4.0]).realize(), Tensor([30.0, 40.0]).realize()
+  assert Tensor(body.calls(a2.uop, b2.uop)[0]).tolist() == [4.0, 5.0]
+  assert b2.tolist() == [30.0, 40.0]
+
 def test_damaged_beam_winner_is_searched_again(monkeypatch, tmp_path, capsys):
   monkeypatch.setenv("ATTOGRAD_CACHE", str(tmp_path))
   monkeypatch.setattr(search, "MAX_ROUNDS", 1)

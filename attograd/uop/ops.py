@@ -450,13 +450,19 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "outputs", "call_args", "rebinds", "opaque", "root_memo", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "used", "outputs", "call_args", "rebinds", "opaque", "root_memo", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
-    for u in _walk_to(root, leaf_set):
+    walked = _walk_to(root, leaf_set)
+    for u in walked:
       if u not in leaf_set and any(s in leaf_set or s in above for s in u.src): above[u] = None
     if root not in leaf_set and root not in above: raise AssertionError("a template's graph must depend on its inputs")
+    # the leaves (distinct nodes) the graph reads, by place: a CALL's sources are those only (an optimizer update's inputs
+    # hold group tensors only its factors read, a gradient's the forward pass's every buffer), each one more node in
+    # every walk of the step's graph, and an input of its schedule the kernels don't read
+    self.used = tuple(i for i, leaf in enumerate(leaves) if leaf in walked)
+    leaves = tuple(leaves[i] for i in self.used)
     # slots: the fixed sources (nodes not above a leaf) first, then the leaves' replacements, then each rebuilt node.
     # A Vjp's captured nodes that don't depend on a leaf are fixed too (a causal mask attention's backward reads)
     captured = [c for u in above if isinstance(u.arg, Vjp) for c in u.arg.captured
@@ -483,7 +489,9 @@ class Template:
     self.root_memo = None if root.op is Ops.SINK else (root.shape, root.device, tuple(x.device for x in leaves))
   def __repr__(self) -> str: return f"Template({len(self.steps)} nodes over {self.n_leaves} input(s), {len(self.outputs)} output(s))"
   def __call__(self, *xs: UOp) -> UOp:
-    """The graph over xs in place of the leaves (its root: a SINK of the outputs when there are several)."""
+    """The graph over xs in place of the leaves (all of them, or those it reads: `used`, a CALL's sources), its root a
+    SINK of the outputs when there are several."""
+    if len(xs) != len(self.used): xs = tuple([xs[i] for i in self.used])
     slots = self.fixed.copy()
     slots += xs
     if not self.rebinds:
@@ -502,12 +510,16 @@ class Template:
       root._shape_memo, root._device_memo = m[0], m[1]
     return root
   def calls(self, *xs: UOp) -> tuple[UOp, ...]:
-    """A CALL node per output, over xs: the graph as a few nodes, expanded where it is scheduled."""
+    """A CALL node per output, over xs in place of the leaves the template was made with (its sources: those it reads):
+    the graph as a few nodes, expanded where it is scheduled."""
+    if len(xs) != len(self.used): xs = tuple([xs[i] for i in self.used])
     return tuple(UOp(Ops.CALL, dt, xs, arg) for arg, dt in self.call_args)
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Call:
-  """A CALL node's arg: output `index` of `body` (a Template, compared by identity), of this shape."""
+  """A CALL node's arg: output `index` of `body` (a Template), of this shape. Made once per output (Template.call_args),
+  so compared and hashed by identity, in C: a CALL node's key is hashed when it is built, stored and dropped, and a
+  dataclass's generated __hash__ was Python, 270 calls a training step's optimizer update."""
   body: Template
   index: int
   shape: tuple[int, ...]
