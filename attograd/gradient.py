@@ -2,6 +2,7 @@
 the gradient flowing into it) to the gradients of its sources. Gradients are lazy UOps and
 fuse like any other graph."""
 from __future__ import annotations
+import functools
 import math
 from typing import Any, Callable
 from attograd.dtype import DType, dtypes
@@ -148,6 +149,9 @@ def _value_key(v: Any, at: dict[UOp, int], depth: int) -> Any:
     out = tuple(_value_key(x, at, depth) for x in v)
     return _UNUSABLE if any(x is _UNUSABLE for x in out) else out
   if hasattr(v, "__code__"): return _fn_key(v, at, depth + 1)
+  if type(v) is functools.partial and not v.keywords:  # (a Vjp's make: a function with some arguments given)
+    out = ("partial", _value_key(v.func, at, depth + 1), _value_key(v.args, at, depth))
+    return _UNUSABLE if _UNUSABLE in out else out
   return _UNUSABLE
 
 def _fn_key(fn: Any, at: dict[UOp, int], depth: int = 0) -> Any:
@@ -182,7 +186,9 @@ def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UO
         if op is WD and type(arg) is Vjp: vjps.append(u); leaves.append(u); arg = None  # (its functions: below)
         ext((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, len(src)))
         ext(map(pos, src))
-  vjp_keys = tuple(_fn_key(f, at) for u in vjps for f in u.arg.fns)
+  # (a Vjp given by make and the nodes it reads by those: its functions aren't made for the key)
+  vjp_keys = tuple(_value_key((u.arg.make, u.arg.captured), at, 0) if u.arg.make is not None else _fn_key(f, at)
+                   for u in vjps for f in ((None,) if u.arg.make is not None else u.arg.fns))
   if any(k is _UNUSABLE for k in vjp_keys): return None
   wanted = sorted((t for t in targets if t in at), key=pos)
   switches = (GradMode.enabled, dtypes.default_float, tuple(v.value for v in ContextVar._all.values()))
