@@ -71,21 +71,23 @@ def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = No
     # 10.44-11.71 CPU ms a token) but lost at 2 threads on the quiet machine (bench/llm.py decode, alternating runs:
     # float32 102.5 and 122.7 tok/s, float16 78.4 and 101.6), which bench/llm.py and the decode target measure
     return probe.raw[:, start:start + n] if kind == "u8" else Blocks(probe.raw).f16(start).cast(SCALE_DTYPE)
-  if not grouped:
-    stored = {key: field(key).contiguous() for key in keys}
-    handed = {key: stored[key] for key in keys}
+  scales = [k for k in keys if k[0] == "f16"] if grouped else []
+  if not grouped: stored = {key: field(key).contiguous() for key in keys}
   else:
     def interleave(x: Tensor) -> Tensor:  # (blocks, n) in row order -> (groups, per_row, ROW_GROUP, n)
       return x.reshape(rows // ROW_GROUP, ROW_GROUP, per_row, x.shape[1]).permute(0, 2, 1, 3)
-    def view(x: Tensor) -> Tensor: return x.permute(0, 2, 1, 3).reshape(nb, x.shape[3])  # back to (blocks, n) row order
-    scales = [k for k in keys if k[0] == "f16"]
     stored = {k: interleave(field(k)).contiguous() for k in keys if k[0] == "u8"}
     if scales: stored["scales"] = Tensor.cat(*[interleave(field(k)) for k in scales], dim=3).contiguous()
-    handed = {k: view(stored[k]) for k in keys if k[0] == "u8"}
-    handed.update((k, view(stored["scales"][:, :, :, i:i + 1])) for i, k in enumerate(scales))
   # without gradients: a realized tensor would keep the graph it came from (for backward), and with it the raw bytes
   # (the weights twice in memory)
   with no_grad(): Tensor.realize_all(list(stored.values()))
+  # the views are taken after the realize: a view made before it holds the lazy graph (the raw bytes and the interleave),
+  # so every use recomputed the layout from the raw bytes and kept them resident (SmolLM2: decode 7-8 -> 18 ms a token,
+  # resident while generating 210 -> 293 MiB)
+  if not grouped: return stored
+  def view(x: Tensor) -> Tensor: return x.permute(0, 2, 1, 3).reshape(nb, x.shape[3])  # back to (blocks, n) row order
+  handed = {k: view(stored[k]) for k in keys if k[0] == "u8"}
+  handed.update((k, view(stored["scales"][:, :, :, i:i + 1])) for i, k in enumerate(scales))
   return {k: handed[k] for k in keys}
 
 def _cols(raw: Blocks, start: int, n: int) -> Tensor: return raw.cols(start, n)
