@@ -6,7 +6,6 @@ The KV cache position is a bound Variable, so one TinyJit-captured decode step s
 and the token id is one too: the embedding row is a symbolic slice of the table, not a one-hot product."""
 from __future__ import annotations
 import math, os
-import numpy as np
 from dataclasses import dataclass
 from typing import Any
 from attograd import Tensor, TinyJit, Variable, dtypes
@@ -170,9 +169,9 @@ class Llama:
     if not jit:
       rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
       return rows[0] if len(rows) == 1 else Tensor.cat(*rows, dim=0)
-    out = np.empty((len(tokens), self.cfg.dim), np.float32)
-    for i, t in enumerate(tokens): out[i] = self._row(self.tok_var.bind(t)).numpy()
-    return Tensor(out)
+    out = bytearray()  # the rows' bytes in order (without numpy: the LLM path doesn't import it)
+    for t in tokens: out += self._row(self.tok_var.bind(t))._raw()
+    return Tensor(memoryview(out).cast("f", (len(tokens), self.cfg.dim)))
 
   def _pos(self, T: int, start: int) -> UOp:
     """start as a bound Variable whose range keeps start + T inside the cache (so slices of it are always in bounds)."""
@@ -180,6 +179,11 @@ class Llama:
     return self._pos_vars[T].bind(start)
 
   # ***** public *****
+  def discard_scratch(self) -> None:
+    """Give back the pages of the prompt passes' internal buffers (a dequantized weight, the chunk's activations: 8 MiB for
+    SmolLM2's 128 tokens) until the next prompt, which faults them in again; the decode step keeps its own."""
+    for jit in self._prefill.values(): jit.discard_scratch()
+
   def __call__(self, tokens: list[int], start_pos: int, all_logits: bool = False, jit: bool = True) -> Tensor:
     """Logits (vocab,) for the token after `tokens` (or (len(tokens), vocab) with all_logits), which sit at positions
     start_pos.. start_pos+len-1; the cache must hold the tokens before start_pos. One token runs the captured decode step."""
