@@ -6,7 +6,7 @@ from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG
 from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
-from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls
+from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls, first_call_templates
 from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to, sources
 import attograd.tensor as tensor_module
@@ -226,6 +226,7 @@ class TinyJit(Generic[ReturnType]):
     self.watch: list[tuple[Any, Any, Any, str]] = []  # Python floats the capture saw, compared on each replay
     self.host_data: list = []  # the data of Tensors made from Python/numpy data in the first call, by user line
     self.last: _LastCall | None = None  # the last replay's arguments: the same again skip the checks
+    self.first_templates: list = []  # the schedules the first call used, forgotten once captured
     functools.update_wrapper(self, fxn)
   def __get__(self, obj: Any, objtype: Any = None) -> Any: return self if obj is None else functools.partial(self.__call__, obj)
   def discard_scratch(self) -> None:
@@ -236,7 +237,7 @@ class TinyJit(Generic[ReturnType]):
       for b in self.replay.scratch: b.discard()
   def reset(self) -> None:
     self.cnt, self.signature, self.replay, self.ret, self.sym_outputs, self.symbolic = 0, None, None, None, [], False
-    self.checks, self.watch, self.host_data, self.last = [], [], [], None
+    self.checks, self.watch, self.host_data, self.last, self.first_templates = [], [], [], None, []
 
   def _run_logged(self, run: Callable[[], Any]) -> tuple[Any, list]:
     """run() (a plain call or the capture) with the data of Tensors made from Python/numpy data logged by user line."""
@@ -258,7 +259,10 @@ class TinyJit(Generic[ReturnType]):
     _as_plain_buffers(tensors)
     if self.cnt == 0:
       self.cnt = 1
-      ret, self.host_data = self._run_logged(lambda: self.fxn(*args, **kwargs))
+      first_call_templates.append(templates := [])
+      try: ret, self.host_data = self._run_logged(lambda: self.fxn(*args, **kwargs))
+      finally: first_call_templates.pop()
+      self.first_templates = templates
       return ret
     if self.cnt == 1:
       ret, host_data = self._run_logged(lambda: self._capture(tensors, args, kwargs))
@@ -303,7 +307,8 @@ class TinyJit(Generic[ReturnType]):
       Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
     finally: _captures.pop()
     for t in outputs: _forget_graph(t)
-    forget_schedules(capture.templates)
+    forget_schedules(capture.templates + self.first_templates)
+    self.first_templates = []
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
     kept = kept_inputs | {id(buffer_of(p.base)) for t in outputs for p in _parts(t.uop) if p.base.op is Ops.BUFFER}

@@ -128,8 +128,8 @@ def test_decode_logits_in_place_cache_prefix_and_stop_strings(engine):
 
 def test_greedy_generation_runs_without_numpy_and_drops_prompt_scratch(tmp_path):
   # greedy decoding needs no numpy (9-10 MiB resident): a process that loads the model, runs a prompt longer than a chunk
-  # and decodes never imports it; and the replayed prompt pass's internal buffers read as zeros while decoding (their pages
-  # given back)
+  # and decodes never imports it; the replayed prompt pass's internal buffers read as zeros while decoding (their pages
+  # given back); and the captured passes keep no schedule (the prompt pass's first call scheduled another graph, 736 kernels)
   import subprocess, sys
   code = f"""
 import sys
@@ -139,6 +139,8 @@ for _ in range(3): e.cached = []; done = e.complete(e.tok.encode(e.tok.apply_cha
 assert "numpy" not in sys.modules, [m for m in sys.modules if m.startswith("numpy")][:3]
 scratch = [b for jit in e.model._prefill.values() for b in jit.replay.scratch if b.nbytes >= 1 << 16]
 assert scratch and not any(any(b.host_view()) for b in scratch)
+from attograd.schedule.schedule import _schedule_cache  # no pass's schedule is kept once captured (its first call's too)
+assert max((len(t.items) for t in _schedule_cache.values()), default=0) < 100, sorted(len(t.items) for t in _schedule_cache.values())
 print(done.text)
 """
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")] if p)}
