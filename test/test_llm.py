@@ -129,12 +129,15 @@ def test_decode_logits_in_place_cache_prefix_and_stop_strings(engine):
 def test_greedy_generation_runs_without_numpy_and_drops_prompt_scratch(tmp_path):
   # greedy decoding needs no numpy (9-10 MiB resident): a process that loads the model, runs a prompt longer than a chunk
   # and decodes never imports it; the replayed prompt pass's internal buffers read as zeros while decoding (their pages
-  # given back); and the captured passes keep no schedule (the prompt pass's first call scheduled another graph, 736 kernels)
+  # given back); the captured passes keep no schedule (the prompt pass's first call scheduled another graph, 736 kernels);
+  # the KV caches are distinct buffers from the start
   import subprocess, sys
   code = f"""
 import sys
 from attograd.llm.generate import Engine, Sampling
 e = Engine({MODEL!r}, max_context=256)
+from attograd.engine.realize import buffer_of  # each KV cache its own buffer from the start (a first pass reads them as later ones do)
+assert len({{id(buffer_of(t.uop.base)) for kv in e.model.cache for t in kv}}) == 2 * len(e.model.cache)
 for _ in range(3): e.cached = []; done = e.complete(e.tok.encode(e.tok.apply_chat_template([dict(role="user", content="What is the capital of France?")])), Sampling(max_new_tokens=8))
 assert "numpy" not in sys.modules, [m for m in sys.modules if m.startswith("numpy")][:3]
 scratch = [b for jit in e.model._prefill.values() for b in jit.replay.scratch if b.nbytes >= 1 << 16]

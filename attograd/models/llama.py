@@ -67,7 +67,12 @@ class Llama:
     if missing := [n for n in need if n not in weights]: raise ValueError(f"the model has no tensor {missing[0]!r} (and {len(missing) - 1} more missing)")
     self.output = weights.get("output.weight", weights["token_embd.weight"])  # tied when the file has no output
     kv_shape = (self.max_context, cfg.n_kv_heads, cfg.head_dim)
-    self.cache = [(Tensor.zeros(*kv_shape).contiguous(), Tensor.zeros(*kv_shape).contiguous()) for _ in range(cfg.n_layers)]
+    # each its own buffer, zeroed: Tensor.zeros(...).contiguous() is one graph for all 60, realized as one shared buffer,
+    # so the first prompt pass read one cache input where later ones read 60: a different graph, the 736-kernel pass
+    # scheduled twice (its first call and its capture)
+    self.cache = [(Tensor.empty(*kv_shape), Tensor.empty(*kv_shape)) for _ in range(cfg.n_layers)]
+    for kv in self.cache:
+      for t in kv: t.assign(Tensor.zeros(*kv_shape))
     Tensor.realize_all([t for kv in self.cache for t in kv])
     half = cfg.head_dim // 2
     freqs = Tensor.arange(self.max_context).float().unsqueeze(1) * (cfg.rope_base ** (-Tensor.arange(half).float() * 2 / cfg.head_dim)).unsqueeze(0)
