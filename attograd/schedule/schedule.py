@@ -729,7 +729,7 @@ def _template(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate:
 # ***** templates on disk: a new process schedules nothing an earlier one scheduled (same code, same graph) *****
 
 def _disk_key(sink: UOp, inputs: list[UOp]) -> str:
-  return content_hash("schedule", code_version(), graph_key(sink.substitute({b: _placeholder(i, b) for i, b in enumerate(inputs)})))
+  return content_hash("schedule", code_version(), graph_key(sink, {b: _placeholder(i, b) for i, b in enumerate(inputs)}))
 
 def _save_template(key: str, t: ScheduleTemplate) -> None:
   outputs = [UOp(Ops.BUFFER, dt, (), BufferArg(-1, device, size)) for device, size, dt in t.outputs]  # (their dtypes)
