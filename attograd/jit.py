@@ -6,7 +6,7 @@ from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG
 from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
-from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls
+from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls, first_call_templates
 from attograd.engine.memory import planned_buffers
 from attograd.engine.registry import assigned_to, sources
 import attograd.tensor as tensor_module
@@ -177,9 +177,10 @@ class _Replay:
   """The recorded kernels as a plan run by the one run loop (engine/realize.py ExecPlan), where each input's memory
   goes, and the memory from outside the function (weights, optimizer state) with the node that names it: an assign
   outside moves a tensor to new memory, and the replay follows it."""
-  def __init__(self, items: list[ExecItem], inputs: list[Buffer], outside: dict[int, UOp]):
+  def __init__(self, items: list[ExecItem], inputs: list[Buffer], outside: dict[int, UOp], scratch: list[Buffer]):
     where = {id(b): i for i, b in enumerate(inputs)}
     self.plan = ExecPlan(items, print_at=2)
+    self.scratch = scratch  # the memory of the buffers made and dropped inside (the memory plan's slots)
     # each input's slots in the items, and the memory they hold now: a decode step's KV caches come back in the same
     # memory every call, and their ~120 slots are left as they are
     self.slots: list[list[tuple[ExecItem, int]]] = [[] for _ in inputs]
@@ -225,11 +226,18 @@ class TinyJit(Generic[ReturnType]):
     self.watch: list[tuple[Any, Any, Any, str]] = []  # Python floats the capture saw, compared on each replay
     self.host_data: list = []  # the data of Tensors made from Python/numpy data in the first call, by user line
     self.last: _LastCall | None = None  # the last replay's arguments: the same again skip the checks
+    self.first_templates: list = []  # the schedules the first call used, forgotten once captured
     functools.update_wrapper(self, fxn)
   def __get__(self, obj: Any, objtype: Any = None) -> Any: return self if obj is None else functools.partial(self.__call__, obj)
+  def discard_scratch(self) -> None:
+    """Give the pages of the replay's internal buffers (nothing outside reads them after a call) back to the system until
+    the next replay, which faults them in again: for a function called now and then, such as an LLM's prompt pass (8 MiB
+    of SmolLM2's 128-token pass stayed resident through every decoded token). The outputs and inputs are kept."""
+    if self.replay is not None:
+      for b in self.replay.scratch: b.discard()
   def reset(self) -> None:
     self.cnt, self.signature, self.replay, self.ret, self.sym_outputs, self.symbolic = 0, None, None, None, [], False
-    self.checks, self.watch, self.host_data, self.last = [], [], [], None
+    self.checks, self.watch, self.host_data, self.last, self.first_templates = [], [], [], None, []
 
   def _run_logged(self, run: Callable[[], Any]) -> tuple[Any, list]:
     """run() (a plain call or the capture) with the data of Tensors made from Python/numpy data logged by user line."""
@@ -251,7 +259,10 @@ class TinyJit(Generic[ReturnType]):
     _as_plain_buffers(tensors)
     if self.cnt == 0:
       self.cnt = 1
-      ret, self.host_data = self._run_logged(lambda: self.fxn(*args, **kwargs))
+      first_call_templates.append(templates := [])
+      try: ret, self.host_data = self._run_logged(lambda: self.fxn(*args, **kwargs))
+      finally: first_call_templates.pop()
+      self.first_templates = templates
       return ret
     if self.cnt == 1:
       ret, host_data = self._run_logged(lambda: self._capture(tensors, args, kwargs))
@@ -296,7 +307,8 @@ class TinyJit(Generic[ReturnType]):
       Tensor.realize_all(outputs)  # outputs are computed inside the capture, pending assigns too
     finally: _captures.pop()
     for t in outputs: _forget_graph(t)
-    forget_schedules(capture.templates)
+    forget_schedules(capture.templates + self.first_templates)
+    self.first_templates = []
     kept_inputs = {id(b) for b in inputs}
     items = capture.items
     kept = kept_inputs | {id(buffer_of(p.base)) for t in outputs for p in _parts(t.uop) if p.base.op is Ops.BUFFER}
@@ -321,7 +333,8 @@ class TinyJit(Generic[ReturnType]):
     items = [ExecItem(ei.ast, ei.runner, [planned.get(id(b), b) for b in ei.bufs]) for ei in items]
     outside = {id(b): capture.nodes[id(b)] for ei in items for b in ei.bufs
                if id(b) not in made_inside and id(b) in capture.nodes and id(b) not in kept_inputs}
-    self.replay, self.ret, self.cnt, self.var_vals = _Replay(items, inputs, outside), ret, 2, capture.var_vals
+    scratch = list({id(b.base): b.base for b in planned.values() if b.base is not None}.values())
+    self.replay, self.ret, self.cnt, self.var_vals = _Replay(items, inputs, outside, scratch), ret, 2, capture.var_vals
     self.sym_outputs = [(t, substitute_sym(t.uop, {}, _unbind)) for t in outputs if any(u.sym_args for u in t.uop.toposort)]
     self.symbolic = bool(self.sym_outputs) or any(t.uop.symbolic_shape for t in tensors)
     if DEBUG >= 1: print(f"TinyJit {self.fxn.__name__}: captured {len(items)} kernels")

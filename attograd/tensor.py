@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools, math, os, struct, sys, weakref
 from typing import Any, Callable, Sequence
 from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
-from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind
+from attograd.dtype import DType, dtypes, ConstType, least_upper_dtype, to_dtype, truncate, kind, DTYPES_BY_NAME
 from attograd.helpers import Switch, gc_paused, argsort, prod, all_same, broadcast_shape, flatten, float_to_bf16_bits, bf16_bits_to_float
 from attograd.uop.ops import UOp, Ops, GroupOp, device_leaf, sint, smax, smin, sym_prod, sym_sum, sym_neg, sym_eq, sym_le, sym_value, arg_key
 from attograd.runtime.device import Device
@@ -1717,6 +1717,12 @@ def _uop_from(data: Any, device: str | tuple[str, ...], dtype: DType | None) -> 
     arr = np.ascontiguousarray(data)
     src_dtype = _from_numpy_dtype(arr.dtype)
     u = _buffer_from_bytes(arr.tobytes(), src_dtype, data.shape, device)  # data's shape: 0-d stays 0-d
+    return u if dtype is None or dtype == src_dtype else UOp(Ops.CAST, dtype, (u,))
+  if isinstance(data, memoryview):  # typed values in host memory (memoryview(...).cast("f", shape)): its format and shape
+    fmt = data.format.lstrip("@=<")
+    if (src_dtype := next((d for d in DTYPES_BY_NAME.values() if d.fmt == fmt), None)) is None:
+      raise UnsupportedDtype(f"can't make a Tensor from a memoryview of format {data.format!r}")
+    u = _buffer_from_bytes(data.tobytes(), src_dtype, data.shape, device)
     return u if dtype is None or dtype == src_dtype else UOp(Ops.CAST, dtype, (u,))
   if isinstance(data, (bytes, bytearray)):
     u = _buffer_from_bytes(bytes(data), dtypes.uint8, (len(data),), device)

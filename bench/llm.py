@@ -56,7 +56,7 @@ def decode_rounds(engine: Engine, path: str, rounds: int) -> None:
   toks, limit = list(start), min(200, engine.model.max_context - 10)
   engine.cached = []; engine._logits(toks)
   def ours():
-    for _ in range(10): toks.append(int(engine._logits(toks).argmax()))
+    for _ in range(10): toks.append(engine._greedy(toks))
     if len(toks) > limit: del toks[8:]; engine.cached = []; engine._logits(toks)
   def theirs():
     for _ in range(10): llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
@@ -90,7 +90,7 @@ def decode_kernels(engine: Engine, top: int = 16, reps: int = 5) -> None:
   toks = [engine.tok.encode(" the")[0]] * 16
   engine.cached = []; engine._logits(toks)
   c0 = time.thread_time()
-  for _ in range(20): toks.append(int(engine._logits(toks).argmax()))
+  for _ in range(20): toks.append(engine._greedy(toks))
   whole = (time.thread_time() - c0) / 20 * 1e3
   print(f"decode step: {len(jit.replay.plan.items)} kernels a token, each alone (least of {reps}, one thread) {total:.2f} ms; a whole token {whole:.2f} ms CPU")
   for name, (n, ms, opts) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:

@@ -147,6 +147,17 @@ def test_creation_dtypes():
   assert Tensor(np.zeros(2, dtype=np.uint16)).dtype == dtypes.uint16 and Tensor(np.zeros(2)).dtype == dtypes.float64
   assert Tensor.eye(2).dtype == dtypes.float32 and Tensor.rand(2).dtype == dtypes.float32 and Tensor.randint(2).dtype == dtypes.int64
 
+def test_creation_from_a_typed_memoryview():
+  # a memoryview's format is its dtype and its shape the tensor's (as numpy.asarray reads it): values in host memory
+  # without numpy (an LLM's embedding rows); a cast dtype converts the values; an unknown format refuses
+  import array
+  a = np.arange(6, dtype=np.float32).reshape(2, 3)
+  t = Tensor(memoryview(a.tobytes()).cast("f", (2, 3)))
+  assert t.dtype == dtypes.float32 and t.shape == (2, 3) and (t.numpy() == a).all()
+  assert Tensor(memoryview(array.array("h", [1, -2, 3]))).dtype == dtypes.int16
+  assert Tensor(memoryview(array.array("b", [1, -2, 3])), dtype=dtypes.float32).tolist() == [1.0, -2.0, 3.0]
+  with pytest.raises(Exception, match="format"): Tensor(memoryview(b"ab").cast("c"))
+
 # ***** the values come out in the promoted dtype *****
 
 @pytest.mark.parametrize("device", DEVICES)

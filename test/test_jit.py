@@ -404,3 +404,22 @@ def test_same_tensors_again_skip_the_checks_and_a_change_does_not(monkeypatch):
   with pytest.raises(JitError, match="captured for other inputs"): f(x, cache, 3)  # a value for the Variable
   x2 = x + 1  # a lazy input is realized first
   assert f(x2, cache, var.bind(2)).item() == 16.0
+
+def test_discard_scratch_gives_back_internal_pages_and_replays_still_right():
+  # a prompt pass called now and then (an LLM's) gives its internal buffers' pages back between calls: on the CPU they
+  # read as zeros afterwards (the pages were dropped, not kept), the output keeps its values, the next replay is right
+  w = Tensor.rand(256, 256).realize()
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return ((x @ w).relu() @ w).sum(1).realize()
+  xs = [Tensor.rand(128, 256).realize() for _ in range(4)]
+  for x in xs[:3]: out = f(x).numpy()
+  ref = ((xs[2].numpy() @ w.numpy()).clip(0) @ w.numpy()).sum(1)
+  np.testing.assert_allclose(out, ref, rtol=1e-4)
+  scratch = f.replay.scratch
+  assert scratch and sum(b.nbytes for b in scratch) >= 128 * 256 * 4
+  if Tensor(1).device.split(":")[0] == "CPU": assert any(any(b.host_view()) for b in scratch)
+  y = f(xs[3])
+  f.discard_scratch()
+  np.testing.assert_allclose(y.numpy(), ((xs[3].numpy() @ w.numpy()).clip(0) @ w.numpy()).sum(1), rtol=1e-4)
+  if Tensor(1).device.split(":")[0] == "CPU": assert not any(any(b.host_view()) for b in scratch if b.nbytes >= 1 << 16)
+  np.testing.assert_allclose(f(xs[0]).numpy(), ((xs[0].numpy() @ w.numpy()).clip(0) @ w.numpy()).sum(1), rtol=1e-4)

@@ -115,15 +115,41 @@ def test_decode_logits_in_place_cache_prefix_and_stop_strings(engine):
   engine._logits(ids)
   step = engine._logits(ids + [ids[1]])
   out = engine.model._decode.ret
-  assert not step.flags.writeable and np.shares_memory(step, np.frombuffer(buffer_of(out.uop.base).host_view(), np.float32))
+  assert step.readonly and np.shares_memory(np.asarray(step), np.frombuffer(buffer_of(out.uop.base).host_view(), np.float32))
+  assert engine._greedy(ids + [ids[1], ids[2]]) == int(np.asarray(engine._logits(ids + [ids[1], ids[2]])).argmax())
   changed = ids[:3] + [ids[5]] + ids[4:]
-  again = engine._logits(changed).copy()
+  again = np.array(engine._logits(changed))
   engine.cached = []
   np.testing.assert_allclose(again, engine._logits(changed), rtol=1e-4, atol=1e-4)  # as a fresh prompt
   greedy = engine.complete(ids, Sampling(max_new_tokens=12))
   for stop in (greedy.text[5:9], greedy.text[-3:]):
     stopped = engine.complete(ids, Sampling(max_new_tokens=12, stop=["zzzzzz", stop]))
     assert stopped.text == greedy.text[:greedy.text.find(stop)] and stopped.finish_reason == "stop"
+
+def test_greedy_generation_runs_without_numpy_and_drops_prompt_scratch(tmp_path):
+  # greedy decoding needs no numpy (9-10 MiB resident): a process that loads the model, runs a prompt longer than a chunk
+  # and decodes never imports it; the replayed prompt pass's internal buffers read as zeros while decoding (their pages
+  # given back); the captured passes keep no schedule (the prompt pass's first call scheduled another graph, 736 kernels);
+  # the KV caches are distinct buffers from the start
+  import subprocess, sys
+  code = f"""
+import sys
+from attograd.llm.generate import Engine, Sampling
+e = Engine({MODEL!r}, max_context=256)
+from attograd.engine.realize import buffer_of  # each KV cache its own buffer from the start (a first pass reads them as later ones do)
+assert len({{id(buffer_of(t.uop.base)) for kv in e.model.cache for t in kv}}) == 2 * len(e.model.cache)
+for _ in range(3): e.cached = []; done = e.complete(e.tok.encode(e.tok.apply_chat_template([dict(role="user", content="What is the capital of France?")])), Sampling(max_new_tokens=8))
+assert "numpy" not in sys.modules, [m for m in sys.modules if m.startswith("numpy")][:3]
+scratch = [b for jit in e.model._prefill.values() for b in jit.replay.scratch if b.nbytes >= 1 << 16]
+assert scratch and not any(any(b.host_view()) for b in scratch)
+from attograd.schedule.schedule import _schedule_cache  # no pass's schedule is kept once captured (its first call's too)
+assert max((len(t.items) for t in _schedule_cache.values()), default=0) < 100, sorted(len(t.items) for t in _schedule_cache.values())
+print(done.text)
+"""
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")] if p)}
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "Paris" in r.stdout
 
 def test_decode_warm_up_ends_with_a_heap_trim(engine, monkeypatch):
   # the decode step's capture frees C heap without growing the process past the trim threshold: the third decode step

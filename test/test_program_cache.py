@@ -117,6 +117,22 @@ def test_graph_key_is_the_same_in_every_process():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == repr(here)
 
+def test_graph_key_of_a_big_graph_spilled_and_with_renamed_leaves():
+  # a graph of more than SPILL_ROWS nodes is hashed as it is written; naming its leaves as others (a schedule's inputs as
+  # placeholders) gives the key of the substituted graph without building it; a change deep inside changes the key
+  from attograd.uop.serialize import SPILL_ROWS
+  from attograd.schedule.schedule import _placeholder
+  x = Tensor.rand(4, 4).realize()
+  def chain(k: int) -> UOp:
+    y = x
+    for i in range(SPILL_ROWS): y = (y + (i if i != 700 else k)).relu()
+    return y.uop
+  g = chain(700)
+  assert len(g.toposort) > 2 * SPILL_ROWS
+  leaves = {b: _placeholder(i, b) for i, b in enumerate(u for u in g.toposort if u.op is Ops.BUFFER)}
+  assert graph_key(g, leaves) == graph_key(g.substitute(leaves)) != graph_key(g)
+  assert graph_key(g) == graph_key(chain(700)) != graph_key(chain(701))
+
 def test_key_names_what_the_program_depends_on(monkeypatch):
   ast = _kernel_ast(Tensor.rand(64, 64).realize().sum(1))
   r = Device["CPU"].renderer

@@ -364,6 +364,9 @@ def capturing() -> Capture | None: return _captures[-1] if _captures else None
 # call's schedule (a training step's ~250 kernels scheduled once, not twice)
 jit_calls: list[int] = [0]
 def in_jit_call() -> bool: return jit_calls[0] > 0
+# the schedules the running TinyJit first call used (realize_graphs adds each): forgotten with the capture's once it has
+# captured (a replay reads neither; the first call's was kept when the capture's graph differed: a 736-kernel prompt pass)
+first_call_templates: list[list[ScheduleTemplate]] = []
 
 def run_schedule(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None = None, keep: set[UOp] | None = None) -> None:
   """Compile (or load) the schedule's kernels, then run them in order. With `keep` (the buffers that outlive the
@@ -728,6 +731,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     if matched is None and structure is not None and len(todo) == len(out): _note_fresh_run(template, roots)
   else:
     if (capture := capturing()) is not None: capture.templates.append(template)
+    elif first_call_templates: first_call_templates[-1].append(template)
     rec.set(items=schedule)  # VIZ: which kernels and buffers this realize made
     run_schedule(schedule, var_vals, keep={u for v in becomes.values() for u in v.toposort if u.op is Ops.BUFFER})
   for k, v in becomes.items():

@@ -3,9 +3,8 @@ new), sampling (greedy, temperature, top-k, top-p, seeded) and stopping at end-o
 from __future__ import annotations
 import codecs, glob, importlib.util, os, threading, time
 from dataclasses import dataclass, field
-from typing import Iterator
-import numpy as np
-from attograd import Tensor, dtypes
+from typing import Any, Iterator
+from attograd import Tensor, TinyJit, dtypes
 from attograd.engine.realize import buffer_of
 from attograd.schedule.schedule import is_contiguous_buffer
 from attograd.models.llama import Llama
@@ -37,18 +36,21 @@ class Sampling:
     if not isinstance(self.top_k, int) or self.top_k < 0: raise ValueError(f"top_k must be a non-negative int, got {self.top_k!r}")
     if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
-def host_values(t: Tensor) -> np.ndarray:
-  """A realized tensor's values, read-only: an array over its own memory when the device keeps that in host memory (CPU)
-  and it is a whole float32 buffer, else a copy. A decode step's 49152 logits were copied out (a fresh 192 KiB each
-  token, ~0.1 ms); the sampling reads them where the kernel wrote them."""
+def host_values(t: Tensor) -> memoryview:
+  """A realized float32 tensor's values as a read-only memoryview of floats in its shape (numpy.asarray reads it without a
+  copy): over its own memory when the device keeps that in host memory (CPU) and it is a whole buffer, else a copy. A
+  decode step's 49152 logits were copied out (a fresh 192 KiB each token, ~0.1 ms); the sampling reads them where the
+  kernel wrote them. (A memoryview, not a numpy array: the LLM path runs without numpy, 9-10 MiB resident less.)"""
   u = t.uop
-  if t.dtype == dtypes.float32 and is_contiguous_buffer(u) and not u.symbolic_shape and (mv := buffer_of(u.base).host_view()) is not None:
-    a = np.frombuffer(mv, np.float32).reshape(t.shape)
-  else: a = t.numpy()
-  a.flags.writeable = False
-  return a
+  assert t.dtype == dtypes.float32, t.dtype
+  if not (is_contiguous_buffer(u) and not u.symbolic_shape and (mv := buffer_of(u.base).host_view()) is not None): mv = t._raw()
+  return mv.toreadonly().cast("f", t.shape)
 
-def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+def sample(logits: memoryview, s: Sampling, rng: Any) -> int:
+  """The next token from the logits: temperature, top-k, top-p, seeded by rng (a numpy Generator). Greedy decoding takes
+  the argmax on the device instead (Engine._greedy), without numpy."""
+  import numpy as np  # only sampling at a temperature needs numpy
+  logits = np.asarray(logits)
   if s.temperature == 0: return int(logits.argmax())
   z = logits.astype(np.float64) / s.temperature
   if s.top_k: z[np.argpartition(-z, min(s.top_k, len(z) - 1))[s.top_k:]] = -np.inf
@@ -83,10 +85,22 @@ class Engine:
     trim_heap()
     self.decode_runs, self.trimmed_at = 0, resident_mib()  # decode steps run; resident MiB after the last heap trim
     self.lock = threading.Lock()
+    # greedy decoding's next token on the device: one small kernel over the logits and 8 bytes read back, where an argmax
+    # on the host needs numpy (Python over 49152 floats took ~3 ms)
+    self._argmax = TinyJit(lambda logits: logits.argmax().realize())
 
-  def _logits(self, tokens: list[int]) -> np.ndarray:
+  def _logits(self, tokens: list[int]) -> memoryview:
     """Run what the cache doesn't hold yet; the logits after the last token, read-only and valid until the next call (on
     a device with host memory, a view of the model's output: the next decode step writes them)."""
+    return host_values(self._run(tokens))
+
+  def _greedy(self, tokens: list[int]) -> int:
+    """The most likely next token after `tokens` (the first one of ties, as numpy's argmax)."""
+    return self._argmax(self._run(tokens)).item()
+
+  def _run(self, tokens: list[int]) -> Tensor:
+    """The logits Tensor after the last token, running what the cache doesn't hold yet (the model's output: the next call
+    may write over it)."""
     # the tokens the cache holds and these share (all but the last at most: its logits are wanted); a decode step extends
     # the cache by one token, and a list compare (in C) finds that without a Python loop over the whole context
     c = min(len(tokens) - 1, len(self.cached))
@@ -103,6 +117,7 @@ class Engine:
     # a prompt's first runs, and the decode step's (before the TinyJit captures), free buffers that replays never ask
     # for again: kept for reuse, they stayed resident (~11 MiB after the decode step's capture)
     if ran == 1: self.decode_runs += 1
+    else: self.model.discard_scratch()  # the prompt is in the cache: its passes' scratch is not needed while decoding
     if ran > 1 or self.decode_runs <= 3:
       Device[self.model.output.device].allocator.release_cached()
       # a trim walks the heap (0.2-0.3 ms measured after warm-up): only after runs that grew the process, such as a first
@@ -110,7 +125,7 @@ class Engine:
       # once when the decode step's warm-up ends: its capture grew the process by less than 2 MiB and then freed 2.7 MiB
       # of C heap, which stayed resident through the whole conversation (SmolLM2 while generating 213.2 -> 210.5 MiB)
       if resident_mib() > self.trimmed_at + 2 or (ran == 1 and self.decode_runs == 3): trim_heap(); self.trimmed_at = resident_mib()
-    return host_values(out)
+    return out
 
   def stream(self, prompt: str | list[int], s: Sampling) -> Iterator[str | Done]:
     """Pieces of text as they are generated, then a Done. Bad arguments raise here, before anything is generated."""
@@ -122,12 +137,15 @@ class Engine:
     return self._generate(ids, s)
 
   def _generate(self, ids: list[int], s: Sampling) -> Iterator[str | Done]:
-    rng = np.random.default_rng(s.seed)
+    rng = None
+    if s.temperature != 0:
+      import numpy as np  # sampling at a temperature (greedy decoding runs without numpy)
+      rng = np.random.default_rng(s.seed)
     with self.lock:
       utf8, text, sent, n, reason = codecs.getincrementaldecoder("utf-8")("replace"), "", 0, 0, "length"
       tokens = list(ids)
       for n in range(1, s.max_new_tokens + 1):
-        nxt = sample(self._logits(tokens), s, rng)
+        nxt = self._greedy(tokens) if s.temperature == 0 else sample(self._logits(tokens), s, rng)
         if nxt in self.tok.stop_ids: n -= 1; reason = "stop"; break
         tokens.append(nxt)
         was, text = len(text), text + utf8.decode(self.tok.token_bytes(nxt))
@@ -157,7 +175,7 @@ def timed(engine: Engine, prompt_len: int = 128, new_tokens: int = 100) -> dict[
   engine.cached = []
   t0 = time.perf_counter(); engine._logits(ids); prefill = time.perf_counter() - t0
   tokens, t0, c0 = list(ids), time.perf_counter(), time.process_time()
-  for _ in range(new_tokens): tokens.append(int(engine._logits(tokens).argmax()))
+  for _ in range(new_tokens): tokens.append(engine._greedy(tokens))
   decode, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
   rss = resident_mib()  # while generating: the cache full, every decode buffer live
   engine.cached = []

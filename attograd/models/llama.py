@@ -6,7 +6,6 @@ The KV cache position is a bound Variable, so one TinyJit-captured decode step s
 and the token id is one too: the embedding row is a symbolic slice of the table, not a one-hot product."""
 from __future__ import annotations
 import math, os
-import numpy as np
 from dataclasses import dataclass
 from typing import Any
 from attograd import Tensor, TinyJit, Variable, dtypes
@@ -70,7 +69,12 @@ class Llama:
     if missing := [n for n in need if n not in weights]: raise ValueError(f"the model has no tensor {missing[0]!r} (and {len(missing) - 1} more missing)")
     self.output = weights.get("output.weight", weights["token_embd.weight"])  # tied when the file has no output
     kv_shape = (self.max_context, cfg.n_kv_heads, cfg.head_dim)
-    self.cache = [(Tensor.zeros(*kv_shape).contiguous(), Tensor.zeros(*kv_shape).contiguous()) for _ in range(cfg.n_layers)]
+    # each its own buffer, zeroed: Tensor.zeros(...).contiguous() is one graph for all 60, realized as one shared buffer,
+    # so the first prompt pass read one cache input where later ones read 60: a different graph, the 736-kernel pass
+    # scheduled twice (its first call and its capture)
+    self.cache = [(Tensor.empty(*kv_shape), Tensor.empty(*kv_shape)) for _ in range(cfg.n_layers)]
+    for kv in self.cache:
+      for t in kv: t.assign(Tensor.zeros(*kv_shape))
     Tensor.realize_all([t for kv in self.cache for t in kv])
     half = cfg.head_dim // 2
     freqs = Tensor.arange(self.max_context).float().unsqueeze(1) * (cfg.rope_base ** (-Tensor.arange(half).float() * 2 / cfg.head_dim)).unsqueeze(0)
@@ -172,9 +176,9 @@ class Llama:
     if not jit:
       rows = [self._embed_row(self.tok_var.bind(t)).contiguous().realize() for t in tokens]
       return rows[0] if len(rows) == 1 else Tensor.cat(*rows, dim=0)
-    out = np.empty((len(tokens), self.cfg.dim), np.float32)
-    for i, t in enumerate(tokens): out[i] = self._row(self.tok_var.bind(t)).numpy()
-    return Tensor(out)
+    out = bytearray()  # the rows' bytes in order (without numpy: the LLM path doesn't import it)
+    for t in tokens: out += self._row(self.tok_var.bind(t))._raw()
+    return Tensor(memoryview(out).cast("f", (len(tokens), self.cfg.dim)))
 
   def _pos(self, T: int, start: int) -> UOp:
     """start as a bound Variable whose range keeps start + T inside the cache (so slices of it are always in bounds)."""
@@ -182,6 +186,11 @@ class Llama:
     return self._pos_vars[T].bind(start)
 
   # ***** public *****
+  def discard_scratch(self) -> None:
+    """Give back the pages of the prompt passes' internal buffers (a dequantized weight, the chunk's activations: 8 MiB for
+    SmolLM2's 128 tokens) until the next prompt, which faults them in again; the decode step keeps its own."""
+    for jit in self._prefill.values(): jit.discard_scratch()
+
   def __call__(self, tokens: list[int], start_pos: int, all_logits: bool = False, jit: bool = True) -> Tensor:
     """Logits (vocab,) for the token after `tokens` (or (len(tokens), vocab) with all_logits), which sit at positions
     start_pos.. start_pos+len-1; the cache must hold the tokens before start_pos. One token runs the captured decode step."""

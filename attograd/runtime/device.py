@@ -21,6 +21,9 @@ class Allocator:
   def release_cached(self) -> None:
     """Give back to the system the freed memory kept for reuse (torch.cuda.empty_cache): after a one-off phase (loading
     a model through temporary buffers) whose sizes won't come again."""
+  def discard(self, mem: Any) -> None:
+    """mem's contents are no longer needed: the device may give its pages back to the system while it stays allocated at
+    the same address (a later write faults fresh pages in). Devices that can't do that keep it as it is."""
 
 class Compiler:
   # True when compile_batch builds several sources in one call for less than one by one (CPU: one gcc process)
@@ -67,6 +70,10 @@ class Buffer:
     Device[self.device].allocator.copyin(mem, data)
     if trace.current is not None: trace.current.transfer(self.device, f"host -> {self.device}", t0, time.perf_counter() - t0, self.nbytes, GlobalCounters.mem_used)
     return self
+  def discard(self) -> None:
+    """Forget the contents of this buffer's own memory (allocated, not a view of a base) and let the device give its pages
+    back: scratch between the runs that fill it (Allocator.discard); it stays allocated, at the same address."""
+    if self._buf is not None and self.base is None and not self.offset: Device[self.device].allocator.discard(self._buf)
   def host_view(self) -> memoryview | None:
     """The buffer's own bytes, writable and without a copy, when its device keeps them in host memory (CPU, LLVM,
     PYTHON); else None. A transport (MPI, nn/distributed.py) reads and writes them in place: no copy of 64 MiB."""

@@ -70,6 +70,9 @@ class CPUMemory:
 class CPUAllocator(Allocator):
   def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)
   def release_cached(self) -> None: POOL.clear()
+  def discard(self, mem: CPUMemory) -> None:
+    # a mapping of its own drops its pages (zero-filled on the next touch); a small buffer on the Python heap stays
+    if type(mem.mem) is not bytearray and hasattr(mmap, "MADV_DONTNEED"): mem.mem.madvise(mmap.MADV_DONTNEED)
   def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.data[:src.nbytes] = src.cast("B")
   def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
   def host_view(self, mem: CPUMemory) -> memoryview: return mem.data

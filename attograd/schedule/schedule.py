@@ -745,8 +745,7 @@ def _disk_key(sink: UOp, inputs: list[UOp]) -> str:
   # read (a CALL's source its body reads only through a derivative, which scheduling drops: a gradient's, gradient.py).
   # Two graphs the same but for those had one key, and the second read the first's template: its kernels wrote the
   # buffers it creates into its unused inputs
-  return content_hash("schedule", code_version(), str(len(inputs)),
-                      graph_key(sink.substitute({b: _placeholder(i, b) for i, b in enumerate(inputs)})))
+  return content_hash("schedule", code_version(), str(len(inputs)), graph_key(sink, {b: _placeholder(i, b) for i, b in enumerate(inputs)}))
 
 def _save_template(key: str, t: ScheduleTemplate) -> None:
   outputs = [UOp(Ops.BUFFER, dt, (), BufferArg(-1, device, size)) for device, size, dt in t.outputs]  # (their dtypes)

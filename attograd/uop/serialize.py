@@ -9,7 +9,7 @@ float (repr keeps every bit, nan and inf included), {"e": [class, member]} an en
 (a symbolic size in a movement op's arg), {"c": [class, [fields...]]} a frozen dataclass, {"s": [...]} a frozenset."""
 from __future__ import annotations
 import dataclasses, enum, hashlib, json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, DTYPES_BY_NAME
 from attograd.uop.ops import AxisKind, UOp, Ops, BufferArg
 
@@ -21,9 +21,13 @@ def register_arg_type(cls: type) -> type:
   return cls
 
 class _Writer:
-  def __init__(self) -> None:
+  """The rows of a graph's nodes (and its dtype table), each node after its sources. With `spill`, the rows are handed
+  to it SPILL_ROWS at a time and dropped (a key's hash), not kept: the positions still count every row written."""
+  def __init__(self, spill: Callable[[list[list]], None] | None = None, leaves: dict[UOp, UOp] | None = None) -> None:
     self.index: dict[UOp, int] = {}
     self.nodes: list[list] = []
+    self.spill, self.spilled = spill, 0
+    self.leaves = leaves or {}  # leaves written as other leaves (a graph's inputs as placeholders), as if substituted
     self.dtype_index: dict[DType, int] = {}
     self.dtypes: list[list] = []
 
@@ -40,11 +44,16 @@ class _Writer:
     if (i := index.get(root)) is not None: return i
     for u in root.toposort:
       if u in index: continue
+      v = self.leaves.get(u, u) if not u.src else u
       # an arg may name nodes outside the sources (a symbolic size): they go in first
-      arg = u.arg
+      arg = v.arg
       arg = arg if arg is None or type(arg) in _PLAIN else self.arg(arg)
-      index[u] = len(nodes)
-      nodes.append([u.op.name, self.dtype(u.dtype), [index[s] for s in u.src], arg])
+      index[u] = self.spilled + len(nodes)
+      nodes.append([v.op.name, self.dtype(v.dtype), [index[s] for s in u.src], arg])
+      if self.spill is not None and len(nodes) >= SPILL_ROWS:
+        self.spill(nodes)
+        self.spilled += len(nodes)
+        nodes.clear()
     return index[root]
 
   def arg(self, x: Any) -> Any:
@@ -62,6 +71,8 @@ class _Writer:
     raise TypeError(f"can't serialize a UOp arg of type {t.__name__} ({x!r}): register_arg_type it, or keep args plain data")
 
 _PLAIN = (int, str, bool)
+SPILL_ROWS = 1024
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 def graph_data(roots: Sequence[UOp]) -> dict[str, Any]:
   """The graph under roots as plain data (see the module's docstring), deterministic: the same graph always gives the
@@ -70,10 +81,20 @@ def graph_data(roots: Sequence[UOp]) -> dict[str, Any]:
   ids = [w.add(r) for r in roots]
   return {"dtypes": w.dtypes, "nodes": w.nodes, "roots": ids}
 
-def graph_key(root: UOp) -> str:
+def graph_key(root: UOp, leaves: dict[UOp, UOp] | None = None) -> str:
   """A hash naming the graph under root: equal graphs (same ops, dtypes, args and structure) get equal keys in every
-  process, and any difference gives another key."""
-  return hashlib.sha256(json.dumps(graph_data([root]), separators=(",", ":")).encode()).hexdigest()
+  process, and any difference gives another key. `leaves`: source-less nodes to name as others, the key of
+  root.substitute(leaves) without building that graph (a schedule's inputs as placeholders: a copy of a 30-layer step)."""
+  # hashed as it is written, SPILL_ROWS nodes at a time (then the dtype table and the root): the whole graph as data and
+  # one JSON text of it were the peak of Python memory while scheduling a 30-layer LLM step (+14 MiB for its disk key),
+  # and the 1 MiB arenas Python took for it stayed, pinned by what lived on
+  h = hashlib.sha256()
+  def spill(rows: list[list]) -> None: h.update(_encode(rows).encode()); h.update(b"\n")
+  w = _Writer(spill, leaves)
+  root_id = w.add(root)
+  spill(w.nodes)
+  h.update(_encode({"dtypes": w.dtypes, "roots": [root_id]}).encode())
+  return h.hexdigest()
 
 def _read_dtype(enc: list, table: list[DType]) -> DType:
   if enc[0] == "ptr": return table[enc[1]].ptr(enc[2], enc[3])
