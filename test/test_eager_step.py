@@ -30,34 +30,42 @@ def _models():
   for l, t in zip(ours, theirs): l.weight, l.bias = Tensor(t.weight.detach().numpy().copy()), Tensor(t.bias.detach().numpy().copy())
   return ours, theirs
 
-def test_second_step_reuses_schedule_and_plan(monkeypatch):
+def _training(clip: bool):
+  """The MLP of _models trained by AdamW in both frameworks (clipping by global norm, by hand, when clip): (our
+  parameters, torch's, our step, torch's step), each step taking a batch and giving the loss."""
   ours, theirs = _models()
   params = [p for l in ours for p in (l.weight, l.bias)]
   opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-  topt = torch.optim.AdamW([p for l in theirs for p in l.parameters()], lr=1e-2, weight_decay=0.1)
-  rng = np.random.default_rng(0)
+  tparams = [p for l in theirs for p in l.parameters()]
+  topt = torch.optim.AdamW(tparams, lr=1e-2, weight_decay=0.1)
   def step(x: np.ndarray, y: np.ndarray) -> float:
     with Tensor.train():
       opt.zero_grad()
       loss = (ours[1](ours[0](Tensor(x)).gelu()) - Tensor(y)).square().mean().backward()
-      norm = Tensor.stack(*[p.grad.square().sum() for p in params]).sum().sqrt()  # clipping by global norm, by hand
-      scale = (1.0 / (norm + 1e-6)).minimum(1.0)
-      for p in params: p.grad = p.grad * scale
+      if clip:
+        norm = Tensor.stack(*[p.grad.square().sum() for p in params]).sum().sqrt()
+        scale = (1.0 / (norm + 1e-6)).minimum(1.0)
+        for p in params: p.grad = p.grad * scale
       opt.step()
       return loss.item()
   def torch_step(x: np.ndarray, y: np.ndarray) -> float:
     topt.zero_grad()
     loss = (theirs[1](torch.nn.functional.gelu(theirs[0](torch.tensor(x)))) - torch.tensor(y)).square().mean()
     loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for l in theirs for p in l.parameters()], 1.0)
+    if clip: torch.nn.utils.clip_grad_norm_(tparams, 1.0)
     topt.step()
     return loss.item()
+  return params, tparams, step, torch_step
+
+def test_second_step_reuses_schedule_and_plan(monkeypatch):
+  params, tparams, step, torch_step = _training(clip=True)
+  rng = np.random.default_rng(0)
   data = [(rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)) for _ in range(4)]
   for x, y in data[:2]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
   counter = _Counter(monkeypatch, _template=S, graph_rewrite=S, _load_template=S, lower_kernel=realize, plan_slots=realize)
   for x, y in data[2:]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
   assert counter.calls == {"_template": 0, "graph_rewrite": 0, "_load_template": 0, "lower_kernel": 0, "plan_slots": 0}
-  for p, t in zip(params, (p for l in theirs for p in l.parameters())):
+  for p, t in zip(params, tparams):
     np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-6)
 
 # (first graph, second graph, the second's value): each second graph differs from its first only in what a structure that
@@ -333,23 +341,8 @@ def test_matcher_declines_a_changed_graph(case):
 def test_loop_steps_are_matched_without_a_walk(monkeypatch):
   """From a few runs of a template's kept plan on, a training step's graph is found by its matcher: no graph_structure
   walk, no structure key, and the values stay torch's."""
-  ours, theirs = _models()
-  params = [p for l in ours for p in (l.weight, l.bias)]
-  opt = optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-  topt = torch.optim.AdamW([p for l in theirs for p in l.parameters()], lr=1e-2, weight_decay=0.1)
+  params, tparams, step, torch_step = _training(clip=False)
   rng = np.random.default_rng(0)
-  def step(x: np.ndarray, y: np.ndarray) -> float:
-    with Tensor.train():
-      opt.zero_grad()
-      loss = (ours[1](ours[0](Tensor(x)).gelu()) - Tensor(y)).square().mean().backward()
-      opt.step()
-      return loss.item()
-  def torch_step(x: np.ndarray, y: np.ndarray) -> float:
-    topt.zero_grad()
-    loss = (theirs[1](torch.nn.functional.gelu(theirs[0](torch.tensor(x)))) - torch.tensor(y)).square().mean()
-    loss.backward()
-    topt.step()
-    return loss.item()
   n = realize.MATCH_AFTER + 4
   data = [(rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)) for _ in range(n + 3)]
   for x, y in data[:n]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
@@ -358,7 +351,7 @@ def test_loop_steps_are_matched_without_a_walk(monkeypatch):
   for x, y in data[n:]: np.testing.assert_allclose(step(x, y), torch_step(x, y), rtol=1e-5, atol=1e-6)
   # (loss.item()'s realize of the loss alone is a graph of another structure: walked)
   assert counter.calls["runnable"] == 0 and counter.calls["graph_structure"] <= len(data[n:])
-  for p, t in zip(params, (p for l in theirs for p in l.parameters())):
+  for p, t in zip(params, tparams):
     np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-6)
 
 def test_matched_graph_with_a_realized_node_takes_the_walk(monkeypatch):
