@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from attograd import Tensor, Context, GlobalCounters, dtypes
 from attograd.uop.ops import AxisKind, Ops
 from attograd.codegen import to_program
-from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes, global_ranges, const_size
+from attograd.codegen.opt import Opt, OptOps, KernelOptError, THREADS, apply_opt, axes, global_ranges, const_size, apply_opts, written_out_size
 from attograd.codegen import heuristic
 from attograd.codegen.heuristic import cpu_opts
 from attograd.engine import realize, search
@@ -147,8 +147,17 @@ def test_heuristics_written_out_tiles(monkeypatch):
   assert cpu_opts(mm, 1, simd=16)[:3] == [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
   # a vocabulary of 90 (a transformer's head) is written out with LOOP_TILES on too: padded to a loop it ran 6x slower
   monkeypatch.setattr(heuristic, "LOOP_TILES", True)
+  # in the divisor of 90 whose rows pack best into vectors (18 = 16 + 2), by rows up to ODD_TILE_REGISTERS vectors: 18x2
+  # (10x6's twelve vectors took gcc twice as long, and ran no faster)
   head = cpu_opts(_ast(Tensor.empty(1024, 64) @ Tensor.empty(90, 64).T), 1, simd=16)
-  assert head[0] == Opt(OptOps.UPCAST, 1, 10), head
+  assert head[:2] == [Opt(OptOps.UPCAST, 1, 18), Opt(OptOps.UPCAST, 0, 2)], head
+  # its written-out size, which lowering and gcc take time in proportion to, is under the 10x6 tile's
+  assert written_out_size(apply_opts(_ast(Tensor.empty(1024, 64) @ Tensor.empty(90, 64).T), head)) < 600
+
+def test_odd_widths():
+  assert heuristic.vector_pieces(18, 16) == 2 and heuristic.vector_pieces(10, 16) == 2 and heuristic.vector_pieces(15, 8) == 4
+  assert heuristic.odd_widths(90, 16) == (18, 30, 10, 9, 15, 6, 5)
+  assert heuristic.odd_widths(96, 16) == ()  # whole vectors: the written-out widths of 8s, or a loop
 
 def test_heuristics_put_a_tile_with_a_relu_in_a_simd_loop():
   # a compare, select or division after a tile's sums (relu, hardswish) left gcc's written-out copies scalar (5 GFLOPS):
@@ -351,10 +360,11 @@ def test_odd_length_loop_is_whole_vector_steps_and_the_rest():
   assert "< 10;" in to_program(_ast((t[:, :10] - tb[:10]).exp()), Device["CPU"].renderer, [])[1]
 
 def test_a_kernel_no_axis_splits_evenly_is_still_split_across_cores():
-  # a language model's head, (1024, 64) @ (90, 64).T: 171 tiles of 6 rows and 9 panels of 10 columns, neither even for
-  # 2 cores: 9 slices (5 and 4 a core) where one core ran it all
-  x, w = Tensor.empty(1024, 64), Tensor.empty(90, 64)
-  assert cpu_opts(_ast(x @ w.T), 2, 16)[-1] == Opt(OptOps.THREAD, 0, 9)
+  # a language model's head over 1026 tokens, (1026, 64) @ (90, 64).T: 5 panels of 18 columns and 513 tiles of 2 rows,
+  # neither even for 2 cores: 9 slices of the rows (5 and 4 a core) where one core ran it all
+  x, w = Tensor.empty(1026, 64), Tensor.empty(90, 64)
+  opts = cpu_opts(_ast(x @ w.T), 2, 16)
+  assert opts[:2] == [Opt(OptOps.UPCAST, 1, 18), Opt(OptOps.UPCAST, 0, 2)] and opts[-1] == Opt(OptOps.THREAD, 1, 9), opts
 
 def _layernorm(x: Tensor) -> Tensor:
   d = x - x.mean(-1, keepdim=True)

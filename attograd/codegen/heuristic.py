@@ -388,6 +388,27 @@ def epilogue(ast: UOp, red: UOp) -> list[UOp]:
     if u not in after and any(s in after for s in u.src): after.add(u)
   return [u for u in after if u is not red]
 
+def vector_pieces(w: int, simd: int) -> int:
+  """The vectors a row of w written-out floats takes once the C compiler's SLP vectorizer packs it: whole registers, then
+  one of each smaller power of two (18 floats with AVX-512: 16 + 2; 10: 8 + 2)."""
+  return w // simd + bin(w % simd).count("1")
+
+# vectors of accumulators (vector_pieces a row) a written-out tile of a width no vector divides holds at most. gcc's
+# time grows with them, about 7 ms each (the SLP vectorizer's and the induction-variable passes' work on the written-out
+# body), and the kernel ran no faster with more: one core, AVX-512, gcc 12, cold, (4096, 384) @ (90, 384)^T + b, tile
+# (width x rows: vectors) -> lower + compile ms, run ms: 10x6 (12) 26 + 140, 4.87; 10x4 (8) 13 + 85, 6.65; 18x4 (8)
+# 24 + 104, 4.53; 18x3 (6) 20 + 76, 4.68; 18x2 (4) 15 + 67, 4.57; 30x1 (4) 11 + 64, 4.87; 6x8 (16) 16 + 226, 8.1
+ODD_TILE_REGISTERS = 4
+
+def odd_widths(width: int, simd: int) -> tuple[int, ...]:
+  """A strided tile's written-out widths for a width no 8-float vector divides (a vocabulary of 90): its divisors from 4
+  to two registers and a bit (2 * simd + 2), most floats per vector piece first (vector_pieces; of equals, the wider):
+  the multiply-adds per output fall with it. 90 with AVX-512: 18 (9 a piece), 30 (7.5), 10 (5), 9, 15, 6, 5. One core,
+  (4096, 384) @ (90, 384)^T + b at 4 vectors of accumulators: 18x2 4.57 ms, 30x1 4.87, 10x2 6.88, 9x4 (8) 8.64."""
+  if width % 8 == 0: return ()
+  ws = [w for w in range(4, min(width, 2 * simd + 2) + 1) if width % w == 0]
+  return tuple(sorted(ws, key=lambda w: (-w / vector_pieces(w, simd), -w)))
+
 def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) -> None:
   """A SIMD loop over the width where one divides it (LOOP_TILES), with its rows. Else the first width written out whose
   tile (with its rows) holds FULL_TILE accumulators, else the tile holding most: a
@@ -421,7 +442,10 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
   # 5x5 conv 32->32 at 24x24 4.6 -> 84 GFLOPS; 3x3 64->64 at 12x12 7.9 -> 101, at 14x14 9.2 -> 78; (4096,512) @ (512,N)
   # + bias: N=20 20 -> 63, N=36 27 -> 75, N=12 4.6 -> 56). Not where the reads along the width are strided (x @ w.T):
   # there the written-out copies get their panels packed, a loop gathers (a (1024, 64) @ (64, 90) head 0.60 -> 4.05 ms)
-  if not contiguous_j or (not looped and not padded): written += [Opt(OptOps.UPCAST, j, a) for a in dividing(width, (12, 10, 9, 4))]
+  # strided, a width no vector divides is written out in the width of its divisors whose rows the C compiler's SLP
+  # vectorizer packs best (odd_widths), with rows up to ODD_TILE_REGISTERS of its vectors
+  odd = odd_widths(width or 0, p.simd) if not contiguous_j else ()
+  if not contiguous_j or (not looped and not padded): written += [Opt(OptOps.UPCAST, j, a) for a in (odd or dividing(width, (12, 10, 9, 4)))]
   best: tuple[int, UOp, list[Opt]] = (0, p.ast, p.opts)
   # reads gated along the width (a conv padded along it) are a select per written-out copy, masked loads in the loop:
   # PP-OCR rec's 1x3 conv, 960 -> 60 channels at 1x40, 4.0 GFLOPS written out (10 by 6 rows), 42 as a loop of 8
@@ -436,7 +460,9 @@ def widest_tile(p: Plan, i: int, j: int, red: UOp, contiguous_j: bool = True) ->
     if not trial.first(choice): continue
     # a padded conv's loop of one AVX-512 register: rows up to CHANNEL_TILE_REGISTERS (GATED_ROWS)
     one = p.simd >= 16 and gated and any(o.op is OptOps.SIMD and o.amount == p.simd for o in (choice if isinstance(choice, tuple) else (choice,)))
-    tile_rows(trial, i, (CHANNEL_TILE_REGISTERS if one else TILE_REGISTERS) * p.simd, GATED_ROWS if one else ())
+    w = choice.amount if isinstance(choice, Opt) and choice.op is OptOps.UPCAST else 0
+    cap = ODD_TILE_REGISTERS * w // vector_pieces(w, p.simd) if w in odd else (CHANNEL_TILE_REGISTERS if one else TILE_REGISTERS) * p.simd
+    tile_rows(trial, i, cap, GATED_ROWS if one else ())
     if copies(trial.ast) > best[0]: best = (copies(trial.ast), trial.ast, trial.opts)
     if best[0] >= enough: break
   p.ast, p.opts = best[1], best[2]
