@@ -11,7 +11,7 @@ from typing import Any
 from attograd import Tensor, TinyJit, Variable, dtypes
 from attograd.uop.ops import UOp
 from attograd.nn.state import gguf_load
-from attograd.frontend.replay import replayed
+import attograd.nn.functional as F
 
 __all__ = ["LlamaConfig", "Llama"]
 
@@ -54,9 +54,7 @@ class LlamaConfig:
                        get("attention.key_length", dim // heads), vocab, get("attention.layer_norm_rms_epsilon"),
                        get("rope.freq_base", 10000.0), ARCHITECTURES[arch]["rope"], get("context_length"))
 
-@replayed
-def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
-  return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor: return F.rms_norm(x, x.shape[-1], w, eps)  # (over the last axis)
 
 class Llama:
   """model = Llama.from_gguf(path); logits = model(tokens, start_pos) gives the next-token logits (vocab,) after
