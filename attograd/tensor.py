@@ -315,6 +315,14 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     raw = buffer_of(t.uop.base).as_bytes()
     # a symbolic shape lives in a buffer made for the variable's maximum: the tensor is its prefix
     return raw if isinstance(n := self.numel(), int) else raw[:sym_value(n) * self.dtype.itemsize]
+  def _host_bytes(self) -> memoryview:
+    """The values' bytes, read-only, for a reader that doesn't keep them: in place when the tensor is a whole buffer of
+    static shape in host memory (CPU), else a fresh copy (_raw). An index check reads a batch of indices every training
+    step, the LLM a token's logits, where a copy of the memory was the cost."""
+    u = (t := self.realize()).uop
+    if type(u.device) is str and not u.symbolic_shape and is_contiguous_buffer(u) and (mv := buffer_of(u.base).host_view()) is not None:
+      return mv.toreadonly()
+    return t._raw().toreadonly()
   def _value_shape(self) -> tuple[int, ...]: return tuple(sym_value(s) for s in self.shape) if self.uop.symbolic_shape else self.shape
   @property
   def data(self) -> Tensor:

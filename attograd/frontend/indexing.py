@@ -20,8 +20,8 @@ from attograd.errors import ArgumentError, IndexOutOfRange, UnsupportedDtype
 from attograd.dtype import dtypes
 from attograd.uop.ops import UOp, Ops, GroupOp
 from attograd.helpers import prod, broadcast_shape
-from attograd.schedule.schedule import is_view_of_buffer, is_contiguous_buffer
-from attograd.engine.realize import in_jit_call, buffer_of
+from attograd.schedule.schedule import is_view_of_buffer
+from attograd.engine.realize import in_jit_call
 
 _CHECK_LIMIT = 1 << 16  # realized index tensors up to this many elements get their values checked at the call
 
@@ -72,13 +72,11 @@ def _as_scalar(n: UOp, memo: dict[UOp, UOp | None]) -> UOp | None:
   return r
 
 def _host_values(t: Any) -> Any:
-  """t's values as a numpy array; read in place (read-only) when t is a whole buffer of integers in host memory: an index
-  check reads a batch of indices every training step, where numpy() realized, copied the memory and copied it again"""
+  """t's values as a numpy array, read-only; integers read in place when they are a whole buffer in host memory
+  (Tensor._host_bytes): an index check reads a batch of indices every training step"""
   import numpy as np
-  u = t.realize().uop  # (what is pending is realized first, as numpy() does: a write lands before a later read)
-  if dtypes.is_int(u.dtype) and type(u.device) is str and is_contiguous_buffer(u) and (mv := buffer_of(u.base).host_view()) is not None:
-    return np.frombuffer(mv, dtype=np.dtype(u.dtype.fmt)).reshape(u.shape)
-  return t.numpy()
+  if not dtypes.is_int(t.dtype): return t.numpy()
+  return np.frombuffer(t._host_bytes(), dtype=np.dtype(t.dtype.fmt)).reshape(t._value_shape())
 
 _SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}  # scatter(reduce=)'s names -> scatter_reduce's
 

@@ -5,8 +5,6 @@ import codecs, glob, importlib.util, os, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 from attograd import Tensor, TinyJit, dtypes
-from attograd.engine.realize import buffer_of
-from attograd.schedule.schedule import is_contiguous_buffer
 from attograd.models.llama import Llama
 from attograd.runtime.device import Device
 from attograd.llm.tokenizer import GGUFTokenizer
@@ -41,10 +39,8 @@ def host_values(t: Tensor) -> memoryview:
   copy): over its own memory when the device keeps that in host memory (CPU) and it is a whole buffer, else a copy. A
   decode step's 49152 logits were copied out (a fresh 192 KiB each token, ~0.1 ms); the sampling reads them where the
   kernel wrote them. (A memoryview, not a numpy array: the LLM path runs without numpy, 9-10 MiB resident less.)"""
-  u = t.uop
   assert t.dtype == dtypes.float32, t.dtype
-  if not (is_contiguous_buffer(u) and not u.symbolic_shape and (mv := buffer_of(u.base).host_view()) is not None): mv = t._raw()
-  return mv.toreadonly().cast("f", t.shape)
+  return t._host_bytes().cast("f", t.shape)
 
 def sample(logits: memoryview, s: Sampling, rng: Any) -> int:
   """The next token from the logits: temperature, top-k, top-p, seeded by rng (a numpy Generator). Greedy decoding takes
