@@ -461,8 +461,8 @@ class PlannedRun:
     self.seen = False  # has a quiet run used it
     self.lock = threading.Lock()  # held by the thread running it
     self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
-    self.placed: list[tuple[int, int]] = []     # (buffer, slot) numbers of the kept buffers created, and of the internal
-    self.unheld: list[tuple[int, int]] = []     # ones in their slots (adopt)
+    self.placed: list[int] = []                 # numbers of the kept buffers created, and of the internal ones in their
+    self.unheld: list[tuple[int, int]] = []     # slots, each with that kept buffer's number (adopt)
     # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
     self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
   def adopt(self, plan: ExecPlan, template: ScheduleTemplate, memory: list[Buffer]) -> None:
@@ -472,9 +472,12 @@ class PlannedRun:
     inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
     # the created buffers a run places: each kept one gets a Buffer of its own in its slot's fresh memory, and an internal
     # one in such a slot that memory (those in held slots are placed already); a run loops over these alone
+    # (a slot not held is a kept buffer's, of its size (plan_slots): the kept buffer's own memory is the slot's, and an
+    # internal one there uses it; a Buffer of the slot's and one viewing it for the kept one were two objects a buffer)
     created = dict.fromkeys(self.created)
-    self.placed = [(n, self.slot_of[n]) for n in created if n in self.kept]
-    self.unheld = [(n, self.slot_of[n]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
+    self.placed = [n for n in created if n in self.kept]
+    kept_in = {self.slot_of[n]: n for n in self.placed}
+    self.unheld = [(n, kept_in[self.slot_of[n]]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
     # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
     plan.native, plan.ran_quiet = plan._native_runs(), True
     where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
@@ -500,14 +503,13 @@ class PlannedRun:
     None): kept ones get fresh memory in the plan's layout."""
     _holding.pop(id(self), None)  # the most recently run last
     _holding[id(self)] = self
-    memory = [m if m is not None else Buffer(device, nbytes, dtypes.uint8) for m, (device, nbytes) in zip(self.held, self.slots)]
     buffers = registry.buffers
     mem: dict[int, Any] = {}
-    for n, s in self.placed:
+    for n in self.placed:
       u = numbered[n]
-      b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[s])
+      b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype)
       mem[n] = b.ensure_allocated()._buf
-    for n, s in self.unheld: mem[n] = memory[s].ensure_allocated()._buf
+    for n, k in self.unheld: mem[n] = mem[k]
     placed = buffers.by_id.get
     for n, raws, addrs in self.outside:  # (ExecItem.bind inlined: ~600 positions a training step)
       if (m := mem.get(n)) is None:
