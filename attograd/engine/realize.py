@@ -739,6 +739,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
   graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}
+  notes = bool(_captures or registry.jit_replays)  # (assigned_to's readers: none, no note)
   for i in todo:
     old = out[i]
     # a symbolic shape shows its bound value: the view takes the variables' values back
@@ -747,7 +748,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     if old.op is not Ops.ASSIGN and keep_source[i] and is_view_of_buffer(view) and view is not old:
       registry.sources[view] = graph_of[old] if var_vals else old
     # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
-    if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
+    if notes and old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
       registry.assigned_to[was.base] = view.base
   return out
 
