@@ -470,10 +470,9 @@ class PlannedRun:
     fresh = {self.slot_of[n] for n in self.created if n in self.kept}
     self.held = [None if s in fresh else m for s, m in enumerate(memory)]
     inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
-    # the created buffers a run places: each kept one gets a Buffer of its own in its slot's fresh memory, and an internal
-    # one in such a slot that memory (those in held slots are placed already); a run loops over these alone
-    # (a slot not held is a kept buffer's, of its size (plan_slots): the kept buffer's own memory is the slot's, and an
-    # internal one there uses it; a Buffer of the slot's and one viewing it for the kept one were two objects a buffer)
+    # the created buffers a run places: each kept one gets a Buffer of its own, fresh memory, and an internal one in its
+    # slot that memory (those in held slots are placed already); a run loops over these alone. (A slot not held is a kept
+    # buffer's, of its size: plan_slots. A uint8 Buffer of the slot and a view of it for the kept one were two a buffer.)
     created = dict.fromkeys(self.created)
     self.placed = [n for n in created if n in self.kept]
     kept_in = {self.slot_of[n]: n for n in self.placed}
