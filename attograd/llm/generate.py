@@ -7,6 +7,7 @@ from typing import Any, Iterator
 from attograd import Tensor, TinyJit, dtypes
 from attograd.models.llama import Llama
 from attograd.runtime.device import Device
+from attograd.nn.state import GGUFStrings
 from attograd.llm.tokenizer import GGUFTokenizer
 
 PREFILL_CHUNKS = (128, 32, 8)  # a prompt runs in chunks of these sizes (then single tokens): a few compiled shapes serve every length;
@@ -70,9 +71,9 @@ class Engine:
     self.path = path or default_model()
     self.model, meta = Llama.from_gguf(self.path, max_context)
     self.tok = GGUFTokenizer(meta, self.path)
-    # the metadata without its long arrays (the vocabulary's merges and token types, ~9 MiB of Python strings and ints):
-    # the tokenizer has taken what it needs
-    self.meta = {k: v for k, v in meta.items() if not (isinstance(v, list) and len(v) > 1024)}
+    # the metadata without its long arrays (the vocabulary, its merges and token types: ~2 MiB of bytes and ints): the
+    # tokenizer has taken what it needs
+    self.meta = {k: v for k, v in meta.items() if not (isinstance(v, (list, GGUFStrings)) and len(v) > 1024)}
     self.name = os.path.splitext(os.path.basename(self.path))[0]
     self.cached: list[int] = []  # the tokens whose keys and values are in the cache, in order
     # building the tokenizer's model and reading the metadata left 6-8 MiB of freed C heap (the vocabulary and merges as

@@ -6,7 +6,7 @@ keyed by tokenizer.ggml.pre as llama.cpp names them; SentencePiece-style ones ("
 as ▁, bytes outside the vocabulary as <0xNN> tokens) as a BPE whose merges are ranked by the merged piece's score.
 Control and user-defined tokens are special: matched whole in the text, as llama.cpp does with special=True."""
 from __future__ import annotations
-from typing import Any
+from typing import Any, Sequence
 
 # llama.cpp's pre-tokenizer regexes, by tokenizer.ggml.pre
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -19,6 +19,17 @@ PRE_TOKENIZERS: dict[str, tuple[bool, str]] = {
 }
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # tokenizer.ggml.token_type values
 SPACE = "\u2581"  # ▁, SentencePiece's space
+
+def _bpe(kind: str, tokens: Sequence[str], types: Sequence[int], meta: dict[str, Any]) -> Any:
+  """The BPE model of a vocabulary (tokenizers.models.BPE). What it is built from lives only in here."""
+  from tokenizers import models
+  vocab = {t: i for i, t in enumerate(tokens)}
+  if kind == "llama":
+    unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
+    return models.BPE(vocab, spm_merges(tokens, meta["tokenizer.ggml.scores"], types), unk_token=unk, fuse_unk=True, byte_fallback=True)
+  pre = meta.get("tokenizer.ggml.pre", "default")
+  merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+  return models.BPE(vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3"))
 
 def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
   """SentencePiece's BPE joins, at each step, the adjacent pair of pieces whose join is the vocabulary piece of highest
@@ -38,42 +49,45 @@ class GGUFTokenizer:
     if kind not in ("gpt2", "llama"):
       raise NotImplementedError(f"{path}: tokenizer.ggml.model {kind!r}: supported are byte-level BPE ('gpt2') and SentencePiece-style ('llama') vocabularies")
     if "tokenizer.ggml.tokens" not in meta: raise ValueError(f"{path}: metadata tokenizer.ggml.tokens is missing")
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    types = meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
-    vocab = {t: i for i, t in enumerate(tokens)}  # not kept: the BPE model has its own copy (49k strings, ~5 MiB)
-    # nor is the list: a piece is asked of the BPE model (id_to_token), which holds each string (kept, SmolLM2's 49k were
-    # 3.4 MiB resident); only a piece whose string an earlier id has too is kept here (the BPE maps the string to one id)
+    # read in order, never indexed: nn.state.GGUFStrings (the file's bytes, a string made as it is read) or a list
+    tokens: Sequence[str] = meta["tokenizer.ggml.tokens"]
+    types: Sequence[int] = meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
     self.kind, self.n_tokens = kind, len(tokens)
-    self._repeated = {i: t for i, t in enumerate(tokens) if vocab[t] != i}
+    pre = meta.get("tokenizer.ggml.pre", "default")
     if kind == "llama":
       scores = meta.get("tokenizer.ggml.scores")
       if scores is None or len(scores) != len(tokens): raise ValueError(f"{path}: a 'llama' vocabulary needs tokenizer.ggml.scores, one per token")
-      unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
-      tok = Tokenizer(models.BPE(vocab, spm_merges(tokens, scores, types), unk_token=unk, fuse_unk=True, byte_fallback=True))
+    elif pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
+    # the tokenizer object first and its BPE model after: what the build makes (100k strings, the vocabulary and merges as
+    # tokenizers takes them) is freed together, not beside objects that stay
+    tok = Tokenizer(models.BPE())
+    tok.model = _bpe(kind, tokens, types, meta)
+    # what the vocabulary's strings decide is asked of the BPE model from here on (it holds each string, ~8 MiB in Rust);
+    # only an id whose string a later id has too is kept (the BPE maps the string to that one)
+    self._tok, self._repeated = tok, {}
+    if tok.get_vocab_size(with_added_tokens=False) != len(tokens):
+      self._repeated = {i: t for i, t in enumerate(tokens) if tok.token_to_id(t) != i}
+    if kind == "llama":
       # llama.cpp: a space before the text and after each special token (tokenizer.ggml.add_space_prefix), spaces as ▁
       self.space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
       tok.normalizer = normalizers.Sequence(([normalizers.Prepend(SPACE)] if self.space_prefix else []) + [normalizers.Replace(" ", SPACE)])
       tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()] +
                                       ([decoders.Strip(" ", 1, 0)] if self.space_prefix else []))
-      self._byte_of = {i: bytes([int(t[3:5], 16)]) for i, (t, ty) in enumerate(zip(tokens, types)) if ty == BYTE and len(t) == 6 and t.startswith("<0x")}
+      self._byte_of = {i: bytes([int(t[3:5], 16)]) for i, ty in enumerate(types) if ty == BYTE and len(t := self.piece(i)) == 6 and t.startswith("<0x")}
     else:
-      pre = meta.get("tokenizer.ggml.pre", "default")
-      if pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
-      merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-      tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=pre in ("llama-bpe", "llama3")))
       digits, regex = PRE_TOKENIZERS[pre]
       steps = ([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + [
         pre_tokenizers.Split(Regex(regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
       tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
       tok.decoder = decoders.ByteLevel()
     self.special_ids = {i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED)}
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(self.special_ids)])
-    self._tok = tok
+    tok.add_special_tokens([AddedToken(self.piece(i), special=True, normalized=False) for i in sorted(self.special_ids)])
     self.bos_id, self.eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     eot = meta.get("tokenizer.ggml.eot_token_id")
     # generation ends at EOS, EOT, and the end-of-turn tokens chat templates use
-    self.stop_ids = {i for i in (self.eos_id, eot) if i is not None} | {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in vocab}
+    ends = (tok.token_to_id(t) for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"))
+    self.stop_ids = {i for i in (self.eos_id, eot, *ends) if i is not None}
     self.chat_template: str | None = meta.get("tokenizer.chat_template")
 
   def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
