@@ -6,7 +6,7 @@ import functools, json, os, threading, urllib.request, urllib.error
 import numpy as np
 import pytest
 gguf = pytest.importorskip("gguf")
-pytest.importorskip("tokenizers"); pytest.importorskip("jinja2")
+pytest.importorskip("regex"); pytest.importorskip("jinja2")
 from attograd.llm.generate import Engine, Sampling, Done, default_model
 
 try: MODEL = default_model()

@@ -386,8 +386,11 @@ class GGUFStrings(collections.abc.Sequence):
       yield pos + 8, end
       pos = end
   def __iter__(self) -> Iterator[str]:
-    raw = self.raw
-    return (str(raw[a:b], "utf-8") for a, b in self.spans())
+    pos, raw, unpack = 0, self.raw, _U64.unpack_from
+    for _ in range(self._n):
+      end = pos + 8 + unpack(raw, pos)[0]
+      yield raw[pos + 8:end].decode()
+      pos = end
   def __getitem__(self, i: Any) -> Any:
     if isinstance(i, slice): return [self[j] for j in range(*i.indices(self._n))]
     if not -self._n <= i < self._n: raise IndexError(f"index {i} is out of range for {self._n} strings")
