@@ -76,9 +76,9 @@ class Engine:
     self.meta = {k: v for k, v in meta.items() if not (isinstance(v, (list, GGUFStrings)) and len(v) > 1024)}
     self.name = os.path.splitext(os.path.basename(self.path))[0]
     self.cached: list[int] = []  # the tokens whose keys and values are in the cache, in order
-    # building the tokenizer's model and reading the metadata left 6-8 MiB of freed C heap (the vocabulary and merges as
-    # Python objects, and what `tokenizers` builds them from): given back, an idle engine holds 175 MiB, not 182-184
-    # (the first passes' scheduling grows the heap past that again: resident while generating is the same)
+    # loading the weights and building the tokenizer (the vocabulary's strings and dicts while it is built) left 6 MiB of
+    # freed C heap: given back, an idle engine holds 129 MiB more than before loading, not 135 (the first passes'
+    # scheduling grows the heap past that again: resident while generating is the same)
     trim_heap()
     self.decode_runs, self.trimmed_at = 0, resident_mib()  # decode steps run; resident MiB after the last heap trim
     self.lock = threading.Lock()
