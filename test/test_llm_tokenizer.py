@@ -136,6 +136,19 @@ def test_byte_level_matches_tokenizers(pre):
   assert tok.stop_ids == {meta["tokenizer.ggml.eos_token_id"], ref.token_to_id("<|im_end|>")}
   check_against_reference(tok, ref, fuzz(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>"]))
 
+def test_special_tokens_that_overlap():
+  # special tokens that start alike, one inside another: the longest where several start at the same place (tokenizers'
+  # leftmost-longest match), matched in the raw text before the pre-tokenizer
+  meta, path = default_meta()
+  extra = ["in", "ing", "he", "the", "there", "e"]
+  types, tokens = list(meta["tokenizer.ggml.token_type"]), list(meta["tokenizer.ggml.tokens"])
+  for t in extra: types[tokens.index(t)] = USER_DEFINED
+  meta["tokenizer.ggml.token_type"] = types
+  tok, ref = GGUFTokenizer(meta, path), reference(meta)
+  texts = ["there in the thing", "theres ingthe", "inning", "the<|im_start|>there", "eeeing"]
+  check_against_reference(tok, ref, texts + fuzz(["<|im_start|>"] + extra, 200))
+  assert tok.encode("there") == [tokens.index("there")] and tok.encode("thing")[-1] == tokens.index("ing")
+
 def test_holds_a_few_mib_without_tokenizers():
   # built by `tokenizers`, the vocabulary held 12.7 MiB once built (its library and its Rust BPE's hash maps); here the
   # vocabulary is one buffer of bytes and the merges two arrays: what the built tokenizer keeps, as Python allocated it

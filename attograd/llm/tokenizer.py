@@ -126,7 +126,7 @@ class GGUFTokenizer:
     self.special_ids = {i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED)}
     # special tokens, matched whole in the text: the longest one where several start at the same place
     self._special = {p: ids[p] for i in self.special_ids if (p := strs[i])}
-    self._special_re = regex.compile("|".join(regex.escape(p) for p in sorted(self._special, key=len, reverse=True))) if self._special else None
+    self._special_re = regex.compile(_trie(list(self._special), regex.escape)) if self._special else None
     self.bos_id, self.eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     eot = meta.get("tokenizer.ggml.eot_token_id")
@@ -233,6 +233,22 @@ def _isolate(rx: Any, text: str) -> Iterator[str]:
     if m.end() > m.start(): yield m.group()
     pos = m.end()
   if pos < len(text): yield text[pos:]
+
+def _trie(words: list[str], escape: Any) -> str:
+  """A regex for any of the words, the longest where several start at the same place: their trie as nested groups, a
+  word's end optional (greedy) where longer ones go on. A plain alternation tried each word at each place: 3256 special
+  tokens took 135 ms to compile and 123 ms for 40k characters."""
+  trie: dict[str, dict] = {}
+  for w in words:
+    node = trie
+    for ch in w: node = node.setdefault(ch, {})
+    node[""] = {}  # a word ends here
+  def rx(node: dict[str, dict]) -> str:
+    alts = [escape(ch) + rx(child) for ch, child in node.items() if ch]
+    if not alts: return ""
+    body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+    return f"(?:{body})?" if "" in node else body
+  return rx(trie)
 
 def _utf8_or_replacements(b: bytearray) -> str:
   try: return b.decode()
