@@ -6,7 +6,7 @@ keyed by tokenizer.ggml.pre as llama.cpp names them; SentencePiece-style ones ("
 as ▁, bytes outside the vocabulary as <0xNN> tokens) as a BPE whose merges are ranked by the merged piece's score.
 Control and user-defined tokens are special: matched whole in the text, as llama.cpp does with special=True.
 
-The BPE runs here, over the vocabulary kept as one buffer of its UTF-8 bytes and the merges as two sorted arrays (~2 MiB
+The BPE runs here, over the vocabulary kept as one buffer of its UTF-8 bytes and the merges as two sorted arrays (1.3 MiB
 for SmolLM2's 49k tokens and 49k merges); it gives the ids of the `tokenizers` package's BPE (the same merge order:
 the lowest-ranked adjacent pair first, the leftmost of equal ones). Built by `tokenizers`, the same vocabulary held
 15.5 MiB of the process while generating: its library (6.7 MiB of pages with libstdc++) and its Rust BPE (8.4 MiB: the
