@@ -40,12 +40,9 @@ class _Vocab:
   """Token strings by id as one buffer of their UTF-8 bytes (49k Python strings were ~3.4 MiB, this is under 1 MiB), and,
   when encoding needs it, the id of a string by binary search over the ids in the strings' order (a string that several
   ids spell: the last of them, as a dict built in id order has it)."""
-  def __init__(self, tokens: list[str], ids: dict[str, int] | None):
-    """ids: each string's id, given when encoding will look strings up."""
-    raw = list(map(str.encode, tokens))
-    self.blob, self.ends = b"".join(raw), array.array("I", itertools.accumulate(map(len, raw), initial=0))
-    # sorted by code point order, which is the UTF-8 bytes' order
-    self.order = None if ids is None else array.array("I", map(ids.__getitem__, sorted(ids)))
+  def __init__(self, blob: bytes, ends: bytes, order: bytes | None):
+    self.blob, self.ends = blob, _array("I", ends)
+    self.order = None if order is None else _array("I", order)
   def bytes_of(self, i: int) -> bytes: return self.blob[self.ends[i]:self.ends[i + 1]]
   def id_of(self, b: bytes) -> int | None:
     assert self.order is not None, "built without lookups"
@@ -54,16 +51,35 @@ class _Vocab:
 
 class _Merges:
   """BPE merges: (left id, right id) -> (rank, merged id), as two sorted arrays (a dict of 49k pairs was ~6 MiB)."""
-  def __init__(self, merges: list[tuple[int, int, int]]):
-    table = {a << 32 | b: r << 32 | c for r, (a, b, c) in enumerate(merges)}  # a pair listed twice: the later rank, as tokenizers
-    self.keys = array.array("Q", sorted(table))
-    self.vals = array.array("Q", map(table.__getitem__, self.keys))
+  def __init__(self, keys: bytes, vals: bytes): self.keys, self.vals = _array("Q", keys), _array("Q", vals)
   def get(self, a: int, b: int) -> tuple[int, int] | None:
     k = a << 32 | b
     j = bisect.bisect_left(self.keys, k)
     if j == len(self.keys) or self.keys[j] != k: return None
     v = self.vals[j]
     return v >> 32, v & 0xFFFFFFFF
+
+def _array(code: str, b: bytes) -> array.array:
+  a = array.array(code); a.frombytes(b); return a
+
+def _tables(kind: str, tokens: Sequence[str], types: Sequence[int], meta: dict[str, Any], special: list[int], names: list[str],
+            lookups: bool, path: str) -> tuple[bytes, bytes, bytes | None, bytes, bytes, bytes]:
+  """A vocabulary's tables as buffers, made from its strings and a dict of them (~6 MiB for 49k, all freed here): the
+  pieces' UTF-8 bytes, where each ends, the ids in the pieces' order (if encoding looks pieces up), the merges' keys
+  (left id << 32 | right id) sorted and their values (rank << 32 | merged id), and the ids (-1: none) of the special
+  tokens and of the names asked for."""
+  strs = list(tokens)
+  ids = {t: i for i, t in enumerate(strs)}  # a string several ids spell: the last, as tokenizers' BPE has it
+  if kind == "llama": pairs: Iterator[tuple[str, str]] | list[tuple[str, str]] = spm_merges(strs, meta["tokenizer.ggml.scores"], types)
+  else: pairs = ((a, b) for a, _, b in map(str.partition, meta.get("tokenizer.ggml.merges", []), itertools.repeat(" ")))
+  try: table = {ids[a] << 32 | ids[b]: r << 32 | ids[a + b] for r, (a, b) in enumerate(pairs)}  # a pair listed twice: the later rank
+  except KeyError as e: raise ValueError(f"{path}: a merge's piece {e.args[0]!r} is not in the vocabulary") from None
+  keys = array.array("Q", sorted(table))
+  vals = array.array("Q", map(table.__getitem__, keys))
+  ends = array.array("I", itertools.accumulate((len(t.encode()) for t in strs), initial=0))
+  order = array.array("I", map(ids.__getitem__, sorted(ids))).tobytes() if lookups else None  # code point order is UTF-8's
+  found = array.array("q", (ids.get(t, -1) for t in itertools.chain((strs[i] for i in special), names)))
+  return "".join(strs).encode(), ends.tobytes(), order, keys.tobytes(), vals.tobytes(), found.tobytes()
 
 def merge(ids: list[int], merges: _Merges) -> list[int]:
   """BPE on one word's symbols: the adjacent pair of lowest rank merges first, the leftmost of equal ranks (tokenizers'
@@ -102,37 +118,37 @@ class GGUFTokenizer:
       scores = meta.get("tokenizer.ggml.scores")
       if scores is None or len(scores) != len(tokens): raise ValueError(f"{path}: a 'llama' vocabulary needs tokenizer.ggml.scores, one per token")
     elif pre not in PRE_TOKENIZERS: raise NotImplementedError(f"{path}: tokenizer.ggml.pre {pre!r}; known presets: {', '.join(PRE_TOKENIZERS)}")
-    strs = list(tokens)  # only while building: 49k strings and their dict, ~6 MiB
-    ids = {t: i for i, t in enumerate(strs)}
     # a SentencePiece word's characters, and llama3's whole words, are looked up in the vocabulary while encoding
     self._whole_words = kind == "gpt2" and pre in ("llama-bpe", "llama3")  # a word in the vocabulary is one token (tokenizers' ignore_merges)
-    self._vocab = _Vocab(strs, ids if kind == "llama" or self._whole_words else None)
-    def merges(pairs: Iterator[tuple[str, str]]) -> _Merges:
-      try: return _Merges([(ids[a], ids[b], ids[a + b]) for a, b in pairs])
-      except KeyError as e: raise ValueError(f"{path}: a merge's piece {e.args[0]!r} is not in the vocabulary") from None
+    special = sorted(i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED))
+    names = [*(f"<0x{b:02X}>" for b in range(256)), *_CHAR_OF, "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
+    blob, ends, order, keys, vals, found = _tables(kind, tokens, types, meta, special, names, kind == "llama" or self._whole_words, path)
+    # what stays is made from the tables after what built them is freed: made beside it (the special tokens' strings and
+    # ids, the tables' objects), it kept pools of that memory resident (an idle engine 128 MiB over before loading, not 124)
+    self._vocab, self._merges = _Vocab(blob, ends, order), _Merges(keys, vals)
+    del blob, ends, order, keys, vals
+    got = [None if i < 0 else i for i in _array("q", found)]  # the id of each special token, then of each name
+    fallback, byte_ids, ends_ids = got[len(special):len(special) + 256], got[len(special) + 256:len(special) + 512], got[len(special) + 512:]
     if kind == "llama":
-      self._merges = merges(spm_merges(strs, scores, types))
       # llama.cpp: a space before the text and after each special token (tokenizer.ggml.add_space_prefix), spaces as ▁
       self.space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
       unk = next((i for i, ty in enumerate(types) if ty == UNKNOWN), None)
-      self._unk = None if unk is None else ids[strs[unk]]
-      self._fallback = [ids.get(f"<0x{b:02X}>") for b in range(256)]
+      self._unk = None if unk is None else self._vocab.id_of(self._vocab.bytes_of(unk))
+      self._fallback = fallback
       self._byte_of = {i: bytes([int(t[3:5], 16)]) for i, ty in enumerate(types) if ty == BYTE and len(t := self.piece(i)) == 6 and t.startswith("<0x")}
     else:
-      self._merges = merges((a, b) for a, _, b in map(str.partition, meta.get("tokenizer.ggml.merges", []), itertools.repeat(" ")))
       digits, rx = PRE_TOKENIZERS[pre]
       self._digits, self._split = regex.compile(r"\p{N}") if digits else None, regex.compile(rx)
-      self._byte_ids = [ids.get(c) for c in _CHAR_OF]  # byte -> the id of its printable character
-    self.special_ids = {i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED)}
+      self._byte_ids = byte_ids  # byte -> the id of its printable character
+    self.special_ids = set(special)
     # special tokens, matched whole in the text: the longest one where several start at the same place
-    self._special = {p: ids[p] for i in self.special_ids if (p := strs[i])}
+    self._special = {p: got[k] for k, i in enumerate(special) if (p := self.piece(i))}
     self._special_re = regex.compile(_trie(list(self._special), regex.escape)) if self._special else None
     self.bos_id, self.eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     eot = meta.get("tokenizer.ggml.eot_token_id")
     # generation ends at EOS, EOT, and the end-of-turn tokens chat templates use
-    ends = (ids.get(t) for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"))
-    self.stop_ids = {i for i in (self.eos_id, eot, *ends) if i is not None}
+    self.stop_ids = {i for i in (self.eos_id, eot, *ends_ids) if i is not None}
     self.chat_template: str | None = meta.get("tokenizer.chat_template")
 
   def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
