@@ -725,7 +725,7 @@ def matvec_rows(p: Plan) -> None:
     p.first(*(Opt(OptOps.UPCAST, g, a) for a in groups if size % a == 0 and copies(p.ast) * a <= MATVEC_GROUP_COPIES),
             *(Opt(OptOps.UPCAST, g, a) for a in MATVEC_ROWS if size % a == 0 and size >= 4 * a and copies(p.ast) * a <= MATVEC_MAX_COPIES))
     # float16 block scales, read once per block and row: converted for the rows of an iteration at once (WIDEN), as
-    # vectors, where each row's copy would convert its own scalar (a Q4_1 576x1536 matvec, one core: 33 -> 27 us)
+    # vectors, where each row's copy would convert its own scalar (a Q4_1 576x1536 matvec, one core: 36 -> 28-30 us)
     p.first(Opt(OptOps.WIDEN, g, 0))
     return
 

@@ -70,8 +70,10 @@ def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = No
     kind, start, n = key
     # a scale stays float16 (2 bytes a block; float32 was +14 MiB resident for SmolLM2-135M Q4_1): the matvec converts a
     # block's scales for its group of rows at once, in a vector loop (codegen/opt.py WIDEN), where each row's copy of the
-    # loop body converted its own (one core, a Q4_1 576x1536 matvec: float32 scales 26-28 us, float16 converted per row
-    # 33-35, converted at once 27-29; hot in cache)
+    # loop body converted its own. One core, a Q4_1 576x1536 matvec hot in cache / from DRAM, medians of 3 processes:
+    # float32 scales 27.7-29.2 / 36.4-38.2 us, float16 converted per row 35.7-36.1 / 41.8-42.3, at once 28.4-30.2 /
+    # 36.9-38.1. A SmolLM2 decode step's kernels run in sequence: Q4_1 matvecs 3-5% slower (the conversion loop), the
+    # Q8_0 output 13% faster (2 bytes a block less from DRAM), the step 7.95-8.20 ms either way
     return probe.raw[:, start:start + n] if kind == "u8" else Blocks(probe.raw).half(start)
   scales = [k for k in keys if k[0] == "f16"] if grouped else []
   if not grouped: stored = {key: field(key).contiguous() for key in keys}
