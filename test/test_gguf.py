@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q
-from attograd import Tensor
+from attograd import Tensor, dtypes
 from attograd.nn.state import gguf_load, gguf_read
 from attograd.nn.quant import GGML_TYPES
 
@@ -170,7 +170,8 @@ def test_quantized_matvec_reads_a_row_group_together():
   """Given the tensor's shape, split_fields interleaves its rows in groups of 16 block by block (nn.quant.ROW_GROUP):
   a decode step's matvec then computes a group's 16 rows at once (codegen/heuristic.py matvec_rows), reading the
   weights as one run front to back, and its values still match gguf's dequantization. Without the shape, the GGUF
-  order and 4 rows."""
+  order and 4 rows. The scales stay float16 (the file's bytes), and the matvec converts a block's scales for all the
+  rows it computes at once (WIDEN)."""
   from attograd.codegen.heuristic import cpu_opts
   from attograd.codegen.opt import Opt, OptOps
   from attograd.nn.quant import split_fields, dequantize, ROW_GROUP
@@ -179,12 +180,14 @@ def test_quantized_matvec_reads_a_row_group_together():
   x = Tensor(rng.standard_normal((1, cols)).astype(np.float32)).realize()
   ref = x.numpy().astype(np.float64) @ gguf.quants.dequantize(raw, Q.Q4_1).reshape(rows, cols).astype(np.float64).T
   for shape, amount in (((rows, cols), ROW_GROUP), (None, 4)):
-    w = dequantize(split_fields(Tensor(raw.reshape(-1)), Q.Q4_1.value, shape), Q.Q4_1.value, (rows, cols))
+    fields = split_fields(Tensor(raw.reshape(-1)), Q.Q4_1.value, shape)
+    assert {v.dtype for k, v in fields.items() if k[0] == "f16"} == {dtypes.float16}
+    w = dequantize(fields, Q.Q4_1.value, (rows, cols))
     y = x @ w.T
     sched = y.schedule()
     # one kernel: the fields are read as split_fields stored them (a view of the lazy layout rebuilt it from the raw
     # bytes in kernels of its own on every use, and kept the raw bytes alive)
     assert len(sched) == 1, [si.ast.arg for si in sched]
     opts = cpu_opts(sched[-1].ast, 1, 16)
-    assert Opt(OptOps.UPCAST, 0, amount) in opts, (shape, opts)
+    assert Opt(OptOps.UPCAST, 0, amount) in opts and Opt(OptOps.WIDEN, 0, 0) in opts, (shape, opts)
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -1,5 +1,5 @@
 """Opts change how a kernel runs, never what it computes."""
-import json
+import json, re
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -563,6 +563,40 @@ def test_pack_refuses_what_it_cant_copy():
   with pytest.raises(KernelOptError, match="one read inside a reduce"): to_program(_ast(Tensor.rand(6, 5).realize() + 1), renderer, [Opt(OptOps.PACK, 0, 0)])
   mm = _ast(Tensor.rand(16, 16).realize() @ Tensor.rand(16, 16).realize())
   with pytest.raises(KernelOptError, match="only THREAD may follow PACK"): to_program(mm, renderer, [Opt(OptOps.PACK, 1, 0), Opt(OptOps.UPCAST, 1, 2)])
+
+def _scaled_matvec(dt, rows: int = 64, cols: int = 256) -> Tensor:
+  """x @ (W * s).T with s of dtype dt, one value per row and block of 32 columns (a quantized weight's block scales)."""
+  rng = np.random.default_rng(5)
+  s = Tensor((rng.random((rows, cols // 32)) + 0.5).astype(np.float32)).cast(dt).realize()
+  w = Tensor(rng.standard_normal((rows, cols), dtype=np.float32)).realize()
+  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  return x @ (w * s.float().reshape(rows, cols // 32, 1).expand(rows, cols // 32, 32).reshape(rows, cols)).T
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_widen_converts_block_scales_at_once(dt):
+  """A narrow float read once per block and row of a matvec: the heuristics convert an iteration's values for all its
+  rows in one loop (WIDEN) where each row's copy of the loop body converted its own, and the kernel computes what it
+  does without, on one core and across cores."""
+  si = _scaled_matvec(dt).schedule()[-1]
+  opts = cpu_opts(si.ast, 1, 16)
+  assert opts[-1] == Opt(OptOps.WIDEN, 0, 0), opts
+  plain = _exec(si, [])
+  for o in (opts, opts + [Opt(OptOps.THREAD, 0, 2)]):
+    np.testing.assert_allclose(_exec(si, o), plain, rtol=1e-5, atol=1e-5, err_msg=str(o))
+  def conversions(opts: list[Opt]) -> int:
+    src = to_program(si.ast, Device["CPU"].renderer, opts)[1]
+    return len(re.findall(r"\(\(float\)\(val\d+\)\)|f16_to_f32\(val|bf16_to_f32\(val", src[src.index("void r_"):]))
+  assert conversions(opts) == 1 and conversions(opts[:-1]) == 4  # 4 rows at once (UPCAST 0, 4)
+
+def test_widen_refuses_what_it_cant_convert():
+  renderer = Device["CPU"].renderer
+  mm = _ast(Tensor.rand(16, 16).realize() @ Tensor.rand(16, 16).realize())
+  with pytest.raises(KernelOptError, match="no float16 or bfloat16 read"): to_program(mm, renderer, [Opt(OptOps.WIDEN, 0, 0)])
+  # a half matrix read along the vectorized lanes is converted as vectors where it is read
+  half = _ast(Tensor.rand(1, 64).realize() @ Tensor.rand(64, 64).half().realize().float())
+  with pytest.raises(KernelOptError, match="no float16 or bfloat16 read"): to_program(half, renderer, [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.WIDEN, 0, 0)])
+  sv = _ast(_scaled_matvec(dtypes.float16))
+  with pytest.raises(KernelOptError, match="only THREAD may follow PACK or WIDEN"): to_program(sv, renderer, [Opt(OptOps.WIDEN, 0, 0), Opt(OptOps.UPCAST, 0, 2)])
 
 def _conv_backward_asts(xshape=(16, 8, 13, 13), wshape=(16, 8, 3, 3)):
   from attograd.schedule.schedule import create_schedule

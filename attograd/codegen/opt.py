@@ -9,8 +9,9 @@ is no longer an axis of its own."""
 from __future__ import annotations
 import functools, os
 from dataclasses import dataclass
+from typing import Callable
 from enum import Enum, auto
-from attograd.dtype import dtypes
+from attograd.dtype import dtypes, DType
 from attograd.helpers import ContextVar, prod
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp
 from attograd.uop.patterns import graph_rewrite
@@ -31,6 +32,8 @@ class OptOps(Enum):
                     # makes a mix of vector and scalar code from the same iterations written out (UPCAST)
   PACK = auto()     # CPU: what an input read inside a reduce needs for one iteration of a global axis (a
                     # matmul's column panel) is copied to a contiguous scratch before that iteration's inner loops
+  WIDEN = auto()    # CPU: the float16/bfloat16 values a reduce reads along a global axis (a quantized block's scales) are
+                    # converted to float32 once per iteration of it, a loop of vector conversions into a scratch the reduce reads
   STASH = auto()    # CPU: a value both the output and a reduce compute per element (softmax's exp) is stored to the
                     # output inside the reduce's loop (`amount` names the reduce axis) and read back by the output's loop
   MERGE = auto()    # a global axis and the one nested directly inside it (`amount` names it) become one loop, row-major:
@@ -46,7 +49,7 @@ class Opt:
 class KernelOptError(ValueError): pass
 
 # the kind of axis an Opt applies to (True: global, False: reduce); the others take either
-NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.MERGE: True, OptOps.PACK: True, OptOps.SIMD: True, OptOps.LOCAL: True, OptOps.STASH: True,
+NEEDS = {OptOps.THREAD: True, OptOps.SWAP: True, OptOps.MERGE: True, OptOps.PACK: True, OptOps.WIDEN: True, OptOps.SIMD: True, OptOps.LOCAL: True, OptOps.STASH: True,
          OptOps.UNROLL: False, OptOps.GROUP: False}
 
 THREADS = ContextVar("THREADS", os.cpu_count() or 1)
@@ -118,9 +121,10 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
 def _apply_opt(ast: UOp, opt: Opt, has_local: bool) -> UOp:
   if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
     raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
-  if opt.op is not OptOps.THREAD and any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK for u in ast.toposort):
-    # the copy is laid out for the loops as they were: only splitting the work across cores keeps it valid
-    raise KernelOptError(f"{opt}: only THREAD may follow PACK")
+  if opt.op is not OptOps.THREAD and any(u.op is Ops.DEFINE_REG for u in ast.toposort):
+    # a scratch (no other Opt makes one) is laid out for the loops as they were: only splitting the work across cores
+    # keeps it valid
+    raise KernelOptError(f"{opt}: only THREAD may follow PACK or WIDEN")
   ax = axes(ast)
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
   r = ax[opt.axis]
@@ -135,9 +139,9 @@ def _apply_opt(ast: UOp, opt: Opt, has_local: bool) -> UOp:
     return apply_stash(ast, *stash_plan(ast, opt, ax))
   if opt.op is OptOps.LOCAL: return apply_local(ast, opt, r)
   if opt.op is OptOps.GROUP: return apply_group(ast, opt, r)
-  if opt.op is OptOps.PACK:
-    if has_local: raise KernelOptError(f"{opt}: PACK's scratch is per call: a target with work-groups would share it")
-    return apply_pack(ast, opt, r)
+  if opt.op in (OptOps.PACK, OptOps.WIDEN):
+    if has_local: raise KernelOptError(f"{opt}: {opt.op.name}'s scratch is per call: a target with work-groups would share it")
+    return apply_pack(ast, opt, r) if opt.op is OptOps.PACK else apply_widen(ast, opt, r)
   if opt.op is OptOps.PADTO:
     if (size := const_size(r)) is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
     if opt.amount < 2 or size % opt.amount == 0: raise KernelOptError(f"{opt}: axis size {size} is already a multiple of {opt.amount}")
@@ -310,17 +314,43 @@ def apply_stash(ast: UOp, st: UOp, red: UOp, value: UOp, o: UOp) -> UOp:
 PACK_MAX = 1 << 17  # elements of one scratch: it lives on the stack of each core's call (8 MB: runtime/threadpool.py). A weight
 # gradient over 4096 tokens packs panels of 4096 x 32: 24 -> 77 GFLOPS on one core (without the pack, the swap alone: 39)
 
+def _inside(ast: UOp, r: UOp) -> Callable[[UOp], list[UOp] | None]:
+  """For a read: the loops it moves along besides global axis r and the global loops around r, if they are all loops
+  inside r that aren't global and of constant size (what one iteration of r reads of it), else None."""
+  globs = global_ranges(ast)
+  outside = set(globs[:globs.index(r)])  # loops open in the order of their ids
+  def inner_ranges(ld: UOp) -> list[UOp] | None:
+    rs = [u for u in ld.src[0].src[1].toposort if u.op is Ops.RANGE and u is not r and u not in outside]
+    if any(x.arg[1] is AxisKind.GLOBAL or const_size(x) is None for x in rs): return None
+    # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
+    return sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
+  return inner_ranges
+
+def _copy_once(ast: UOp, values: list[UOp], rs: list[UOp], dtype: DType, vector: bool = False) -> dict[UOp, UOp]:
+  """values (each a function of the loops rs and of loops outside them) computed in one loop nest over rs into a scratch
+  of their own (DEFINE_REG, laid out in rs's order) before they are used: each value -> its read from the scratch. With
+  `vector`, the innermost loop is a SIMD loop, which the C compiler vectorizes rather than writes out (clang wrote out a
+  loop of 16 float16 conversions and then gathered half of them, one word at a time: a matvec 27 -> 54 us)."""
+  if (size := prod(const_size(x) for x in rs)) * len(values) > PACK_MAX:
+    raise KernelOptError(f"{len(values)} scratches of {size} elements are over {PACK_MAX}")
+  nreg = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_REG)
+  scratches = [UOp(Ops.DEFINE_REG, dtype.ptr(size, "reg"), (), nreg + i) for i in range(len(values))]
+  def offset(ranges: list[UOp]) -> UOp:
+    return functools.reduce(lambda acc, x: acc * const_size(x[1]) + x[0], zip(ranges[1:], rs[1:]), ranges[0])
+  first = fresh_range_id(ast)
+  kinds = [AxisKind.PACK] * (len(rs) - 1) + [AxisKind.SIMD if vector else AxisKind.PACK]
+  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, kind)) for n, (x, kind) in enumerate(zip(rs, kinds))]
+  stores = [s.index(offset(loops)).store(v.substitute(dict(zip(rs, loops)))) for s, v in zip(scratches, values)]
+  copy = (stores[0] if len(stores) == 1 else UOp(Ops.NOOP, dtypes.void, tuple(stores))).end(*loops)
+  return {v: s.after(copy).index(offset(rs)).load() for s, v in zip(scratches, values)}
+
 def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
   """The reads of one input inside a reduce that depend on global axis r, and otherwise only on loops
   inside it that aren't global (a matmul's right operand: k rows of the 32 columns of an upcast tile),
   are copied once per iteration of r to a scratch (DEFINE_REG), laid out in the order the reduce reads
   it, and read from there. The copy is per call, so each core packs its own slice; rows of a big
   matrix are a power of two apart and would otherwise all compete for the same few cache sets."""
-  globs = global_ranges(ast)
-  outside = set(globs[:globs.index(r)])  # loops open in the order of their ids
-  def inner_ranges(ld: UOp) -> list[UOp] | None:
-    rs = [u for u in ld.src[0].src[1].toposort if u.op is Ops.RANGE and u is not r and u not in outside]
-    return None if any(x.arg[1] is AxisKind.GLOBAL or const_size(x) is None for x in rs) else rs
+  inner_ranges = _inside(ast, r)
   reads = [ld for red in ast.toposort if red.op is Ops.REDUCE for ld in red.src[0].toposort
            if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.PARAM and ld.src[0].gate is None and r in ld.src[0].src[1].toposort]
   # of several reads along r, the one no other global axis moves (a conv's weight gradient summed over chunks of images:
@@ -328,17 +358,31 @@ def apply_pack(ast: UOp, opt: Opt, r: UOp) -> UOp:
   if len(loads := set(reads)) > 1: loads = {ld for ld in loads if inner_ranges(ld) is not None}
   if len(loads) != 1 or (rs := inner_ranges(read := loads.pop())) is None:
     raise KernelOptError(f"{opt}: PACK needs one read inside a reduce along axis {opt.axis} that no other global axis moves")
-  # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
-  rs = sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
-  if (size := prod(const_size(x) for x in rs)) > PACK_MAX: raise KernelOptError(f"{opt}: a {size}-element scratch is over {PACK_MAX}")
-  nreg = sum(1 for u in ast.toposort if u.op is Ops.DEFINE_REG)
-  scratch = UOp(Ops.DEFINE_REG, read.dtype.ptr(size, "reg"), (), nreg)
-  def offset(ranges: list[UOp]) -> UOp:
-    return functools.reduce(lambda acc, x: acc * const_size(x[1]) + x[0], zip(ranges[1:], rs[1:]), ranges[0])
-  first = fresh_range_id(ast)
-  loops = [UOp(Ops.RANGE, x.dtype, x.src, (first + n, AxisKind.PACK)) for n, x in enumerate(rs)]
-  copy = scratch.index(offset(loops)).store(read.substitute(dict(zip(rs, loops)))).end(*loops)
-  return graph_rewrite(ast.substitute({read: scratch.after(copy).index(offset(rs)).load()}), symbolic, name="apply_opts/pack")
+  try: new = _copy_once(ast, [read], rs, read.dtype)
+  except KernelOptError as e: raise KernelOptError(f"{opt}: {e}") from None
+  return graph_rewrite(ast.substitute(new), symbolic, name="apply_opts/pack")
+
+def apply_widen(ast: UOp, opt: Opt, r: UOp) -> UOp:
+  """Every float16/bfloat16 read inside a reduce that is converted to float32, read one value at a time (no lane or simd
+  loop moves it), depends on global axis r and otherwise only on loops inside it that aren't global (a quantized
+  matvec's block scales: one per block and row of a group of rows), converted once per iteration of r in one loop nest
+  over those loops (the written-out rows innermost: a contiguous run, one vector conversion per register) into a
+  float32 scratch, which the reduce reads. Read in place, each copy of the reduce's body converts its own value, a
+  scalar load, conversion and broadcast per block and row (three instructions more than a float32 scale loaded as a
+  broadcast: one core, a Q4_1 576x1536 matvec 28-29 us with float32 scales, 36 converted in place, 28-30 widened).
+  A read a vector loop moves is converted as vectors there."""
+  inner_ranges = _inside(ast, r)
+  widened: dict[tuple[UOp, ...], list[UOp]] = {}
+  for u in dict.fromkeys(u for red in ast.toposort if red.op is Ops.REDUCE for u in red.src[0].toposort):
+    if u.op is not Ops.CAST or u.dtype != dtypes.float32 or (ld := u.src[0]).op is not Ops.LOAD or ld.dtype not in NARROW_FLOATS: continue
+    if ld.src[0].src[0].op is not Ops.PARAM or ld.src[0].gate is not None or r not in ld.src[0].src[1].toposort: continue
+    if (rs := inner_ranges(ld)) and not any(x.arg[1] in (AxisKind.LANE, AxisKind.SIMD) for x in rs): widened.setdefault(tuple(rs), []).append(u)
+  if not widened: raise KernelOptError(f"{opt}: no float16 or bfloat16 read inside a reduce, one value at a time, moves along axis {opt.axis} and loops inside it only")
+  new: dict[UOp, UOp] = {}
+  for rs, values in widened.items():
+    try: new.update(_copy_once(ast.substitute(new) if new else ast, values, list(rs), dtypes.float32, vector=True))
+    except KernelOptError as e: raise KernelOptError(f"{opt}: {e}") from None
+  return graph_rewrite(ast.substitute(new), symbolic, name="apply_opts/widen")
 
 # ***** GPU work-groups (the thread ids themselves come from codegen/gpudims.py) *****
 

@@ -30,7 +30,7 @@ def actions(ast: UOp, threads: int, local: bool = False) -> list[Opt]:
       out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(ax)) if ax[j].arg[1] is AxisKind.GLOBAL]
       if local: out += [Opt(OptOps.LOCAL, i, n) for n in (2, 4, 8, 16, 32)]
       else:  # a per-call scratch, a C loop, a reduce run once per row: CPU only
-        out += [Opt(OptOps.PACK, i, 0), *(Opt(OptOps.SIMD, i, n) for n in (8, 16))]
+        out += [Opt(OptOps.PACK, i, 0), Opt(OptOps.WIDEN, i, 0), *(Opt(OptOps.SIMD, i, n) for n in (8, 16))]
         out += [Opt(OptOps.STASH, i, j) for j in range(len(ax)) if ax[j].arg[1] is AxisKind.REDUCE]
     else:
       out += [Opt(OptOps.UPCAST, i, n) for n in (4, 8, 16)]

@@ -19,10 +19,10 @@ __all__ = ["GGMLType", "GGML_TYPES", "dequantize", "split_fields"]
 
 class Blocks:
   """The bytes of a quantized tensor as (blocks, block_bytes) uint8, read by field: `cols` for a run of bytes, `f16`
-  for a float16 scale. `split()` realizes every field a decoder reads as its own buffer once (float16 scales as
-  float32, 2 more bytes each): about the same bytes in memory, but the decode in a matmul then loads a scale instead
-  of rebuilding it from two bytes per weight, which the scheduler would store to a buffer on every run instead of
-  repeating. Decoders write scale * q + offset as one mul_add (a fused multiply-add: one instruction a weight less)."""
+  for a float16 scale. `split()` realizes every field a decoder reads as its own buffer once (a float16 scale as float16:
+  the same bytes in memory), but the decode in a matmul then loads a scale instead of rebuilding it from two bytes per
+  weight, which the scheduler would store to a buffer on every run instead of repeating. Decoders write scale * q + offset
+  as one mul_add (a fused multiply-add: one instruction a weight less)."""
   def __init__(self, raw: Tensor, parts: dict[tuple[str, int, int], Tensor] | None = None):
     self.raw, self.parts, self.shape = raw, parts, raw.shape
     self.asked: list[tuple[str, int, int]] = []
@@ -30,14 +30,16 @@ class Blocks:
     self.asked.append(key)
     return self.parts[key] if self.parts is not None and key in self.parts else make()
   def cols(self, start: int, n: int) -> Tensor: return self._part(("u8", start, n), lambda: self.raw[:, start:start + n])
-  def f16(self, start: int) -> Tensor:
-    """The little-endian float16 at byte `start` of each block, as float32 of shape (blocks, 1)."""
+  def half(self, start: int) -> Tensor:
+    """The little-endian float16 at byte `start` of each block, of shape (blocks, 1)."""
     def make() -> Tensor:
       lo, hi = self.raw[:, start:start + 1].cast(dtypes.uint16), self.raw[:, start + 1:start + 2].cast(dtypes.uint16)
       return (lo | (hi << 8)).bitcast(dtypes.float16)
-    return self._part(("f16", start, 2), make).cast(dtypes.float32)
+    return self._part(("f16", start, 2), make)
+  def f16(self, start: int) -> Tensor:
+    """The little-endian float16 at byte `start` of each block, as float32 of shape (blocks, 1)."""
+    return self.half(start).cast(dtypes.float32)
 
-SCALE_DTYPE = dtypes.float32  # how split_fields keeps a block's float16 scale (see there)
 ROW_GROUP = 16  # rows split_fields interleaves block by block (see there)
 # the types whose rows split_fields interleaves: a matvec over them is light enough to wait on memory. One core, 576x1536,
 # us a matvec (weights hot in cache / from DRAM), GGUF order -> interleaved: Q4_0 33.2/47.7 -> 28.3/32.7, Q8_0
@@ -46,14 +48,15 @@ ROW_GROUP = 16  # rows split_fields interleaves block by block (see there)
 ROW_GROUPED = {"Q4_0", "Q4_1", "Q8_0"}
 
 def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = None) -> dict[tuple[str, int, int], Tensor]:
-  """Every field the decoder of `ggml_type` reads, as realized buffers (raw's size, its scales widened to SCALE_DTYPE).
+  """Every field the decoder of `ggml_type` reads, as realized buffers (raw's bytes, its float16 scales as float16).
   Given the tensor's `shape` (numpy order), a type of ROW_GROUPED has its rows in groups of ROW_GROUP interleaved block
-  by block: a field is kept as (row groups, blocks of a row, ROW_GROUP, bytes), the scales all in one buffer (...,
-  ROW_GROUP, scales), and each field handed back as a view in the block order the decoder reads. A matrix-vector
-  product that computes a group's rows together then reads two runs of memory front to back (the bytes, the scales)
-  instead of three per row (the hardware prefetcher follows a few streams, and a row of SmolLM2's is 12 cache lines:
-  one core, a Q4_1 576x1536 matvec whose weights come from DRAM, 16 rows in one group 33-34 us against 43-67 as 4 rows
-  of the GGUF order)."""
+  by block: a field is kept as (row groups, blocks of a row, ROW_GROUP, bytes), the scales all in one buffer (..., scales,
+  ROW_GROUP), and each field handed back as a view in the block order the decoder reads. A matrix-vector product that
+  computes a group's rows together then reads two runs of memory front to back (the bytes, the scales) instead of three
+  per row (the hardware prefetcher follows a few streams, and a row of SmolLM2's is 12 cache lines: one core, a Q4_1
+  576x1536 matvec whose weights come from DRAM, 16 rows in one group 33-34 us against 43-67 as 4 rows of the GGUF order),
+  and a block's scales of one kind for the group's rows are a contiguous run, which the matvec converts to float32 as a
+  vector (codegen/opt.py WIDEN)."""
   t = GGML_TYPES[ggml_type]
   probe = Blocks(raw.reshape(-1, t.block_bytes))
   t.decode(probe)
@@ -65,19 +68,20 @@ def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = No
   grouped = t.name in ROW_GROUPED and per_row > 0 and rows % ROW_GROUP == 0
   def field(key: tuple[str, int, int]) -> Tensor:
     kind, start, n = key
-    # a scale is kept as float32 (2 more bytes a block, +14 MiB for SmolLM2-135M Q4_1): a matvec's kernel broadcasts it
-    # from memory instead of converting it per block and row (one core, a Q4_1 576 x 1536 matvec alone 112 -> 89 us). On
-    # a Zen 5 whose 32 MiB L3 the model outgrows, float16 won one thread under load (bytes from memory: 11.55-12.65 ->
-    # 10.44-11.71 CPU ms a token) but lost at 2 threads on the quiet machine (bench/llm.py decode, alternating runs:
-    # float32 102.5 and 122.7 tok/s, float16 78.4 and 101.6), which bench/llm.py and the decode target measure
-    return probe.raw[:, start:start + n] if kind == "u8" else Blocks(probe.raw).f16(start).cast(SCALE_DTYPE)
+    # a scale stays float16 (2 bytes a block; float32 was +14 MiB resident for SmolLM2-135M Q4_1): the matvec converts a
+    # block's scales for its group of rows at once, in a vector loop (codegen/opt.py WIDEN), where each row's copy of the
+    # loop body converted its own. One core, a Q4_1 576x1536 matvec hot in cache / from DRAM, medians of 3 processes:
+    # float32 scales 27.7-29.2 / 36.4-38.2 us, float16 converted per row 35.7-36.1 / 41.8-42.3, at once 28.4-30.2 /
+    # 36.9-38.1. A SmolLM2 decode step's kernels run in sequence: Q4_1 matvecs 3-5% slower (the conversion loop), the
+    # Q8_0 output 13% faster (2 bytes a block less from DRAM), the step 7.95-8.20 ms either way
+    return probe.raw[:, start:start + n] if kind == "u8" else Blocks(probe.raw).half(start)
   scales = [k for k in keys if k[0] == "f16"] if grouped else []
   if not grouped: stored = {key: field(key).contiguous() for key in keys}
   else:
     def interleave(x: Tensor) -> Tensor:  # (blocks, n) in row order -> (groups, per_row, ROW_GROUP, n)
       return x.reshape(rows // ROW_GROUP, ROW_GROUP, per_row, x.shape[1]).permute(0, 2, 1, 3)
     stored = {k: interleave(field(k)).contiguous() for k in keys if k[0] == "u8"}
-    if scales: stored["scales"] = Tensor.cat(*[interleave(field(k)) for k in scales], dim=3).contiguous()
+    if scales: stored["scales"] = Tensor.cat(*[interleave(field(k)).permute(0, 1, 3, 2) for k in scales], dim=2).contiguous()
   # without gradients: a realized tensor would keep the graph it came from (for backward), and with it the raw bytes
   # (the weights twice in memory)
   with no_grad(): Tensor.realize_all(list(stored.values()))
@@ -87,7 +91,7 @@ def split_fields(raw: Tensor, ggml_type: int, shape: tuple[int, ...] | None = No
   if not grouped: return stored
   def view(x: Tensor) -> Tensor: return x.permute(0, 2, 1, 3).reshape(nb, x.shape[3])  # back to (blocks, n) row order
   handed = {k: view(stored[k]) for k in keys if k[0] == "u8"}
-  handed.update((k, view(stored["scales"][:, :, :, i:i + 1])) for i, k in enumerate(scales))
+  handed.update((k, view(stored["scales"][:, :, i:i + 1, :].permute(0, 1, 3, 2))) for i, k in enumerate(scales))
   return {k: handed[k] for k in keys}
 
 def _cols(raw: Blocks, start: int, n: int) -> Tensor: return raw.cols(start, n)
