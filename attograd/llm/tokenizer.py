@@ -10,10 +10,12 @@ The BPE runs here, over the vocabulary kept as one buffer of its UTF-8 bytes and
 for SmolLM2's 49k tokens and 49k merges); it gives the ids of the `tokenizers` package's BPE (the same merge order:
 the lowest-ranked adjacent pair first, the leftmost of equal ones). Built by `tokenizers`, the same vocabulary held
 15.5 MiB of the process while generating: its library (6.7 MiB of pages with libstdc++) and its Rust BPE (8.4 MiB: the
-vocabulary twice as hash maps, the merges as a third). The pre-tokenizer regexes run on the `regex` package (\\p{L},
-\\p{N}); its Unicode tables may be newer than Oniguruma's in `tokenizers` (a letter added since splits differently)."""
+vocabulary twice as hash maps, the merges as a third). The pre-tokenizer regexes run on the standard library's `re`,
+with \\p{L} and \\p{N} spelled out as ranges from `unicodedata` and \\s as Unicode's White_Space (see `stdlib_regex`): a
+letter that Python's Unicode tables and Oniguruma's in `tokenizers` disagree on (one added in a newer version) splits
+differently."""
 from __future__ import annotations
-import array, bisect, heapq, itertools
+import array, bisect, functools, heapq, itertools, re, unicodedata
 from typing import Any, Iterator, Sequence
 
 # llama.cpp's pre-tokenizer regexes, by tokenizer.ggml.pre
@@ -104,8 +106,6 @@ def merge(ids: list[int], merges: _Merges) -> list[int]:
 
 class GGUFTokenizer:
   def __init__(self, meta: dict[str, Any], path: str = "<gguf>"):
-    try: import regex
-    except ImportError: raise ImportError("the GGUF tokenizer needs the `regex` package: pip install 'attograd[llm]'") from None
     kind = meta.get("tokenizer.ggml.model")
     if kind not in ("gpt2", "llama"):
       raise NotImplementedError(f"{path}: tokenizer.ggml.model {kind!r}: supported are byte-level BPE ('gpt2') and SentencePiece-style ('llama') vocabularies")
@@ -138,12 +138,12 @@ class GGUFTokenizer:
       self._byte_of = {i: bytes([int(t[3:5], 16)]) for i, ty in enumerate(types) if ty == BYTE and len(t := self.piece(i)) == 6 and t.startswith("<0x")}
     else:
       digits, rx = PRE_TOKENIZERS[pre]
-      self._digits, self._split = regex.compile(r"\p{N}") if digits else None, regex.compile(rx)
+      self._digits, self._split = stdlib_regex(r"\p{N}") if digits else None, stdlib_regex(rx)
       self._byte_ids = byte_ids  # byte -> the id of its printable character
     self.special_ids = set(special)
     # special tokens, matched whole in the text: the longest one where several start at the same place
     self._special = {p: got[k] for k, i in enumerate(special) if (p := self.piece(i))}
-    self._special_re = regex.compile(_trie(list(self._special), regex.escape)) if self._special else None
+    self._special_re = re.compile(_trie(list(self._special), re.escape)) if self._special else None
     self.bos_id, self.eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     eot = meta.get("tokenizer.ggml.eot_token_id")
@@ -240,6 +240,40 @@ def _byte_table() -> dict[str, int]:
 _BYTE_OF = _byte_table()
 _CHAR_OF = sorted(_BYTE_OF, key=_BYTE_OF.__getitem__)  # byte -> its printable character
 _BYTE_CHARS = str.maketrans({b: c for b, c in enumerate(_CHAR_OF)})  # latin-1 text of the bytes -> the characters
+
+# Unicode's White_Space property (what \\s means to Oniguruma; Python's re also counts \\x1c-\\x1f as space), unchanged
+# since Unicode 6.3
+_WHITE_SPACE = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+
+@functools.cache
+def _category_ranges(major: str) -> str:
+  """The body of a character class for every code point whose general category is `major` (L: letters, N: numbers),
+  as ranges. (Letters and numbers end before U+40000 in every Unicode version so far: 0.06 s for the 262k below it.)"""
+  out, start, category = [], None, unicodedata.category
+  for cp in range(0x40001):
+    if cp < 0x40000 and category(chr(cp))[0] == major:
+      if start is None: start = cp
+    elif start is not None:
+      out.append(f"\\U{start:08x}" + (f"-\\U{cp - 1:08x}" if cp - 1 > start else "")); start = None
+  return "".join(out)
+
+def stdlib_regex(rx: str) -> re.Pattern:
+  """A pre-tokenizer regex in Oniguruma's syntax compiled by `re`: \\p{L} and \\p{N} become their ranges, \\s and \\S
+  White_Space and its complement, inside a class or standing alone."""
+  body = {"p{L}": lambda: _category_ranges("L"), "p{N}": lambda: _category_ranges("N"), "s": lambda: _WHITE_SPACE}
+  out, in_class, i = [], False, 0
+  while i < len(rx):
+    c = rx[i]
+    if c == "\\":
+      name = rx[i + 1:i + 5] if rx.startswith("p{", i + 1) else rx[i + 1]
+      if name in body: out.append(body[name]() if in_class else f"[{body[name]()}]")
+      elif name == "S" and not in_class: out.append(f"[^{_WHITE_SPACE}]")
+      else: assert name != "S", "\\S inside a class"; out.append(rx[i:i + 2]); name = rx[i + 1]
+      i += 1 + len(name); continue
+    if c == "[": in_class = True
+    elif c == "]": in_class = False
+    out.append(c); i += 1
+  return re.compile("".join(out))
 
 def _isolate(rx: Any, text: str) -> Iterator[str]:
   """The regex's matches and the text between them, in order (tokenizers' Split with behavior "isolated")."""
