@@ -217,3 +217,14 @@ def test_cache_that_cannot_be_written_is_done_without(tmp_path, blocked):
     out, err = run(cache)
     assert out["ok"] and out["threaded"]
     assert len(err.splitlines()) == 1 and err.startswith("attograd: warning: can't write the disk cache"), err
+
+def test_cache_keys_and_checksums_need_no_openssl(tmp_path):
+  # hashlib loads OpenSSL's libcrypto on import (3.3 MiB resident, 2 ms): attograd's keys and entry checksums come from
+  # CPython's own BLAKE2b, so a process that compiles kernels, writes their entries and reads them back never imports it
+  script = "import sys\nfrom attograd import Tensor\nimport attograd.engine.realize as realize\n" \
+           "assert (Tensor([1.0, 2.0, 3.0]) * 2 + 1).tolist() == [3.0, 5.0, 7.0]\n" \
+           "print('{\"hashlib\": %s}' % str(any(m in sys.modules for m in ('hashlib', '_hashlib'))).lower())"
+  for _ in range(2):  # cold (entries written), then warm (read back and checked)
+    out, _ = run(tmp_path, script)
+    assert out == {"hashlib": False}
+  assert entries(tmp_path, "lib") and all(whole(p) for kind in ("lib", "cc") for p in entries(tmp_path, kind))
