@@ -27,8 +27,12 @@ class CompileQueue:
     return fut
   def lowered(self) -> None:
     """Lowering is done: let every worker take a share of what waits."""
-    with self.lock: self.lowering = False
-    for _ in range(self.workers): self.pool.submit(self._work)
+    with self.lock:
+      self.lowering = False
+      # a worker for each source left, up to all of them: none when nothing waits (a schedule whose every kernel came
+      # from the program cache), so a process that compiles nothing starts no compiler thread
+      wanted = min(self.workers, len(self.waiting))
+    for _ in range(wanted): self.pool.submit(self._work)
   def _take(self) -> list[tuple[str, str, Future]]:
     """The next batch (empty: nothing waits, or enough workers are compiling); the caller must hold the lock."""
     free = (1 if self.lowering else self.workers) - self.running
