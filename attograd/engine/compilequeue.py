@@ -2,9 +2,11 @@
 one process, one shared library), and the compile time each kernel is charged."""
 from __future__ import annotations
 import threading, time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from attograd.runtime.cc import compiler_cpu
+# concurrent.futures (with logging, 0.75 MiB) is imported by the first compile: a process whose kernels all come from
+# the caches never does
+if TYPE_CHECKING: from concurrent.futures import Future, ThreadPoolExecutor
 
 class CompileQueue:
   """Sources waiting for a device compiler that builds several in one call (Compiler.batches), built on a pool's
@@ -21,6 +23,7 @@ class CompileQueue:
     self.running, self.lowering = 0, False
   def submit(self, name: str, src: str) -> Future:
     """A future of (binary, seconds of compiling that are this source's share)."""
+    from concurrent.futures import Future
     fut: Future = Future()
     with self.lock: self.waiting.append((name, src, fut))
     self.pool.submit(self._work)
