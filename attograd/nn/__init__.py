@@ -219,7 +219,10 @@ from attograd.nn import init, utils, state  # noqa: E402
 def __getattr__(name: str) -> Any:
   # imported on first use, as `from attograd import nn` then nn.optim.SGD (tinygrad's nn.datasets.mnist()): the optimizers
   # and their schedulers (0.6 MiB resident) aren't needed to run a model, nor the datasets (they pull in http and zlib)
-  if name in ("datasets", "optim"):
-    import importlib
-    return importlib.import_module(f"attograd.nn.{name}")
+  if name == "datasets":
+    import attograd.nn.datasets as datasets
+    return datasets
+  if name == "optim":
+    import attograd.nn.optim as optim
+    return optim
   raise AttributeError(f"module 'attograd.nn' has no attribute {name!r}")
