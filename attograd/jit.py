@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools, operator, types
 from typing import Any, Callable, Generic, TypeVar
 from attograd.helpers import ContextVar, DEBUG
-from attograd.uop.ops import UOp, Ops, substitute_sym
+from attograd.uop.ops import UOp, Ops, compact_node_table, substitute_sym
 from attograd.runtime.device import Buffer
 from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls, first_call_templates
 from attograd.engine.memory import planned_buffers
@@ -267,6 +267,7 @@ class TinyJit(Generic[ReturnType]):
       return ret
     if self.cnt == 1:
       ret, host_data = self._run_logged(lambda: self._capture(tensors, args, kwargs))
+      compact_node_table()  # the traced graph is gone: the node table it grew is sized down (rare: once a capture)
       if (changed := _changed_data(self.host_data, host_data)) is not None:
         self.reset()
         raise JitError(f"{self.fxn.__name__} makes a Tensor from Python/numpy data at {changed[0]}:{changed[1]} whose values changed "

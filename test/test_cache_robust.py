@@ -217,3 +217,21 @@ def test_cache_that_cannot_be_written_is_done_without(tmp_path, blocked):
     out, err = run(cache)
     assert out["ok"] and out["threaded"]
     assert len(err.splitlines()) == 1 and err.startswith("attograd: warning: can't write the disk cache"), err
+
+def test_cache_needs_no_openssl_and_a_warm_process_no_compiler_thread(tmp_path):
+  # hashlib loads OpenSSL's libcrypto on import (3.3 MiB resident, 2 ms): attograd's keys and entry checksums come from
+  # CPython's own BLAKE2b, so a process that compiles kernels, writes their entries and reads them back never imports it.
+  # A process whose kernels all come from the cache starts no compiler thread (each one's stack and malloc arena), nor
+  # imports concurrent.futures (with logging: 0.75 MiB) or subprocess (0.5 MiB)
+  script = "import sys, threading\nfrom attograd import Tensor\n" \
+           "assert (Tensor([1.0, 2.0, 3.0]) * 2 + 1).tolist() == [3.0, 5.0, 7.0]\n" \
+           "a, b = Tensor([[1.0, 2.0], [3.0, 4.0]]).sum(1) * 3, Tensor([5.0, 6.0]).max() + 1\n" \
+           "Tensor.realize_all([a, b])  # (two kernels in one schedule: compiled ahead, on the pool)\n" \
+           "assert a.tolist() == [9.0, 21.0] and b.item() == 7.0\n" \
+           "print('{\"hashlib\": %s, \"compile_modules\": %s, \"compilers\": %d}' % (str(any(m in sys.modules for m in ('hashlib', '_hashlib'))).lower(), " \
+           "str(any(m in sys.modules for m in ('concurrent.futures', 'subprocess'))).lower(), sum(t.name.startswith('compile') for t in threading.enumerate())))"
+  cold, _ = run(tmp_path, script)
+  assert cold["hashlib"] is False and cold["compilers"] > 0  # (cold: the kernels were compiled on the pool's threads)
+  assert entries(tmp_path, "lib") and all(whole(p) for kind in ("lib", "cc") for p in entries(tmp_path, kind))
+  warm, _ = run(tmp_path, script)  # entries read back and checked
+  assert warm == {"hashlib": False, "compile_modules": False, "compilers": 0}

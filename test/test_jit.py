@@ -423,3 +423,16 @@ def test_discard_scratch_gives_back_internal_pages_and_replays_still_right():
   np.testing.assert_allclose(y.numpy(), ((xs[3].numpy() @ w.numpy()).clip(0) @ w.numpy()).sum(1), rtol=1e-4)
   if Tensor(1).device.split(":")[0] == "CPU": assert not any(any(b.host_view()) for b in scratch if b.nbytes >= 1 << 16)
   np.testing.assert_allclose(f(xs[0]).numpy(), ((xs[0].numpy() @ w.numpy()).clip(0) @ w.numpy()).sum(1), rtol=1e-4)
+
+def test_capture_sizes_the_node_table_down():
+  # a dict never shrinks: the hash-cons table grown for a traced graph's nodes (an LLM pass: 1.3 MiB of slots) stayed
+  # that big after the graph died. A capture rebuilds it at the size of the nodes still alive
+  import sys
+  from attograd.uop.ops import UOpMeta
+  @TinyJit
+  def f(x: Tensor) -> Tensor:
+    held = [x.reshape(1, 2).expand(i + 1, 2) for i in range(12000)]  # 12k nodes alive while tracing, dropped when it returns
+    return (x * 2 + len(held)).realize()
+  for _ in range(3): out = f(Tensor([1.0, 2.0]))
+  assert out.tolist() == [12002.0, 12004.0]
+  assert sys.getsizeof(UOpMeta.ucache) < 100 * len(UOpMeta.ucache) + (1 << 16), (sys.getsizeof(UOpMeta.ucache), len(UOpMeta.ucache))

@@ -140,6 +140,7 @@ from attograd.engine.realize import buffer_of  # each KV cache its own buffer fr
 assert len({{id(buffer_of(t.uop.base)) for kv in e.model.cache for t in kv}}) == 2 * len(e.model.cache)
 for _ in range(3): e.cached = []; done = e.complete(e.tok.encode(e.tok.apply_chat_template([dict(role="user", content="What is the capital of France?")])), Sampling(max_new_tokens=8))
 assert "numpy" not in sys.modules, [m for m in sys.modules if m.startswith("numpy")][:3]
+assert "attograd.nn.optim" not in sys.modules  # the optimizers are imported on first use (0.6 MiB resident)
 scratch = [b for jit in e.model._prefill.values() for b in jit.replay.scratch if b.nbytes >= 1 << 16]
 assert scratch and not any(any(b.host_view()) for b in scratch)
 from attograd.schedule.schedule import _schedule_cache  # no pass's schedule is kept once captured (its first call's too)

@@ -173,3 +173,15 @@ def test_window_remainder_test_becomes_a_range_test():
   assert ((kk * 13 + p) % 14 < 11).simplify().render() == "((-1<(r0+(r1*-1)))&((r0+(r1*-1))<11))"
   # where the wrapped values can reach below the bound, the test stays as it is
   assert ((kk * 13 + p) % 14 < 13).simplify().render() == "(((r0+(r1*13))%14)<13)"
+
+def test_exp_ln2_split_matches_decimal():
+  # exp's range reduction splits ln 2 in two floats from 60 digits held as an integer (no decimal module at import):
+  # hi is ln 2 truncated to the bits n*hi must stay exact in, lo the correctly rounded rest, as an 80-digit ln 2 gives
+  from decimal import Decimal, localcontext
+  from attograd.uop.mathlib import _ln2_split
+  with localcontext() as ctx:
+    ctx.prec = 80
+    ln2 = Decimal(2).ln()
+    for bits in (16, 32):
+      hi, lo = _ln2_split(bits)
+      assert hi == float(int(ln2 * 2 ** bits)) / 2 ** bits and lo == float(ln2 - Decimal(hi))

@@ -15,8 +15,7 @@ and the total rounded (to nearest even) into every device's chunk k; the chunks 
 (torch.distributed's gloo and NCCL round after each pairwise add instead: the same for two devices, less exact for more.)"""
 from __future__ import annotations
 import ctypes, functools
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from attograd.dtype import DType, dtypes
 from attograd.uop.ops import Ops
 from attograd.runtime.device import Device
@@ -25,8 +24,12 @@ from attograd.runtime.cc import find_c_compiler, compile_c, load_library
 RING_MIN_BYTES = 1 << 18  # from here the ring: below, its 2(n-1) steps per chunk cost more calls than the direct one's
 PARALLEL_MIN_BYTES = 1 << 20  # a ring step's transfers on threads of their own from this chunk size (a thread's wakeup ~50 us)
 
+if TYPE_CHECKING: from concurrent.futures import ThreadPoolExecutor
+
 @functools.cache
-def _pool() -> ThreadPoolExecutor: return ThreadPoolExecutor(8, thread_name_prefix="allreduce")
+def _pool() -> ThreadPoolExecutor:
+  from concurrent.futures import ThreadPoolExecutor  # (with its logging: 0.75 MiB, imported when a ring first runs)
+  return ThreadPoolExecutor(8, thread_name_prefix="allreduce")
 
 C_TYPES = {dtypes.float32: "float", dtypes.float64: "double", dtypes.int8: "signed char", dtypes.uint8: "unsigned char",
            dtypes.int16: "short", dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",

@@ -2,9 +2,11 @@
 one process, one shared library), and the compile time each kernel is charged."""
 from __future__ import annotations
 import threading, time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from attograd.runtime.cc import compiler_cpu
+# concurrent.futures (with logging, 0.75 MiB) is imported by the first compile: a process whose kernels all come from
+# the caches never does
+if TYPE_CHECKING: from concurrent.futures import Future, ThreadPoolExecutor
 
 class CompileQueue:
   """Sources waiting for a device compiler that builds several in one call (Compiler.batches), built on a pool's
@@ -21,14 +23,19 @@ class CompileQueue:
     self.running, self.lowering = 0, False
   def submit(self, name: str, src: str) -> Future:
     """A future of (binary, seconds of compiling that are this source's share)."""
+    from concurrent.futures import Future
     fut: Future = Future()
     with self.lock: self.waiting.append((name, src, fut))
     self.pool.submit(self._work)
     return fut
   def lowered(self) -> None:
     """Lowering is done: let every worker take a share of what waits."""
-    with self.lock: self.lowering = False
-    for _ in range(self.workers): self.pool.submit(self._work)
+    with self.lock:
+      self.lowering = False
+      # a worker for each source left, up to all of them: none when nothing waits (a schedule whose every kernel came
+      # from the program cache), so a process that compiles nothing starts no compiler thread
+      wanted = min(self.workers, len(self.waiting))
+    for _ in range(wanted): self.pool.submit(self._work)
   def _take(self) -> list[tuple[str, str, Future]]:
     """The next batch (empty: nothing waits, or enough workers are compiling); the caller must hold the lock."""
     free = (1 if self.lowering else self.workers) - self.running

@@ -1,9 +1,9 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
 import ctypes, json, math, operator, threading, time, weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+if TYPE_CHECKING: from concurrent.futures import Future, ThreadPoolExecutor
 from attograd.dtype import dtypes
 from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
@@ -106,6 +106,8 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   queues: set[CompileQueue] = set()
   try:
     if (len(todo) < 2 and not _held) or BEAM >= 1 or DEBUG >= 5: return
+    # the program cache's kernels: get_kernel loads them (little work), and a schedule of only those makes no pool
+    if not (todo := [k for k in todo if _to_lower(*k)]): return
     queues = {q for device in {d for _, d in todo} if (q := _pool_queue(device)) is not None}
     for q in queues: q.lowering = True
     with gc_paused():
@@ -119,23 +121,28 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
 def _pool_queue(device: str) -> CompileQueue | None:
   """The compile pool (made on first use) and device's compiler queue on it (None: no queue, or a device that can't run)."""
   global _compiler_pool
-  if _compiler_pool is None: _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
+  if _compiler_pool is None:
+    from concurrent.futures import ThreadPoolExecutor  # (with its logging: 0.75 MiB, imported by the first compile)
+    _compiler_pool = ThreadPoolExecutor(_workers, thread_name_prefix="compile")
   return compile_queue(device) if Device[device].renderer is not None else None
 
-def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> None:
-  """Lower one kernel now and queue its source for the compiler (nothing when the program cache has it: loading it costs
-  little, get_kernel does it; nor for a device that can't run kernels: get_kernel says why)."""
+def _to_lower(ast: UOp, device: str) -> bool:
+  """Is the kernel lowered ahead? Not when it is compiled or lowered already, nor when the program cache has it (loading
+  it costs little: get_kernel does it), nor on a device that can't run kernels (get_kernel says why)."""
   dev = Device[device]
-  if dev.renderer is None or (ast, device) in _kernel_cache or (ast, device) in _ahead: return
+  if dev.renderer is None or (ast, device) in _kernel_cache or (ast, device) in _ahead: return False
   pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
-  if pkey is not None and program_cached(pkey): return
-  _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, dev.renderer))
+  return pkey is None or not program_cached(pkey)
+
+def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> None:
+  """Lower one kernel (_to_lower's) now and queue its source for the compiler."""
+  _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, Device[device].renderer))
 
 # queues kept at one worker since kernels were lowered as they were scheduled (schedule_lowering): compile_ahead lets go
 _held: list[CompileQueue] = []
 
 def _lower_as_made(ast: UOp, device: str) -> None:
-  if ast.op in NOT_KERNELS or (ast, device) in _kernel_cache or (ast, device) in _ahead: return
+  if ast.op in NOT_KERNELS or not _to_lower(ast, device): return
   if (q := _pool_queue(device)) is not None and q not in _held: q.lowering = True; _held.append(q)
   _lower_ahead(ast, device)
 

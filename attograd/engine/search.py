@@ -3,7 +3,7 @@ of the best `width` kernels so far, compile the candidates in parallel, time the
 keep the fastest, until a round brings no gain. The winner's Opts are cached on disk, keyed by the
 kernel's AST, the device and the search settings, so a second run picks them without searching."""
 from __future__ import annotations
-import concurrent.futures, json, os, pathlib, struct, time
+import json, os, pathlib, struct, time
 from typing import Any, Callable
 from attograd.helpers import DEBUG, CACHELEVEL, Progress, cache_path, cache_read, cache_write, content_hash
 from attograd.dtype import dtypes
@@ -80,7 +80,8 @@ def beam_search(ast: UOp, device: str, width: int, compile_kernel: Callable[[UOp
   def build(opts: list[Opt]) -> tuple[list[Opt], Any] | None:
     try: return opts, compile_kernel(ast, device, opts)
     except KernelOptError: return None
-  pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)  # the compiler runs outside the GIL
+  from concurrent.futures import ThreadPoolExecutor  # (with its logging: 0.75 MiB at import, for BEAM only)
+  pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)  # the compiler runs outside the GIL
   base = compile_kernel(ast, device, [])
   beam: list[tuple[float, list[Opt]]] = [(time_kernel(base, bufs, dev.synchronize), [])]
   seen = {base.src}

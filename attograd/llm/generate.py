@@ -188,9 +188,11 @@ def trim_heap() -> None:
   a first pass frees tens of MiB (a compiled library's bytes read on a compiler thread, whose malloc arena keeps them):
   without this they stayed resident through the whole conversation (26 MiB measured after the first prefill)."""
   if not _libc:
-    import ctypes, ctypes.util
-    try: _libc.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
-    except (OSError, AttributeError): _libc.append(None)
+    import ctypes
+    # the symbols the process has loaded (libc's among them): ctypes.util.find_library ran `ldconfig -p` in a child
+    # process to name the library, and imported subprocess to do it
+    try: _libc.append(ctypes.CDLL(None).malloc_trim)
+    except (OSError, AttributeError, TypeError): _libc.append(None)
   if _libc[0] is not None: _libc[0](0)
 
 def resident_mib() -> float:

@@ -213,12 +213,16 @@ class MultiheadAttention(Module):
     w = weights.mean(1) if average_attn_weights else weights
     return out, (w if batched else w.squeeze(0))
 
-# after the layers: these import from nn (as `from attograd import nn` then nn.optim works, as in tinygrad)
-from attograd.nn import init, utils, optim, state  # noqa: E402
+# after the layers: these import from nn (as `from attograd import nn` then nn.init works, as in tinygrad)
+from attograd.nn import init, utils, state  # noqa: E402
 
 def __getattr__(name: str) -> Any:
-  # tinygrad's nn.datasets.mnist() after `from tinygrad import nn`: imported on first use (it pulls in http and zlib)
+  # imported on first use, as `from attograd import nn` then nn.optim.SGD (tinygrad's nn.datasets.mnist()): the optimizers
+  # and their schedulers (0.6 MiB resident) aren't needed to run a model, nor the datasets (they pull in http and zlib)
   if name == "datasets":
     import attograd.nn.datasets as datasets
     return datasets
+  if name == "optim":
+    import attograd.nn.optim as optim
+    return optim
   raise AttributeError(f"module 'attograd.nn' has no attribute {name!r}")

@@ -2,7 +2,9 @@
 disk by content hash, and such bytes loaded through ctypes. Used by the CPU device's kernels and thread pool, and as
 the LLVM device's linker."""
 from __future__ import annotations
-import ctypes, functools, os, pathlib, shutil, subprocess, tempfile, threading
+import ctypes, functools, os, pathlib, shutil, tempfile, threading
+# subprocess (0.5 MiB resident with what it imports) is imported where a compiler runs: a process whose kernels all
+# come from the caches never runs one
 from attograd.helpers import cache_path, cache_read, cache_write, cache_warning, cached, content_hash, CACHELEVEL
 
 def find_c_compiler() -> str:
@@ -71,6 +73,7 @@ def compiler_cpu() -> float:
 
 def _run(cmd: list[str], log: pathlib.Path) -> int:
   """cmd's exit code, its output appended to log, and its CPU time (its children's too) added to compiler_cpu()."""
+  import subprocess
   with open(log, "ab") as err: proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
   # reaped here, not by Popen: wait4 tells the CPU time of the process and the ones it ran (cc1, as, ld)
   _, status, usage = os.wait4(proc.pid, 0)
@@ -86,6 +89,7 @@ def _linker(cc: str) -> tuple[str, list[str]] | None:
   conversion), as cc's driver would link them, or None when cc doesn't say where they are. Linking through the driver
   cost ~12 ms a shared library (collect2, its plugin, the start files and every default library, searched), ld alone
   5-8 ms: about a fifth of compiling a small kernel, paid by every batch."""
+  import subprocess
   try: out = subprocess.run([cc, "-print-search-dirs"], capture_output=True, text=True, timeout=30).stdout
   except (OSError, subprocess.SubprocessError): return None
   dirs = {k.strip(): v.strip().lstrip("=").split(":") for k, _, v in (line.partition(":") for line in out.splitlines()) if v}

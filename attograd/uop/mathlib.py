@@ -4,7 +4,6 @@ range reduction to a small interval and a polynomial on it, summed with Horner's
 of the correctly rounded result (sin: for |x| < 2**20 * pi/2, where the three-part pi/2 keeps the reduction exact)."""
 from __future__ import annotations
 import math, struct
-from decimal import Decimal, localcontext
 from attograd.dtype import DType, dtypes
 from attograd.uop.ops import UOp, Ops
 from attograd.uop.patterns import UPat, PatternMatcher
@@ -65,14 +64,16 @@ float64_math = PatternMatcher([
   (UPat(Ops.SIN, dtype=F64, src=(UPat.var("x"),)), sin),
 ])
 
+# ln 2 to 60 digits (Decimal(2).ln() at precision 60), as an integer over 10**60: the split below is exact integer
+# arithmetic, so the decimal module (0.8 MiB resident with its library, in every process importing attograd) isn't needed
+_LN2_DIGITS = 693147180559945309417232121458176568075500134360255254120680
+
 def _ln2_split(bits: int) -> tuple[float, float]:
   """ln 2 = hi + lo with hi holding `bits` fractional bits (so n*hi is exact for the n exp meets) and lo the rest,
-  both correctly rounded from a 50-digit ln 2."""
-  with localcontext() as ctx:
-    ctx.prec = 50
-    ln2 = Decimal(2).ln()
-    hi = float(ln2 * 2 ** bits // 1) / 2 ** bits
-    return hi, float(ln2 - Decimal(hi))
+  both correctly rounded from a 60-digit ln 2 (an int's true division rounds correctly)."""
+  scale = 10 ** 60
+  hi = _LN2_DIGITS * 2 ** bits // scale  # hi * 2**-bits: ln 2 truncated to `bits` fractional bits
+  return hi / 2 ** bits, (_LN2_DIGITS * 2 ** bits - hi * scale) / (scale * 2 ** bits)
 
 # e**r on |r| <= ln(2)/2, lowest power first. float32: a minimax fit (Lawson's weighted least squares on 4000
 # Chebyshev nodes) of relative error 3.1e-9, 0.71 ulp evaluated in float32 with fma; float64: Taylor to r**13 (4e-18).

@@ -8,9 +8,10 @@ is None, a bool, an int or a str; a tuple as a list; anything else as a one-key 
 float (repr keeps every bit, nan and inf included), {"e": [class, member]} an enum, {"d": i} a dtype, {"u": i} a node
 (a symbolic size in a movement op's arg), {"c": [class, [fields...]]} a frozen dataclass, {"s": [...]} a frozenset."""
 from __future__ import annotations
-import dataclasses, enum, hashlib, json
+import dataclasses, enum, json
 from typing import Any, Callable, Sequence
 from attograd.dtype import DType, PtrDType, dtypes, DTYPES_BY_NAME
+from attograd.helpers import hasher
 from attograd.uop.ops import AxisKind, UOp, Ops, BufferArg
 
 # the enums and dataclasses an arg may hold, by name; layers above add theirs (register_arg_type)
@@ -88,7 +89,7 @@ def graph_key(root: UOp, leaves: dict[UOp, UOp] | None = None) -> str:
   # hashed as it is written, SPILL_ROWS nodes at a time (then the dtype table and the root): the whole graph as data and
   # one JSON text of it were the peak of Python memory while scheduling a 30-layer LLM step (+14 MiB for its disk key),
   # and the 1 MiB arenas Python took for it stayed, pinned by what lived on
-  h = hashlib.sha256()
+  h = hasher()
   def spill(rows: list[list]) -> None: h.update(_encode(rows).encode()); h.update(b"\n")
   w = _Writer(spill, leaves)
   root_id = w.add(root)

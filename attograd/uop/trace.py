@@ -9,7 +9,7 @@ tracefile.py writes it as JSON, which attograd/viz serves (started at exit as a 
 Replaying a pass's steps in order, each as a lookup (replay()), gives the pass's output: that is how the visualizer
 draws the graph after any step, and what test_viz checks."""
 from __future__ import annotations
-import atexit, contextlib, os, subprocess, sys, tempfile, threading, time
+import atexit, contextlib, os, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from attograd.helpers import CACHELEVEL, ContextVar
@@ -221,6 +221,7 @@ def _at_exit() -> None:
   print(f"VIZ: trace of {len(data['passes'])} passes, {len(data['groups']) - 1} groups, {len(data['events'])} launches saved to {path}"
         f" (serve it again: python -m attograd.viz {path})", file=sys.stderr, flush=True)
   if os.getenv("VIZ_SERVE", "1") == "0": return
+  import subprocess  # (only to serve a trace: not at import)
   try: subprocess.run([sys.executable, "-m", "attograd.viz", path, "--port", os.getenv("VIZ_PORT", "8000")])
   except KeyboardInterrupt: pass  # Ctrl-C ends the server and this program with it
 
