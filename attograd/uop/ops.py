@@ -450,7 +450,7 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "used", "outputs", "call_args", "rebinds", "opaque", "root_memo", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "used", "outputs", "call_args", "rebinds", "opaque", "root_memo", "opmask", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
@@ -473,6 +473,8 @@ class Template:
     for i, u in enumerate(above): slot[u] = len(fixed) + len(leaves) + i
     self.fixed, self.n_leaves = fixed, len(leaves)
     self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
+    # the ops of the graph it builds but its leaves' (a CALL's opmask is its sources': this is what its expansion adds)
+    self.opmask = functools.reduce(operator.or_, (u.opmask for u in above), 0)
     # a Vjp given by its make is made again over the rebuilt nodes it reads: (step, the slots of its captured nodes, -1
     # for None). `opaque`: a node the rebuilt graph can't have as it is, a Vjp of functions over this graph's nodes, or
     # of a make reading a node outside the slots or not below it (the rebuilt graph would take this one's gradients)
