@@ -63,6 +63,8 @@ CASES = {
   "sigmoid": lambda x, y: x.sigmoid(), "tanh": lambda x, y: x.tanh(), "silu": lambda x, y: x.silu(), "mish": lambda x, y: x.mish(),
   "softplus": lambda x, y: x.softplus(2.0), "erf": lambda x, y: x.erf(),
   "rmsnorm_module": lambda x, y: _rms(x), "rms_norm_functional": lambda x, y: F.rms_norm(x, 16, y[1, :16]),
+  "stack_of_norms": lambda x, y: Tensor.stack(*[x[i].square().sum() for i in range(4)], y.square().sum()).sum().sqrt(),
+  "stack_dim": lambda x, y: Tensor.stack(x[0], x[1] * 2, x[0], dim=-1),
 }
 _ln, _emb, _conv, _rms = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3), nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.RMSNorm(16)
 _target, _idx = Tensor([1, 2, 15, -100, 0, 3, 4, 5]), Tensor([[1, 0, 2], [3, 3, 1]])
@@ -176,3 +178,13 @@ def test_cross_entropy_target_checked_at_the_call():
   # a lazy target is checked by the kernels at the next realize, as before
   lazy = Tensor([1, 9, 0, 2]) + 0
   with pytest.raises(IndexOutOfRange, match="index 9 is out of bounds"): logits.cross_entropy(lazy).item()
+
+def test_stack_of_scalars_is_one_call():
+  # clipping by global norm stacks every parameter's squared norm each step: one CALL over the norms, not a cat's 3 nodes each
+  xs = [_rand(3, 4, seed=i) for i in range(6)]
+  for _ in range(2):
+    norms = [x.square().sum() for x in xs]
+    got = Tensor.stack(*norms)
+    assert got.uop.op is Ops.CALL and got.uop.src == tuple(n.uop for n in norms)
+  np.testing.assert_allclose(got.numpy(), [(x.numpy() ** 2).sum() for x in xs], rtol=1e-6)
+  np.testing.assert_allclose(Tensor.stack([xs[0], xs[1]], 1).numpy(), np.stack([xs[0].numpy(), xs[1].numpy()], 1))  # a list: as it is

@@ -65,9 +65,8 @@ def replayed(fn: Callable | None = None, *, switches: Callable[[], tuple] | None
     leaves: list[UOp] = []
     for a in args:
       if isinstance(a, tc):
-        u = a.uop
-        for i, l in enumerate(leaves):
-          if l is u: key.append(i); break
+        # (an earlier argument's node, by identity: a UOp's == is object's, so `in` is a scan in C, a stack of 30 tensors)
+        if (u := a.uop) in leaves: key.append(leaves.index(u))
         else:
           if type(d := u.device) is not str or u.symbolic_shape: return fn(*args, **kw)
           leaves.append(u); key.append((u.shape, u.dtype, d))
