@@ -162,8 +162,10 @@ def _fn_key(fn: Any, at: dict[UOp, int], depth: int = 0) -> Any:
   out = (fn.__code__, fn.__module__, *(_value_key(v, at, depth) for v in held))
   return _UNUSABLE if any(x is _UNUSABLE for x in out) else out
 
-def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp], visible: set[UOp]) -> tuple[tuple, list[UOp], list[UOp]] | None:
-  """(key, leaves, targets in the graph in the key's order) of a backward pass, or None when the key can't cover it."""
+def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp],
+               kept: set[UOp]) -> tuple[tuple, list[UOp], list[UOp]] | None:
+  """(key, leaves, targets in the graph in the key's order) of a backward pass, or None when the key can't cover it. The
+  leaves: the buffers, the Vjps' nodes and the nodes in `kept` (targets, tensors that require grad) the graph holds."""
   at: dict[UOp, int] = {}
   # the graph as one flat tuple, node after node: (BUFFER, dtype, device, size, offset) or (op, dtype, arg, number of
   # sources, each source's place): read from the start it can only be this graph. (A tuple a node was a third slower to
@@ -195,7 +197,7 @@ def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UO
   # the targets and the other tensors that require grad are leaves too (a CALL's sources): a gradient differentiated again
   # (a gradient penalty) must hold them, or the second pass finds none (a parameter is a view of its buffer, not the buffer)
   known = set(leaves)
-  shown = sorted((v for v in visible if v in at and v not in known), key=pos)
+  shown = sorted((v for v in kept if v in at and v not in known), key=pos)
   leaves += shown
   switches = (GradMode.enabled, dtypes.default_float, tuple(v.value for v in ContextVar._all.values()))
   key = (tuple(flat), vjp_keys, tuple(map(pos, wanted)), tuple(map(pos, shown)), at[root], at[root_grad], switches)
@@ -205,23 +207,25 @@ def _backward_template(leaves: list[UOp], outputs: list[UOp], forward: dict[UOp,
   """The gradients' Template over the leaves, or _UNUSABLE when rebuilt they could go stale: a node no leaf is below that
   reads memory (a vjp read a tensor outside the graph: rebuilt, it would read the values of then), or a Vjp made by the
   backward pass itself (its functions hold that pass's tensors: a second-order gradient through a rebuilt one would
-  differentiate the graph of then)."""
+  differentiate the graph of then). One the forward pass made (in `forward`, the expanded graph differentiated: a
+  replayed composite's) is rebuilt over the template's nodes as the replay builds it."""
   try: t = Template(tuple(leaves), UOp(Ops.SINK, dtypes.void, tuple(outputs)))
   except AssertionError: return _UNUSABLE  # (no gradient depends on a leaf)
   if t.opaque: return _UNUSABLE
-  # (one the forward pass made, in `forward`, the expanded graph differentiated, is rebuilt by the template over its nodes)
-  if any(u.op is Ops.WITH_DERIVATIVE and type(u.arg) is Vjp and u not in forward for u in UOp(Ops.SINK, dtypes.void, tuple(outputs)).toposort):
-    return _UNUSABLE
+  made = UOp(Ops.SINK, dtypes.void, tuple(outputs)).toposort
+  if any(u.op is Ops.WITH_DERIVATIVE and type(u.arg) is Vjp and u not in forward for u in made): return _UNUSABLE
   for f in t.fixed:
     if any(u.op in _NO_TEMPLATE_OPS or (u.op is Ops.WITH_DERIVATIVE and type(u.arg) is Vjp) for u in f.toposort): return _UNUSABLE
   return t
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], requiring: set[UOp] | frozenset = frozenset()) -> dict[UOp, UOp]:
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp],
+                     requiring: set[UOp] | frozenset = frozenset()) -> dict[UOp, UOp]:
   """Gradients of root with respect to each target, by reverse-mode accumulation: built by the rules, or as CALLs of the
   template kept for graphs of this structure. `requiring`: the nodes of the tensors that require grad, which a gradient's
   graph keeps as they are (its CALLs' sources), for a backward pass through it."""
   topo = root.toposort
-  structure = None if (root.opmask | root_grad.opmask) & _RULES_ONLY else _structure(topo, root, root_grad, targets, targets | requiring)
+  rules_only = (root.opmask | root_grad.opmask) & _RULES_ONLY
+  structure = None if rules_only else _structure(topo, root, root_grad, targets, targets | requiring)
   if structure is None: return _expanded_gradient(root, root_grad, targets)
   key, leaves, wanted = structure
   if (t := _backward_templates.get(key)) is not None:

@@ -529,7 +529,7 @@ class Call:
     """The graph output `index` stands for over xs. The outputs of one template over the same sources (a backward pass's
     30 gradients) share one expansion, kept by each of their CALL nodes alive: each expansion builds every output, and a
     Vjp rebuilt is a new node each time (with the graph above it), so 30 expansions were 30 copies of the graph to
-    schedule (a training step's first schedule: +50 ms). Kept by the CALL, it holds no node the CALL doesn't reach."""
+    schedule (a training step's first schedule: +50 ms). Kept by the CALL node: it reads only the CALL's sources."""
     if len(self.body.call_args) == 1: return root.src[0] if (root := self.body(*xs)).op is Ops.SINK else root
     if (me := _alive((Ops.CALL, self.body.call_args[self.index][1], xs, self))) is not None and "_expansion" in me.__dict__:
       return me.__dict__["_expansion"]
