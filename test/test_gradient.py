@@ -238,3 +238,20 @@ def test_second_order_gradient_through_templated_gradients(monkeypatch):
   got = [penalty(xn) for xn in xs]
   _rules_only(monkeypatch)
   for g, xn in zip(got, xs): np.testing.assert_allclose(g, penalty(xn), rtol=1e-5, atol=1e-7)
+
+def test_gradient_with_respect_to_a_replayed_output():
+  # h = x.linear(w) is a replay's CALL node: the rules differentiate its expansion, a template keeps its place; both give
+  # the gradient with respect to h itself (as torch's retain_grad) and to w, step after step
+  rng = np.random.default_rng(4)
+  wn = rng.standard_normal((4, 3)).astype(np.float32)
+  w = Tensor(wn, requires_grad=True)
+  for _ in range(4):
+    xn = rng.standard_normal((5, 3)).astype(np.float32)
+    h = Tensor(xn).linear(w)
+    gh, gw = (h.gelu() * h).sum().gradient(h, w)
+    tw = torch.tensor(wn, requires_grad=True)
+    th = torch.tensor(xn) @ tw.T
+    th.retain_grad()
+    (torch.nn.functional.gelu(th) * th).sum().backward()
+    np.testing.assert_allclose(gh.numpy(), th.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
