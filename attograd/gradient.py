@@ -162,8 +162,10 @@ def _fn_key(fn: Any, at: dict[UOp, int], depth: int = 0) -> Any:
   out = (fn.__code__, fn.__module__, *(_value_key(v, at, depth) for v in held))
   return _UNUSABLE if any(x is _UNUSABLE for x in out) else out
 
-def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp]) -> tuple[tuple, list[UOp], list[UOp]] | None:
-  """(key, leaves, targets in the graph in the key's order) of a backward pass, or None when the key can't cover it."""
+def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp],
+               kept: set[UOp]) -> tuple[tuple, list[UOp], list[UOp]] | None:
+  """(key, leaves, targets in the graph in the key's order) of a backward pass, or None when the key can't cover it. The
+  leaves: the buffers, the Vjps' nodes and the nodes in `kept` (targets, tensors that require grad) the graph holds."""
   at: dict[UOp, int] = {}
   # the graph as one flat tuple, node after node: (BUFFER, dtype, device, size, offset) or (op, dtype, arg, number of
   # sources, each source's place): read from the start it can only be this graph. (A tuple a node was a third slower to
@@ -172,7 +174,7 @@ def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UO
   ext = flat.extend
   leaves: list[UOp] = []
   vjps: list[UOp] = []
-  pos, BUF, WD = at.__getitem__, Ops.BUFFER, Ops.WITH_DERIVATIVE
+  pos, BUF, WD, CALL = at.__getitem__, Ops.BUFFER, Ops.WITH_DERIVATIVE, Ops.CALL
   for nodes in (topo, root_grad.toposort):
     for u in nodes:
       if u in at: continue
@@ -184,6 +186,7 @@ def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UO
       else:
         arg, src = u.arg, u.src
         if op is WD and type(arg) is Vjp: vjps.append(u); leaves.append(u); arg = None  # (its functions: below)
+        elif op is CALL and arg.body.opmask & _RULES_ONLY: return None  # (what its expansion holds: see _RULES_ONLY)
         ext((op, u.dtype, ("float", arg.hex()) if type(arg) is float else arg, len(src)))
         ext(map(pos, src))
   # (a Vjp given by make and the nodes it reads by those: its functions aren't made for the key)
@@ -191,36 +194,45 @@ def _structure(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UO
                    for u in vjps for f in ((None,) if u.arg.make is not None else u.arg.fns))
   if any(k is _UNUSABLE for k in vjp_keys): return None
   wanted = sorted((t for t in targets if t in at), key=pos)
+  # the targets and the other tensors that require grad are leaves too (a CALL's sources): a gradient differentiated again
+  # (a gradient penalty) must hold them, or the second pass finds none (a parameter is a view of its buffer, not the buffer)
+  known = set(leaves)
+  shown = sorted((v for v in kept if v in at and v not in known), key=pos)
+  leaves += shown
   switches = (GradMode.enabled, dtypes.default_float, tuple(v.value for v in ContextVar._all.values()))
-  key = (tuple(flat), vjp_keys, tuple(map(pos, wanted)), at[root], at[root_grad], switches)
+  key = (tuple(flat), vjp_keys, tuple(map(pos, wanted)), tuple(map(pos, shown)), at[root], at[root_grad], switches)
   return key, leaves, wanted
 
-def _backward_template(leaves: list[UOp], outputs: list[UOp]) -> Any:
+def _backward_template(leaves: list[UOp], outputs: list[UOp], forward: dict[UOp, None]) -> Any:
   """The gradients' Template over the leaves, or _UNUSABLE when rebuilt they could go stale: a node no leaf is below that
   reads memory (a vjp read a tensor outside the graph: rebuilt, it would read the values of then), or a Vjp made by the
   backward pass itself (its functions hold that pass's tensors: a second-order gradient through a rebuilt one would
-  differentiate the graph of then)."""
+  differentiate the graph of then). One the forward pass made (in `forward`, the expanded graph differentiated: a
+  replayed composite's) is rebuilt over the template's nodes as the replay builds it."""
   try: t = Template(tuple(leaves), UOp(Ops.SINK, dtypes.void, tuple(outputs)))
   except AssertionError: return _UNUSABLE  # (no gradient depends on a leaf)
-  if any(op is Ops.WITH_DERIVATIVE and type(arg) is Vjp for op, _, _, arg in t.steps): return _UNUSABLE
+  if t.opaque: return _UNUSABLE
+  made = UOp(Ops.SINK, dtypes.void, tuple(outputs)).toposort
+  if any(u.op is Ops.WITH_DERIVATIVE and type(u.arg) is Vjp and u not in forward for u in made): return _UNUSABLE
   for f in t.fixed:
     if any(u.op in _NO_TEMPLATE_OPS or (u.op is Ops.WITH_DERIVATIVE and type(u.arg) is Vjp) for u in f.toposort): return _UNUSABLE
   return t
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp],
+                     requiring: set[UOp] | frozenset = frozenset()) -> dict[UOp, UOp]:
   """Gradients of root with respect to each target, by reverse-mode accumulation: built by the rules, or as CALLs of the
-  template kept for graphs of this structure."""
-  # a CALL (a sort's or topk's graph as one node: uop/ops.py) is differentiated as the graph it stands for
-  if root.opmask & _CALL_BIT: root = graph_rewrite(root, _calls_expanded, name="calls_expanded")
+  template kept for graphs of this structure. `requiring`: the nodes of the tensors that require grad, which a gradient's
+  graph keeps as they are (its CALLs' sources), for a backward pass through it."""
   topo = root.toposort
-  structure = None if (root.opmask | root_grad.opmask) & _RULES_ONLY else _structure(topo, root, root_grad, targets)
-  if structure is None: return _rules_gradient(topo, root, root_grad, targets)
+  rules_only = (root.opmask | root_grad.opmask) & _RULES_ONLY
+  structure = None if rules_only else _structure(topo, root, root_grad, targets, targets | requiring)
+  if structure is None: return _expanded_gradient(root, root_grad, targets)
   key, leaves, wanted = structure
   if (t := _backward_templates.get(key)) is not None:
-    if t is _UNUSABLE: return _rules_gradient(topo, root, root_grad, targets)
+    if t is _UNUSABLE: return _expanded_gradient(root, root_grad, targets)
     body, which = t
     return dict(zip([wanted[i] for i in which], body.calls(*leaves)))
-  grads = _rules_gradient(topo, root, root_grad, targets)
+  grads, forward = _expanded_gradient(root, root_grad, targets, with_topo=True)
   # the template is made the second time a graph of this structure is differentiated: one seen once may never come again
   if (h := hash(key)) not in _seen_once:
     if len(_seen_once) >= _SEEN_KEPT: del _seen_once[next(iter(_seen_once))]
@@ -228,11 +240,25 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
     return grads
   del _seen_once[h]
   which = tuple(i for i, w in enumerate(wanted) if w in grads)
-  body = _backward_template(leaves, [grads[wanted[i]] for i in which])
+  body = _backward_template(leaves, [grads[wanted[i]] for i in which], forward)
   if len(_backward_templates) >= _BACKWARD_TEMPLATES_KEPT: del _backward_templates[next(iter(_backward_templates))]
   _backward_templates[key] = _UNUSABLE if body is _UNUSABLE else (body, which)
   # (this pass's gradients as CALLs too: its schedule is the one the next passes reuse)
   return grads if body is _UNUSABLE else dict(zip([wanted[i] for i in which], body.calls(*leaves)))
+
+def _expanded_gradient(root: UOp, root_grad: UOp, targets: set[UOp], with_topo: bool = False) -> Any:
+  """The rules' gradients (and, with_topo, the graph they walked). A CALL (a replayed composite's, a sort's: uop/ops.py) is
+  differentiated as the graph it stands for: the graph is expanded, with the targets (a target may be a CALL, or above one)."""
+  if not root.opmask & _CALL_BIT:
+    topo = root.toposort
+    grads = _rules_gradient(topo, root, root_grad, targets)
+  else:
+    order = list(targets)
+    sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, (root, *order)), _calls_expanded, name="calls_expanded")
+    topo = sink.src[0].toposort
+    got = _rules_gradient(topo, sink.src[0], root_grad, set(sink.src[1:]))
+    grads = {t: got[e] for t, e in zip(order, sink.src[1:]) if e in got}
+  return (grads, topo) if with_topo else grads
 
 def _rules_gradient(topo: dict[UOp, None], root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   """Gradients of root with respect to each target, built by the rules (reverse-mode accumulation over topo)."""

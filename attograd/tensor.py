@@ -247,7 +247,8 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     elif gradient.shape != self.shape: raise ArgumentError(f"gradient of shape {gradient.shape} for an output of shape {self.shape}")
     root_grad = gradient.cast(self.dtype)._broadcast_to(self.shape).uop
     wanted = {t.uop for t in targets}
-    grads = compute_gradient(_graph_for_gradient(self.uop, wanted) if graph is None else graph, root_grad, wanted)
+    grads = compute_gradient(_graph_for_gradient(self.uop, wanted) if graph is None else graph, root_grad, wanted,
+                             {t.uop for t in _grad_tensors.values()})
     return [Tensor(grads[t.uop]) if t.uop in grads else t.zeros_like() for t in targets]
   def _may_need_grad(self) -> bool:
     """Whether a gradient may flow into this tensor: a tensor that requires grad is in its graph (seen through realized

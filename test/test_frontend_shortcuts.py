@@ -3,6 +3,7 @@ a float's square and mean, stack's pieces, cat's sum): the same graph, so schedu
 import numpy as np
 import pytest
 from attograd import Tensor, dtypes
+from attograd.uop.ops import Ops
 
 x = Tensor(np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8))
 
@@ -36,7 +37,8 @@ def test_square_mean_stack_cat_nodes():
   parts = [y.sum(), y.amax(), y.mean()]
   pieces = [p.unsqueeze(0) for p in parts]
   want = pieces[0].pad(((0, 2),)) + pieces[1].pad(((1, 1),)) + pieces[2].pad(((2, 0),))
-  assert Tensor.stack(*parts).uop is want.uop
+  s = Tensor.stack(*parts).uop  # (replayed: a CALL whose graph is the cat's nodes)
+  assert s.op is Ops.CALL and s.arg.expand(s.src) is want.uop
   b = x > 3
   assert b.cat(b).uop is (b.pad(((0, 4), (0, 0), (0, 0))) | b.pad(((4, 0), (0, 0), (0, 0)))).uop
   assert b.cat(b).dtype == dtypes.bool

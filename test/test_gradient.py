@@ -203,6 +203,25 @@ def _rules_only(monkeypatch):
   from attograd import gradient
   monkeypatch.setattr(gradient, "_structure", lambda *a: None)
 
+def test_gradient_penalty_reaches_parameters_through_templated_gradients():
+  # d/dx of tanh(x @ w), then the square of that differentiated for w, step after step: from the second step on the first
+  # gradient is a template's CALL, whose sources must hold w's node (a view of its buffer), or the second pass finds no
+  # tensor requiring grad in it (it raised on main); the values as torch's double backward
+  rng = np.random.default_rng(3)
+  wn = rng.standard_normal((3, 4)).astype(np.float32)
+  w = Tensor(wn, requires_grad=True)
+  tw = torch.tensor(wn, requires_grad=True)
+  for _ in range(4):
+    xn = rng.standard_normal((5, 3)).astype(np.float32)
+    x = Tensor(xn, requires_grad=True)
+    (gx,) = (x @ w).tanh().sum().gradient(x)
+    w.grad = None
+    gx.square().sum().backward()
+    tx = torch.tensor(xn, requires_grad=True)
+    (tgx,) = torch.autograd.grad((tx @ tw).tanh().sum(), tx, create_graph=True)
+    (tg,) = torch.autograd.grad(tgx.square().sum(), tw)
+    np.testing.assert_allclose(w.grad.numpy(), tg.numpy(), rtol=1e-4, atol=1e-5)
+
 def test_second_order_gradient_through_templated_gradients(monkeypatch):
   # a gradient penalty: the gradients of a templated backward pass are differentiated again, step after step; the first
   # pass's vjp calls softmax, so its gradient holds a Vjp of its own, which the second pass calls: it must be this step's
@@ -219,3 +238,20 @@ def test_second_order_gradient_through_templated_gradients(monkeypatch):
   got = [penalty(xn) for xn in xs]
   _rules_only(monkeypatch)
   for g, xn in zip(got, xs): np.testing.assert_allclose(g, penalty(xn), rtol=1e-5, atol=1e-7)
+
+def test_gradient_with_respect_to_a_replayed_output():
+  # h = x.linear(w) is a replay's CALL node: the rules differentiate its expansion, a template keeps its place; both give
+  # the gradient with respect to h itself (as torch's retain_grad) and to w, step after step
+  rng = np.random.default_rng(4)
+  wn = rng.standard_normal((4, 3)).astype(np.float32)
+  w = Tensor(wn, requires_grad=True)
+  for _ in range(4):
+    xn = rng.standard_normal((5, 3)).astype(np.float32)
+    h = Tensor(xn).linear(w)
+    gh, gw = (h.gelu() * h).sum().gradient(h, w)
+    tw = torch.tensor(wn, requires_grad=True)
+    th = torch.tensor(xn) @ tw.T
+    th.retain_grad()
+    (torch.nn.functional.gelu(th) * th).sum().backward()
+    np.testing.assert_allclose(gh.numpy(), th.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 from attograd import Tensor, nn, no_grad
-from attograd.uop.ops import UOp, UOpMeta, Vjp
+from attograd.uop.ops import UOp, UOpMeta, Vjp, Ops
 from attograd.nn import functional as F
 from attograd.frontend import replay
 from attograd.frontend.replay import replayed
@@ -14,9 +14,11 @@ torch = pytest.importorskip("torch")
 
 def _same(a: UOp, b: UOp, memo: dict | None = None) -> bool:
   """One graph: the same nodes, but for Vjp args (compared by identity), which must make the same products of
-  nodes of the same graph."""
+  nodes of the same graph, and a replay's CALL, which is the graph it expands to."""
   memo = {} if memo is None else memo
   if a is b: return True
+  if a.op is Ops.CALL: return _same(a.arg.expand(a.src), b, memo)
+  if b.op is Ops.CALL: return _same(a, b.arg.expand(b.src), memo)
   if (id(a), id(b)) in memo: return memo[(id(a), id(b))]
   ok = a.op is b.op and a.dtype == b.dtype and len(a.src) == len(b.src) and all(_same(x, y, memo) for x, y in zip(a.src, b.src))
   if ok and isinstance(a.arg, Vjp):
@@ -61,6 +63,8 @@ CASES = {
   "sigmoid": lambda x, y: x.sigmoid(), "tanh": lambda x, y: x.tanh(), "silu": lambda x, y: x.silu(), "mish": lambda x, y: x.mish(),
   "softplus": lambda x, y: x.softplus(2.0), "erf": lambda x, y: x.erf(),
   "rmsnorm_module": lambda x, y: _rms(x), "rms_norm_functional": lambda x, y: F.rms_norm(x, 16, y[1, :16]),
+  "stack_of_norms": lambda x, y: Tensor.stack(*[x[i].square().sum() for i in range(4)], y.square().sum()).sum().sqrt(),
+  "stack_dim": lambda x, y: Tensor.stack(x[0], x[1] * 2, x[0], dim=-1),
 }
 _ln, _emb, _conv, _rms = nn.LayerNorm(16), nn.Embedding(5, 16, padding_idx=3), nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.RMSNorm(16)
 _target, _idx = Tensor([1, 2, 15, -100, 0, 3, 4, 5]), Tensor([[1, 0, 2], [3, 3, 1]])
@@ -76,17 +80,20 @@ def test_replay_builds_the_same_graph(name):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
 
 def test_replay_builds_only_its_nodes():
-  # a replayed linear makes the nodes of its template and nothing else: no Tensor method runs
+  # a replayed linear makes one CALL node and nothing else (no Tensor method runs); expanded, the nodes of its template
   x, w, b = _rand(8, 16), _rand(24, 16), _rand(24)
   x.linear(w, b)
   x2 = _rand(8, 16, seed=5)
   made = []
   real = UOpMeta.__call__
   UOpMeta.__call__ = lambda cls, *a, **k: made.append(a[0]) or real(cls, *a, **k)
-  try: x2.linear(w, b)
+  try:
+    out = x2.linear(w, b).uop
+    assert made == [Ops.CALL]
+    out.arg.expand(out.src)
   finally: UOpMeta.__call__ = real
   template = next(e[0] for k, e in replay._templates.items() if k[0] is Tensor.linear.__wrapped__ and e is not None and k[5][0] == (8, 16))
-  assert len(made) == len(template.steps)
+  assert len(made) == 1 + len(out.arg.body.steps) == 1 + len(template.steps)
 
 @pytest.mark.parametrize("flash", [False, True])
 def test_replayed_attention_gradients_are_this_calls(monkeypatch, flash):
@@ -126,12 +133,14 @@ def test_aliased_arguments():
   for a, b in ((x, x), (x, y), (y, y), (y, x)):
     np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5, atol=1e-5)
 
+def _expanded(u: UOp) -> UOp: return _expanded(u.arg.expand(u.src)) if u.op is Ops.CALL else u
+
 def test_grad_mode_is_part_of_the_signature():
   x = _rand(4, 8)
   with no_grad(): plain = x.softmax(-1)
-  assert plain.uop.op.name != "WITH_DERIVATIVE"
-  assert x.softmax(-1).uop.op.name == "WITH_DERIVATIVE"
-  with no_grad(): assert x.softmax(-1).uop.op.name != "WITH_DERIVATIVE"
+  assert _expanded(plain.uop).op.name != "WITH_DERIVATIVE"
+  assert _expanded(x.softmax(-1).uop).op.name == "WITH_DERIVATIVE"
+  with no_grad(): assert _expanded(x.softmax(-1).uop).op.name != "WITH_DERIVATIVE"
 
 def test_dropout_draws_each_call():
   q = _rand(1, 1, 16, 8)
@@ -169,3 +178,31 @@ def test_cross_entropy_target_checked_at_the_call():
   # a lazy target is checked by the kernels at the next realize, as before
   lazy = Tensor([1, 9, 0, 2]) + 0
   with pytest.raises(IndexOutOfRange, match="index 9 is out of bounds"): logits.cross_entropy(lazy).item()
+
+def test_stack_of_scalars_is_one_call():
+  # clipping by global norm stacks every parameter's squared norm each step: one CALL over the norms, not a cat's 3 nodes each
+  xs = [_rand(3, 4, seed=i) for i in range(6)]
+  for _ in range(2):
+    norms = [x.square().sum() for x in xs]
+    got = Tensor.stack(*norms)
+    assert got.uop.op is Ops.CALL and got.uop.src == tuple(n.uop for n in norms)
+  np.testing.assert_allclose(got.numpy(), [(x.numpy() ** 2).sum() for x in xs], rtol=1e-6)
+  np.testing.assert_allclose(Tensor.stack([xs[0], xs[1]], 1).numpy(), np.stack([xs[0].numpy(), xs[1].numpy()], 1))  # a list: as it is
+
+def test_block_forward_is_calls():
+  # a transformer block's forward pass as bench/transformer.py writes it: each composite one CALL, so the graph backward
+  # and realize walk is 39 nodes (290 built without replays), and the CALLs expand to the graph built without replays
+  ln1, ln2, qkv, proj, fc1, fc2 = nn.LayerNorm(16), nn.LayerNorm(16), nn.Linear(16, 48), nn.Linear(16, 16), nn.Linear(16, 64), nn.Linear(64, 16)
+  from attograd.nn.state import get_parameters
+  Tensor.realize_all(get_parameters([ln1, ln2, qkv, proj, fc1, fc2]))  # (their random initial values: buffers)
+  def block(x):
+    B, T, C = x.shape
+    q, k, v = [t.reshape(B, T, 2, C // 2).transpose(1, 2) for t in qkv(ln1(x)).chunk(3, dim=-1)]
+    x = x + proj(q.scaled_dot_product_attention(k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
+    return x + fc2(fc1(ln2(x)).gelu())
+  for seed in (1, 2):
+    x = _rand(2, 8, 16, seed=seed)
+    got = block(x)
+    calls = [u for u in got.uop.toposort if u.op is Ops.CALL]
+    assert len(calls) == 8 and len(got.uop.toposort) < 60, (len(calls), len(got.uop.toposort))  # (built without replays: 290)
+    assert _same(got.uop, _unreplayed(lambda: block(x)).uop)

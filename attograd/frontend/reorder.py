@@ -40,6 +40,7 @@ from attograd.helpers import gc_paused
 from attograd.frontend.pairs import ValuesIndices
 from attograd.dtype import dtypes, least_upper_dtype
 from attograd.uop.ops import UOp, Ops, Template, device_leaf
+from attograd.frontend.replay import replayed
 
 # scans of rows up to _SCAN_DIRECT long are one triangle reduce; longer ones go by blocks of _SCAN_BLOCK (bench/sort.py:
 # cumsum of 1M is fastest near 32; logcumsumexp pays an exp per triangle entry, so it takes blocks of 8)
@@ -360,6 +361,9 @@ class ReorderOps:
       else: out = out | p if dt == dtypes.bool else out + p
     return out
 
+  # (replayed: clipping by global norm stacks a model's 30 gradient norms every step, 89 nodes and as many Tensors built
+  # through cat, one CALL replayed. A list argument, torch.stack(xs, 1), is built as it is)
+  @replayed
   def stack(self, *args, dim: int = 0):
     """torch.stack: Tensor.stack(a, b, dim=0) or a.stack(b, dim=0)."""
     if isinstance(self, (list, tuple)) and len(args) == 1 and isinstance(args[0], int): dim, args = args[0], ()  # torch.stack(xs, 1)

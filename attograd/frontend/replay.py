@@ -5,11 +5,17 @@ the same nodes over its own arguments' nodes, row by row, without the Tensor met
 promotion, views and Python frames. A small transformer's forward pass built ~550 nodes through ~1,200 Tensor method
 calls, 6 us a node.
 
-The graph replayed is the graph the composite builds (the same hash-consed nodes: tests compare them), so scheduling
-and autograd see no difference. What a composite may do to be replayed (`replayed` below): read its tensors' shapes,
-dtypes and devices, never their graphs or values (contiguous() of a buffer is the buffer, _may_need_grad() walks the
-graph, index checks read the values: those stay outside), and no side effect but building nodes (no realize, no random
-numbers, no views of its inputs handed back)."""
+A replay is one CALL node over the arguments' nodes (uop/ops.py). The graph the composite builds (the same hash-consed
+nodes: tests compare them) is what the CALL expands to where it is scheduled or differentiated by the rules, so scheduling
+and autograd see no difference; every other walk of the graph (backward's structure key, realize's) sees one node where
+the composite built ~20 (a small transformer's forward pass: ~450 nodes a step -> 21 CALLs). A composite called while
+another is being built is built as it is (expanded), so a template holds no CALL: a Vjp's captured nodes are plain nodes
+of its graph, which a backward template rebuilds (gradient.py).
+
+What a composite may do to be replayed (`replayed` below): read its tensors' shapes, dtypes and devices, never their
+graphs or values (contiguous() of a buffer is the buffer, _may_need_grad() walks the graph, index checks read the values:
+those stay outside), and no side effect but building nodes (no realize, no random numbers, no views of its inputs handed
+back)."""
 from __future__ import annotations
 import functools
 from typing import Any, Callable
@@ -59,9 +65,8 @@ def replayed(fn: Callable | None = None, *, switches: Callable[[], tuple] | None
     leaves: list[UOp] = []
     for a in args:
       if isinstance(a, tc):
-        u = a.uop
-        for i, l in enumerate(leaves):
-          if l is u: key.append(i); break
+        # (an earlier argument's node, by identity: a UOp's == is object's, so `in` is a scan in C, a stack of 30 tensors)
+        if (u := a.uop) in leaves: key.append(leaves.index(u))
         else:
           if type(d := u.device) is not str or u.symbolic_shape: return fn(*args, **kw)
           leaves.append(u); key.append((u.shape, u.dtype, d))
@@ -76,9 +81,10 @@ def replayed(fn: Callable | None = None, *, switches: Callable[[], tuple] | None
     if entry is _MISSING: entry = _build(tkey, fn, args, kw, leaves)
     if entry is None: return fn(*args, **kw)
     template, typ = entry
-    return typ(template(*leaves))
+    return typ(template(*leaves) if _building[0] else template.calls(*leaves)[0])  # (one output: the result is a tensor)
   return call
 _MISSING: Any = object()
+_building = [0]  # composites being built (_build) around this call
 
 def _build(key: tuple, fn: Callable, args: tuple, kw: dict, leaves: list[UOp]) -> tuple[Template, type] | None:
   """fn built over stand-ins for its tensor arguments, kept as a Template; None when the graph can't be replayed."""
@@ -89,8 +95,10 @@ def _build(key: tuple, fn: Callable, args: tuple, kw: dict, leaves: list[UOp]) -
   for a in args:
     if isinstance(a, tc) and id(a.uop) not in sub: sub[id(a.uop)] = tc(next(it))
   with gc_paused():
+    _building[0] += 1
     try: out = fn(*(sub[id(a.uop)] if isinstance(a, tc) else a for a in args), **kw)
     except Exception: return None  # (not kept: the call itself raises, with its own tensors)
+    finally: _building[0] -= 1
     entry: tuple[Template, type] | None = None
     # a result that is a view of a tensor still alive (the stand-ins are, here) is a view of an argument: not replayed.
     # One of a tensor the composite made and dropped (matmul's reshape of its sum) is a tensor of its own

@@ -457,7 +457,7 @@ class Template:
   leaves are rebuilt (constants, aranges and their broadcasts stay as they are), each from a row of (op, dtype, source
   slots, arg), without the walk of the whole graph and the per-node replace() a substitute() does. `outputs`: the root's
   sources when it is a SINK (several results), else the root alone; `shapes` and `dtypes` theirs."""
-  __slots__ = ("fixed", "steps", "n_leaves", "used", "outputs", "call_args", "rebinds", "opaque", "root_memo", "__weakref__")
+  __slots__ = ("fixed", "steps", "n_leaves", "used", "outputs", "call_args", "rebinds", "opaque", "root_memo", "opmask", "__weakref__")
   def __init__(self, leaves: tuple[UOp, ...], root: UOp):
     above: dict[UOp, None] = {}
     leaf_set = set(leaves)
@@ -480,6 +480,8 @@ class Template:
     for i, u in enumerate(above): slot[u] = len(fixed) + len(leaves) + i
     self.fixed, self.n_leaves = fixed, len(leaves)
     self.steps = [(u.op, u.dtype, tuple(slot[s] for s in u.src), u.arg) for u in above]
+    # the ops of the graph it builds but its leaves' (a CALL's opmask is its sources': this is what its expansion adds)
+    self.opmask = functools.reduce(operator.or_, (u.opmask for u in above), 0)
     # a Vjp given by its make is made again over the rebuilt nodes it reads: (step, the slots of its captured nodes, -1
     # for None). `opaque`: a node the rebuilt graph can't have as it is, a Vjp of functions over this graph's nodes, or
     # of a make reading a node outside the slots or not below it (the rebuilt graph would take this one's gradients)
@@ -531,8 +533,21 @@ class Call:
   index: int
   shape: tuple[int, ...]
   def expand(self, xs: tuple[UOp, ...]) -> UOp:
+    """The graph output `index` stands for over xs. The outputs of one template over the same sources (a backward pass's
+    30 gradients) share one expansion, kept by each of their CALL nodes alive: each expansion builds every output, and a
+    Vjp rebuilt is a new node each time (with the graph above it), so 30 expansions were 30 copies of the graph to
+    schedule (a training step's first schedule: +50 ms). Kept by the CALL node: it reads only the CALL's sources."""
+    if len(self.body.call_args) == 1: return root.src[0] if (root := self.body(*xs)).op is Ops.SINK else root
+    if (me := _alive((Ops.CALL, self.body.call_args[self.index][1], xs, self))) is not None and "_expansion" in me.__dict__:
+      return me.__dict__["_expansion"]
     root = self.body(*xs)
-    return root.src[self.index] if root.op is Ops.SINK else root
+    for (arg, dt), out in zip(self.body.call_args, root.src):
+      if (n := _alive((Ops.CALL, dt, xs, arg))) is not None: n.__dict__["_expansion"] = out
+    return root.src[self.index]
+
+def _alive(key: tuple) -> UOp | None:
+  """The node of this key (op, dtype, src, arg) if one is alive."""
+  return None if (ref := UOpMeta.ucache.get(key)) is None else ref()
 
 def _multi_shape(u: UOp) -> tuple:  # the logical shape: the parts laid end to end along the axis
   if u.arg is None: return u.src[0].shape
