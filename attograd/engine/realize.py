@@ -277,8 +277,7 @@ def written(ast: UOp) -> tuple[int, ...]:
                                       and u.src[0].src[0].op is Ops.PARAM} or {0}))
   return w
 
-DEFER = getenv("DEFER", 1)
-_DC = getenv("DEFER_CORES", 64)  # 0: an eager loop's kernels run before realize returns
+DEFER = getenv("DEFER", 1)  # 0: an eager loop's kernels run before realize returns
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
 
@@ -316,7 +315,7 @@ class ExecPlan:
       if self.native is None: self.native = self._native_runs()
       table, cores = self.table, lane_cores()
       for k, v in enumerate(self.variables): table[k] = int(unwrap(var_vals)[v])
-      if self.defer and DEFER: self.native[0].submit(table, min(cores, _DC), self._uses, self)
+      if self.defer and DEFER: self.native[0].submit(table, cores, self._uses, self)
       else:
         for part in self.native:
           if type(part) is Steps: part(table, cores)

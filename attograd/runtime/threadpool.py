@@ -348,10 +348,14 @@ _inflight: Deferred | None = None
 # held while a run is handed over or waited for: threads that realize side by side (a data loader's) see one run in flight
 _deferred_lock = threading.RLock()
 
+def _wait(pool: int, upto: int) -> None:
+  """Return when the pool's runner finished the first `upto` steps of its run (bench/eager_step.py times these waits)."""
+  _library().pool_wait(pool, upto)
+
 def _wait_all() -> None:
   global _inflight
   if (d := _inflight) is None: return
-  _library().pool_wait(d.pool, d.count)
+  _wait(d.pool, d.count)
   _inflight = None  # (what it kept alive can go)
 
 def wait_all() -> None:
@@ -368,7 +372,7 @@ def wait_for(mem: Any, write: bool) -> None:
     if d.last is None: d.last = d.uses()
     if (i := d.last[write].get(id(mem))) is not None:
       if i + 1 == d.count: _wait_all()
-      else: _library().pool_wait(d.pool, i + 1)
+      else: _wait(d.pool, i + 1)
 
 def hold(pool_name: str, held: bool) -> None:
   """Hold the named pool's runner thread: it starts no run handed to it until let go (for tests: a run stays in flight)."""
