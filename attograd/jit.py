@@ -8,7 +8,7 @@ from attograd.uop.ops import UOp, Ops, substitute_sym
 from attograd.runtime.device import Buffer
 from attograd.engine.realize import BufferCopy, Capture, ExecItem, ExecPlan, JitError, _captures, buffer_of, bind_shapes, jit_calls, first_call_templates
 from attograd.engine.memory import planned_buffers
-from attograd.engine.registry import assigned_to, sources
+from attograd.engine.registry import assigned_to, jit_replays, sources
 import attograd.tensor as tensor_module
 from attograd.tensor import Tensor
 from attograd.schedule.schedule import is_contiguous_buffer, forget_schedules
@@ -190,6 +190,7 @@ class _Replay:
     self.bound: list[Any] = [None] * len(inputs)
     self.outside = [[node, [(ei, j) for ei in items for j, b in enumerate(ei.bufs) if id(b) == key]] for key, node in outside.items()]
     self.seen_writes = -1  # assigned_to.writes at the last scan of the outside memory's notes (none yet)
+    jit_replays.add(self)  # (realize writes the notes while one lives)
   def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int]) -> None:
     for i, b in enumerate(inputs):
       if (mem := b.ensure_allocated()._buf) is not self.bound[i]:

@@ -23,11 +23,34 @@ def test_nodes_hold_no_engine_state():
     m.assign(m * 0.9 + w.grad)  # an assign over a whole buffer: the replay follows it
     return loss.realize()
   for _ in range(4): step(Tensor.rand(4, 8)).item()
+  m.assign(m + 1).realize()  # an assign outside while the replay lives: a forwarding note for it
+  step(Tensor.rand(4, 8)).item()
   kept = (w * 2).sum()
   kept.item()  # realized values, a graph kept for backward (a TinyJit's outputs keep none: a replay refills them)
   found = {k for u in gc.get_objects() if type(u) is UOp for k in vars(u)} - PURE_CACHES
   assert not found, f"state written onto UOps: {found}"
   assert len(registry.buffers) and len(registry.realized) and len(registry.sources) and len(registry.assigned_to)
+
+def test_forwarding_notes_only_while_a_replay_lives():
+  # assigned_to's readers are TinyJit replays: an eager assign with none alive leaves no note (an eager training step's
+  # ~95 were written for no one), one while a replay lives does, and the replay reads the new memory
+  saved = list(registry.jit_replays)
+  registry.jit_replays.clear()  # (replays other tests of this process left alive)
+  try:
+    w = Tensor.ones(4).contiguous().realize()
+    old = w.uop.base
+    w.assign(w + 1).realize()
+    assert registry.assigned_to.get(old) is None and w.tolist() == [2.0] * 4
+    @TinyJit
+    def f(x: Tensor) -> Tensor: return (x * w).realize()
+    for _ in range(3): f(Tensor.ones(4).contiguous().realize())
+    assert len(registry.jit_replays) == 1
+    old = w.uop.base
+    w.assign(w * 5).realize()
+    assert registry.assigned_to.get(old) is w.uop.base
+    assert f(Tensor.ones(4).contiguous().realize()).tolist() == [10.0] * 4
+  finally:
+    for r in saved: registry.jit_replays.add(r)
 
 def test_registry_entries_die_with_their_nodes():
   gc.collect()

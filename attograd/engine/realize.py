@@ -485,8 +485,8 @@ class PlannedRun:
     self.seen = False  # has a quiet run used it
     self.lock = threading.Lock()  # held by the thread running it
     self.held: list[Buffer | None] = []         # a slot's memory kept between runs (None: a kept buffer's slot, fresh each run)
-    self.placed: list[tuple[int, int]] = []     # (buffer, slot) numbers of the kept buffers created, and of the internal
-    self.unheld: list[tuple[int, int]] = []     # ones in their slots (adopt)
+    self.placed: list[int] = []                 # numbers of the kept buffers created, and of the internal ones in their
+    self.unheld: list[tuple[int, int]] = []     # slots, each with that kept buffer's number (adopt)
     # the buffer numbers to rebind, each with where it is bound: the items' memory lists and native address arrays
     self.outside: list[tuple[int, list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = []
   def adopt(self, plan: ExecPlan, template: ScheduleTemplate, memory: list[Buffer]) -> None:
@@ -494,11 +494,13 @@ class PlannedRun:
     fresh = {self.slot_of[n] for n in self.created if n in self.kept}
     self.held = [None if s in fresh else m for s, m in enumerate(memory)]
     inside = {n for n in self.created if self.held[self.slot_of[n]] is not None}
-    # the created buffers a run places: each kept one gets a Buffer of its own in its slot's fresh memory, and an internal
-    # one in such a slot that memory (those in held slots are placed already); a run loops over these alone
+    # the created buffers a run places: each kept one gets a Buffer of its own, fresh memory, and an internal one in its
+    # slot that memory (those in held slots are placed already); a run loops over these alone. (A slot not held is a kept
+    # buffer's, of its size: plan_slots. A uint8 Buffer of the slot and a view of it for the kept one were two a buffer.)
     created = dict.fromkeys(self.created)
-    self.placed = [(n, self.slot_of[n]) for n in created if n in self.kept]
-    self.unheld = [(n, self.slot_of[n]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
+    self.placed = [n for n in created if n in self.kept]
+    kept_in = {self.slot_of[n]: n for n in self.placed}
+    self.unheld = [(n, kept_in[self.slot_of[n]]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
     # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
     plan.native, plan.ran_quiet = plan._native_runs(), True
     plan.defer = len(plan.native) == 1 and type(plan.native[0]) is Steps
@@ -526,14 +528,13 @@ class PlannedRun:
     wait_all()  # (its last run may still be running: the rebinding below writes the address arrays it reads)
     _holding.pop(id(self), None)  # the most recently run last
     _holding[id(self)] = self
-    memory = [m if m is not None else Buffer(device, nbytes, dtypes.uint8) for m, (device, nbytes) in zip(self.held, self.slots)]
     buffers = registry.buffers
     mem: dict[int, Any] = {}
-    for n, s in self.placed:
+    for n in self.placed:
       u = numbered[n]
-      b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype, base=memory[s])
+      b = buffers[u] = Buffer(u.arg.device, u.arg.size, u.dtype)
       mem[n] = b.ensure_allocated()._buf
-    for n, s in self.unheld: mem[n] = memory[s].ensure_allocated()._buf
+    for n, k in self.unheld: mem[n] = mem[k]
     placed = buffers.by_id.get
     for n, raws, addrs in self.outside:  # (ExecItem.bind inlined: ~600 positions a training step)
       if (m := mem.get(n)) is None:
@@ -763,6 +764,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
   for k, v in becomes.items():
     if is_view_of_buffer(v): registry.realized[k] = weakref.ref(v)
   graph_of = dict(zip(roots.src, bound_graphs)) if var_vals else {}
+  notes = bool(_captures or registry.jit_replays)  # (assigned_to's readers: none, no note)
   for i in todo:
     old = out[i]
     # a symbolic shape shows its bound value: the view takes the variables' values back
@@ -771,7 +773,7 @@ def realize_graphs(graphs: list[UOp], keep_source: list[bool]) -> list[UOp]:
     if old.op is not Ops.ASSIGN and keep_source[i] and is_view_of_buffer(view) and view is not old:
       registry.sources[view] = graph_of[old] if var_vals else old
     # an assign over a whole buffer leaves a forwarding note: a TinyJit replay reads the new memory
-    if old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
+    if notes and old.op is Ops.ASSIGN and (was := old.src[0]).base.op is Ops.BUFFER and was.size == was.base.arg.size and not was.base.arg.offset:
       registry.assigned_to[was.base] = view.base
   return out
 

@@ -59,6 +59,11 @@ Variables bound), so backward() still works after the forward pass ran. Written 
 realize_graphs; read by tensor.py's _graph_for_gradient.""")
 
 assigned_to: NodeMap = NodeMap("""BUFFER node -> the BUFFER its tensor moved to when an assign over the whole buffer
-was realized (a forwarding note; follow it to the end). Written by engine/realize.py's realize_graphs, removed by
-jit.py when a
-capture writes the assign back in place; read by jit.py (_latest: a replay binds an assigned weight's new memory).""")
+was realized (a forwarding note; follow it to the end). Written by engine/realize.py's realize_graphs while a TinyJit
+capture runs or a replay lives (jit_replays), removed by jit.py when a capture writes the assign back in place; read by
+jit.py (_latest: a replay binds an assigned weight's new memory).""")
+
+jit_replays: weakref.WeakSet = weakref.WeakSet()
+"""The TinyJit replays alive (jit.py _Replay), assigned_to's readers. Without one, nothing reads a note: a replay made
+later captures the memory its tensors have then, and follows only the moves after that (an eager training step's ~95
+notes, each an entry that dies with the old buffer, were written for no one)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Container
 from attograd.dtype import dtypes, DType
 from attograd.helpers import cached_property, gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
-from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, arg_key, sint, smax, sym_prod, sym_eq
+from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, Template, arg_key, sint, smax, sym_prod, sym_eq
 from attograd.uop import patterns
 from attograd.uop.patterns import Pass, graph_rewrite, run_passes, PatternMatcher, UPat
 from attograd.uop.serialize import graph_data, graph_from_data, graph_key
@@ -712,6 +712,13 @@ class ScheduleTemplate:
   @cached_property
   def becomes_sink(self) -> UOp: return UOp(Ops.SINK, dtypes.void, self.becomes)
   @cached_property
+  def becomes_rebuilt(self) -> Template | None:
+    """becomes_sink as a Template over the placeholders (becomes_of rebuilds only the views above them, from rows: a
+    substitute walked the whole SINK and replaced each node, ~100 targets a training step); None when it can't be one."""
+    try: t = Template(tuple(p for p, _ in self.placeholders), self.becomes_sink)
+    except AssertionError: return None  # (no target reads a placeholder)
+    return None if t.opaque else t
+  @cached_property
   def fresh_key(self) -> tuple[tuple[int, ...], frozenset[int]]:
     """The (buffers created, buffers kept) numbers of realize's schedule filled in anew from it (fill_in): every item's
     output created, the buffers its targets' views name kept. Its plan's key in `plans`."""
@@ -902,6 +909,7 @@ def fill_in(template: ScheduleTemplate, inputs: list[UOp], targets: list[UOp]) -
 def becomes_of(template: ScheduleTemplate, numbered: list[UOp | None], targets: list[UOp]) -> dict[UOp, UOp]:
   """What each target becomes, over the buffers by number (`numbered` needs only those the targets' views name:
   template.placeholders)."""
+  if (t := template.becomes_rebuilt) is not None: return dict(zip(targets, t(*[numbered[i] for _, i in template.placeholders]).src))
   fill = {p: numbered[i] for p, i in template.placeholders}
   # (one walk of all of them, their SINK's, kept with the template: a substitute each walked ~100 small graphs apart)
   return dict(zip(targets, template.becomes_sink.substitute(fill).src))
