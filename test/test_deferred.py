@@ -8,6 +8,7 @@ from attograd import Context, Tensor, nn
 from attograd.nn import optim
 from attograd.engine import realize
 from attograd.runtime import threadpool
+from attograd.codegen.opt import THREADS
 
 N = 128
 
@@ -38,6 +39,10 @@ def _held(seconds: float = 0.5):
     timer.cancel()
     threadpool.hold("CPU", False)
 
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch):
+  monkeypatch.setattr(THREADS, "value", 2)  # (at THREADS=1 the kernels run on the thread that realizes: nothing deferred)
+
 @pytest.fixture
 def w() -> Tensor: return Tensor(np.random.default_rng(0).uniform(0, 1, (N, N)).astype(np.float32)).realize()
 
@@ -59,8 +64,12 @@ def test_a_run_waits_for_the_one_in_flight(w, xs):
     outs.append(_chain(w, Tensor(xs[1])).realize())  # (rebinds the memory of the plan in flight)
   for o, x in zip(outs, [*xs, xs[1]]): _close(o.numpy(), _want(w.numpy(), x))
 
-def test_not_deferred_when_switched_off(w, xs, monkeypatch):
+def test_not_deferred_when_switched_off_or_on_one_core(w, xs, monkeypatch):
   monkeypatch.setattr(realize, "DEFER", 0)
+  for x in xs: _chain(w, Tensor(x)).realize()
+  assert threadpool._inflight is None
+  monkeypatch.setattr(realize, "DEFER", 1)
+  monkeypatch.setattr(THREADS, "value", 1)
   for x in xs: _chain(w, Tensor(x)).realize()
   assert threadpool._inflight is None
 

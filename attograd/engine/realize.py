@@ -277,7 +277,7 @@ def written(ast: UOp) -> tuple[int, ...]:
                                       and u.src[0].src[0].op is Ops.PARAM} or {0}))
   return w
 
-DEFER = getenv("DEFER", 1)  # 0: an eager loop's kernels run before realize returns
+DEFER = getenv("DEFER", 1)  # 0: an eager loop's kernels run before realize returns (as they do at THREADS=1)
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
 
@@ -315,7 +315,9 @@ class ExecPlan:
       if self.native is None: self.native = self._native_runs()
       table, cores = self.table, lane_cores()
       for k, v in enumerate(self.variables): table[k] = int(unwrap(var_vals)[v])
-      if self.defer and DEFER: self.native[0].submit(table, cores, self._uses, self)
+      # deferred: the runner has the cores but the one this thread builds the next graph on (THREADS=2: the kernels on one
+      # core, unsplit, while Python runs on the other; split on both they took turns with Python: 1.15x slower a step)
+      if self.defer and DEFER and cores > 1: self.native[0].submit(table, cores - 1, self._uses, self)
       else:
         for part in self.native:
           if type(part) is Steps: part(table, cores)
