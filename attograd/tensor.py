@@ -283,7 +283,9 @@ class Tensor(IndexingOps, ReorderOps, ElementwiseOps):
     # and realize_graphs' walk of the graphs (~40 us) is skipped
     if not _pending_realize and not index_checks and all(is_contiguous_buffer(u := t.uop) and not u.symbolic_shape for t in tensors): return
     if _pending_realize:
-      tensors = [*tensors, *_pending_realize.values()]
+      # (first: the schedule runs their kernels as early as their sources allow, and a deferred run's read of a loss, which
+      # backward() left pending, waits for the forward pass alone, not the update after it: engine/realize.py DEFER)
+      tensors = [*_pending_realize.values(), *tensors]
       _pending_realize.clear()
     checks = None
     if index_checks:

@@ -1,13 +1,17 @@
 """Where a training step without TinyJit spends the main thread's CPU: bench/transformer.py's small model, AdamW and
 clipping by global norm, each phase timed with time.thread_time (CPU of this thread: the machine's other load barely
 moves it, unlike wall time), medians over the steps. Then the same step against torch eager with one thread each, where
-a thread's CPU time is the whole cost of a step: the ratio says how far from torch's speed the step is on an idle core.
+a thread's CPU time is the whole cost of a step (its kernels not deferred to the runner thread): the ratio says how far
+from torch's speed the step is on an idle core.
 
   python bench/eager_step.py          STEPS=n (default 15) timed steps
 """
 from __future__ import annotations
 import collections, gc, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+WAITS = "host waiting for the deferred kernels (wall)"
+OTHERS = "CPU of the other threads (runner, pool workers)"
 
 def phases(steps: int) -> None:
   import transformer as T
@@ -35,6 +39,15 @@ def phases(steps: int) -> None:
   # (a template whose planned run is kept runs without a schedule filled in: run_fresh, not run_schedule)
   wrap(R.PlannedRun, "run_fresh", "  realize: run_schedule (plan, kernels)")
   wrap(R.ExecPlan, "__call__", "    of which running the kernels")
+  # a loop's kept plan runs on the pool's runner thread (runtime/threadpool.py Deferred): ExecPlan.__call__ only hands it
+  # over, and the host waits for its kernels where it reads their results (.item()) or runs the next step
+  from attograd.runtime import threadpool
+  wait = threadpool._wait
+  def timed_wait(*a) -> None:  # (wall time: a wait sleeps)
+    st = time.perf_counter()
+    try: wait(*a)
+    finally: acc[WAITS] += time.perf_counter() - st
+  threadpool._wait = timed_wait
   cfg = T.CONFIGS["small"]
   Tensor.manual_seed(0)
   model = T.attograd_model(cfg)
@@ -66,17 +79,18 @@ def phases(steps: int) -> None:
   gc.callbacks.append(on_gc)
   totals = []
   for x, y in [(Tensor(x), Tensor(y)) for x, y in data[3:]]:
-    before, st = dict(acc), time.thread_time()
+    before, st, proc = dict(acc), time.thread_time(), time.process_time()
     step(x, y).item()
     totals.append(time.thread_time() - st)
+    acc[OTHERS] += time.process_time() - proc - totals[-1]
     for k in acc: samples[k].append(acc[k] - before.get(k, 0.0))
   print("main-thread CPU per no-JIT step (medians):")
   order = ["zero_grad", "forward", "backward", "clip by global norm", "opt.step (build the update, realize all)",
            "  realize: runnable (bind, read realized nodes)", "  realize: create_schedule (structure, template)",
-           "  realize: run_schedule (plan, kernels)", "    of which running the kernels"]
+           "  realize: run_schedule (plan, kernels)", "    of which running the kernels", WAITS, OTHERS]
   for k in order:
     print(f"  {k:48s} {statistics.median(samples[k]) * 1e3:7.2f} ms")
-  print(f"  {'whole step':48s} {statistics.median(totals) * 1e3:7.2f} ms (min {min(totals) * 1e3:.2f})")
+  print(f"  {'whole step (this thread)':48s} {statistics.median(totals) * 1e3:7.2f} ms (min {min(totals) * 1e3:.2f})")
   gc.callbacks.remove(on_gc)
   print("  cycle collector per step: " + ", ".join(f"gen{g} {len(gcs[g]) / steps:.2f} passes {sum(gcs[g]) / steps * 1e3:.2f} ms"
                                                   for g in range(3)))
@@ -89,6 +103,8 @@ def one_thread(steps: int) -> None:
   from attograd import Tensor
   from attograd.codegen.opt import THREADS
   THREADS.value = 1
+  import attograd.engine.realize as R
+  R.DEFER = 0  # (the kernels on this thread: its CPU time is the step's whole cost)
   cfg = T.CONFIGS["small"]
   ours, theirs = T.attograd_step(cfg, jit=False), T.torch_step(cfg)
   def run(step, batch, conv) -> list[float]:

@@ -1,15 +1,15 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import ctypes, json, math, operator, threading, time, weakref
+import ctypes, itertools, json, math, operator, threading, time, weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING: from concurrent.futures import Future, ThreadPoolExecutor
 from attograd.dtype import dtypes
-from attograd.helpers import BEAM, CACHELEVEL, DEBUG, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
+from attograd.helpers import BEAM, CACHELEVEL, DEBUG, getenv, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
-from attograd.runtime.threadpool import Steps, array_type
+from attograd.runtime.threadpool import Steps, array_type, wait_all
 from attograd.engine.compilequeue import CompileQueue, timed_compile
 from attograd.codegen import to_program
 from attograd.renderer import scalar_args
@@ -276,6 +276,16 @@ def native_entry(ei: ExecItem) -> int | None:
   for a runner Python must call (a copy, an all-reduce, a GPU kernel)."""
   return getattr(ei.runner.program, "slice_entry", None) if isinstance(ei.runner, CompiledKernel) and ei.runner.launch is None else None
 
+_written: dict[UOp, tuple[int, ...]] = {}
+def written(ast: UOp) -> tuple[int, ...]:
+  """The positions among a kernel's buffers of those it stores to (its PARAMs' numbers)."""
+  if (w := _written.get(ast)) is None:
+    w = _written[ast] = tuple(sorted({u.src[0].src[0].arg for u in ast.toposort if u.op is Ops.STORE and u.src[0].op is Ops.INDEX
+                                      and u.src[0].src[0].op is Ops.PARAM} or {0}))
+  return w
+
+DEFER = getenv("DEFER", 1)  # 0: an eager loop's kernels run before realize returns (as they do at THREADS=1)
+
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
 
 class ExecPlan:
@@ -294,6 +304,10 @@ class ExecPlan:
     # the plan as runs of CPU kernels, each one native call (threadpool.Steps), between the items Python runs; made on the
     # second quiet run: a plan run once (an eager realize's) would spend more on the tables than they save
     self.ran_quiet, self.native = False, None
+    # run on the pool's runner thread, returning before the kernels are done (threadpool.Deferred): a kept plan's, when it
+    # is one native run (PlannedRun.adopt)
+    self.defer = False
+    self._where: tuple[list[tuple[list, int]], list[int], list[int]] | None = None  # (_uses)
     self.variables: list[UOp] = []  # the Variables of the native runs' kernels, by their number in self.table
     self.table: ctypes.Array | None = None  # (made with the native runs)
   def __call__(self, var_vals: dict[UOp, int] | None) -> None:
@@ -308,9 +322,13 @@ class ExecPlan:
       if self.native is None: self.native = self._native_runs()
       table, cores = self.table, lane_cores()
       for k, v in enumerate(self.variables): table[k] = int(unwrap(var_vals)[v])
-      for part in self.native:
-        if type(part) is Steps: part(table, cores)
-        else: part.runner(part.raw, var_vals)
+      # deferred: the runner has the cores but the one this thread builds the next graph on (THREADS=2: the kernels on one
+      # core, unsplit, while Python runs on the other; split on both they took turns with Python: 1.15x slower a step)
+      if self.defer and DEFER and cores > 1: self.native[0].submit(table, cores - 1, self._uses, self)
+      else:
+        for part in self.native:
+          if type(part) is Steps: part(table, cores)
+          else: part.runner(part.raw, var_vals)
     else:
       for i in range(len(items)): self._run_one(i, var_vals)
     GlobalCounters.time_sum += time.perf_counter() - st
@@ -340,6 +358,14 @@ class ExecPlan:
     end_run()
     self.variables, self.table = list(numbers), array_type(ctypes.c_int64, max(len(numbers), 1))()
     return parts
+  def _uses(self) -> tuple[dict[int, int], dict[int, int]]:
+    """For a deferred run (threadpool.Deferred): by id of the memory its items bind, the index of the last item that
+    writes it, and of the last that reads or writes it (a later item's index replaces an earlier one's)."""
+    if self._where is None:  # (the items' memory lists are rebound in place: where to look is made once, ~100 -> ~20 us)
+      self._where = ([(ei.raw, j) for ei in self.items for j in written(ei.ast)], [i for i, ei in enumerate(self.items) for _ in written(ei.ast)],
+                     [i for i, ei in enumerate(self.items) for _ in ei.raw])
+    at, wi, ti = self._where
+    return dict(zip([id(raw[j]) for raw, j in at], wi)), dict(zip(map(id, itertools.chain.from_iterable(ei.raw for ei in self.items)), ti))
   def _run_one(self, i: int, var_vals: dict[UOp, int] | None) -> None:
     """Item i, timed: on VIZ's timeline and (from DEBUG=print_at) a line."""
     ei = self.items[i]
@@ -486,6 +512,7 @@ class PlannedRun:
     self.unheld = [(n, kept_in[self.slot_of[n]]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
     # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
     plan.native, plan.ran_quiet = plan._native_runs(), True
+    plan.defer = len(plan.native) == 1 and type(plan.native[0]) is Steps
     where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
     for ei, (_, numbers) in zip(plan.items, template.items):
       for j, n in enumerate(numbers):
@@ -507,6 +534,7 @@ class PlannedRun:
   def __call__(self, numbered: list[UOp | None], var_vals: dict[UOp, int] | None) -> None:
     """Run the plan over the buffers by number (those read from outside it and the kept ones; an internal one may be
     None): kept ones get fresh memory in the plan's layout."""
+    wait_all()  # (its last run may still be running: the rebinding below writes the address arrays it reads)
     _holding.pop(id(self), None)  # the most recently run last
     _holding[id(self)] = self
     buffers = registry.buffers

@@ -70,12 +70,21 @@ class CPUMemory:
 class CPUAllocator(Allocator):
   def alloc(self, nbytes: int) -> CPUMemory: return CPUMemory(nbytes)
   def release_cached(self) -> None: POOL.clear()
+  # the host's reads and writes wait for the kernels in flight on a runner thread that write that memory (or, for a write,
+  # that touch it): threadpool.Deferred
   def discard(self, mem: CPUMemory) -> None:
+    threadpool.wait_for(mem, True)
     # a mapping of its own drops its pages (zero-filled on the next touch); a small buffer on the Python heap stays
     if type(mem.mem) is not bytearray and hasattr(mmap, "MADV_DONTNEED"): mem.mem.madvise(mmap.MADV_DONTNEED)
-  def copyin(self, dest: CPUMemory, src: memoryview) -> None: dest.data[:src.nbytes] = src.cast("B")
-  def copyout(self, dest: memoryview, src: CPUMemory) -> None: dest.cast("B")[:] = src.data[:dest.nbytes]
-  def host_view(self, mem: CPUMemory) -> memoryview: return mem.data
+  def copyin(self, dest: CPUMemory, src: memoryview) -> None:
+    threadpool.wait_for(dest, True)
+    dest.data[:src.nbytes] = src.cast("B")
+  def copyout(self, dest: memoryview, src: CPUMemory) -> None:
+    threadpool.wait_for(src, False)
+    dest.cast("B")[:] = src.data[:dest.nbytes]
+  def host_view(self, mem: CPUMemory) -> memoryview:
+    threadpool.wait_for(mem, True)  # (the view may be written)
+    return mem.data
 
 def _is_gcc(cc: str) -> bool: return "gcc" in os.path.basename(os.path.realpath(shutil.which(cc) or cc))
 
@@ -175,6 +184,7 @@ class CPUProgram:
     # program's own: the library's function object is shared by every program whose library has the same bytes, and two
     # kernels of one name and different arguments can compile alike (isnan(x) == (x == x) folded to a constant 0 left
     # x unread: E(out, x) and E(out) both store 0), where argtypes set on the shared object refused the other's call
+    if threadpool._inflight is not None: threadpool.wait_all()  # (kernels run in order)
     if (fn := self._call) is None:
       proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(bufs) + [self.var_type] * len(vals)))
       fn = self._call = proto(ctypes.cast(self.fxn, ctypes.c_void_p).value)

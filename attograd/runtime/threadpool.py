@@ -4,8 +4,8 @@ is released for the whole run, and a launch costs a few microseconds instead of 
 Kernels are called through the entry point the renderers add to threaded kernels, one C type for all:
 void <name>_slice(void *const *bufs, const long long *vals, long long core)."""
 from __future__ import annotations
-import ctypes, functools
-from typing import Callable
+import atexit, ctypes, functools, os, threading
+from typing import Any, Callable
 from attograd.runtime.cc import find_c_compiler, compile_c, load_library
 
 SRC = r"""
@@ -28,6 +28,9 @@ typedef void (*slice_fn)(void *const *bufs, const long long *vals, long long cor
    and a shared machine gets the core back soon after the last one */
 #define SPIN_NS 50000
 
+/* a kernel of a run of steps (run_steps) */
+struct step { slice_fn fn; void *const *bufs; long long *vals; const int *vars; int nvals, n; };
+
 /* a pool: its own workers and launches, so two devices (CPU:0, CPU:1) each run their kernels on their own share of the
    cores at once; a launch into a pool another thread's launch holds runs its slices on the calling thread */
 struct pool {
@@ -40,6 +43,14 @@ struct pool {
   atomic_int remaining, helpers, sleepers, caller_waits;
   int workers;
   struct pool *next;
+  /* the runner: a thread of its own that runs a run of steps handed over by pool_submit, while the caller goes back to
+     Python (engine/realize.py: an eager step's kernels run while the next step's graph is built) */
+  pthread_mutex_t run_mu;
+  pthread_cond_t run_cv, ran_cv;
+  int runner, job_ready, job_count, job_cores, held;  /* held: the runner starts no job (pool_hold) */
+  const struct step *job_steps;
+  const long long *job_table;
+  atomic_int progress, pending, waiters;  /* steps of the job done; a job handed over and not finished; pool_wait's */
 };
 struct start { struct pool *p; int me; uint32_t seen; };
 static struct pool *pools;  /* every pool made, for after_fork */
@@ -52,6 +63,9 @@ static void pool_init(struct pool *p) {
   pthread_cond_init(&p->work_cv, NULL); pthread_cond_init(&p->done_cv, NULL);
   p->workers = 0;
   atomic_store(&p->sleepers, 0); atomic_store(&p->caller_waits, 0);
+  pthread_mutex_init(&p->run_mu, NULL); pthread_cond_init(&p->run_cv, NULL); pthread_cond_init(&p->ran_cv, NULL);
+  p->runner = p->job_ready = p->held = 0;
+  atomic_store(&p->progress, 0); atomic_store(&p->pending, 0); atomic_store(&p->waiters, 0);
 }
 
 /* a new pool (never freed: a device lives as long as the process) */
@@ -115,10 +129,8 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static void start_worker(struct pool *p, uint32_t seen) {
-  struct start *st = malloc(sizeof *st);
-  if (!st) return;
-  st->p = p; st->me = p->workers; st->seen = seen;
+/* a detached thread with a big stack that takes no signals (they go to the threads Python runs); 0 when none could be made */
+static int start_thread(void *(*fn)(void *), void *arg) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -127,10 +139,18 @@ static void start_worker(struct pool *p, uint32_t seen) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   pthread_t t;
-  if (pthread_create(&t, &attr, worker, st) == 0) p->workers++;
-  else free(st);
+  int made = pthread_create(&t, &attr, fn, arg) == 0;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   pthread_attr_destroy(&attr);
+  return made;
+}
+
+static void start_worker(struct pool *p, uint32_t seen) {
+  struct start *st = malloc(sizeof *st);
+  if (!st) return;
+  st->p = p; st->me = p->workers; st->seen = seen;
+  if (start_thread(worker, st)) p->workers++;
+  else free(st);
 }
 
 /* a forked child has only the thread that forked: no workers, and no launch in flight */
@@ -175,13 +195,77 @@ void pool_run(struct pool *p, slice_fn fn, void *const *bufs, const long long *v
    entry point, its buffers' addresses (rebinding memory writes them), its values (filled here from the replay's table of
    Variable values, by number) and its slices. Threaded steps go to the pool without a trip through Python between them:
    its workers, still polling from the step before, take the next one's slices at once */
-struct step { slice_fn fn; void *const *bufs; long long *vals; const int *vars; int nvals, n; };
+static void run_step(struct pool *p, const struct step *s, const long long *table, int cores) {
+  for (int k = 0; k < s->nvals; k++) s->vals[k] = table[s->vars[k]];
+  if (s->n <= 1) s->fn(s->bufs, s->vals, 0);
+  else pool_run(p, s->fn, s->bufs, s->vals, s->n, s->n < cores ? s->n : cores);
+}
 void run_steps(struct pool *p, const struct step *s, int count, const long long *table, int cores) {
-  for (const struct step *end = s + count; s < end; s++) {
-    for (int k = 0; k < s->nvals; k++) s->vals[k] = table[s->vars[k]];
-    if (s->n <= 1) s->fn(s->bufs, s->vals, 0);
-    else pool_run(p, s->fn, s->bufs, s->vals, s->n, s->n < cores ? s->n : cores);
+  for (const struct step *end = s + count; s < end; s++) run_step(p, s, table, cores);
+}
+
+/* the runner's loop: each job's steps in order, counting them in `progress` (pool_wait reads it) */
+static void *runner_main(void *arg) {
+  struct pool *p = arg;
+  pthread_mutex_lock(&p->run_mu);
+  for (;;) {
+    while (!p->job_ready || p->held) pthread_cond_wait(&p->run_cv, &p->run_mu);
+    p->job_ready = 0;
+    const struct step *s = p->job_steps;
+    const long long *table = p->job_table;
+    int count = p->job_count, cores = p->job_cores;
+    pthread_mutex_unlock(&p->run_mu);
+    for (int i = 0; i < count; i++) {
+      run_step(p, s + i, table, cores);
+      atomic_store(&p->progress, i + 1);
+      /* a waiter counted itself before looking at progress: it saw this step, or it is told here */
+      if (atomic_load(&p->waiters)) { pthread_mutex_lock(&p->run_mu); pthread_cond_broadcast(&p->ran_cv); pthread_mutex_unlock(&p->run_mu); }
+    }
+    pthread_mutex_lock(&p->run_mu);
+    atomic_store(&p->pending, 0);
+    pthread_cond_broadcast(&p->ran_cv);
   }
+  return NULL;
+}
+
+/* hands count steps to the pool's runner and returns at once (1; 0: no thread could be made, nothing ran). The caller
+   waited for the job before (pool_wait): one at a time. The steps, their arrays and the table must stay as they are
+   until it is done */
+int pool_submit(struct pool *p, const struct step *s, int count, const long long *table, int cores) {
+  if (!p->runner) {
+    if (!start_thread(runner_main, p)) return 0;
+    p->runner = 1;
+  }
+  pthread_mutex_lock(&p->run_mu);
+  while (atomic_load(&p->pending)) pthread_cond_wait(&p->ran_cv, &p->run_mu);  /* (the callers wait first: in case one didn't) */
+  p->job_steps = s; p->job_count = count; p->job_table = table; p->job_cores = cores;
+  atomic_store(&p->progress, 0);
+  atomic_store(&p->pending, 1);
+  p->job_ready = 1;
+  pthread_cond_signal(&p->run_cv);
+  pthread_mutex_unlock(&p->run_mu);
+  return 1;
+}
+
+/* the runner starts no job while held (tests: a run stays in flight as long as they need) */
+void pool_hold(struct pool *p, int held) {
+  pthread_mutex_lock(&p->run_mu);
+  p->held = held;
+  pthread_cond_broadcast(&p->run_cv);
+  pthread_mutex_unlock(&p->run_mu);
+}
+
+/* returns when the runner's job finished its first `upto` steps (or all of them) */
+void pool_wait(struct pool *p, int upto) {
+  #define RUNNING() (atomic_load(&p->pending) && atomic_load(&p->progress) < upto)
+  for (int64_t end = now_ns() + SPIN_NS; RUNNING() && now_ns() < end;) RELAX();
+  if (!RUNNING()) return;
+  pthread_mutex_lock(&p->run_mu);
+  atomic_fetch_add(&p->waiters, 1);
+  while (RUNNING()) pthread_cond_wait(&p->ran_cv, &p->run_mu);
+  atomic_fetch_sub(&p->waiters, 1);
+  pthread_mutex_unlock(&p->run_mu);
+  #undef RUNNING
 }
 """
 
@@ -191,6 +275,9 @@ def _library() -> ctypes.CDLL:
   lib.pool_run.argtypes, lib.pool_run.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int], None
   lib.pool_new.argtypes, lib.pool_new.restype = [], ctypes.c_void_p
   lib.run_steps.argtypes, lib.run_steps.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int], None
+  lib.pool_submit.argtypes, lib.pool_submit.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int], ctypes.c_int
+  lib.pool_wait.argtypes, lib.pool_wait.restype = [ctypes.c_void_p, ctypes.c_int], None
+  lib.pool_hold.argtypes, lib.pool_hold.restype = [ctypes.c_void_p, ctypes.c_int], None
   return lib
 
 @functools.cache
@@ -212,6 +299,7 @@ def pool(name: str = "") -> int:
 def run_slices(entry: int, addrs: list[int], vals: list[int], n: int, cores: int, pool_name: str = "") -> None:
   """Calls the slice entry point at address `entry` for core = 0..n-1, on up to `cores` cores of the named pool, and returns
   when all are done. Each core takes the next slice when it finished one: a core another process holds back does fewer."""
+  if _inflight is not None: wait_all()  # (kernels run in order)
   _library().pool_run(pool(pool_name), entry, array_type(ctypes.c_void_p, len(addrs))(*addrs), array_type(ctypes.c_int64, len(vals))(*vals), n, cores)
 
 class Step(ctypes.Structure):
@@ -233,4 +321,63 @@ class Steps:
     self.run = _library().run_steps
   def __call__(self, table: ctypes.Array, cores: int) -> None:
     """Run them all, the Variables' values in table, each threaded one on up to `cores` cores."""
+    if _inflight is not None: wait_all()
     self.run(self.pool, self.steps, self.count, table, cores)
+  def submit(self, table: ctypes.Array, cores: int, uses: Callable[[], tuple[dict[int, int], dict[int, int]]], keep: Any) -> None:
+    """Run them all on the pool's runner thread and return at once (Deferred). `uses` gives, when asked, for the memory
+    the steps read or write (by id), the index of the last step that writes it and of the last that touches it; `keep`
+    holds that memory (and this object, the table) until they are done."""
+    global _inflight
+    with _deferred_lock:
+      if _inflight is not None: _wait_all()
+      if _library().pool_submit(self.pool, self.steps, self.count, table, cores):
+        _inflight = Deferred(self.pool, self.count, uses, (self, table, keep))
+        return
+    self(table, cores)  # (no thread to be had: here)
+
+class Deferred:
+  """The run of steps on a pool's runner thread (Steps.submit), until a wait finds it done. One at a time: whatever runs
+  kernels or reads or writes device memory from the host waits for it first: all of it (wait_all: another run, a kernel
+  called from Python), or the steps up to the last that writes the memory read (wait_for: a tensor's .item() or
+  .numpy(), ops_cpu.CPUAllocator) or that touches the memory written."""
+  __slots__ = ("pool", "count", "uses", "keep", "last")
+  def __init__(self, pool: int, count: int, uses: Callable[[], tuple[dict[int, int], dict[int, int]]], keep: Any):
+    self.pool, self.count, self.uses, self.keep = pool, count, uses, keep
+    self.last: tuple[dict[int, int], dict[int, int]] | None = None
+_inflight: Deferred | None = None
+# held while a run is handed over or waited for: threads that realize side by side (a data loader's) see one run in flight
+_deferred_lock = threading.RLock()
+
+def _wait(pool: int, upto: int) -> None:
+  """Return when the pool's runner finished the first `upto` steps of its run (bench/eager_step.py times these waits)."""
+  _library().pool_wait(pool, upto)
+
+def _wait_all() -> None:
+  global _inflight
+  if (d := _inflight) is None: return
+  _wait(d.pool, d.count)
+  _inflight = None  # (what it kept alive can go)
+
+def wait_all() -> None:
+  """Return when the run handed to a runner thread (if any) is done."""
+  if _inflight is None: return
+  with _deferred_lock: _wait_all()
+
+def wait_for(mem: Any, write: bool) -> None:
+  """Before the host reads (write False) or writes memory `mem`: wait for the steps in flight that write it (or, for a
+  write, that read or write it)."""
+  if _inflight is None: return
+  with _deferred_lock:
+    if (d := _inflight) is None: return
+    if d.last is None: d.last = d.uses()
+    if (i := d.last[write].get(id(mem))) is not None:
+      if i + 1 == d.count: _wait_all()
+      else: _wait(d.pool, i + 1)
+
+def hold(pool_name: str, held: bool) -> None:
+  """Hold the named pool's runner thread: it starts no run handed to it until let go (for tests: a run stays in flight)."""
+  _library().pool_hold(pool(pool_name), int(held))
+
+# a forked child has no runner thread, and memory half written; at exit the interpreter frees memory the runner may be writing
+atexit.register(wait_all)
+os.register_at_fork(before=wait_all)
