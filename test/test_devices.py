@@ -106,10 +106,9 @@ def test_copy_between_devices():
 
 CACHE_SCRIPT = """
 import subprocess
-import attograd.runtime.cc as cc
 calls = []
-real = cc.subprocess.Popen
-cc.subprocess.Popen = lambda *a, **k: calls.append(a) or real(*a, **k)
+real = subprocess.Popen  # (runtime/cc.py imports subprocess where it runs a compiler: the module's Popen is the one it calls)
+subprocess.Popen = lambda *a, **k: calls.append(a) or real(*a, **k)
 from attograd import Tensor
 x = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]])
 print((x * 3 + 17.25).sum(1).tolist(), (x.T @ x).max().item())
