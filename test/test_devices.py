@@ -186,6 +186,31 @@ def test_cpu_memory_maps_spare_bytes_fresh_or_pooled(monkeypatch):
 
 # ***** LLVM: the casts C leaves undefined, threads, its disk cache *****
 
+def test_small_buffers_share_a_mapping_with_spare_bytes_at_its_ends(monkeypatch):
+  # buffers under MemoryPool.MIN_BYTES are chunks of one mapping: each 64-byte aligned, in the mapping's interior (its
+  # neighbours or the mapping's own spare pages are what a kernel's over-read reads), zero-filled when taken again
+  import attograd.runtime.ops_cpu as cpu
+  heap = cpu.SmallHeap()
+  monkeypatch.setattr(cpu, "SMALL", heap)
+  before, after = cpu.SPARE_BYTES
+  a, b, c = cpu.CPUMemory(10), cpu.CPUMemory(100), cpu.CPUMemory(cpu.MemoryPool.MIN_BYTES - 1)
+  assert a.mem is b.mem is c.mem and len(a.mem) == before + heap.SLAB_BYTES + after
+  base = ctypes.addressof(ctypes.c_char.from_buffer(a.mem))
+  for m in (a, b, c): assert m.addr % 64 == 0 and m.addr == base + m.start and before <= m.start <= len(m.mem) - after - m.nbytes
+  assert len({a.start, b.start, c.start}) == 3 and b.start >= a.start + 64 and c.start >= b.start + 128
+  b.data[:] = b"\7" * 100
+  start = b.start
+  del b
+  d = cpu.CPUMemory(120)  # the same size class: the freed chunk, zeroed
+  assert d.start == start and bytes(d.data) == b"\0" * 120
+  # a slab too full for the next chunk gives way to a new mapping
+  rest = [cpu.CPUMemory(cpu.MemoryPool.MIN_BYTES // 2 + 1) for _ in range(heap.SLAB_BYTES // cpu.MemoryPool.MIN_BYTES + 1)]
+  assert rest[-1].mem is not a.mem and before <= rest[-1].start
+  # values through kernels on small buffers side by side (a padded read crosses into the neighbours)
+  x, y = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)), Tensor(np.full((3, 4), 5, np.float32))
+  np.testing.assert_equal(x.pad(((1, 1), (2, 2))).numpy(), np.pad(np.arange(12, dtype=np.float32).reshape(3, 4), ((1, 1), (2, 2))))
+  np.testing.assert_equal((x + y).numpy(), np.arange(12).reshape(3, 4) + 5)
+
 @needs_llvm
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool", "float16", "bfloat16"])
 def test_llvm_casts_match_the_reference(dtype):

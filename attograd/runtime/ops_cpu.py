@@ -1,7 +1,7 @@
 """CPU device: C source compiled by the system compiler (runtime/cc.py) into a shared library, cached on disk by
 source hash, and called in-process through ctypes."""
 from __future__ import annotations
-import ctypes, functools, math, mmap, os, re, shutil, struct
+import ctypes, functools, math, mmap, os, re, shutil, struct, threading
 from typing import Any
 from attograd.helpers import CACHELEVEL, Context, cache_path, cache_read, cache_write, content_hash
 from attograd.runtime.device import Allocator, Compiler, Compiled
@@ -35,22 +35,50 @@ class MemoryPool:
   def clear(self) -> None: self.free, self.held = {}, 0  # each block is unmapped by its own refcount
 POOL = MemoryPool()
 
+class SmallHeap:
+  """Memory for buffers under MemoryPool.MIN_BYTES: chunks of a power of two bytes (64 at least: the alignment kernels
+  vectorize for) carved from shared mappings of SLAB_BYTES, the spare pages only at each mapping's ends. A buffer's
+  neighbours are its spare bytes inside a mapping: a kernel's over-read lands in them and ignores what it read, as
+  anywhere in the spare. With a bytearray each, every small buffer carried (and zero-filled) both spare pages: SmolLM2's
+  197 small buffers, 1.55 MiB. A freed chunk waits for the next buffer of its size class, zero-filled again when taken;
+  a mapping's pages nobody wrote (a tail too short for the next chunk, a chunk's end past its buffer) stay unbacked."""
+  SLAB_BYTES = 1 << 18
+  def __init__(self):
+    self.free: dict[int, list[tuple[int, int, mmap.mmap]]] = {}  # by size class: (address, offset, mapping)
+    self.slab: mmap.mmap | None = None
+    self.base = self.top = 0
+    self.lock = threading.Lock()  # (buffers are allocated from the compile and lane threads too)
+  @staticmethod
+  def chunk(nbytes: int) -> int: return 1 << max(6, (nbytes - 1).bit_length())
+  def take(self, nbytes: int) -> tuple[int, int, mmap.mmap]:
+    size = self.chunk(nbytes)
+    with self.lock:
+      if blocks := self.free.get(size):
+        addr, start, mem = blocks.pop()
+        ctypes.memset(addr, 0, size)  # zero-filled, as a fresh small buffer always was
+        return addr, start, mem
+      if self.slab is None or self.top + size > SPARE_BYTES[0] + self.SLAB_BYTES:
+        self.slab = mmap.mmap(-1, self.SLAB_BYTES + sum(SPARE_BYTES), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.base, self.top = ctypes.addressof(ctypes.c_char.from_buffer(self.slab)), SPARE_BYTES[0]
+      start, self.top = self.top, self.top + size
+      return self.base + start, start, self.slab
+  def give(self, addr: int, start: int, mem: mmap.mmap, nbytes: int) -> None:
+    with self.lock: self.free.setdefault(self.chunk(nbytes), []).append((addr, start, mem))
+SMALL = SmallHeap()
+
 HUGE_PAGE = 1 << 21
 
 class CPUMemory:
   """Memory that kernels may vectorize over (64-byte aligned), and its address (zero-filled when fresh). A big buffer is
   a private mapping, page aligned: only private anonymous memory can be backed by 2 MiB pages (the kernel's transparent
   huge pages, asked for with madvise as numpy does). With 4 KiB pages a stream over 64 MiB spends half its time in TLB
-  misses (sum of 16M floats, one core: 4.3 vs 2.2 ms) and first touch costs 3x more. A small one comes from the Python
-  heap: a mapping of its own is a system call and a page fault, 7 us for a few bytes."""
+  misses (sum of 16M floats, one core: 4.3 vs 2.2 ms) and first touch costs 3x more. A small one is a chunk of a shared
+  mapping (SmallHeap): a mapping of its own is a system call and a page fault, 7 us for a few bytes."""
   __slots__ = ("mem", "addr", "start", "nbytes")
   def __init__(self, nbytes: int):
     self.nbytes = nbytes
     if nbytes < MemoryPool.MIN_BYTES:
-      self.mem: mmap.mmap | bytearray = bytearray(nbytes + sum(SPARE_BYTES) + 64)
-      heap = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
-      self.start = SPARE_BYTES[0] + (-(heap + SPARE_BYTES[0]) % 64)
-      self.addr = heap + self.start
+      self.addr, self.start, self.mem = SMALL.take(nbytes)
       return
     self.start = SPARE_BYTES[0]
     if (block := POOL.take(nbytes)) is not None: self.mem, self.addr = block
@@ -63,8 +91,9 @@ class CPUMemory:
     """The buffer's bytes, without the spare ones around them."""
     return memoryview(self.mem)[self.start:self.start + self.nbytes]
   def __del__(self):
-    if type(self.mem) is bytearray: return  # (a builtin: at interpreter shutdown the mmap module may be gone already)
-    try: POOL.give(self.mem, self.addr)
+    try:
+      if self.nbytes < MemoryPool.MIN_BYTES: SMALL.give(self.addr, self.start, self.mem, self.nbytes)
+      else: POOL.give(self.mem, self.addr)
     except Exception: pass  # interpreter shutdown: the pool may already be gone
 
 class CPUAllocator(Allocator):
@@ -74,8 +103,8 @@ class CPUAllocator(Allocator):
   # that touch it): threadpool.Deferred
   def discard(self, mem: CPUMemory) -> None:
     threadpool.wait_for(mem, True)
-    # a mapping of its own drops its pages (zero-filled on the next touch); a small buffer on the Python heap stays
-    if type(mem.mem) is not bytearray and hasattr(mmap, "MADV_DONTNEED"): mem.mem.madvise(mmap.MADV_DONTNEED)
+    # a mapping of its own drops its pages (zero-filled on the next touch); a small buffer's chunk of a shared one stays
+    if mem.nbytes >= MemoryPool.MIN_BYTES and hasattr(mmap, "MADV_DONTNEED"): mem.mem.madvise(mmap.MADV_DONTNEED)
   def copyin(self, dest: CPUMemory, src: memoryview) -> None:
     threadpool.wait_for(dest, True)
     dest.data[:src.nbytes] = src.cast("B")
