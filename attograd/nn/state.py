@@ -4,17 +4,16 @@ PyTorch checkpoints (.pt/.pth, zip and legacy formats) read through a restricted
 Loaded tensors live on the DISK device: a window into the file, read only when copied to a compute
 device (load_state_dict does that), so loading touches just the bytes of the tensors used."""
 from __future__ import annotations
-import array, collections, collections.abc, dataclasses, json, mmap, os, struct, types
+import array, collections, collections.abc, json, mmap, os, struct, types
 from typing import Any, Iterator, NamedTuple
 from attograd.dtype import DType, dtypes
 from attograd.helpers import prod
-from attograd.uop.ops import UOp, Ops
+from attograd.uop.ops import UOp
 from attograd.tensor import Tensor
-from attograd.schedule.schedule import new_buffer
-from attograd.engine.realize import buffer_of
 from attograd.runtime.device import Device
 from attograd.nn.module import Module, IncompatibleKeys, copy_state
 from attograd.nn.quant import GGML_TYPES, dequantize, split_fields
+from attograd.nn.file_tensors import cpu_tensor, disk_tensor
 
 __all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata", "torch_load",
            "gguf_load", "gguf_read", "GGUFStrings"]
@@ -26,18 +25,6 @@ SAFETENSORS_DTYPES: dict[str, DType] = {
 SAFETENSORS_NAMES: dict[DType, str] = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 # ***** tensors on DISK *****
-
-def _disk_tensor(path: str, offset: int, dtype: DType, shape: tuple[int, ...]) -> Tensor:
-  """A lazy tensor of `shape` whose bytes are at byte `offset` of the file."""
-  buf = new_buffer(f"DISK:{path}", prod(shape), dtype)
-  buf = buf.replace(arg=dataclasses.replace(buf.arg, offset=offset))
-  buffer_of(buf).ensure_allocated()  # binds it to the file as it is now: a later replace doesn't change it
-  return Tensor(buf if shape == (buf.arg.size,) else UOp(Ops.RESHAPE, dtype, (buf,), shape))
-
-def _cpu_tensor(raw: bytes | memoryview, dtype: DType, shape: tuple[int, ...]) -> Tensor:
-  buf = new_buffer("CPU", prod(shape), dtype)
-  buffer_of(buf).copyin(memoryview(raw))
-  return Tensor(buf if shape == (buf.arg.size,) else UOp(Ops.RESHAPE, dtype, (buf,), shape))
 
 # ***** state dicts *****
 
@@ -111,7 +98,7 @@ def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
   """The tensors of a safetensors file, lazily on DISK: nothing but the header is read until a tensor is used."""
   path = os.path.abspath(os.fspath(path))
   entries, _, _ = _read_safetensors_header(path)
-  return {name: _disk_tensor(path, off, dt, shape) for name, (dt, shape, off) in entries.items()}
+  return {name: disk_tensor(path, off, dt, shape) for name, (dt, shape, off) in entries.items()}
 
 def safe_load_metadata(path: str | os.PathLike) -> dict[str, str]:
   """The user metadata (the header's "__metadata__", as passed to safe_save), reading only the header."""
@@ -330,9 +317,9 @@ def gguf_load(path_or_tensor: str | os.PathLike | Tensor, resident: bool = False
       f = open(path, "rb")
       def window(info: GGUFTensorInfo, dt: DType) -> Tensor:
         f.seek(info.offset)
-        return _cpu_tensor(f.read(info.nbytes), dt, (info.nbytes // dt.itemsize,))
+        return cpu_tensor(f.read(info.nbytes), dt, (info.nbytes // dt.itemsize,))
     else:
-      def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return _disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
+      def window(info: GGUFTensorInfo, dt: DType) -> Tensor: return disk_tensor(path, info.offset, dt, (info.nbytes // dt.itemsize,))
   raws: dict[str, Any] = {}
   for name, info in infos.items():
     raws[name] = window(info, _GGUF_PLAIN.get(info.ggml_type, dtypes.uint8)).to(device)

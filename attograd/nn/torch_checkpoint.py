@@ -6,7 +6,7 @@ from typing import Any, Callable
 from attograd.dtype import DType, dtypes
 from attograd.helpers import prod, argsort, strides_for_shape
 from attograd.tensor import Tensor
-from attograd.nn.state import _cpu_tensor, _disk_tensor
+from attograd.nn.file_tensors import cpu_tensor, disk_tensor
 
 
 TORCH_STORAGES: dict[str, DType] = {
@@ -33,8 +33,8 @@ class _Storage:
   offset: int | None = 0
   raw: bytes | None = None
   def tensor(self, byte_offset: int, dtype: DType, shape: tuple[int, ...]) -> Tensor | None:
-    if self.raw is not None: return _cpu_tensor(self.raw[byte_offset:byte_offset + prod(shape) * dtype.itemsize], dtype, shape)
-    return None if self.offset is None else _disk_tensor(self.path, self.offset + byte_offset, dtype, shape)
+    if self.raw is not None: return cpu_tensor(self.raw[byte_offset:byte_offset + prod(shape) * dtype.itemsize], dtype, shape)
+    return None if self.offset is None else disk_tensor(self.path, self.offset + byte_offset, dtype, shape)
 
 def _rebuild(storage: Any, storage_offset: Any, size: Any, stride: Any, dtype: DType | None, requires_grad: Any = False) -> Tensor | None:
   """torch's view (size, stride, offset in elements) of a storage as a Tensor: a DISK window when the
@@ -74,7 +74,7 @@ def _strided(flat: Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> 
     for j, idx in enumerate(itertools.product(*map(range, shape))):
       p = sum(i * s for i, s in zip(idx, strides)) * isz
       out[j * isz:(j + 1) * isz] = raw[p:p + isz]
-    return _cpu_tensor(out, flat.dtype, shape)
+    return cpu_tensor(out, flat.dtype, shape)
   t = flat
   for k, d in enumerate(dims):
     n, st, lead = shape[d], strides[d], t.shape[:-1]
