@@ -121,9 +121,8 @@ def apply_opt(ast: UOp, opt: Opt, has_local: bool = False) -> UOp:
 def _apply_opt(ast: UOp, opt: Opt, has_local: bool) -> UOp:
   if opt.op in (OptOps.LOCAL, OptOps.GROUP) and not has_local:
     raise KernelOptError(f"{opt}: {opt.op.name} needs a target with workgroups (a GPU); this one has no work-groups")
-  if opt.op is not OptOps.THREAD and any(u.op is Ops.DEFINE_REG for u in ast.toposort):
-    # a scratch (no other Opt makes one) is laid out for the loops as they were: only splitting the work across cores
-    # keeps it valid
+  if opt.op is not OptOps.THREAD and _copied(ast):
+    # the scratch is laid out for the loops as they were: only splitting the work across cores keeps it valid
     raise KernelOptError(f"{opt}: only THREAD may follow PACK or WIDEN")
   ax = axes(ast)
   if not 0 <= opt.axis < len(ax): raise KernelOptError(f"{opt}: the kernel has {len(ax)} axes")
@@ -325,6 +324,14 @@ def _inside(ast: UOp, r: UOp) -> Callable[[UOp], list[UOp] | None]:
     # the reduce's loops outermost, the written-out (upcast) ones innermost: each step of the reduce reads one contiguous row
     return sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
   return inner_ranges
+
+def _copied(ast: UOp) -> bool:
+  """Has PACK or WIDEN copied values to a scratch (_copy_once): a PACK loop, or a SIMD loop that only stores to a scratch.
+  (A scratch alone doesn't say: an attention kernel's online-softmax registers are the scheduler's, schedule/flash.py.)"""
+  def to_scratch(x: UOp) -> bool:
+    return x.op is Ops.STORE and x.src[0].src[0].op is Ops.DEFINE_REG or x.op is Ops.NOOP and all(map(to_scratch, x.src))
+  return any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK or u.op is Ops.END and to_scratch(u.src[0])
+             and any(r.op is Ops.RANGE and r.arg[1] is AxisKind.SIMD for r in u.src[1:]) for u in ast.toposort)
 
 def _copy_once(ast: UOp, values: list[UOp], rs: list[UOp], dtype: DType, vector: bool = False) -> dict[UOp, UOp]:
   """values (each a function of the loops rs and of loops outside them) computed in one loop nest over rs into a scratch
