@@ -291,6 +291,10 @@ def written(ast: UOp) -> tuple[int, ...]:
   return w
 
 DEFER = getenv("DEFER", 1)  # 0: an eager loop's kernels run before realize returns (as they do at THREADS=1)
+# a plan with a kernel that does more float ops (~2 ms on a core) or binds more bytes (~1 ms of one core's memory
+# bandwidth) runs on all cores before realize returns (a small transformer step's biggest: its MLP's matmuls, 34M ops)
+DEFER_MAX_OPS, DEFER_MAX_BYTES = 1 << 26, 1 << 24
+def _big(ei: ExecItem) -> bool: return ei.runner.ops > DEFER_MAX_OPS or sum(b.nbytes for b in ei.bufs) > DEFER_MAX_BYTES
 
 LANES_MIN_OPS, LANES_MIN_BYTES = 1 << 21, 1 << 21  # a plan's ops or bytes bound from which its devices run side by side
 
@@ -518,7 +522,10 @@ class PlannedRun:
     self.unheld = [(n, kept_in[self.slot_of[n]]) for n in created if n not in self.kept and self.held[self.slot_of[n]] is None]
     # its native runs now, not on its second run: it will run again (their address arrays are what rebinding writes)
     plan.native, plan.ran_quiet = plan._native_runs(), True
-    plan.defer = len(plan.native) == 1 and type(plan.native[0]) is Steps
+    # deferred, a plan's kernels run on the cores Python doesn't use (one of two): it pays where the step's Python is what
+    # takes the time, many small kernels (a small transformer's training step: 0.96 -> 1.13x torch at 2 threads), and
+    # halves a big kernel's speed (bench/all.py matmul 2048 on the runner's one core: 40 -> 77 ms)
+    plan.defer = len(plan.native) == 1 and type(plan.native[0]) is Steps and not any(map(_big, plan.items))
     where: dict[int, tuple[list[tuple[list, int]], list[tuple[ctypes.Array, int]]]] = {}
     for ei, (_, numbers) in zip(plan.items, template.items):
       for j, n in enumerate(numbers):
