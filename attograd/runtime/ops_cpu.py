@@ -88,12 +88,8 @@ class CPUMemory:
       self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem)) + SPARE_BYTES[0]
   @property
   def data(self) -> memoryview:
-    """The buffer's bytes, without the spare ones around them, in a view that keeps this memory alive: a view of the
-    mapping alone would outlive it, and its chunk or block, reused by the next buffer (SmallHeap, MemoryPool), would be
-    two buffers' (an all-reduce's input view, its buffer gone, was its output's memory: MPI refused the same pointer)."""
-    view = (ctypes.c_char * self.nbytes).from_buffer(self.mem, self.start)
-    view.owner = self  # type: ignore[attr-defined]
-    return memoryview(view).cast("B")
+    """The buffer's bytes, without the spare ones around them."""
+    return memoryview(self.mem)[self.start:self.start + self.nbytes]
   def __del__(self):
     try:
       if self.nbytes < MemoryPool.MIN_BYTES: SMALL.give(self.addr, self.start, self.mem, self.nbytes)
