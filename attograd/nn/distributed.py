@@ -192,13 +192,15 @@ def _check(what: str, t: Any) -> None:
     raise JitError(f"{what} inside a TinyJit function: a replay would not communicate. Return the tensor and call {what} outside")
   if t.uop.symbolic_shape: raise ValueError(f"{what} of a tensor with a symbolic shape {t.shape}: bind the Variable's value first")
 
-def _input_bytes(t: Tensor) -> memoryview:
-  """t's values as bytes, realized in contiguous memory: the buffer itself on host devices, else a copy."""
+def _input_bytes(t: Tensor) -> tuple[memoryview, Tensor]:
+  """t's values as bytes, realized in contiguous memory: the buffer itself on host devices, else a copy; and the tensor
+  whose buffer it is, which the caller holds until MPI is done with the bytes (a view of device memory doesn't keep its
+  buffer: freed, its memory is the next buffer's, such as the collective's output, and MPI refused the same pointer)."""
   c = t.contiguous().realize()
   if not is_contiguous_buffer(c.uop): c = c.clone().realize()
   b = buffer_of(c.uop.base)
   mv = b.host_view()
-  return mv if mv is not None else b.as_bytes()
+  return (mv if mv is not None else b.as_bytes()), c
 
 def _output(shape: tuple[int, ...], dtype: DType, device: str) -> tuple[Tensor, memoryview, Any]:
   """A fresh tensor, the bytes MPI writes into, and the buffer to copy them to afterwards (None when written in place)."""
@@ -243,7 +245,7 @@ def all_reduce(tensor: Tensor, op: ReduceOp | str = ReduceOp.SUM, group: Any = N
   mpi_op = getattr(g.MPI, (_BOOL_OPS if tensor.dtype == dtypes.bool else _MPI_OPS)[rop])
   mpi_type = getattr(g.MPI, _MPI_TYPES[tensor.dtype])
   _start(g, f"all_reduce({rop.name} of {tensor.shape} {tensor.dtype})")
-  src = _input_bytes(tensor)
+  src, held = _input_bytes(tensor)
   out, dst, pending = _output(tensor.shape, tensor.dtype, tensor.device)
   _wait(g, g.comm.Iallreduce([src, mpi_type], [dst, mpi_type], mpi_op))
   out = _finish(out, dst, pending)
@@ -258,7 +260,8 @@ def broadcast(tensor: Tensor, src: int, group: Any = None, async_op: bool = Fals
   if not 0 <= src < g.size: raise ValueError(f"broadcast(src={src}): there are {g.size} ranks")
   _start(g, f"broadcast(from rank {src}, {tensor.shape} {tensor.dtype})")
   if g.rank == src:
-    _wait(g, g.comm.Ibcast([_input_bytes(tensor), g.MPI.BYTE], root=src))
+    data, held = _input_bytes(tensor)
+    _wait(g, g.comm.Ibcast([data, g.MPI.BYTE], root=src))
     return
   out, dst, pending = _output(tensor.shape, tensor.dtype, tensor.device)
   _wait(g, g.comm.Ibcast([dst, g.MPI.BYTE], root=src))
@@ -277,7 +280,7 @@ def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Any = None, asy
     if not isinstance(t, Tensor) or t.shape != tensor.shape or t.dtype != tensor.dtype:
       raise ValueError(f"all_gather: tensor_list[{i}] must be a {tensor.shape} {tensor.dtype} tensor like the input, got {t!r}")
   _start(g, f"all_gather({tensor.shape} {tensor.dtype})")
-  src = _input_bytes(tensor)
+  src, held = _input_bytes(tensor)
   out, dst, pending = _output((g.size, *tensor.shape), tensor.dtype, tensor.device)
   _wait(g, g.comm.Iallgather([src, g.MPI.BYTE], [dst, g.MPI.BYTE]))
   out = _finish(out, dst, pending)
