@@ -141,12 +141,12 @@ def torch_load(path: str | os.PathLike) -> Any:
   """What torch.save wrote (usually a state dict), with tensors as attograd Tensors, lazily on DISK
   where the saved view is contiguous. Only tensors, storages, OrderedDict and plain Python values are
   accepted: any other global in the pickle raises pickle.UnpicklingError before it can run."""
-  from attograd.nn import torch_checkpoint  # (imported here: it needs pickle, 0.4 MiB resident in a process that loads no checkpoint)
+  import attograd.nn.torch_checkpoint as torch_checkpoint  # (imported here: it needs pickle, 0.4 MiB resident in a process that loads no checkpoint)
   return torch_checkpoint.load(path)
 
 def __getattr__(name: str) -> Any:  # the checkpoint loader's names, as they were when it lived here
   if name in ("ForbiddenGlobal", "TORCH_DTYPES", "TORCH_STORAGES"):
-    from attograd.nn import torch_checkpoint
+    import attograd.nn.torch_checkpoint as torch_checkpoint
     return getattr(torch_checkpoint, name)
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
