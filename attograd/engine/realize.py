@@ -282,13 +282,11 @@ def native_entry(ei: ExecItem) -> int | None:
   for a runner Python must call (a copy, an all-reduce, a GPU kernel)."""
   return getattr(ei.runner.program, "slice_entry", None) if isinstance(ei.runner, CompiledKernel) and ei.runner.launch is None else None
 
-_written: dict[UOp, tuple[int, ...]] = {}
 def written(ast: UOp) -> tuple[int, ...]:
-  """The positions among a kernel's buffers of those it stores to (its PARAMs' numbers)."""
-  if (w := _written.get(ast)) is None:
-    w = _written[ast] = tuple(sorted({u.src[0].src[0].arg for u in ast.toposort if u.op is Ops.STORE and u.src[0].op is Ops.INDEX
-                                      and u.src[0].src[0].op is Ops.PARAM} or {0}))
-  return w
+  """The positions among a kernel's buffers of those it stores to (its PARAMs' numbers). (Asked once per plan, by
+  ExecPlan._uses: a memo by AST kept every kernel's graph alive.)"""
+  return tuple(sorted({u.src[0].src[0].arg for u in ast.toposort if u.op is Ops.STORE and u.src[0].op is Ops.INDEX
+                       and u.src[0].src[0].op is Ops.PARAM} or {0}))
 
 DEFER = getenv("DEFER", 1)  # 0: an eager loop's kernels run before realize returns (as they do at THREADS=1)
 # a plan with a kernel that does more float ops (~2 ms on a core) or binds more bytes (~1 ms of one core's memory
