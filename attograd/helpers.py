@@ -265,42 +265,30 @@ PROGRESS = ContextVar("PROGRESS", 1)  # 0: never show a progress bar
 
 class Progress:
   """A bar over `total` steps that shows once the work has lasted `delay` seconds and isn't done, so quick work prints
-  nothing: tqdm's when it is installed, else one stderr line rewritten in place. Until then an update is a clock read."""
+  nothing: one stderr line rewritten in place. Until then an update is a clock read. (Not tqdm's bar: importing it
+  brings multiprocessing, email and logging, 2 MiB resident, and a monitor thread into a process that only compiles.)"""
   def __init__(self, total: int, desc: str, unit: str = "kernel", delay: float = 1.0):
     self.total, self.desc, self.unit, self.delay, self.done = total, desc, unit, delay, 0
-    self.start, self.shown, self.note = time.perf_counter(), 0.0, ""
-    self.bar: Any = None  # None: not shown yet; True: the plain line; else a tqdm bar
+    self.start, self.shown, self.note, self.open = time.perf_counter(), 0.0, "", False
   def update(self, n: int = 0, note: str | None = None) -> None:
     """n more steps done; `note` says what is being worked on. Also call it with n=0 during a long step."""
     self.done += n
     if note is not None: self.note = note
     now = time.perf_counter()
-    if self.bar is None:
+    if not self.open:
       if now - self.start < self.delay or self.done >= self.total or not PROGRESS: return
-      self.bar = self._open(now)
+      self.open = True
     if now - self.shown < 0.1 and self.done < self.total: return  # at most 10 redraws a second
     self.shown = now
-    if self.bar is True: self._line(now)
-    else:
-      self.bar.n = self.done
-      self.bar.set_postfix_str(self.note)  # (and redraws)
+    self._line(now)
   def _line(self, now: float) -> None:
     line = f"{self.desc}: {self.done}/{self.total} {self.unit}s [{now - self.start:.0f} s] {self.note}"
     sys.stderr.write(f"\r{line[:100]:100s}"); sys.stderr.flush()
-  def _open(self, now: float) -> Any:
-    try: from tqdm import tqdm
-    except ImportError: return True
-    # (a delay: no first drawing at 0 done; the rate then counts every step since the start)
-    bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=sys.stderr, dynamic_ncols=True, delay=1e-9)
-    bar.start_t -= now - self.start  # the work began before the bar: rates and times count from then
-    return bar
   def close(self) -> None:
-    if self.bar is None: return
-    if self.bar is True:
-      self._line(time.perf_counter())
-      sys.stderr.write("\n"); sys.stderr.flush()
-    else: self.bar.close()
-    self.bar = None
+    if not self.open: return
+    self._line(time.perf_counter())
+    sys.stderr.write("\n"); sys.stderr.flush()
+    self.open = False
 
 class _Bar:
   """tqdm's common surface (iterate, update, set_description, set_postfix, close, with) for when tqdm isn't installed:

@@ -305,6 +305,31 @@ def test_training_step_leaves_no_reference_cycles():
     gc.garbage.clear()
   assert garbage == []
 
+def test_scans_state_dicts_and_attention_schedules_make_no_reference_cycles():
+  """Building long scans (blocked: a recursion), walking a model's state and scheduling attention at the flash sizes
+  leave nothing for the cycle collector: each was a nested function that called itself, a cycle holding the tensor, the
+  state dict or the graph's users map until the collector's next pass (which realize and lowering pause)."""
+  import gc
+  from attograd.nn.state import get_state_dict
+  x = Tensor.rand(3, 300).realize()
+  model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+  q = Tensor.rand(1, 1, 2048, 8, requires_grad=True)
+  def build() -> None:
+    x.cumsum(1).realize(); x.cummax(1)[1].realize()
+    assert len(get_state_dict(model)) == 4
+    q.scaled_dot_product_attention(q, q, is_causal=True).sum().backward()
+    q.grad.schedule()
+  gc.collect()
+  gc.set_debug(gc.DEBUG_SAVEALL)
+  try:
+    build()
+    gc.collect()
+    garbage = sorted({type(o).__name__ for o in gc.garbage})
+  finally:
+    gc.set_debug(0)
+    gc.garbage.clear()
+  assert garbage == []
+
 # ***** a loop's graphs matched by their compiled structure (schedule/match.py) *****
 
 def test_matcher_finds_a_step_graph_and_its_buffers():

@@ -10,8 +10,8 @@ from attograd.engine import registry
 from attograd.engine.registry import NodeMap
 
 # what a node may keep in its __dict__: caches that are pure functions of the node (cached properties, the symbolic
-# ranges of uop/ops.py's _memo, the rewrite engine's fixed-point marks)
-PURE_CACHES = {k for k, v in vars(UOp).items() if isinstance(v, cached_property)} | {"_range", "_ranges", "_live", "_fixed"}
+# ranges of uop/ops.py's _memo)
+PURE_CACHES = {k for k, v in vars(UOp).items() if isinstance(v, cached_property)} | {"_range", "_ranges", "_live"}
 
 def test_nodes_hold_no_engine_state():
   w = Tensor.rand(8, 8, requires_grad=True).realize()

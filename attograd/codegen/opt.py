@@ -303,12 +303,15 @@ def apply_stash(ast: UOp, st: UOp, red: UOp, value: UOp, o: UOp) -> UOp:
   stashed = red.replace(src=(red.src[0].substitute({value: value.after(stash)}), r))
   # the output's loop reads the value back once the reduce (and so its stores) is done
   reread, again = out.after(stashed).index(idx.src[1]).load(), value.substitute({r: o})
-  memo: dict[UOp, UOp] = {again: reread, red: stashed}
-  def rebuild(u: UOp) -> UOp:  # the value read back outside every reduce only: another reduce may run before this one
-    if u not in memo: memo[u] = u if u.op is Ops.REDUCE else u.replace(src=tuple(map(rebuild, u.src)))
-    return memo[u]
-  # and the reduce is the stashing one everywhere, inside other reduces too: else it would be computed twice
-  return ast.substitute({st: st.replace(src=(idx, rebuild(st.src[1]).substitute({red: stashed})))})
+  # the value read back outside every reduce only (another reduce may run before this one), and the reduce is the
+  # stashing one everywhere, inside other reduces too: else it would be computed twice
+  outside = _outside_reduces(st.src[1], {again: reread, red: stashed})
+  return ast.substitute({st: st.replace(src=(idx, outside.substitute({red: stashed})))})
+
+def _outside_reduces(u: UOp, memo: dict[UOp, UOp]) -> UOp:
+  """u with memo's replacements made outside every REDUCE (what lies inside a reduce is left as it is)."""
+  if u not in memo: memo[u] = u if u.op is Ops.REDUCE else u.replace(src=tuple(_outside_reduces(s, memo) for s in u.src))
+  return memo[u]
 
 PACK_MAX = 1 << 17  # elements of one scratch: it lives on the stack of each core's call (8 MB: runtime/threadpool.py). A weight
 # gradient over 4096 tokens packs panels of 4096 x 32: 24 -> 77 GFLOPS on one core (without the pack, the swap alone: 39)
@@ -325,12 +328,14 @@ def _inside(ast: UOp, r: UOp) -> Callable[[UOp], list[UOp] | None]:
     return sorted(rs, key=lambda x: (x.arg[1] is not AxisKind.REDUCE, x.arg))
   return inner_ranges
 
+def _to_scratch(x: UOp) -> bool:
+  """Does x only store to scratches (DEFINE_REG)?"""
+  return x.op is Ops.STORE and x.src[0].src[0].op is Ops.DEFINE_REG or x.op is Ops.NOOP and all(map(_to_scratch, x.src))
+
 def _copied(ast: UOp) -> bool:
   """Has PACK or WIDEN copied values to a scratch (_copy_once): a PACK loop, or a SIMD loop that only stores to a scratch.
   (A scratch alone doesn't say: an attention kernel's online-softmax registers are the scheduler's, schedule/flash.py.)"""
-  def to_scratch(x: UOp) -> bool:
-    return x.op is Ops.STORE and x.src[0].src[0].op is Ops.DEFINE_REG or x.op is Ops.NOOP and all(map(to_scratch, x.src))
-  return any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK or u.op is Ops.END and to_scratch(u.src[0])
+  return any(u.op is Ops.RANGE and u.arg[1] is AxisKind.PACK or u.op is Ops.END and _to_scratch(u.src[0])
              and any(r.op is Ops.RANGE and r.arg[1] is AxisKind.SIMD for r in u.src[1:]) for u in ast.toposort)
 
 def _copy_once(ast: UOp, values: list[UOp], rs: list[UOp], dtype: DType, vector: bool = False) -> dict[UOp, UOp]:

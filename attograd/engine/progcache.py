@@ -40,24 +40,29 @@ def program_key(ast: UOp, device: str, renderer: Any, choice: str) -> str | None
 
 def _path(key: str) -> pathlib.Path: return cache_path("program", f"{key}.json")
 
-def write_program(key: str, name: str, src: str, opts: list[Opt], ops: int, variables: list[UOp],
-                  launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None) -> None:
+def program_entry(key: str, name: str, src: str, opts: list[Opt], ops: int, variables: list[UOp],
+                  launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None) -> dict[str, Any]:
+  """The program as plain data (JSON): what the cache keeps, and what a lowering child sends (engine/realize.py)."""
   syms = [d for d in launch[0] if isinstance(d, UOp)] if launch is not None else []
   graph = graph_data([*variables, *syms])
   # a symbolic count of work-groups names its root in the graph: {"r": i}
   groups = [d if isinstance(d, int) else {"r": len(variables) + syms.index(d)} for d in launch[0]] if launch is not None else None
-  entry = {"format": FORMAT, "key": key, "name": name, "src": src, "opts": [[o.op.name, o.axis, o.amount] for o in opts],
-           "ops": ops, "graph": graph, "variables": len(variables), "launch": None if launch is None else [groups, list(launch[1])]}
-  cache_write(_path(key), json.dumps(entry).encode())
+  return {"format": FORMAT, "key": key, "name": name, "src": src, "opts": [[o.op.name, o.axis, o.amount] for o in opts],
+          "ops": ops, "graph": graph, "variables": len(variables), "launch": None if launch is None else [groups, list(launch[1])]}
+
+def write_program(key: str, name: str, src: str, opts: list[Opt], ops: int, variables: list[UOp],
+                  launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None) -> None:
+  cache_write(_path(key), json.dumps(program_entry(key, name, src, opts, ops, variables, launch)).encode())
 
 def program_cached(key: str) -> bool: return _path(key).exists()
 
 def read_program(key: str) -> dict[str, Any] | None:
   """The entry write_program stored under key, its fields as the kernel needs them (the scalar arguments as nodes,
   launch dims with their symbolic sizes as UOps); None when there is none, or it is damaged (then with a warning)."""
-  return cache_read(_path(key), lambda raw: _decode(json.loads(raw), key))
+  return cache_read(_path(key), lambda raw: decode_program(json.loads(raw), key))
 
-def _decode(entry: dict[str, Any], key: str) -> dict[str, Any]:
+def decode_program(entry: dict[str, Any], key: str) -> dict[str, Any]:
+  """program_entry's data as the kernel needs it (ValueError: it was written for another key)."""
   if entry["format"] != FORMAT or entry["key"] != key: raise ValueError("written for another key")
   roots = graph_from_data(entry["graph"])
   variables = roots[:entry["variables"]]

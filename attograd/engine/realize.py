@@ -1,11 +1,11 @@
 """Realize lazy graphs: schedule them, compile each kernel once (cached by AST and device), then call it with buffers."""
 from __future__ import annotations
-import ctypes, itertools, json, math, operator, threading, time, weakref, zlib
+import ctypes, itertools, json, math, operator, os, sys, threading, time, weakref, zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING: from concurrent.futures import Future, ThreadPoolExecutor
 from attograd.dtype import dtypes
-from attograd.helpers import BEAM, CACHELEVEL, DEBUG, getenv, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
+from attograd.helpers import BEAM, CACHELEVEL, DEBUG, ContextVar, getenv, NOOPT, GlobalCounters, Progress, cached_property, colored, gc_paused, prod, unwrap
 from attograd.uop.ops import UOp, Ops, GroupOp, substitute_sym
 from attograd.uop import trace
 from attograd.runtime.device import Device, Buffer
@@ -26,7 +26,9 @@ from attograd.engine import registry
 from attograd.engine import roofline
 from attograd.engine.allreduce import AllReduce
 from attograd.engine.lanes import LANES, Lanes, lane_cores
-from attograd.engine.progcache import program_key, program_cached, read_program, write_program
+from attograd.engine.progcache import program_key, program_cached, read_program, write_program, program_entry, decode_program
+from attograd.engine.forked import ForkedWorker, ChildGone
+from attograd.uop.serialize import graph_data, graph_from_data
 
 @dataclass
 class CompiledKernel:
@@ -93,7 +95,7 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
   if (ahead := _ahead.pop(key, None)) is None:
     chosen_by = "caller" if opts is not None else opts_choice(None, dev.renderer)  # VIZ shows who chose the Opts
     if opts is None: opts = choose_opts(ast, device, progress)
-    ahead = lower_kernel(ast, device, opts, None, chosen_by)
+    ahead = lower_kernel(ast, device, opts, False, chosen_by)
   ck = _kernel_cache[key] = ahead()
   if pkey is not None: write_program(pkey, ck.name, ck.src, ck.opts, ck.ops, ck.variables, ck.launch)
   return ck
@@ -107,22 +109,28 @@ def compile_ahead(schedule: list[ScheduleItem], progress: Progress | None = None
   """Lower the schedule's kernels that aren't compiled (nor in the program cache) and hand each source to the device's
   compiler on a worker thread as soon as it is written: the C compiler (another process) compiles one kernel while
   Python lowers the next, on the other core. BEAM compiles its own candidates."""
-  todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op not in NOT_KERNELS)
-          if k not in _kernel_cache and k not in _ahead]
   queues: set[CompileQueue] = set()
   try:
-    if (len(todo) < 2 and not _held) or BEAM >= 1 or DEBUG >= 5: return
-    # the program cache's kernels: get_kernel loads them (little work), and a schedule of only those makes no pool
-    if not (todo := [k for k in todo if _to_lower(*k)]): return
-    queues = {q for device in {d for _, d in todo} if (q := _pool_queue(device)) is not None}
-    for q in queues: q.lowering = True
-    with gc_paused():
-      for ast, device in todo:
-        _lower_ahead(ast, device, progress)
-        if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
+    _lower_todo(schedule, queues, progress)
+    for (ast, device), p in _waiting.items(): _ahead[(ast, device)] = _lower_here(ast, device, p)  # too few for a child
   finally:
     for q in {*_held, *queues}: q.lowered()
     _held.clear()
+    _waiting.clear()  # (after an error: get_kernel lowers them when they are run)
+    _end_lowering_child()
+
+def _lower_todo(schedule: list[ScheduleItem], queues: set[CompileQueue], progress: Progress | None) -> None:
+  todo = [k for k in dict.fromkeys((si.ast, si.bufs[0].arg.device) for si in schedule if si.ast.op not in NOT_KERNELS)
+          if k not in _kernel_cache and k not in _ahead and k not in _waiting]
+  if (len(todo) < 2 and not _held) or BEAM >= 1 or DEBUG >= 5: return
+  # the program cache's kernels: get_kernel loads them (little work), and a schedule of only those makes no pool
+  if not (todo := [k for k in todo if _to_lower(*k)]): return
+  queues.update(q for device in {d for _, d in todo} if (q := _pool_queue(device)) is not None)
+  for q in queues: q.lowering = True
+  with gc_paused():
+    for ast, device in todo:
+      _lower_ahead(ast, device, progress)
+      if progress is not None: progress.update(0, f"lowered {len(_ahead)}")
 
 def _pool_queue(device: str) -> CompileQueue | None:
   """The compile pool (made on first use) and device's compiler queue on it (None: no queue, or a device that can't run)."""
@@ -136,13 +144,83 @@ def _to_lower(ast: UOp, device: str) -> bool:
   """Is the kernel lowered ahead? Not when it is compiled or lowered already, nor when the program cache has it (loading
   it costs little: get_kernel does it), nor on a device that can't run kernels (get_kernel says why)."""
   dev = Device[device]
-  if dev.renderer is None or (ast, device) in _kernel_cache or (ast, device) in _ahead: return False
+  if dev.renderer is None or (ast, device) in _kernel_cache or (ast, device) in _ahead or (ast, device) in _waiting: return False
   pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
   return pkey is None or not program_cached(pkey)
 
 def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> None:
-  """Lower one kernel (_to_lower's) now and queue its source for the compiler."""
-  _ahead[(ast, device)] = lower_kernel(ast, device, choose_opts(ast, device, progress), _compiler_pool, opts_choice(None, Device[device].renderer))
+  """Lower one kernel (_to_lower's) and queue its source for the compiler: in the lowering child once the realize has
+  LOWER_CHILD kernels to lower (until then they wait), else now, here."""
+  if not _child_possible(): _ahead[(ast, device)] = _lower_here(ast, device, progress); return
+  _waiting[(ast, device)] = progress
+  if _child is None and len(_waiting) < LOWER_CHILD.value: return
+  for (a, d), p in _waiting.items(): _ahead[(a, d)] = _lower_in_child(a, d) or _lower_here(a, d, p)
+  _waiting.clear()
+
+def _lower_here(ast: UOp, device: str, progress: Progress | None = None) -> Callable[[], CompiledKernel]:
+  return lower_kernel(ast, device, choose_opts(ast, device, progress), True, opts_choice(None, Device[device].renderer))
+
+# ***** lowering in a child process (engine/forked.py says why) *****
+# The child is forked when a realize has LOWER_CHILD kernels to lower (with fewer, they are lowered here at its end: a
+# fork costs 5-10 ms in a process of 150-250 MiB, as much as lowering a small kernel, and a test suite realizes
+# thousands of small graphs), and told the requests ended when the realize has sent them all (compile_ahead): it
+# answers the rest and exits. It is a copy of this process as the
+# realize found it: a setting or a module's value changed before the realize is the child's too. A kernel is sent as its AST (serialized: it was made after
+# the fork) with the program key this process computed; the child lowers it with the heuristics' Opts if its own key
+# for the AST is the same (a setting changed since the fork gives another key) and answers with the program's entry.
+# The reply's source goes to the compiler as it arrives; the kernel is made when the run loop asks for it. A kernel the
+# child couldn't lower (an error, or the child gone) is lowered here, where its exception has its traceback.
+LOWER_CHILD = ContextVar("LOWER_CHILD", 4)  # a realize with this many kernels to lower lowers them in the child (0: never)
+_waiting: dict[tuple[UOp, str], Progress | None] = {}  # a realize's kernels to lower while it has fewer
+
+def _child_possible() -> bool:
+  # not where the passes are recorded (VIZ) or printed, in an MPI process (an MPI library may not survive a fork), nor
+  # without fork
+  return bool(LOWER_CHILD) and trace.current is None and DEBUG < 3 and "mpi4py.MPI" not in sys.modules and hasattr(os, "fork")
+
+class _LoweringChild(ForkedWorker):
+  def __init__(self) -> None:
+    # each request's compiler, for its reply's source (the reader's function holds the list, not the worker: a cycle)
+    compilers: list[Callable[[str, str], Future]] = []
+    super().__init__(_lower_request, lambda i, reply: compilers[i](reply["program"]["name"], reply["program"]["src"]))
+    self.compilers = compilers
+_child: _LoweringChild | None = None
+
+def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | None:
+  """The kernel, lowered by the lowering child (None: lower it here)."""
+  global _child
+  dev = Device[device]
+  if (key := program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer))) is None: return None
+  request = {"ast": graph_data([ast]), "device": device, "key": key}
+  try:
+    child = _child = _child or _LoweringChild()
+    child.compilers.append(_compile_submitter(device))
+    i = child.submit(request)
+  except OSError: return None  # no fork here (a process limit), or the child is gone
+  def finish() -> CompiledKernel:
+    try: reply, binary = child.result(i)
+    except ChildGone as e: reply, binary = {"error": str(e)}, None
+    if "error" in reply:
+      if DEBUG >= 1: print(f"the lowering child didn't lower a kernel ({reply['error']}): lowering it here")
+      return lower_kernel(ast, device, choose_opts(ast, device), False, opts_choice(None, dev.renderer))()
+    e = decode_program(reply["program"], key)
+    return _kernel(device, Lowered(e["name"], e["src"], e["opts"], e["ops"], e["variables"], e["launch"], reply["lower_s"]), binary)
+  return finish
+
+def _lower_request(request: dict) -> dict:
+  """(In the child) a request's kernel, lowered with the heuristics' Opts: the program's entry and the CPU seconds."""
+  ast, device = graph_from_data(request["ast"])[0], request["device"]
+  renderer = Device[device].renderer
+  if program_key(ast, device, renderer, opts_choice(None, renderer)) != request["key"]:
+    raise RuntimeError("the program key differs in the child: a setting changed since it was forked")
+  p = lower_program(ast, device, choose_opts(ast, device))
+  return {"program": program_entry(request["key"], p.name, p.src, p.opts, p.ops, p.variables, p.launch), "lower_s": p.lower_s}
+
+def _end_lowering_child() -> None:
+  """This realize has sent the child all its kernels: it answers them and exits."""
+  global _child
+  if _child is not None: _child.close()
+  _child = None
 
 # queues kept at one worker since kernels were lowered as they were scheduled (schedule_lowering): compile_ahead lets go
 _held: list[CompileQueue] = []
@@ -190,7 +268,7 @@ def load_kernel(pkey: str, ast: UOp, device: str) -> CompiledKernel | None:
 
 def compile_kernel(ast: UOp, device: str, opts: list[Opt]) -> CompiledKernel:
   """The kernel with these opts, compiled (KernelOptError if an opt doesn't apply)."""
-  return lower_kernel(ast, device, opts, None, "caller (compile_kernel: BEAM's candidates, tests)")()
+  return lower_kernel(ast, device, opts, False, "caller (compile_kernel: BEAM's candidates, tests)")()
 
 _queues: dict[str, CompileQueue] = {}
 
@@ -201,12 +279,22 @@ def compile_queue(device: str) -> CompileQueue | None:
     queue = _queues[device] = CompileQueue(Device[device].compiler, _compiler_pool, _workers)
   return queue
 
-def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecutor | None, chosen_by: str = "caller") -> Callable[[], CompiledKernel]:
-  """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the pool's
-  thread if one is given; the function returned waits for the binary and makes the kernel."""
+@dataclass
+class Lowered:
+  """A kernel's program before its binary: what lowering makes (here or in the lowering child), and the program cache keeps."""
+  name: str
+  src: str
+  opts: list[Opt]
+  ops: int
+  variables: list[UOp]
+  launch: tuple[tuple[UOp | int, ...], tuple[int, ...]] | None
+  lower_s: float
+  rec: Any = trace._no_group  # VIZ: the kernel's record, for its compile time
+
+def lower_program(ast: UOp, device: str, opts: list[Opt], chosen_by: str = "caller") -> Lowered:
+  """The kernel lowered with these opts (KernelOptError if one doesn't apply)."""
   dev = Device[device]
   st = time.thread_time()  # CPU time: what lowering costs, however busy the machine is
-  gpu = dev.renderer.has_local
   with trace.group("kernel", "", ast=ast, device=device, opts=list(opts), chosen_by=chosen_by) as rec:  # VIZ: the kernel's passes
     name, src, uops = to_program(ast, dev.renderer, opts)
   lower_s = time.thread_time() - st
@@ -215,21 +303,35 @@ def lower_kernel(ast: UOp, device: str, opts: list[Opt], pool: ThreadPoolExecuto
   if DEBUG >= 5:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:28s} {u.arg!r}")
   if DEBUG >= 4: print(src)
-  def build() -> tuple[bytes, float]: return timed_compile(dev.compiler.compile, src)
-  binary: Future | None = None
-  if pool is not None:
-    binary = queue.submit(name, src) if pool is _compiler_pool and (queue := compile_queue(device)) is not None else pool.submit(build)
   variables = scalar_args(uops)
-  launch = launch_dims(uops) if gpu else None
-  ops = count_ops(uops)
-  def finish() -> CompiledKernel:
-    lib, compile_s = build() if binary is None else binary.result()
-    ck = CompiledKernel(name, pack_source(src), dev.runtime(name, lib), 0, variables, opts, launch, lower_s, compile_s)
-    ck.ops = ops * ck.threads * (prod(d for d in (*ck.launch[0], *ck.launch[1]) if isinstance(d, int)) if gpu else 1)
-    rec.set(compile_s=compile_s, ready=trace.clock())  # VIZ: the compile's bar ends when the run loop got the binary
-    if DEBUG >= 2: print(f"compiled {name}: lowering {lower_s * 1e3:.1f} ms ({len(uops)} uops), compiling {compile_s * 1e3:.1f} ms (CPU)")
-    return ck
-  return finish
+  launch = launch_dims(uops) if dev.renderer.has_local else None
+  # per run: the ops of one slice (or work-item) times the slices (the core id's count) or the launch's items
+  threads = variables[-1].arg if variables and variables[-1].op is Ops.CORE_ID else 1
+  ops = count_ops(uops) * threads * (prod(d for d in (*launch[0], *launch[1]) if isinstance(d, int)) if launch is not None else 1)
+  return Lowered(name, src, list(opts), ops, variables, launch, lower_s, rec)
+
+def lower_kernel(ast: UOp, device: str, opts: list[Opt], on_pool: bool, chosen_by: str = "caller") -> Callable[[], CompiledKernel]:
+  """Lower the kernel with these opts now (KernelOptError if one doesn't apply) and compile its source, on the compile
+  pool if on_pool; the function returned waits for the binary and makes the kernel."""
+  p = lower_program(ast, device, opts, chosen_by)
+  binary = _compile_submitter(device)(p.name, p.src) if on_pool else None
+  return lambda: _kernel(device, p, binary)
+
+def _compile_submitter(device: str) -> Callable[[str, str], Future]:
+  """A function (name, source) -> the future of (binary, compile seconds), on the compile pool: the device's batching
+  queue if its compiler batches."""
+  dev = Device[device]
+  if (queue := compile_queue(device)) is not None: return queue.submit
+  return lambda name, src: unwrap(_compiler_pool).submit(timed_compile, dev.compiler.compile, src)
+
+def _kernel(device: str, p: Lowered, binary: Future | None) -> CompiledKernel:
+  """The kernel of a lowered program, once its binary is built (compiled here when no future is given)."""
+  dev = Device[device]
+  lib, compile_s = timed_compile(dev.compiler.compile, p.src) if binary is None else binary.result()
+  ck = CompiledKernel(p.name, pack_source(p.src), dev.runtime(p.name, lib), p.ops, p.variables, p.opts, p.launch, p.lower_s, compile_s)
+  p.rec.set(compile_s=compile_s, ready=trace.clock())  # VIZ: the compile's bar ends when the run loop got the binary
+  if DEBUG >= 2: print(f"compiled {p.name}: lowering {p.lower_s * 1e3:.1f} ms, compiling {compile_s * 1e3:.1f} ms (CPU)")
+  return ck
 
 def slowest_kernels() -> tuple[CompiledKernel, CompiledKernel, CompiledKernel] | None:
   """The kernels this process took longest to lower, to compile, and to do both (None if it built none: all came from

@@ -320,6 +320,38 @@ def _axis(axis: int, ndim: int, extra: int = 0) -> int:
   if not isinstance(axis, int) or not -n <= axis < n: raise IndexError(f"dim {axis} is out of range for a tensor of {ndim} dimension(s)")
   return axis % n
 
+# the scans' blocked recursions, at module level: a nested function that calls itself is a reference cycle (it holds its
+# own cell), and each call's cycle would keep the tensor it closes over until the cycle collector's next pass
+def _blocked_scan(x, tri, fill, combine, B: int):
+  """_scan along the last axis: tri(x) for short rows, else tri within blocks of B and the scan of the blocks' totals
+  folded into each block by combine."""
+  n, lead = x.shape[-1], x.shape[:-1]
+  if n <= _SCAN_DIRECT: return tri(x)
+  nb = -(-n // B)
+  inner = tri(x.pad(tuple((0, 0) for _ in lead) + ((0, nb * B - n),), value=fill).reshape(*lead, nb, B)).contiguous()
+  totals = _blocked_scan(inner.shrink(tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))).reshape(*lead, nb), tri, fill, combine, B)
+  before = totals.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),))
+  return combine(before.unsqueeze(-1), inner).reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
+
+def _blocked_cummax(x, where_from, tri, low, isf: bool):
+  """cummax along the last axis as (values, indices), by blocks like _blocked_scan, carrying the index along."""
+  n, lead = x.shape[-1], x.shape[:-1]
+  if n <= _SCAN_DIRECT: return tri(x, where_from)
+  B = _SCAN_BLOCK
+  nb = -(-n // B)
+  pad = tuple((0, 0) for _ in lead) + ((0, nb * B - n),)
+  g = type(x).arange(n, device=x.device, dtype=dtypes.int64).expand(*lead, n) if where_from is None else where_from
+  v, i = tri(x.pad(pad, value=low).reshape(*lead, nb, B), g.pad(pad).reshape(*lead, nb, B))
+  v, i = v.contiguous(), i.contiguous()
+  last = tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))
+  tv, ti = _blocked_cummax(v.shrink(last).reshape(*lead, nb), i.shrink(last).reshape(*lead, nb), tri, low, isf)
+  shift = lambda t, fill: t.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),)).unsqueeze(-1)
+  bv, bi = shift(tv, low), shift(ti, 0)
+  # the blocks before win only when strictly larger, or when they saw a NaN and this block's prefix didn't
+  take = (bv > v) | (bv.isnan() & v.isnan().logical_not()) if isf else (bv > v)
+  out = lambda t: t.reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
+  return out(take.where(bv, v)), out(take.where(bi, i))
+
 class ReorderOps:
   __slots__ = ()  # Tensor defines the slots
 
@@ -520,16 +552,7 @@ class ReorderOps:
       n = x.shape[-1]
       ar = type(self).arange(n, device=self.device)
       return reduce((ar.reshape(1, n) <= ar.reshape(n, 1)).where(x.unsqueeze(-2).expand(*x.shape[:-1], n, n), fill), -1)
-    def scan(x):
-      n, lead = x.shape[-1], x.shape[:-1]
-      if n <= _SCAN_DIRECT: return tri(x)
-      B = block or _SCAN_BLOCK
-      nb = -(-n // B)
-      inner = tri(x.pad(tuple((0, 0) for _ in lead) + ((0, nb * B - n),), value=fill).reshape(*lead, nb, B)).contiguous()
-      totals = scan(inner.shrink(tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))).reshape(*lead, nb))
-      before = totals.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),))
-      return combine(before.unsqueeze(-1), inner).reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
-    out = scan(x)
+    out = _blocked_scan(x, tri, fill, combine, block or _SCAN_BLOCK)
     return out.reshape(()) if self.ndim == 0 else out.transpose(d, -1)
 
   def cumsum(self, axis: int = 0, *, dim=None):
@@ -563,24 +586,7 @@ class ReorderOps:
       pos = hit.where(j, -1).amax(-1)
       if where_from is None: return vals.squeeze(-1), pos
       return vals.squeeze(-1), (j == pos.unsqueeze(-1)).where(where_from.unsqueeze(-2), 0).sum(-1)
-    def scan(x, where_from):
-      n, lead = x.shape[-1], x.shape[:-1]
-      if n <= _SCAN_DIRECT: return tri(x, where_from)
-      B = _SCAN_BLOCK
-      nb = -(-n // B)
-      pad = tuple((0, 0) for _ in lead) + ((0, nb * B - n),)
-      g = T.arange(n, device=self.device, dtype=dtypes.int64).expand(*lead, n) if where_from is None else where_from
-      v, i = tri(x.pad(pad, value=low).reshape(*lead, nb, B), g.pad(pad).reshape(*lead, nb, B))
-      v, i = v.contiguous(), i.contiguous()
-      last = tuple((0, s) for s in lead) + ((0, nb), (B - 1, B))
-      tv, ti = scan(v.shrink(last).reshape(*lead, nb), i.shrink(last).reshape(*lead, nb))
-      shift = lambda t, fill: t.pad(tuple((0, 0) for _ in lead) + ((1, 0),), value=fill).shrink(tuple((0, s) for s in lead) + ((0, nb),)).unsqueeze(-1)
-      bv, bi = shift(tv, low), shift(ti, 0)
-      # the blocks before win only when strictly larger, or when they saw a NaN and this block's prefix didn't
-      take = (bv > v) | (bv.isnan() & v.isnan().logical_not()) if isf else (bv > v)
-      out = lambda t: t.reshape(*lead, nb * B).shrink(tuple((0, s) for s in lead) + ((0, n),))
-      return out(take.where(bv, v)), out(take.where(bi, i))
-    v, i = scan(x, None)
+    v, i = _blocked_cummax(x, None, tri, low, isf)
     # torch's gradient goes to the index it returns (the latest of tied maxima); through the reductions above it was shared
     if isf and self._may_need_grad(): v = x.gather(-1, i)
     if self.ndim == 0: return ValuesIndices(v.reshape(()), i.reshape(()))

@@ -293,12 +293,14 @@ def _trie(words: list[str], escape: Any) -> str:
     node = trie
     for ch in w: node = node.setdefault(ch, {})
     node[""] = {}  # a word ends here
-  def rx(node: dict[str, dict]) -> str:
-    alts = [escape(ch) + rx(child) for ch, child in node.items() if ch]
-    if not alts: return ""
-    body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-    return f"(?:{body})?" if "" in node else body
-  return rx(trie)
+  return _trie_pattern(trie, escape)
+
+def _trie_pattern(node: dict[str, dict], escape: Any) -> str:
+  """The pattern of the words below a trie node ("" marks a word's end)."""
+  alts = [escape(ch) + _trie_pattern(child, escape) for ch, child in node.items() if ch]
+  if not alts: return ""
+  body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+  return f"(?:{body})?" if "" in node else body
 
 def _utf8_or_replacements(b: bytearray) -> str:
   try: return b.decode()

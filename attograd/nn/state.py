@@ -33,20 +33,22 @@ def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> di
   ("layers.0.weight", as torch names them). A tensor reachable twice appears under both names.
   An nn.Module contributes its state_dict(): its parameters and persistent buffers, as torch's would."""
   out: dict[str, Tensor] = {}
-  on_path: set[int] = set()  # guards against cycles (a layer pointing back at its model)
-  def walk(o: Any, name: str) -> None:
-    if isinstance(o, tensor_type): out[name.rstrip(".")] = o; return
-    if isinstance(o, Module): o.state_dict(out, name); return
-    if id(o) in on_path or isinstance(o, (str, bytes, int, float, type, types.ModuleType, UOp)) or o is None: return
-    if isinstance(o, dict): items: Any = o.items()
-    elif isinstance(o, (list, tuple)): items = enumerate(o)
-    elif hasattr(o, "__dict__") and isinstance(vars(o), dict): items = vars(o).items()
-    else: return
-    on_path.add(id(o))
-    for k, v in list(items): walk(v, f"{name}{k}.")
-    on_path.discard(id(o))
-  walk(obj, prefix)
+  _walk_state(obj, prefix, out, set(), tensor_type)
   return out
+
+def _walk_state(o: Any, name: str, out: dict[str, Tensor], on_path: set[int], tensor_type: type) -> None:
+  """get_state_dict's walk: the tensors reachable from o into out; on_path guards against cycles (a layer pointing back
+  at its model)."""
+  if isinstance(o, tensor_type): out[name.rstrip(".")] = o; return
+  if isinstance(o, Module): o.state_dict(out, name); return
+  if id(o) in on_path or isinstance(o, (str, bytes, int, float, type, types.ModuleType, UOp)) or o is None: return
+  if isinstance(o, dict): items: Any = o.items()
+  elif isinstance(o, (list, tuple)): items = enumerate(o)
+  elif hasattr(o, "__dict__") and isinstance(vars(o), dict): items = vars(o).items()
+  else: return
+  on_path.add(id(o))
+  for k, v in list(items): _walk_state(v, f"{name}{k}.", out, on_path, tensor_type)
+  on_path.discard(id(o))
 
 def get_parameters(obj: Any) -> list[Tensor]:
   """The distinct tensors of obj, in state-dict order (a shared tensor once, like torch's parameters())."""

@@ -100,6 +100,10 @@ static inline unsigned short f64_to_f16(double d) {
 # has no copies written out around it, and its inner loops (the head dimension) need the vectorizer
 GCC_SYMBOLIC_LOOPS = '#if defined(__GNUC__) && !defined(__clang__)\n__attribute__((optimize("no-tree-loop-vectorize")))\n#endif\n'
 
+def _addends(x: UOp) -> list[UOp]:
+  """The terms of a sum of ADDs, in order."""
+  return [t for s in x.src for t in _addends(s)] if x.op is Ops.ADD else [x]
+
 class CStyleRenderer(Renderer):
   device = "CPU"
   has_threads = True
@@ -194,10 +198,9 @@ class CStyleRenderer(Renderer):
     """An index inside a simd loop as (the part the loop doesn't move)+(the part it does): gcc's loop vectorizer
     sees pointer + a masked (gated) read's offset as affine only when the loop's part isn't summed in int with the
     rest (that sum could wrap on the lanes the mask turns off), and otherwise reads it with a gather."""
-    def terms(x: UOp) -> list[UOp]: return [t for s in x.src for t in terms(s)] if x.op is Ops.ADD else [x]
     # (x.ranges, kept on each node, not x.toposort: a copy of everything under x for each term of each index was half the render)
     def moves(x: UOp) -> bool: return any(y.arg[1] is AxisKind.SIMD for y in x.ranges)
-    parts = terms(idx)
+    parts = _addends(idx)
     if not any(moves(t) for t in parts) or all(moves(t) for t in parts): return r[idx]
     still, moving = [r[t] for t in parts if not moves(t)], [r[t] for t in parts if moves(t)]
     return f"({'+'.join(still)})+({'+'.join(moving)})"

@@ -75,19 +75,28 @@ class LLVMRenderer(Renderer):
       declares.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
       return ins(f"call {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
 
+    # (cast goes through step, neither calls itself: a nested function that does is a reference cycle, and with it
+    # everything render made would wait for the cycle collector, which lowering pauses)
     def cast(x: str, frm: DType, to: DType) -> str:
       """Value x of dtype frm as dtype to, with the semantics of the PYTHON device."""
       if frm == to: return x
       if frm == dtypes.bfloat16:  # its bits are the top half of a float32
         wide = ins(f"zext i16 {x} to i32")
-        return cast(ins(f"bitcast i32 {ins(f'shl i32 {wide}, 16')} to float"), dtypes.float32, to)
+        x, frm = ins(f"bitcast i32 {ins(f'shl i32 {wide}, 16')} to float"), dtypes.float32
       if to == dtypes.bfloat16:  # round to nearest even from float32; NaN becomes the quiet NaN 0x7fc0
-        f = cast(x, frm, dtypes.float32)
+        f = step(x, frm, dtypes.float32)
         b = ins(f"bitcast float {f} to i32")
         odd = ins(f"and i32 {ins(f'lshr i32 {b}, 16')}, 1")
         up = ins(f"add i32 {ins(f'add i32 {b}, 32767')}, {odd}")
         rounded = ins(f"trunc i32 {ins(f'lshr i32 {up}, 16')} to i16")
         return ins(f"select i1 {ins(f'fcmp uno float {f}, 0.0')}, i16 32704, i16 {rounded}")
+      if to == dtypes.float16 and not is_float(frm) and bits(frm) == 64:  # as the reference does: the integer becomes a double first
+        x, frm = step(x, frm, dtypes.float64), dtypes.float64
+      return step(x, frm, to)
+
+    def step(x: str, frm: DType, to: DType) -> str:
+      """cast between two dtypes that aren't bfloat16, in one conversion."""
+      if frm == to: return x
       ft, tt = ltype(frm), ltype(to)
       if dtypes.is_bool(to): return ins(f"fcmp une {ft} {x}, 0.0" if is_float(frm) else f"icmp ne {ft} {x}, 0")
       if dtypes.is_bool(frm): return ins(f"uitofp i1 {x} to {tt}" if is_float(to) else f"zext i1 {x} to {tt}")
@@ -96,10 +105,7 @@ class LLVMRenderer(Renderer):
           # no libcall for double -> half outside compiler-rt: round to odd in float, which rounds once after
           return ins(f"fptrunc float {round_to_odd_f32(x)} to half")
         return ins(f"{'fpext' if bits(to) > bits(frm) else 'fptrunc'} {ft} {x} to {tt}")
-      if is_float(to):
-        if to == dtypes.float16 and bits(frm) == 64:  # as the reference does: the integer becomes a double first
-          return cast(cast(x, frm, dtypes.float64), dtypes.float64, to)
-        return ins(f"{'sitofp' if is_signed(frm) else 'uitofp'} {ft} {x} to {tt}")
+      if is_float(to): return ins(f"{'sitofp' if is_signed(frm) else 'uitofp'} {ft} {x} to {tt}")
       if is_float(frm):  # only to int64 arrives (codegen/semantics.py): saturating, NaN to 0 (fptosi is poison beyond)
         return call(f"llvm.fptosi.sat.i64.{intr(frm)}", "i64", [(ft, x)])
       if bits(to) == bits(frm): return x

@@ -44,6 +44,21 @@ ptx_math = PatternMatcher(float64_math.rules + [
   (UPat(Ops.SIN, dtype=dtypes.float32, src=(UPat.var("x"),)), lambda x: x.cast(dtypes.float64).alu(Ops.SIN).cast(dtypes.float32)),
 ])
 
+def _cast_steps(frm: DType, to: DType) -> list[DType]:
+  """The dtypes a PTX cast from frm to to goes through, both ends included: each step is one conversion instruction."""
+  if frm == to: return [frm]
+  f32 = dtypes.float32
+  half = (dtypes.float16, dtypes.bfloat16)
+  # bool to and from the half floats, bfloat16 to anything, anything to bfloat16 and float16 to an integer: by float32
+  if f32 not in (frm, to) and ((frm == dtypes.bool and to in half) or (to == dtypes.bool and frm in half) or frm == dtypes.bfloat16
+                               or to == dtypes.bfloat16 or (frm == dtypes.float16 and dtypes.is_int(to))):
+    return _cast_steps(frm, f32) + _cast_steps(f32, to)[1:]
+  if to == dtypes.float16 and not is_float(frm) and frm != dtypes.bool:
+    # an integer becomes a float first, exactly where it can (a double for 32 bits), as the reference
+    via = dtypes.float64 if bits(frm) >= 32 else f32
+    return [frm, via, to]
+  return [frm, to]
+
 class PTXRenderer(Renderer):
   device = "CUDA"
   rewrites = ptx_math
@@ -75,29 +90,22 @@ class PTXRenderer(Renderer):
       emit(f"cvt.s16.s8 {out}, {x};" if dt == dtypes.int8 else f"and.b16 {out}, {x}, 255;")
       return out
 
+    # a cast is a chain of steps (_cast_steps); step doesn't call itself: a nested function that does is a reference
+    # cycle, and with it everything render made would wait for the cycle collector, which lowering pauses
     def cast(x: str, frm: DType, to: DType) -> str:
-      if frm == to: return x
+      steps = _cast_steps(frm, to)
+      for a, b in zip(steps, steps[1:]): x = step(x, a, b)
+      return x
+
+    def step(x: str, frm: DType, to: DType) -> str:
+      """One conversion of _cast_steps."""
       out = new(to)
-      if frm == dtypes.bool:
-        if to == dtypes.float16 or to == dtypes.bfloat16: return cast(cast(x, frm, dtypes.float32), dtypes.float32, to)
-        emit(f"selp.{REG[to]} {out}, {imm(1, to)}, {imm(0, to)}, {x};"); return out
-      if to == dtypes.bool:
-        if frm == dtypes.float16 or frm == dtypes.bfloat16: return cast(cast(x, frm, dtypes.float32), dtypes.float32, to)
-        emit(f"setp.{'neu' if is_float(frm) else 'ne'}.{REG[frm]} {out}, {x}, {imm(0, frm)};"); return out
-      if frm == dtypes.bfloat16:  # its bits are the top half of a float32
-        f = new(dtypes.float32)
-        emit(f"mov.b32 {f}, {{0, {x}}};")
-        return cast(f, dtypes.float32, to)
-      if to == dtypes.bfloat16:  # round to nearest even from float32, as the other backends
-        emit(f"cvt.rn.bf16.f32 {out}, {cast(x, frm, dtypes.float32)};"); return out
-      if frm == dtypes.float16:
-        if dtypes.is_int(to): return cast(cast(x, frm, dtypes.float32), dtypes.float32, to)
-        emit(f"cvt.{REG[to]}.f16 {out}, {x};"); return out
-      if to == dtypes.float16:
-        # an integer becomes a float first, exactly where it can (a double for 32 bits), as the reference
-        via = frm if is_float(frm) else dtypes.float64 if bits(frm) >= 32 else dtypes.float32
-        emit(f"cvt.rn.f16.{REG[via]} {out}, {cast(x, frm, via)};")
-        return out
+      if frm == dtypes.bool: emit(f"selp.{REG[to]} {out}, {imm(1, to)}, {imm(0, to)}, {x};"); return out
+      if to == dtypes.bool: emit(f"setp.{'neu' if is_float(frm) else 'ne'}.{REG[frm]} {out}, {x}, {imm(0, frm)};"); return out
+      if frm == dtypes.bfloat16: emit(f"mov.b32 {out}, {{0, {x}}};"); return out  # its bits are the top half of a float32
+      if to == dtypes.bfloat16: emit(f"cvt.rn.bf16.f32 {out}, {x};"); return out  # round to nearest even, as the other backends
+      if frm == dtypes.float16: emit(f"cvt.{REG[to]}.f16 {out}, {x};"); return out
+      if to == dtypes.float16: emit(f"cvt.rn.f16.{REG[frm]} {out}, {x};"); return out
       if is_float(frm) and is_float(to):
         emit(f"cvt{'.rn' if bits(to) < bits(frm) else ''}.{REG[to]}.{REG[frm]} {out}, {x};"); return out
       if is_float(to):

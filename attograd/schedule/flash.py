@@ -135,14 +135,17 @@ def fuse_attention(sink: UOp, points: dict[UOp, str]) -> dict[UOp, str]:
     inside = set(p.toposort)
     row = [u for u in inside if u.op is Ops.REDUCE_AXIS and u.arg[1] == (len(x.shape) - 1,) and u in points and
            ((u.arg[0] is Ops.MAX and u.src[0] is x) or (u.arg[0] is Ops.ADD and u.src[0].op is Ops.EXP and u.src[0].src[0].op is Ops.SUB and u.src[0].src[0].src[0] is x))]
-    def lse_reader(u: UOp) -> bool:
-      if u in inside: return True
-      # (log is log2 times ln 2)
-      if u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.DETACH, Ops.LOG2) or (u.op is Ops.MUL and any(_through(a, Ops.EXPAND, Ops.RESHAPE).op is Ops.CONST for a in u.src)):
-        return all(lse_reader(w) for w in users.get(u, []))
-      return u.op is Ops.ADD and all(w.op is Ops.CONTIGUOUS for w in users.get(u, []))
-    if len(row) == 2 and all(lse_reader(w) for r in row for w in users.get(r, [])): points = {u: w for u, w in points.items() if u not in row}
+    if len(row) == 2 and all(_lse_reader(w, inside, users) for r in row for w in users.get(r, [])):
+      points = {u: w for u, w in points.items() if u not in row}
   return fuse_attention_grads(sink, points, users)
+
+def _lse_reader(u: UOp, inside: set[UOp], users: dict[UOp, list[UOp]]) -> bool:
+  """Does u read a row's max or sum only for the pass (inside) or a stored logsumexp (m + log(l))?"""
+  if u in inside: return True
+  # (log is log2 times ln 2)
+  if u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.DETACH, Ops.LOG2) or (u.op is Ops.MUL and any(_through(a, Ops.EXPAND, Ops.RESHAPE).op is Ops.CONST for a in u.src)):
+    return all(_lse_reader(w, inside, users) for w in users.get(u, []))
+  return u.op is Ops.ADD and all(w.op is Ops.CONTIGUOUS for w in users.get(u, []))
 
 # ***** tensor graph: the backward's recomputed probabilities *****
 
@@ -160,6 +163,21 @@ def recomputes_probabilities(f: UOp) -> bool:
     stack.extend(u.src)
   return False
 
+def _grad_reader_ok(u: UOp, big: dict[UOp, int], points: dict[UOp, str], users: dict[UOp, list[UOp]], memo: dict[UOp, bool]) -> bool:
+  """Is u a gradient's matmul over a candidate (one of big), or elementwise or movement on the way to only such?"""
+  if u in memo: return memo[u]
+  memo[u] = False  # (a cycle can't happen; a node seen twice is decided once)
+  if u in big: ok = True
+  elif u.op is Ops.REDUCE_AXIS:  # the gradient's matmul: a sum over the keys (or the queries) with its own buffer
+    k = u.src[0].shape[u.arg[1][0]] if len(u.arg[1]) == 1 else 0
+    ok = u in points and u.arg[0] is Ops.ADD and len(u.arg[1]) == 1 and u.arg[1][0] == len(u.shape) - 1 and isinstance(k, int) and \
+      k >= FLASH_BWD_MIN_KEYS and isinstance(c := u.shape[-2], int) and c <= FLASH_MAX_COLUMNS
+  elif u in points or u.op is Ops.SINK: ok = False
+  elif u.op in GroupOp.Movement or u.op in GroupOp.ALU: ok = all(_grad_reader_ok(w, big, points, users, memo) for w in users.get(u, []))
+  else: ok = False
+  memo[u] = ok
+  return ok
+
 def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, list[UOp]] | None) -> dict[UOp, str]:
   """Drop the buffers of sdpa's backward's T x S values (the recomputed scores and probabilities, dP, dS) where every
   reader is a long sum of them times a narrow operand (a gradient's matmul): grad_kernel then computes each such value
@@ -170,22 +188,9 @@ def fuse_attention_grads(sink: UOp, points: dict[UOp, str], users: dict[UOp, lis
   if users is None: users = _users(sink)
   big = {f: _numel(f) for f in cands}
   memo: dict[UOp, bool] = {}
-  def reader_ok(u: UOp) -> bool:
-    if u in memo: return memo[u]
-    memo[u] = False  # (a cycle can't happen; a node seen twice is decided once)
-    if u in big: ok = True
-    elif u.op is Ops.REDUCE_AXIS:  # the gradient's matmul: a sum over the keys (or the queries) with its own buffer
-      k = u.src[0].shape[u.arg[1][0]] if len(u.arg[1]) == 1 else 0
-      ok = u in points and u.arg[0] is Ops.ADD and len(u.arg[1]) == 1 and u.arg[1][0] == len(u.shape) - 1 and isinstance(k, int) and \
-        k >= FLASH_BWD_MIN_KEYS and isinstance(c := u.shape[-2], int) and c <= FLASH_MAX_COLUMNS
-    elif u in points or u.op is Ops.SINK: ok = False
-    elif u.op in GroupOp.Movement or u.op in GroupOp.ALU: ok = all(reader_ok(w) for w in users.get(u, []))
-    else: ok = False
-    memo[u] = ok
-    return ok
   # the candidates whose readers all are gradient matmuls (or other candidates), repeated until stable
   while True:
-    bad = [f for f in big if not all(reader_ok(w) for w in users.get(f, []))]
+    bad = [f for f in big if not all(_grad_reader_ok(w, big, points, users, memo) for w in users.get(f, []))]
     if not bad: break
     for f in bad: del big[f]
     memo.clear()

@@ -193,6 +193,7 @@ class UOpMeta(type):
     for s in src: m |= s.opmask
     node.opmask = m
     node._shape_memo = node._device_memo = _UNSET
+    node.fixed = 0
     entry = UOpMeta.ucache[key] = _Entry(node, _drop)
     entry.key = key
     return node
@@ -208,7 +209,8 @@ class UOp(metaclass=UOpMeta):
   """An immutable node. Building the same node twice returns the same object, so `is` is equality."""
   # shape and device, asked of nearly every node the front end builds, are slots filled on first use: kept in the
   # __dict__ (as cached properties), they gave each node a dict, one more object for the cycle collector to walk
-  __slots__ = ("op", "dtype", "src", "arg", "opmask", "_shape_memo", "_device_memo", "__weakref__", "__dict__")
+  # fixed: the PatternMatchers (a bit each, PatternMatcher.fixed_bit) this node is a fixed point of (graph_rewrite)
+  __slots__ = ("op", "dtype", "src", "arg", "opmask", "fixed", "_shape_memo", "_device_memo", "__weakref__", "__dict__")
   def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     raise AssertionError("UOpMeta.__call__ makes every node")  # (kept for the signature: UOp(op, dtype, src, arg))
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
@@ -390,11 +392,11 @@ class UOp(metaclass=UOpMeta):
   @property
   def ranges(self) -> frozenset[UOp]:
     """Every RANGE this node depends on, ended or not (toposort's RANGEs, kept per node: each node unions its sources')."""
-    return self._memo("_ranges", _ranges_info)
+    return _and_self(self, self._memo("_ranges", _ranges_info))
   @property
   def live_ranges(self) -> frozenset[UOp]:
     """The loops this node lives in: RANGEs it depends on, less those closed by an END it depends on."""
-    return self._memo("_live", _live_info)
+    return _and_self(self, self._memo("_live", _live_info))
 
   # ***** tensor level: shape and device *****
   @property
@@ -655,13 +657,15 @@ def _is_sym_int(u: UOp) -> bool:
     (u.op in GroupOp.ALU and (dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison) and
      all(_is_sym_int(s) or (s.op is Ops.CONST and not s.src) for s in u.src))
 
+# A RANGE is among its own ranges and live ranges, but its memo leaves it out (as ancestors does): a node that held itself
+# would be a reference cycle, and every loop of every kernel lowered would wait for the cycle collector
+def _and_self(u: UOp, ranges: frozenset[UOp]) -> frozenset[UOp]: return ranges | {u} if u.op is Ops.RANGE else ranges
+
 def _ranges_info(u: UOp) -> frozenset[UOp]:
-  ranges = frozenset().union(*(s.__dict__["_ranges"] for s in u.src)) if u.src else frozenset()
-  return ranges | {u} if u.op is Ops.RANGE else ranges
+  return frozenset().union(*(_and_self(s, s.__dict__["_ranges"]) for s in u.src)) if u.src else frozenset()
 
 def _live_info(u: UOp) -> frozenset[UOp]:
-  live = frozenset().union(*(s.__dict__["_live"] for s in u.src)) if u.src else frozenset()
-  if u.op is Ops.RANGE: return live | {u}
+  live = frozenset().union(*(_and_self(s, s.__dict__["_live"]) for s in u.src)) if u.src else frozenset()
   return live - {u.src[1]} if u.op is Ops.END else live
 
 def _range_info(u: UOp) -> tuple[ConstType, ConstType, bool]:

@@ -90,6 +90,7 @@ class PatternMatcher:
       for op in (pat.op if pat.op is not None else Ops):
         self.by_op.setdefault(op, []).append((pat, fn, takes_ctx))
     self.opmask = sum(1 << op.value for op in self.by_op)  # UOp.opmask: a graph without these ops is a fixed point
+    self.fixed_bit = 0  # UOp.fixed's bit for this matcher, given when graph_rewrite first marks nodes with it
   def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
   def rewrite(self, u: UOp, ctx: Any = None, steps: list | None = None) -> UOp | None:
     """What the first rule that changes u returns, else None. With `steps` (a recording, VIZ), (u, result, pattern) is
@@ -115,6 +116,8 @@ class PatternMatcher:
 
 class RewriteLoopError(RuntimeError): pass
 
+_fixed_bits = itertools.count()  # the next PatternMatcher.fixed_bit (the matchers used without ctx first get the small ints)
+
 # VIZ (uop/trace.py) sets this to its recorder; None (the default) leaves graph_rewrite and run_passes as they are, at
 # the cost of one test per call (not per node)
 tracker: Any = None
@@ -131,14 +134,18 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, 
   stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
   count = 0
   # Rules are pure functions of the graph below a node (and ctx): what a rewrite without ctx returned is a fixed point of
-  # the matcher, marked on the node, and a later rewrite by the same matcher stops there without walking under it.
-  # Lowering rewrites a kernel's graph with `symbolic` again after small changes, and most of it is such a node.
-  memo, opmask = ctx is None, pm.opmask
+  # the matcher, marked on the node (a bit of UOp.fixed), and a later rewrite by the same matcher stops there without
+  # walking under it. Lowering rewrites a kernel's graph with `symbolic` again after small changes, and most of it is such
+  # a node. (A bit, not a set in the node's __dict__: a dict and a set for every node a rewrite made were most of
+  # lowering's allocations, and those of long-lived nodes, made among its garbage, pinned the arenas it freed)
+  bit = 0  # (with a ctx, rules may read it: nothing is marked)
+  if ctx is None and (bit := pm.fixed_bit) == 0: bit = pm.fixed_bit = 1 << next(_fixed_bits)
+  opmask = pm.opmask
   while stack:
     node, state, other = stack.pop()
     if state == 0:
       if node in done: continue
-      if not node.opmask & opmask or (memo and pm in node.__dict__.get("_fixed", ())):
+      if not node.opmask & opmask or node.fixed & bit:
         done[node] = node
         continue
       stack.append((node, 1, None))
@@ -162,10 +169,8 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, 
         stack.append((ret, 0, None))
     else:
       done[node] = done[other]  # type: ignore[index]
-  if memo:
-    for u in done.values():
-      if (fixed := u.__dict__.get("_fixed")) is None: u.__dict__["_fixed"] = {pm}
-      else: fixed.add(pm)
+  if bit:
+    for u in done.values(): u.fixed |= bit
   return done[sink]
 
 # A pipeline is a list of named passes, run in order: a PatternMatcher is rewritten to a fixed point without a ctx (so

@@ -72,21 +72,23 @@ def join_digits(dt: DType, terms: dict[UOp, int]) -> bool:
   simplified form is. Only a c1 that some term's coefficient shows is tried, and every term matched is consumed
   entirely, so the sum shrinks each time."""
   coefs = set(terms.values())
-  def digits(y: UOp, c: int, k: int) -> list[tuple[UOp, int]] | None:
-    m = UOp(Ops.MOD, dt, (y, UOp.const(dt, c)))
-    if terms.get(m) == k or terms.get(m := simplify(m)) == k: return [(m, k)]
-    for c1 in sorted(k1 // k for k1 in coefs if k1 % k == 0 and 1 < k1 // k < c and c % (k1 // k) == 0):
-      d = simplify(UOp(Ops.MOD, dt, (UOp(Ops.IDIV, dt, (y, UOp.const(dt, c1))), UOp.const(dt, c // c1))))
-      if terms.get(d) == k * c1 and (rest := digits(y, c1, k)) is not None: return [(d, k * c1)] + rest
-    return None
   for q, kq in terms.items():
     if q.op is not Ops.IDIV or q.src[1].op is not Ops.CONST or (c := q.src[1].arg) <= 1 or kq == 0 or kq % c != 0: continue
-    if (found := digits(q.src[0], c, kq // c)) is None or len({n for n, _ in found}) != len(found): continue
+    if (found := _digits(dt, terms, coefs, q.src[0], c, kq // c)) is None or len({n for n, _ in found}) != len(found): continue
     for n, _ in found: del terms[n]
     del terms[q]
     terms[q.src[0]] = terms.get(q.src[0], 0) + kq // c
     return True
   return False
+
+def _digits(dt: DType, terms: dict[UOp, int], coefs: set[int], y: UOp, c: int, k: int) -> list[tuple[UOp, int]] | None:
+  """join_digits' digits of y%c with coefficient k among terms, as [(term, coefficient)] (None: one is missing)."""
+  m = UOp(Ops.MOD, dt, (y, UOp.const(dt, c)))
+  if terms.get(m) == k or terms.get(m := simplify(m)) == k: return [(m, k)]
+  for c1 in sorted(k1 // k for k1 in coefs if k1 % k == 0 and 1 < k1 // k < c and c % (k1 // k) == 0):
+    d = simplify(UOp(Ops.MOD, dt, (UOp(Ops.IDIV, dt, (y, UOp.const(dt, c1))), UOp.const(dt, c // c1))))
+    if terms.get(d) == k * c1 and (rest := _digits(dt, terms, coefs, y, c1, k)) is not None: return [(d, k * c1)] + rest
+  return None
 
 def fold_divmod(x: UOp, c: UOp, d: UOp) -> UOp | None:
   """x // c and x % c for a constant c > 0. Each term n*k of x splits as n*(k//c)*c + n*(k%c),
