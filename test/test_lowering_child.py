@@ -77,3 +77,31 @@ def test_a_child_that_dies_is_not_waited_for(cold, monkeypatch):
   outs, want = _graphs(3)
   _check(outs, want)
   assert len(children) == 1 and children[0].ended and len(here) >= 5
+
+def test_a_big_new_graph_is_scheduled_in_the_child(cold, monkeypatch):
+  # the child is forked with the graph in its memory and answers with its template (the disk cache's data); the kernels
+  # then go to the same child
+  from attograd.schedule import schedule
+  here, children = cold
+  monkeypatch.setattr(realize, "SCHEDULE_CHILD_NODES", 50)  # (a test's graph is small)
+  made_here: list[int] = []
+  template = schedule._template
+  monkeypatch.setattr(schedule, "_template", lambda *a: made_here.append(os.getpid()) or template(*a))
+  outs, want = _graphs(4)
+  _check(outs, want)
+  assert len(children) == 1 and made_here == [] and here == []  # scheduled and lowered there
+
+def test_the_childs_template_is_the_one_made_here(cold, monkeypatch):
+  from attograd.uop.ops import UOp, Ops
+  from attograd.dtype import dtypes
+  from attograd.uop.patterns import graph_rewrite
+  from attograd.schedule import schedule
+  monkeypatch.setattr(realize, "SCHEDULE_CHILD_NODES", 50)
+  outs, _ = _graphs(5)
+  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(o.uop for o in outs)), schedule.values_only, name="values_only")
+  _, inputs = schedule.graph_structure(sink)
+  try: there = realize._schedule_in_child(sink, inputs, 7)
+  finally: realize._end_lowering_child()
+  here = schedule._template(sink, inputs, 7)
+  assert there is not None and len(here.items) >= 5
+  assert schedule.template_data(there) == schedule.template_data(here) and there.key == here.key == 7

@@ -1,10 +1,12 @@
-"""A forked child process that answers requests: the engine lowers kernels in one (engine/realize.py).
+"""A forked child process that answers requests: the engine schedules big new graphs and lowers kernels in one
+(engine/realize.py).
 
-Lowering a kernel makes and drops hundreds of thousands of small objects. In the process that keeps a model, the few
-that live on (caches on the kernel's nodes, its program, a module imported on first use) land among them, and CPython
-returns a 1 MiB arena of small objects to the system only when nothing in it lives: SmolLM2's first run, lowering its
-73 kernels, stayed 178 MiB resident where a run with every program cached stays 146. A child forked from this process
-lowers instead, and its garbage dies with it; on two cores it also lowers while this process schedules.
+Scheduling a graph and lowering a kernel make and drop hundreds of thousands of small objects. In the process that keeps
+a model, the few that live on (caches on long-lived nodes, programs, a module imported on first use) land among them,
+and CPython returns a 1 MiB arena of small objects to the system only when nothing in it lives: SmolLM2's first run,
+scheduling its prompt pass and decode step and lowering their 56 kernels, stayed 171 MiB resident where a run with
+every template and program cached stays 144. A child forked from this process does that work instead, and its garbage
+dies with it; on two cores it also lowers while this process goes on.
 
 Requests and replies are JSON, each a 4-byte length and the text, on two pipes. The child answers in order; a thread of
 this process reads the replies as they come, hands each to `on_reply` (to start compiling it at once) and keeps it for
@@ -52,13 +54,16 @@ class ForkedWorker:
     self.cond = threading.Condition()
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    self.pid = os.fork()
+    try: self.pid = os.fork()
+    except OSError:
+      for fd in (req_r, req_w, rep_r, rep_w): os.close(fd)
+      raise
     if self.pid == 0:  # the child: serve until the requests end, then leave without running this process's exit work
       code = 1
       try:
         for fd in (req_w, rep_r, *_parent_fds): os.close(fd)
         # its own output streams: the copies of this process's hold its unwritten output, which is not the child's to write
-        sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+        sys.stdout, sys.stderr = open(1, "w", buffering=1, closefd=False), open(2, "w", buffering=1, closefd=False)
         gc.freeze()  # what the fork copied is never collected here: the collector walks only what the child makes
         _serve(req_r, rep_w, serve)
         code = 0
@@ -86,7 +91,7 @@ class ForkedWorker:
     """(reply i, what on_reply returned for it), waiting for it; ChildGone if the child ended before answering."""
     with self.cond:
       while i not in self.replies:
-        if self.ended: raise ChildGone(f"the lowering child (pid {self.pid}) ended before answering request {i}")
+        if self.ended: raise ChildGone(f"the forked child (pid {self.pid}) ended before answering request {i}")
         self.cond.wait()
       return self.replies.pop(i)
 
@@ -94,7 +99,10 @@ class ForkedWorker:
     i = 0
     try:
       while (reply := _read(self.replies_fd)) is not None:
-        kept = self.on_reply(i, reply) if "error" not in reply else None
+        kept = None
+        if "error" not in reply:
+          try: kept = self.on_reply(i, reply)
+          except Exception as e: reply = {"error": f"{type(e).__name__} taking the reply: {e}"}
         with self.cond:
           self.replies[i] = (reply, kept)
           self.cond.notify_all()

@@ -17,7 +17,7 @@ from attograd.codegen.opt import Opt, THREADS
 from attograd.codegen.heuristic import heuristic_opts, cores
 from attograd.engine.search import beam_search
 from attograd.codegen.gpudims import launch_dims, eval_dims
-from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, becomes_of, fill_in, graph_structure, is_view_of_buffer, new_buffer, schedule_template
+from attograd.schedule.schedule import Schedule, ScheduleItem, ScheduleTemplate, becomes_of, fill_in, graph_structure, is_view_of_buffer, new_buffer, schedule_template, template_data, template_from_data
 import attograd.schedule.schedule as schedule_module
 from attograd.schedule.multi import MULTI_MASK, lower_graphs
 from attograd.schedule.match import StructureMatcher
@@ -160,16 +160,17 @@ def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> Non
 def _lower_here(ast: UOp, device: str, progress: Progress | None = None) -> Callable[[], CompiledKernel]:
   return lower_kernel(ast, device, choose_opts(ast, device, progress), True, opts_choice(None, Device[device].renderer))
 
-# ***** lowering in a child process (engine/forked.py says why) *****
-# The child is forked when a realize has LOWER_CHILD kernels to lower (with fewer, they are lowered here at its end: a
+# ***** scheduling and lowering in a child process (engine/forked.py says why) *****
+# The child is forked when a realize schedules a big new graph (SCHEDULE_CHILD_NODES: with the graph in its memory, it
+# answers the first request with the template) or has LOWER_CHILD kernels to lower (with fewer, they are lowered here at its end: a
 # fork costs 5-10 ms in a process of 150-250 MiB, as much as lowering a small kernel, and a test suite realizes
 # thousands of small graphs), and told the requests ended when the realize has sent them all (compile_ahead): it
-# answers the rest and exits. It is a copy of this process as the
-# realize found it: a setting or a module's value changed before the realize is the child's too. A kernel is sent as its AST (serialized: it was made after
-# the fork) with the program key this process computed; the child lowers it with the heuristics' Opts if its own key
-# for the AST is the same (a setting changed since the fork gives another key) and answers with the program's entry.
-# The reply's source goes to the compiler as it arrives; the kernel is made when the run loop asks for it. A kernel the
-# child couldn't lower (an error, or the child gone) is lowered here, where its exception has its traceback.
+# answers the rest and exits. It is a copy of this process as the realize found it: a setting or a module's value
+# changed before the realize is the child's too. A kernel is sent as its AST (serialized: it was made after the fork)
+# with the program key this process computed; the child lowers it with the heuristics' Opts if its own key for the AST
+# is the same (a setting changed since the fork gives another key) and answers with the program's entry. The reply's
+# source goes to the compiler as it arrives; the kernel is made when the run loop asks for it. A kernel the child
+# couldn't lower (an error, or the child gone) is lowered here, where its exception has its traceback.
 LOWER_CHILD = ContextVar("LOWER_CHILD", 4)  # a realize with this many kernels to lower lowers them in the child (0: never)
 _waiting: dict[tuple[UOp, str], Progress | None] = {}  # a realize's kernels to lower while it has fewer
 
@@ -179,12 +180,34 @@ def _child_possible() -> bool:
   return bool(LOWER_CHILD) and trace.current is None and DEBUG < 3 and "mpi4py.MPI" not in sys.modules and hasattr(os, "fork")
 
 class _LoweringChild(ForkedWorker):
-  def __init__(self) -> None:
+  """The child, forked to lower (and, given the graph it is forked with, to schedule it first: its request 0)."""
+  def __init__(self, graph: tuple[UOp, list[UOp], int] | None = None) -> None:
     # each request's compiler, for its reply's source (the reader's function holds the list, not the worker: a cycle)
-    compilers: list[Callable[[str, str], Future]] = []
-    super().__init__(_lower_request, lambda i, reply: compilers[i](reply["program"]["name"], reply["program"]["src"]))
+    compilers: list[Callable[[str, str], Future] | None] = [None] if graph is not None else []
+    super().__init__(lambda request: _schedule_request(graph) if "schedule" in request else _lower_request(request),
+                     lambda i, reply: compilers[i](reply["program"]["name"], reply["program"]["src"]) if "program" in reply else None)  # type: ignore[misc]
     self.compilers = compilers
 _child: _LoweringChild | None = None
+
+# a graph this big, new (its template is in no cache), is scheduled in the child (its scheduling's garbage as lowering's);
+# SmolLM2's prompt pass is ~3,000 nodes, a test's graphs are tens to hundreds
+SCHEDULE_CHILD_NODES = 1000
+
+def _schedule_in_child(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate | None:
+  """The template of a new graph, made in a child forked now (the graph is in its memory): None to make it here."""
+  global _child
+  if _child is not None or not _child_possible() or len(sink.ancestors) < SCHEDULE_CHILD_NODES: return None
+  try:
+    child = _child = _LoweringChild((sink, inputs, key))
+    reply, _ = child.result(child.submit({"schedule": True}))
+  except (OSError, ChildGone): return None
+  return template_from_data(reply["template"], key) if "template" in reply else None
+
+def _schedule_request(graph: tuple[UOp, list[UOp], int] | None) -> dict:
+  """(In the child) the template of the graph it was forked with."""
+  assert graph is not None, "a schedule request to a child forked without a graph"
+  schedule_module.kernel_made = schedule_module.template_elsewhere = None  # (the child doesn't lower as it schedules)
+  with gc_paused(): return {"template": template_data(schedule_module._template(*graph))}
 
 def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | None:
   """The kernel, lowered by the lowering child (None: lower it here)."""
@@ -192,11 +215,13 @@ def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | Non
   dev = Device[device]
   if (key := program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer))) is None: return None
   request = {"ast": graph_data([ast]), "device": device, "key": key}
-  try:
-    child = _child = _child or _LoweringChild()
-    child.compilers.append(_compile_submitter(device))
-    i = child.submit(request)
-  except OSError: return None  # no fork here (a process limit), or the child is gone
+  try: child = _child = _child or _LoweringChild()
+  except OSError: return None  # no fork here (a process limit)
+  child.compilers.append(_compile_submitter(device))  # (before the request: its reply may come at once)
+  try: i = child.submit(request)
+  except OSError:  # the child is gone: this realize's other kernels are lowered here
+    child.compilers.pop()
+    return None
   def finish() -> CompiledKernel:
     try: reply, binary = child.result(i)
     except ChildGone as e: reply, binary = {"error": str(e)}, None
@@ -236,9 +261,9 @@ class schedule_lowering:
   whole schedule before (a training step's ~250 kernels take about a second to schedule). Not under BEAM (it compiles
   its candidates in run order) nor DEBUG>=5 (which prints each kernel's uops as it runs)."""
   def __enter__(self) -> None:
-    self.prev = schedule_module.kernel_made
-    if BEAM < 1 and DEBUG < 5: schedule_module.kernel_made = _lower_as_made
-  def __exit__(self, *exc: Any) -> None: schedule_module.kernel_made = self.prev
+    self.prev = schedule_module.kernel_made, schedule_module.template_elsewhere
+    if BEAM < 1 and DEBUG < 5: schedule_module.kernel_made, schedule_module.template_elsewhere = _lower_as_made, _schedule_in_child
+  def __exit__(self, *exc: Any) -> None: schedule_module.kernel_made, schedule_module.template_elsewhere = self.prev
 
 def opts_choice(opts: list[Opt] | None, renderer: Any) -> str:
   """What decides a kernel's Opts, for the program cache's key: the Opts themselves, or what chooses them with what
@@ -555,6 +580,7 @@ def _run_items(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None, pl
       items.append(ExecItem(si.ast, runner, bufs))
   finally:
     if progress is not None: progress.close()
+    _end_lowering_child()  # (a child forked to schedule this realize's graph, when nothing was left to lower)
   if _captures:
     _captures[-1].items += items
     _captures[-1].nodes.update((id(b), u) for si, ei in zip(schedule, items) for b, u in zip(ei.bufs, si.bufs))

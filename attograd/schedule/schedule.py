@@ -3,7 +3,7 @@ Deciding where buffers must exist is the scheduler's one decision; everything el
 from __future__ import annotations
 import itertools, json
 from dataclasses import dataclass, field
-from typing import Callable, Container
+from typing import Any, Callable, Container
 from attograd.dtype import dtypes, DType
 from attograd.helpers import cached_property, gc_paused, prod, dedup, DEBUG, CACHELEVEL, cache_path, cache_read, cache_write, code_version, content_hash
 from attograd.uop.ops import AxisKind, UOp, Ops, GroupOp, BufferArg, Template, arg_key, sint, smax, sym_prod, sym_eq
@@ -754,23 +754,26 @@ def _disk_key(sink: UOp, inputs: list[UOp]) -> str:
   # buffers it creates into its unused inputs
   return content_hash("schedule", code_version(), str(len(inputs)), graph_key(sink, {b: _placeholder(i, b) for i, b in enumerate(inputs)}))
 
-def _save_template(key: str, t: ScheduleTemplate) -> None:
+def template_data(t: ScheduleTemplate) -> dict[str, Any]:
+  """The template as plain data (JSON): what the disk keeps, and what realize's scheduling child sends."""
   outputs = [UOp(Ops.BUFFER, dt, (), BufferArg(-1, device, size)) for device, size, dt in t.outputs]  # (their dtypes)
   roots = [*(ast for ast, _ in t.items), *t.becomes, *(p for p, _ in t.placeholders), *outputs]
-  entry = {"graph": graph_data(roots), "inputs": t.n_inputs, "items": [list(n) for _, n in t.items], "becomes": len(t.becomes),
-           "placeholders": [n for _, n in t.placeholders], "outputs": len(outputs)}
-  cache_write(cache_path("schedule", f"{key}.json"), json.dumps(entry).encode())
+  return {"graph": graph_data(roots), "inputs": t.n_inputs, "items": [list(n) for _, n in t.items], "becomes": len(t.becomes),
+          "placeholders": [n for _, n in t.placeholders], "outputs": len(outputs)}
+
+def template_from_data(e: dict[str, Any], key: int) -> ScheduleTemplate:
+  roots = iter(graph_from_data(e["graph"]))
+  items = tuple((next(roots), tuple(int(n) for n in numbers)) for numbers in e["items"])
+  becomes = tuple(next(roots) for _ in range(e["becomes"]))
+  placeholders = tuple((next(roots), int(n)) for n in e["placeholders"])
+  outputs = tuple((b.arg.device, b.arg.size, b.dtype) for b in (next(roots) for _ in range(e["outputs"])))
+  return ScheduleTemplate(int(e["inputs"]), outputs, items, becomes, placeholders, key)
+
+def _save_template(key: str, t: ScheduleTemplate) -> None:
+  cache_write(cache_path("schedule", f"{key}.json"), json.dumps(template_data(t)).encode())
 
 def _load_template(key: str) -> ScheduleTemplate | None:
-  def decode(raw: bytes) -> ScheduleTemplate:
-    e = json.loads(raw)
-    roots = iter(graph_from_data(e["graph"]))
-    items = tuple((next(roots), tuple(int(n) for n in numbers)) for numbers in e["items"])
-    becomes = tuple(next(roots) for _ in range(e["becomes"]))
-    placeholders = tuple((next(roots), int(n)) for n in e["placeholders"])
-    outputs = tuple((b.arg.device, b.arg.size, b.dtype) for b in (next(roots) for _ in range(e["outputs"])))
-    return ScheduleTemplate(int(e["inputs"]), outputs, items, becomes, placeholders, int(key[:16], 16))
-  return cache_read(cache_path("schedule", f"{key}.json"), decode)
+  return cache_read(cache_path("schedule", f"{key}.json"), lambda raw: template_from_data(json.loads(raw), int(key[:16], 16)))
 
 _schedule_cache: dict[tuple, ScheduleTemplate] = {}
 
@@ -888,7 +891,8 @@ def schedule_template(targets: list[UOp], structure: tuple[tuple, list[UOp]] | N
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
     key = _disk_key(sink, inputs) if CACHELEVEL >= 2 else None
     if key is None or (template := _load_template(key)) is None:
-      with gc_paused(): template = _template(sink, inputs, hash(structure))
+      if template_elsewhere is None or (template := template_elsewhere(sink, inputs, hash(structure))) is None:
+        with gc_paused(): template = _template(sink, inputs, hash(structure))
       if key is not None: _save_template(key, template)
     _schedule_cache[structure] = template
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
@@ -913,6 +917,10 @@ def becomes_of(template: ScheduleTemplate, numbered: list[UOp | None], targets: 
   fill = {p: numbered[i] for p, i in template.placeholders}
   # (one walk of all of them, their SINK's, kept with the template: a substitute each walked ~100 small graphs apart)
   return dict(zip(targets, template.becomes_sink.substitute(fill).src))
+
+# asked to make a new template elsewhere, when set: realize's scheduling child, (sink, inputs, key) -> the template, or
+# None (it is made here)
+template_elsewhere: Callable[[UOp, list[UOp], int], ScheduleTemplate | None] | None = None
 
 # told of each kernel (its AST and device) as _schedule_graph makes it, when set: realize sets it while it schedules what it
 # will run, so a kernel is lowered and handed to the compiler while the ones after it are still being scheduled
