@@ -10,7 +10,7 @@ from attograd.uop.patterns import UPat, PatternMatcher, graph_rewrite
 INT_TYPES = INTS
 BOOL_INT = (dtypes.bool, *INTS)
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=4096)  # (the terms of the sums simplified last: unbounded, it kept every node it was asked of)
 def _key(u: UOp) -> tuple:
   """A deterministic order for terms (same across processes, unlike id()): r0 before r1."""
   return (u.op.value, str(u.arg), u.dtype.name, tuple(_key(s) for s in u.src))
