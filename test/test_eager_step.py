@@ -330,6 +330,24 @@ def test_scans_state_dicts_and_attention_schedules_make_no_reference_cycles():
     gc.garbage.clear()
   assert garbage == []
 
+def test_no_nested_function_calls_itself():
+  """A nested function that calls itself, or a sibling that calls it back, holds its own cell: each call of the function
+  around it makes a reference cycle, which keeps all it closes over (a graph, a kernel's lines) until the cycle
+  collector runs, and scheduling and lowering pause it. Recursion goes in module-level functions."""
+  import ast, pathlib
+  found = []
+  for path in sorted((pathlib.Path(__file__).parent.parent / "attograd").rglob("*.py")):
+    for outer in ast.walk(ast.parse(path.read_text())):
+      if not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)): continue
+      nested = {f.name: f for f in ast.walk(outer) if f is not outer and isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+      calls = {name: {n.id for n in ast.walk(f) if isinstance(n, ast.Name) and n.id in nested} for name, f in nested.items()}
+      for name in nested:  # does name reach itself through the nested functions it names?
+        seen, todo = set(), list(calls[name])
+        while todo:
+          if (n := todo.pop()) == name: found.append(f"{path.name}:{nested[name].lineno} {outer.name}.{name}"); break
+          if n not in seen: seen.add(n); todo.extend(calls[n])
+  assert found == []
+
 # ***** a loop's graphs matched by their compiled structure (schedule/match.py) *****
 
 def test_matcher_finds_a_step_graph_and_its_buffers():

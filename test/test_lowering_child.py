@@ -91,6 +91,7 @@ def test_a_big_new_graph_is_scheduled_in_the_child(cold, monkeypatch):
   outs, want = _graphs(4)
   _check(outs, want)
   assert len(children) == 1 and made_here == [] and here == []  # scheduled and lowered there
+  assert children[0].sent == 1  # (each kernel lowered as the child made it, and told of: no request for it)
 
 def test_the_childs_template_is_the_one_made_here(cold, monkeypatch):
   from attograd.uop.ops import UOp, Ops
@@ -102,7 +103,10 @@ def test_the_childs_template_is_the_one_made_here(cold, monkeypatch):
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(o.uop for o in outs)), schedule.values_only, name="values_only")
   _, inputs = schedule.graph_structure(sink)
   try: there = realize._schedule_in_child(sink, inputs, 7)
-  finally: realize._end_lowering_child()
+  finally:
+    child = realize._child
+    realize._end_lowering_child()
+  for _, binary in child.made.values(): binary.result()  # (the kernels it told of compile on: none is left running)
   here = schedule._template(sink, inputs, 7)
   assert there is not None and len(here.items) >= 5
   assert schedule.template_data(there) == schedule.template_data(here) and there.key == here.key == 7

@@ -43,12 +43,20 @@ class ChildGone(RuntimeError): pass
 # requests end while another child held their write end open
 _parent_fds: set[int] = set()
 
+def tell_parent(msg: dict) -> None:
+  """(In a child, while it serves a request) send the parent a message before the reply: its worker's `on_told` takes it."""
+  assert _replies_fd is not None, "tell_parent: not in a forked worker's child"
+  _write(_replies_fd, {"told": msg})
+
+_replies_fd: int | None = None  # (in a child) its end of the replies' pipe
+
 class ForkedWorker:
   """A child forked now, answering each request with `serve(request)` (JSON data in and out; an exception's text goes
   back as {"error": ...}). `on_reply(i, reply)` runs on this process's reader thread as reply i arrives: what it
-  returns is kept with the reply (keep it short, and make no UOps there: hash-consing is the main thread's)."""
-  def __init__(self, serve: Callable[[Any], Any], on_reply: Callable[[int, Any], Any]):
-    self.on_reply = on_reply
+  returns is kept with the reply (keep it short, and make no UOps there: hash-consing is the main thread's). What the
+  child tells while it serves (tell_parent) goes to `on_told(msg)` on the same thread, in order with the replies."""
+  def __init__(self, serve: Callable[[Any], Any], on_reply: Callable[[int, Any], Any], on_told: Callable[[Any], None] | None = None):
+    self.on_reply, self.on_told = on_reply, on_told
     self.replies: dict[int, tuple[Any, Any]] = {}
     self.sent, self.ended = 0, False
     self.cond = threading.Condition()
@@ -99,6 +107,11 @@ class ForkedWorker:
     i = 0
     try:
       while (reply := _read(self.replies_fd)) is not None:
+        if "told" in reply:
+          try:
+            if self.on_told is not None: self.on_told(reply["told"])
+          except Exception: pass  # (what it told is only a head start: the parent asks again for what it needs)
+          continue
         kept = None
         if "error" not in reply:
           try: kept = self.on_reply(i, reply)
@@ -116,6 +129,8 @@ class ForkedWorker:
         self.cond.notify_all()
 
 def _serve(requests: int, replies: int, serve: Callable[[Any], Any]) -> None:
+  global _replies_fd
+  _replies_fd = replies
   while (req := _read(requests)) is not None:
     try: reply = serve(req)
     except Exception as e: reply = {"error": f"{type(e).__name__}: {e}"}

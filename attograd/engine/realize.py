@@ -27,7 +27,7 @@ from attograd.engine import roofline
 from attograd.engine.allreduce import AllReduce
 from attograd.engine.lanes import LANES, Lanes, lane_cores
 from attograd.engine.progcache import program_key, program_cached, read_program, write_program, program_entry, decode_program
-from attograd.engine.forked import ForkedWorker, ChildGone
+from attograd.engine.forked import ForkedWorker, ChildGone, tell_parent
 from attograd.uop.serialize import graph_data, graph_from_data
 
 @dataclass
@@ -180,13 +180,17 @@ def _child_possible() -> bool:
   return bool(LOWER_CHILD) and trace.current is None and DEBUG < 3 and "mpi4py.MPI" not in sys.modules and hasattr(os, "fork")
 
 class _LoweringChild(ForkedWorker):
-  """The child, forked to lower (and, given the graph it is forked with, to schedule it first: its request 0)."""
+  """The child, forked to lower (and, given the graph it is forked with, to schedule it first: its request 0, whose
+  kernels it lowers as it makes them and tells this process of, each compiled as it arrives: `made`, by program key)."""
   def __init__(self, graph: tuple[UOp, list[UOp], int] | None = None) -> None:
-    # each request's compiler, for its reply's source (the reader's function holds the list, not the worker: a cycle)
+    # each request's compiler, for its reply's source (the reader's functions hold these, not the worker: a cycle)
     compilers: list[Callable[[str, str], Future] | None] = [None] if graph is not None else []
+    made: dict[str, tuple[dict, Future]] = {}
+    def told(msg: dict) -> None: made[msg["program"]["key"]] = (msg, _compile_submitter(msg["device"])(msg["program"]["name"], msg["program"]["src"]))
     super().__init__(lambda request: _schedule_request(graph) if "schedule" in request else _lower_request(request),
-                     lambda i, reply: compilers[i](reply["program"]["name"], reply["program"]["src"]) if "program" in reply else None)  # type: ignore[misc]
-    self.compilers = compilers
+                     lambda i, reply: compilers[i](reply["program"]["name"], reply["program"]["src"]) if "program" in reply else None,  # type: ignore[misc]
+                     told)
+    self.compilers, self.made = compilers, made
 _child: _LoweringChild | None = None
 
 # a graph this big, new (its template is in no cache), is scheduled in the child (its scheduling's garbage as lowering's);
@@ -197,23 +201,40 @@ def _schedule_in_child(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTempla
   """The template of a new graph, made in a child forked now (the graph is in its memory): None to make it here."""
   global _child
   if _child is not None or not _child_possible() or len(sink.ancestors) < SCHEDULE_CHILD_NODES: return None
+  # the compilers take the kernels it tells of as they come: while it schedules, one at a time and all that waits
+  for device in {t.device for t in sink.src if isinstance(t.device, str)}:
+    if (q := _pool_queue(device)) is not None and q not in _held: q.lowering = True; _held.append(q)
   try:
     child = _child = _LoweringChild((sink, inputs, key))
     reply, _ = child.result(child.submit({"schedule": True}))
   except (OSError, ChildGone): return None
   return template_from_data(reply["template"], key) if "template" in reply else None
 
+_told: set[tuple[UOp, str]] = set()  # (in the child) the kernels told of
+
 def _schedule_request(graph: tuple[UOp, list[UOp], int] | None) -> dict:
-  """(In the child) the template of the graph it was forked with."""
+  """(In the child) the template of the graph it was forked with; each kernel, as it is made, is lowered and told of."""
   assert graph is not None, "a schedule request to a child forked without a graph"
-  schedule_module.kernel_made = schedule_module.template_elsewhere = None  # (the child doesn't lower as it schedules)
+  schedule_module.kernel_made, schedule_module.template_elsewhere = _tell_made, None
   with gc_paused(): return {"template": template_data(schedule_module._template(*graph))}
+
+def _tell_made(ast: UOp, device: str) -> None:
+  """(In the child, as it schedules) a new kernel to lower: lowered now, and its program sent to the parent."""
+  if ast.op in NOT_KERNELS or (ast, device) in _told or not _to_lower(ast, device): return
+  _told.add((ast, device))  # (a kernel made again, each layer's: told once)
+  renderer = Device[device].renderer
+  if (key := program_key(ast, device, renderer, opts_choice(None, renderer))) is None: return
+  try: p = lower_program(ast, device, choose_opts(ast, device))
+  except Exception: return  # (the parent lowers it, and raises what it raises there)
+  tell_parent({"device": device, "lower_s": p.lower_s, "program": program_entry(key, p.name, p.src, p.opts, p.ops, p.variables, p.launch)})
 
 def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | None:
   """The kernel, lowered by the lowering child (None: lower it here)."""
   global _child
   dev = Device[device]
   if (key := program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer))) is None: return None
+  if _child is not None and (made := _child.made.pop(key, None)) is not None:  # lowered as the child scheduled it
+    return lambda: _kernel(device, _lowered_of(made[0], key), made[1])
   request = {"ast": graph_data([ast]), "device": device, "key": key}
   try: child = _child = _child or _LoweringChild()
   except OSError: return None  # no fork here (a process limit)
@@ -228,9 +249,12 @@ def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | Non
     if "error" in reply:
       if DEBUG >= 1: print(f"the lowering child didn't lower a kernel ({reply['error']}): lowering it here")
       return lower_kernel(ast, device, choose_opts(ast, device), False, opts_choice(None, dev.renderer))()
-    e = decode_program(reply["program"], key)
-    return _kernel(device, Lowered(e["name"], e["src"], e["opts"], e["ops"], e["variables"], e["launch"], reply["lower_s"]), binary)
+    return _kernel(device, _lowered_of(reply, key), binary)
   return finish
+
+def _lowered_of(reply: dict, key: str) -> Lowered:
+  e = decode_program(reply["program"], key)
+  return Lowered(e["name"], e["src"], e["opts"], e["ops"], e["variables"], e["launch"], reply["lower_s"])
 
 def _lower_request(request: dict) -> dict:
   """(In the child) a request's kernel, lowered with the heuristics' Opts: the program's entry and the CPU seconds."""
