@@ -4,9 +4,9 @@
 Scheduling a graph and lowering a kernel make and drop hundreds of thousands of small objects. In the process that keeps
 a model, the few that live on (caches on long-lived nodes, programs, a module imported on first use) land among them,
 and CPython returns a 1 MiB arena of small objects to the system only when nothing in it lives: SmolLM2's first run,
-scheduling its prompt pass and decode step and lowering their 56 kernels, stayed 171 MiB resident where a run with
-every template and program cached stays 144. A child forked from this process does that work instead, and its garbage
-dies with it; on two cores it also lowers while this process goes on.
+scheduling its prompt pass and decode step and lowering their kernels, stays 157 MiB resident where a run with every
+template and program cached stays 144. A child forked from this process does that work instead (147), and its garbage
+dies with it.
 
 Requests and replies are JSON, each a 4-byte length and the text, on two pipes. The child answers in order; a thread of
 this process reads the replies as they come, hands each to `on_reply` (to start compiling it at once) and keeps it for

@@ -162,15 +162,16 @@ def _lower_here(ast: UOp, device: str, progress: Progress | None = None) -> Call
 
 # ***** scheduling and lowering in a child process (engine/forked.py says why) *****
 # The child is forked when a realize schedules a big new graph (SCHEDULE_CHILD_NODES: with the graph in its memory, it
-# answers the first request with the template) or has LOWER_CHILD kernels to lower (with fewer, they are lowered here at its end: a
-# fork costs 5-10 ms in a process of 150-250 MiB, as much as lowering a small kernel, and a test suite realizes
-# thousands of small graphs), and told the requests ended when the realize has sent them all (compile_ahead): it
-# answers the rest and exits. It is a copy of this process as the realize found it: a setting or a module's value
-# changed before the realize is the child's too. A kernel is sent as its AST (serialized: it was made after the fork)
-# with the program key this process computed; the child lowers it with the heuristics' Opts if its own key for the AST
-# is the same (a setting changed since the fork gives another key) and answers with the program's entry. The reply's
-# source goes to the compiler as it arrives; the kernel is made when the run loop asks for it. A kernel the child
-# couldn't lower (an error, or the child gone) is lowered here, where its exception has its traceback.
+# lowers each kernel as it makes it, tells this process of it, and answers the first request with the template) or
+# has LOWER_CHILD kernels to lower (with fewer, they are lowered here at its end: a fork costs 5-10 ms in a process of
+# 150-250 MiB, as much as lowering a small kernel, and a test suite realizes thousands of small graphs). It is told the
+# requests ended when the realize has sent them all (compile_ahead): it answers the rest and exits. It is a copy of
+# this process as the realize found it: a setting or a module's value changed before the realize is the child's too.
+# A kernel it wasn't forked with is sent as its AST (serialized) with the program key this process computed; the child
+# lowers it with the heuristics' Opts if its own key for the AST is the same (a setting changed since the fork gives
+# another key) and answers with the program's entry. A program's source goes to the compiler as it arrives; the kernel
+# is made when the run loop asks for it. A kernel the child couldn't lower (an error, or the child gone) is lowered
+# here, where its exception has its traceback.
 LOWER_CHILD = ContextVar("LOWER_CHILD", 4)  # a realize with this many kernels to lower lowers them in the child (0: never)
 _waiting: dict[tuple[UOp, str], Progress | None] = {}  # a realize's kernels to lower while it has fewer
 
