@@ -762,6 +762,7 @@ def template_data(t: ScheduleTemplate) -> dict[str, Any]:
           "placeholders": [n for _, n in t.placeholders], "outputs": len(outputs)}
 
 def template_from_data(e: dict[str, Any], key: int) -> ScheduleTemplate:
+  """template_data's data as a template again, with the key it is known by."""
   roots = iter(graph_from_data(e["graph"]))
   items = tuple((next(roots), tuple(int(n) for n in numbers)) for numbers in e["items"])
   becomes = tuple(next(roots) for _ in range(e["becomes"]))

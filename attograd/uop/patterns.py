@@ -117,6 +117,7 @@ class PatternMatcher:
 class RewriteLoopError(RuntimeError): pass
 
 _fixed_bits = itertools.count()  # the next PatternMatcher.fixed_bit (the matchers used without ctx first get the small ints)
+FIXED_BITS = 1024  # matchers marked at most (the core has ~30; one made per call, as a program might, would grow every mark)
 
 # VIZ (uop/trace.py) sets this to its recorder; None (the default) leaves graph_rewrite and run_passes as they are, at
 # the cost of one test per call (not per node)
@@ -139,7 +140,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, *, name: str, 
   # a node. (A bit, not a set in the node's __dict__: a dict and a set for every node a rewrite made were most of
   # lowering's allocations, and those of long-lived nodes, made among its garbage, pinned the arenas it freed)
   bit = 0  # (with a ctx, rules may read it: nothing is marked)
-  if ctx is None and (bit := pm.fixed_bit) == 0: bit = pm.fixed_bit = 1 << next(_fixed_bits)
+  if ctx is None and (bit := pm.fixed_bit) == 0 and (n := next(_fixed_bits)) < FIXED_BITS: bit = pm.fixed_bit = 1 << n
   opmask = pm.opmask
   while stack:
     node, state, other = stack.pop()
