@@ -183,7 +183,7 @@ def _child_possible() -> bool:
 class _LoweringChild(ForkedWorker):
   """The child, forked to lower (and, given the graph it is forked with, to schedule it first: its request 0, whose
   kernels it lowers as it makes them and tells this process of, each compiled as it arrives: `made`, by program key)."""
-  def __init__(self, graph: tuple[UOp, list[UOp], int] | None = None) -> None:
+  def __init__(self, graph: tuple[UOp, list[UOp], int, str | None] | None = None) -> None:
     # each request's compiler, for its reply's source (the reader's functions hold these, not the worker: a cycle)
     compilers: list[Callable[[str, str], Future] | None] = [None] if graph is not None else []
     made: dict[str, tuple[dict, Future]] = {}
@@ -198,26 +198,32 @@ _child: _LoweringChild | None = None
 # SmolLM2's prompt pass is ~3,000 nodes, a test's graphs are tens to hundreds
 SCHEDULE_CHILD_NODES = 1000
 
-def _schedule_in_child(sink: UOp, inputs: list[UOp], key: int) -> ScheduleTemplate | None:
-  """The template of a new graph, made in a child forked now (the graph is in its memory): None to make it here."""
+def _schedule_in_child(sink: UOp, inputs: list[UOp], key: int, disk_key: str | None = None) -> ScheduleTemplate | None:
+  """The template of a new graph, made in a child forked now (the graph is in its memory), which saves it under disk_key
+  (the data is at hand there): None to make it here."""
   global _child
   if _child is not None or not _child_possible() or len(sink.ancestors) < SCHEDULE_CHILD_NODES: return None
   # the compilers take the kernels it tells of as they come: while it schedules, one at a time and all that waits
   for device in {t.device for t in sink.src if isinstance(t.device, str)}:
     if (q := _pool_queue(device)) is not None and q not in _held: q.lowering = True; _held.append(q)
   try:
-    child = _child = _LoweringChild((sink, inputs, key))
+    child = _child = _LoweringChild((sink, inputs, key, disk_key))
     reply, _ = child.result(child.submit({"schedule": True}))
   except (OSError, ChildGone): return None
   return template_from_data(reply["template"], key) if "template" in reply else None
 
 _told: set[tuple[UOp, str]] = set()  # (in the child) the kernels told of
 
-def _schedule_request(graph: tuple[UOp, list[UOp], int] | None) -> dict:
-  """(In the child) the template of the graph it was forked with; each kernel, as it is made, is lowered and told of."""
+def _schedule_request(graph: tuple[UOp, list[UOp], int, str | None] | None) -> dict:
+  """(In the child) the template of the graph it was forked with, saved on disk; each kernel, as it is made, is lowered
+  and told of."""
   assert graph is not None, "a schedule request to a child forked without a graph"
   schedule_module.kernel_made, schedule_module.template_elsewhere = _tell_made, None
-  with gc_paused(): return {"template": template_data(schedule_module._template(*graph))}
+  sink, inputs, key, disk_key = graph
+  with gc_paused():
+    data = template_data(schedule_module._template(sink, inputs, key))
+    if disk_key is not None: schedule_module.save_template(disk_key, data)
+  return {"template": data}
 
 def _tell_made(ast: UOp, device: str) -> None:
   """(In the child, as it schedules) a new kernel to lower: lowered now, and its program sent to the parent."""

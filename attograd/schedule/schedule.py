@@ -770,8 +770,9 @@ def template_from_data(e: dict[str, Any], key: int) -> ScheduleTemplate:
   outputs = tuple((b.arg.device, b.arg.size, b.dtype) for b in (next(roots) for _ in range(e["outputs"])))
   return ScheduleTemplate(int(e["inputs"]), outputs, items, becomes, placeholders, key)
 
-def _save_template(key: str, t: ScheduleTemplate) -> None:
-  cache_write(cache_path("schedule", f"{key}.json"), json.dumps(template_data(t)).encode())
+def save_template(key: str, data: dict[str, Any]) -> None:
+  """A template's data (template_data) on disk, under its disk key."""
+  cache_write(cache_path("schedule", f"{key}.json"), json.dumps(data).encode())
 
 def _load_template(key: str) -> ScheduleTemplate | None:
   return cache_read(cache_path("schedule", f"{key}.json"), lambda raw: template_from_data(json.loads(raw), int(key[:16], 16)))
@@ -892,9 +893,10 @@ def schedule_template(targets: list[UOp], structure: tuple[tuple, list[UOp]] | N
     if len(_schedule_cache) > 1024: _schedule_cache.clear()
     key = _disk_key(sink, inputs) if CACHELEVEL >= 2 else None
     if key is None or (template := _load_template(key)) is None:
-      if template_elsewhere is None or (template := template_elsewhere(sink, inputs, hash(structure))) is None:
+      # (made elsewhere, it is saved there)
+      if template_elsewhere is None or (template := template_elsewhere(sink, inputs, hash(structure), key)) is None:
         with gc_paused(): template = _template(sink, inputs, hash(structure))
-      if key is not None: _save_template(key, template)
+        if key is not None: save_template(key, template_data(template))
     _schedule_cache[structure] = template
     if DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, new")
   elif DEBUG >= 1: print(f"schedule {template.key & 0xFFFFFFFF:08x}: {len(template.items)} kernels, cached")
@@ -919,9 +921,9 @@ def becomes_of(template: ScheduleTemplate, numbered: list[UOp | None], targets: 
   # (one walk of all of them, their SINK's, kept with the template: a substitute each walked ~100 small graphs apart)
   return dict(zip(targets, template.becomes_sink.substitute(fill).src))
 
-# asked to make a new template elsewhere, when set: realize's scheduling child, (sink, inputs, key) -> the template, or
-# None (it is made here)
-template_elsewhere: Callable[[UOp, list[UOp], int], ScheduleTemplate | None] | None = None
+# asked to make a new template elsewhere, when set: realize's scheduling child, (sink, inputs, key, disk key to save it
+# under or None) -> the template, or None (it is made here)
+template_elsewhere: Callable[[UOp, list[UOp], int, str | None], ScheduleTemplate | None] | None = None
 
 # told of each kernel (its AST and device) as _schedule_graph makes it, when set: realize sets it while it schedules what it
 # will run, so a kernel is lowered and handed to the compiler while the ones after it are still being scheduled
