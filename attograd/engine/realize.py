@@ -88,7 +88,7 @@ def get_kernel(ast: UOp, device: str, opts: list[Opt] | None = None, progress: P
   dev = Device[device]
   if dev.renderer is None:
     raise RuntimeError(f"{device} stores bytes and can't run kernels: move the tensor to a compute device first, e.g. t.to('CPU')")
-  pkey = program_key(ast, device, dev.renderer, opts_choice(opts, dev.renderer)) if CACHELEVEL >= 2 else None
+  pkey = _program_key(ast, device, opts_choice(opts, dev.renderer)) if CACHELEVEL >= 2 else None
   if pkey is not None and DEBUG < 5 and (ck := load_kernel(pkey, ast, device)) is not None:  # DEBUG=5 shows the uops
     _kernel_cache[key] = ck
     return ck
@@ -145,8 +145,16 @@ def _to_lower(ast: UOp, device: str) -> bool:
   it costs little: get_kernel does it), nor on a device that can't run kernels (get_kernel says why)."""
   dev = Device[device]
   if dev.renderer is None or (ast, device) in _kernel_cache or (ast, device) in _ahead or (ast, device) in _waiting: return False
-  pkey = program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
+  pkey = _program_key(ast, device, opts_choice(None, dev.renderer)) if CACHELEVEL >= 2 else None
   return pkey is None or not program_cached(pkey)
+
+# the program keys of this realize's kernels: _to_lower, the lowering child's request and get_kernel each need one, and
+# each was a hash of the whole AST (~0.2 ms). Kept until the realize has made its kernels (_run_items); keyed by what
+# chooses the Opts too, so a setting changed meanwhile finds another key
+_keys: dict[tuple[UOp, str, str], str | None] = {}
+def _program_key(ast: UOp, device: str, choice: str) -> str | None:
+  if (k := (ast, device, choice)) not in _keys: _keys[k] = program_key(ast, device, Device[device].renderer, choice)
+  return _keys[k]
 
 def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> None:
   """Lower one kernel (_to_lower's) and queue its source for the compiler: in the lowering child once the realize has
@@ -157,8 +165,8 @@ def _lower_ahead(ast: UOp, device: str, progress: Progress | None = None) -> Non
   for (a, d), p in _waiting.items(): _ahead[(a, d)] = _lower_in_child(a, d) or _lower_here(a, d, p)
   _waiting.clear()
 
-def _lower_here(ast: UOp, device: str, progress: Progress | None = None) -> Callable[[], CompiledKernel]:
-  return lower_kernel(ast, device, choose_opts(ast, device, progress), True, opts_choice(None, Device[device].renderer))
+def _lower_here(ast: UOp, device: str, progress: Progress | None = None, on_pool: bool = True) -> Callable[[], CompiledKernel]:
+  return lower_kernel(ast, device, choose_opts(ast, device, progress), on_pool, opts_choice(None, Device[device].renderer))
 
 # ***** scheduling and lowering in a child process (engine/forked.py says why) *****
 # The child is forked when a realize schedules a big new graph (SCHEDULE_CHILD_NODES: with the graph in its memory, it
@@ -229,17 +237,16 @@ def _tell_made(ast: UOp, device: str) -> None:
   """(In the child, as it schedules) a new kernel to lower: lowered now, and its program sent to the parent."""
   if ast.op in NOT_KERNELS or (ast, device) in _told or not _to_lower(ast, device): return
   _told.add((ast, device))  # (a kernel made again, each layer's: told once)
-  renderer = Device[device].renderer
-  if (key := program_key(ast, device, renderer, opts_choice(None, renderer))) is None: return
+  if (key := _program_key(ast, device, opts_choice(None, Device[device].renderer))) is None: return
   try: p = lower_program(ast, device, choose_opts(ast, device))
   except Exception: return  # (the parent lowers it, and raises what it raises there)
-  tell_parent({"device": device, "lower_s": p.lower_s, "program": program_entry(key, p.name, p.src, p.opts, p.ops, p.variables, p.launch)})
+  tell_parent({"device": device, **_reply_of(key, p)})
 
 def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | None:
   """The kernel, lowered by the lowering child (None: lower it here)."""
   global _child
   dev = Device[device]
-  if (key := program_key(ast, device, dev.renderer, opts_choice(None, dev.renderer))) is None: return None
+  if (key := _program_key(ast, device, opts_choice(None, dev.renderer))) is None: return None
   if _child is not None and (made := _child.made.pop(key, None)) is not None:  # lowered as the child scheduled it
     return lambda: _kernel(device, _lowered_of(made[0], key), made[1])
   request = {"ast": graph_data([ast]), "device": device, "key": key}
@@ -255,7 +262,7 @@ def _lower_in_child(ast: UOp, device: str) -> Callable[[], CompiledKernel] | Non
     except ChildGone as e: reply, binary = {"error": str(e)}, None
     if "error" in reply:
       if DEBUG >= 1: print(f"the lowering child didn't lower a kernel ({reply['error']}): lowering it here")
-      return lower_kernel(ast, device, choose_opts(ast, device), False, opts_choice(None, dev.renderer))()
+      return _lower_here(ast, device, on_pool=False)()
     return _kernel(device, _lowered_of(reply, key), binary)
   return finish
 
@@ -269,8 +276,11 @@ def _lower_request(request: dict) -> dict:
   renderer = Device[device].renderer
   if program_key(ast, device, renderer, opts_choice(None, renderer)) != request["key"]:
     raise RuntimeError("the program key differs in the child: a setting changed since it was forked")
-  p = lower_program(ast, device, choose_opts(ast, device))
-  return {"program": program_entry(request["key"], p.name, p.src, p.opts, p.ops, p.variables, p.launch), "lower_s": p.lower_s}
+  return _reply_of(request["key"], lower_program(ast, device, choose_opts(ast, device)))
+
+def _reply_of(key: str, p: Lowered) -> dict:
+  """(In the child) a lowered kernel as it goes to the parent: the program's entry and the CPU seconds (_lowered_of's)."""
+  return {"program": program_entry(key, p.name, p.src, p.opts, p.ops, p.variables, p.launch), "lower_s": p.lower_s}
 
 def _end_lowering_child() -> None:
   """This realize has sent the child all its kernels: it answers them and exits."""
@@ -612,6 +622,7 @@ def _run_items(schedule: list[ScheduleItem], var_vals: dict[UOp, int] | None, pl
   finally:
     if progress is not None: progress.close()
     _end_lowering_child()  # (a child forked to schedule this realize's graph, when nothing was left to lower)
+    _keys.clear()
   if _captures:
     _captures[-1].items += items
     _captures[-1].nodes.update((id(b), u) for si, ei in zip(schedule, items) for b, u in zip(ei.bufs, si.bufs))
